@@ -1,0 +1,66 @@
+# Tiga developer entry points. Needs only Python >= 3.10, a C toolchain and PyPI.
+#   make demo   install and run the examples
+#   make test   install test deps (+ CPU torch) and run the suite with xdist
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+PIP := $(VPY) -m pip --disable-pip-version-check
+# Exact pin: CPU build from the local wheel cache; never an open range (GBs of CUDA).
+TORCH_PIN := torch==2.13.0
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+# Examples run by `make demo`, in order; missing ones are skipped.
+DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py
+
+# Stamps live inside the venv (so deleting it resets them) and are keyed on
+# pyproject.toml: a re-run only reinstalls when the dependencies changed.
+INSTALL_STAMP := $(VENV)/.tiga-install.stamp
+TEST_STAMP := $(VENV)/.tiga-test.stamp
+LINT_STAMP := $(VENV)/.tiga-lint.stamp
+
+.PHONY: .venv install demo test lint clean distclean
+
+.venv: $(VPY)
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(INSTALL_STAMP): pyproject.toml | $(VPY)
+	$(PIP) install -q -e .
+	@touch $@
+
+$(TEST_STAMP): pyproject.toml | $(VPY)
+	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q "$(TORCH_PIN)"
+	@touch $@ $(INSTALL_STAMP)
+
+$(LINT_STAMP): pyproject.toml | $(VPY)
+	$(PIP) install -q ruff
+	@touch $@
+
+install: $(INSTALL_STAMP)
+
+demo: install
+	@for ex in $(DEMO_EXAMPLES); do \
+		if [ -f "$$ex" ]; then \
+			echo "== $$ex"; \
+			$(VPY) "$$ex" || exit 1; \
+		else \
+			echo "== $$ex (not present yet, skipped)"; \
+		fi; \
+	done
+
+test: $(TEST_STAMP)
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short $(PYTEST_ARGS)
+
+lint: $(LINT_STAMP)
+	$(VPY) -m ruff check tiga tests examples benchmarks
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -f $(INSTALL_STAMP) $(TEST_STAMP) $(LINT_STAMP)
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

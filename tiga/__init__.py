@@ -1,0 +1,37 @@
+"""Tiga: a just-in-time compiler for graph message passing. This module only re-exports."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import core as _core  # noqa: F401  (registers primitives)
+from . import autodiff as _autodiff  # noqa: F401  (registers VJP rules)
+from .api import grad, jit, value_and_grad, vjp
+from .core.check import check_program
+from .core.config import config
+from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
+from .core.errors import (CompilationError, DistributedError, DTypeError, FieldError,
+                          GraphValidationError, ProgramError, ShapeError, StorageError,
+                          TigaError, TraceError, UnsupportedError)
+from .core.eval import eval_program
+from .core.graph import Graph
+from .core.pprint import pp_program
+from .core.program import ClosedProgram, GraphProgram
+from .core.reducers import Reducer, max, mean, min, online_softmax, prod, sum
+from .core.types import GraphType, TensorType
+from .trace import math
+from .trace.control import repeat, while_loop
+from .trace.message_passing import MessagePassing, propagate
+from .trace.staging import make_program
+from .xla_free_runtime.explain import Explanation
+from .xla_free_runtime.tensor import Tensor, asarray, from_dlpack
+
+__all__ = [
+    "__version__", "grad", "jit", "value_and_grad", "vjp", "check_program", "config",
+    "bfloat16", "bool_", "float16", "float32", "float64", "int32", "int64",
+    "CompilationError", "DistributedError", "DTypeError", "FieldError", "GraphValidationError",
+    "ProgramError", "ShapeError", "StorageError", "TigaError", "TraceError", "UnsupportedError",
+    "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
+    "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
+    "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",
+    "asarray", "from_dlpack",
+]

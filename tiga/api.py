@@ -1,0 +1,292 @@
+"""api: composes the layers into jit, grad, value_and_grad, vjp and the propagate hooks."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from .autodiff import vjp_program
+from .core.errors import DTypeError, ShapeError, TigaError, UnsupportedError
+from .core.types import GraphType, TensorType
+from .trace import message_passing
+from .trace.pytree import tree_flatten, tree_unflatten
+from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args
+from .trace.staging import trace_flat
+from .trace.tracer import Tracer, current_builder
+from .xla_free_runtime.executor import execute, explain_program
+from .xla_free_runtime.tensor import Tensor, _wrap
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def run_program(program, args) -> list:
+    """Inline into the current trace when an argument is traced, else execute."""
+    if current_builder() is not None and any(isinstance(a, Tracer) for a in args):
+        return inline_program(program, *args)
+    return [_wrap(o) for o in execute(program, [leaf_value(a) for a in args])]
+
+
+class Jitted:
+    """`tg.jit(f)`: traced once per input signature (types, static args), then cached."""
+
+    def __init__(self, fn: Callable, static_argnums=()):
+        self.fn = fn
+        self.static = _as_tuple(static_argnums)
+        self._cache: dict = {}
+        self.hits = self.misses = 0
+        functools.update_wrapper(self, fn)
+
+    def _signature(self, args):
+        dyn = [a for i, a in enumerate(args) if i not in self.static]
+        leaves, tree = tree_flatten(dyn)
+        statics = tuple(args[i] for i in self.static if i < len(args))
+        try:
+            hash(statics)
+        except TypeError as exc:
+            raise TigaError("jit: static arguments must be hashable") from exc
+        return (tree, tuple(leaf_aval(x) for x in leaves), statics), leaves
+
+    def _program(self, args):
+        key, leaves = self._signature(args)
+        if key in self._cache:
+            self.hits += 1
+        else:
+            self.misses += 1
+            program, caps, out_tree = trace_args(self.fn, args, self.static)
+            self._cache[key] = (program, out_tree)
+        program, out_tree = self._cache[key]
+        return program, out_tree, leaves
+
+    def __call__(self, *args):
+        if current_builder() is not None:
+            return self.fn(*args)  # inside another transformation: trace inline
+        program, out_tree, leaves = self._program(args)
+        return tree_unflatten(out_tree, run_program(program, leaves))
+
+    def lower(self, *args) -> "Lowered":
+        program, out_tree, _ = self._program(args)
+        return Lowered(program, out_tree)
+
+    def cache_info(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "entries": len(self._cache)}
+
+
+class Lowered:
+    """`tg.jit(f).lower(*args)`: the traced program, before execution."""
+
+    def __init__(self, program, out_tree):
+        self.program = program
+        self._out_tree = out_tree
+
+    def ir(self, stage: str = "program") -> str:
+        if stage == "program":
+            return str(self.program)
+        raise UnsupportedError(f"IR stage {stage!r} is not built yet",
+                               hint="use ir('program') for the GraphProgram; the Domain/Iter/"
+                                    "Kernel/Task levels come with the CPU compiler")
+
+    def compile(self) -> "Compiled":
+        return Compiled(self.program, self._out_tree)
+
+
+class Compiled:
+    def __init__(self, program, out_tree):
+        self.program = program
+        self._out_tree = out_tree
+
+    def __call__(self, *args):
+        leaves, _ = tree_flatten(list(args))
+        return tree_unflatten(self._out_tree, run_program(self.program, leaves))
+
+    def explain(self):
+        return explain_program(self.program, [])
+
+
+def jit(fn: Callable | None = None, static_argnums=()):
+    if fn is None:
+        return lambda f: Jitted(f, static_argnums)
+    return Jitted(fn, static_argnums)
+
+
+# ---- reverse mode ---------------------------------------------------------------------
+
+class _Traced:
+    """f traced at concrete argument types, with the positions to differentiate."""
+
+    def __init__(self, fn, args, argnums, has_aux):
+        self.argnums = argnums
+        leaves, self.in_tree = tree_flatten(list(args))
+        self.leaves = leaves
+        self.owner = _leaf_owner(args)
+        self.has_aux = has_aux
+        out_tree = []
+
+        def flat(*xs):
+            rebuilt = tree_unflatten(self.in_tree, list(xs))
+            out = fn(*rebuilt)
+            if has_aux:
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise TigaError("has_aux=True: the function must return (output, aux)")
+                out, aux = out
+            else:
+                aux = None
+            out_leaves, tree = tree_flatten(out)
+            aux_leaves, aux_tree = tree_flatten(aux)
+            out_tree.append((tree, aux_tree, len(out_leaves)))
+            return out_leaves + aux_leaves
+
+        self.program, self.caps, _ = trace_flat(flat, [leaf_aval(x) for x in leaves])
+        self.out_tree, self.aux_tree, self.n_out = out_tree[0]
+        self.wrt = [False] * len(self.caps) + [self._differentiated(i) for i in range(len(leaves))]
+
+    def _differentiated(self, i) -> bool:
+        if self.owner[i] not in self.argnums:
+            return False
+        t = leaf_aval(self.leaves[i])
+        if isinstance(t, GraphType):
+            raise TigaError(f"argument {self.owner[i]}: cannot differentiate with respect to a "
+                            "relation (topology is discrete); differentiate its fields")
+        if not t.dtype.is_float:
+            raise DTypeError(f"argument {self.owner[i]}: gradients need floating inputs, "
+                             f"found {t}")
+        return True
+
+    def args(self):
+        return list(self.caps) + list(self.leaves)
+
+    def split(self, outs):
+        main = tree_unflatten(self.out_tree, outs[:self.n_out])
+        aux = tree_unflatten(self.aux_tree, outs[self.n_out:])
+        return main, aux
+
+    def grads_tree(self, grads, argnums_tuple):
+        it = iter(grads)
+        per_leaf = [next(it) if w else None for w in self.wrt[len(self.caps):]]
+        by_arg = {}
+        for i, g in enumerate(per_leaf):
+            by_arg.setdefault(self.owner[i], []).append(g)
+        trees = []
+        rebuilt = tree_unflatten(self.in_tree, per_leaf)
+        for a in self.argnums:
+            trees.append(rebuilt[a])
+        return tuple(trees) if argnums_tuple else trees[0]
+
+
+def _leaf_owner(args) -> list:
+    owner = []
+    for i, a in enumerate(args):
+        owner += [i] * len(tree_flatten(a)[0])
+    return owner
+
+
+def _cotangent_seeds(traced, outs_types, scalar_only):
+    seeds = []
+    for k, t in enumerate(outs_types):
+        if k < traced.n_out:
+            if scalar_only and (not isinstance(t, TensorType) or t.shape != ()
+                                or not t.dtype.is_float):
+                raise ShapeError(f"grad: the function must return a scalar float, found {t}; "
+                                 "use tg.vjp for non-scalar outputs")
+            seeds.append(np.ones((), t.dtype.np) if scalar_only else None)
+        else:
+            seeds.append(np.zeros(t.shape, t.dtype.np))
+    return seeds
+
+
+def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
+    argnums_tuple = isinstance(argnums, (tuple, list))
+    nums = _as_tuple(argnums)
+
+    @functools.wraps(fn)
+    def wrapped(*args):
+        _check_argnums(nums, args)
+        traced = _Traced(fn, args, nums, has_aux)
+        seeds = _cotangent_seeds(traced, traced.program.out_types, scalar_only=True)
+        vjp = vjp_program(traced.program, traced.wrt)
+        res = run_program(vjp, traced.args() + seeds)
+        outs, grads = res[:len(seeds)], res[len(seeds):]
+        value, aux = traced.split(outs)
+        grads = traced.grads_tree(grads, argnums_tuple)
+        return ((value, aux) if has_aux else value), grads
+
+    return wrapped
+
+
+def grad(fn: Callable, argnums=0, has_aux: bool = False):
+    vg = value_and_grad(fn, argnums, has_aux)
+
+    @functools.wraps(fn)
+    def wrapped(*args):
+        value, grads = vg(*args)
+        return (grads, value[1]) if has_aux else grads
+
+    return wrapped
+
+
+def vjp(fn: Callable, *primals, has_aux: bool = False):
+    """`out, vjp_fn = tg.vjp(f, *primals)`; `vjp_fn(ct)` returns one cotangent per primal."""
+    nums = tuple(range(len(primals)))
+    traced = _Traced(fn, primals, nums, has_aux)
+    outs = run_program(traced.program, traced.args())
+    value, aux = traced.split(outs)
+    program = vjp_program(traced.program, traced.wrt)
+    out_types = traced.program.out_types
+
+    def vjp_fn(ct):
+        ct_leaves, ct_tree = tree_flatten(ct)
+        if ct_tree != traced.out_tree:
+            raise ShapeError("vjp_fn: the cotangent must have the structure of the output")
+        for c, t in zip(ct_leaves, out_types):
+            if tuple(np.shape(c)) != tuple(t.shape):
+                raise ShapeError(f"vjp_fn: cotangent shape {np.shape(c)} differs from the "
+                                 f"output's {t}")
+        seeds = [leaf_value(c) if not isinstance(c, Tracer) else c for c in ct_leaves]
+        seeds = [np.asarray(s, t.dtype.np) if not isinstance(s, Tracer) else s
+                 for s, t in zip(seeds, out_types)]
+        seeds += _cotangent_seeds(traced, out_types, False)[traced.n_out:]
+        res = run_program(program, traced.args() + seeds)
+        return traced.grads_tree(res[len(out_types):], True)
+
+    return ((value, vjp_fn, aux) if has_aux else (value, vjp_fn))
+
+
+def _check_argnums(nums, args):
+    for a in nums:
+        if not isinstance(a, int) or not 0 <= a < len(args):
+            raise TigaError(f"argnums: {a} is out of range for {len(args)} positional arguments")
+
+
+# ---- message-passing calls with concrete inputs -----------------------------------------
+
+def _execute_call(call):
+    if any(_is_torch(v) for v in call.values()):
+        from .torch_bridge.autograd import run_call_torch
+        return run_call_torch(call, route="auto")
+    program, args = call.staged_program()
+    outs = run_program(program, args)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _explain_call(call):
+    program, args = call.staged_program()
+    return explain_program(program, [leaf_value(a) for a in args])
+
+
+def _reference_call(call):
+    if any(_is_torch(v) for v in call.values()):
+        from .torch_bridge.autograd import run_call_torch
+        return run_call_torch(call, route="reference")
+    from .core.eval import eval_program
+
+    program, args = call.staged_program()
+    outs = [_wrap(o) for o in eval_program(program, *[leaf_value(a) for a in args])]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+message_passing.hooks.update(execute=_execute_call, explain=_explain_call,
+                             reference=_reference_call)
+
+__all__ = ["jit", "grad", "value_and_grad", "vjp", "Jitted", "Lowered", "Compiled", "Tensor"]

@@ -1,0 +1,83 @@
+"""autodiff: VJP rules of scan (tg.repeat) and while_loop."""
+from __future__ import annotations
+
+from ...core.errors import UnsupportedError
+from ...core.passes import cse, dce
+from ...core.prims.control import scan_p, while_loop_p
+from ...core.program import ClosedProgram
+from ...core.types import TensorType
+from ...trace import math as m
+from ...trace.math import _typeof
+from ...trace.staging import inline_program, trace_flat
+from ...trace.tracer import bind
+from ..registry import vjp_rules
+from ..vjp import backward_pass, differentiable
+
+
+def _strong(values):
+    return [_typeof(v).strong() for v in values]
+
+
+def _with_history(body: ClosedProgram, num_consts, num_carry):
+    """The body, also emitting its input carry, so a forward scan saves every carry."""
+    avals = body.in_types
+
+    def fn(*args):
+        outs = inline_program(body.program, *body.consts, *args)
+        return list(outs) + list(args[num_consts:num_consts + num_carry])
+
+    prog, _, _ = trace_flat(fn, avals)
+    return ClosedProgram(prog)
+
+
+def scan_vjp_rule(ct_outs, outs, *operands, body, length, num_consts, num_carry, reverse):
+    consts = list(operands[:num_consts])
+    carry = list(operands[num_consts:num_consts + num_carry])
+    xs = list(operands[num_consts + num_carry:])
+    n_ys = len(ct_outs) - num_carry
+    fwd = bind(scan_p, *consts, *carry, *xs, body=_with_history(body, num_consts, num_carry),
+               length=length, num_consts=num_consts, num_carry=num_carry, reverse=reverse)
+    history = fwd[num_carry + n_ys:]
+    ct_outs = [c if c is not None else m.zeros_like(o) for c, o in zip(ct_outs, outs)]
+    ct_carry, ct_ys = ct_outs[:num_carry], ct_outs[num_carry:]
+    acc = [m.zeros_like(c) for c in consts]
+    bwd_body = _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry)
+    res = bind(scan_p, *consts, *ct_carry, *acc, *history, *xs, *ct_ys, body=bwd_body,
+               length=length, num_consts=num_consts, num_carry=num_carry + num_consts,
+               reverse=not reverse)
+    ct_init, ct_consts = res[:num_carry], res[num_carry:num_carry + num_consts]
+    ct_xs = res[num_carry + num_consts:]
+    cts = list(ct_consts) + list(ct_init) + list(ct_xs)
+    return tuple(c if differentiable(_typeof(v)) else None for c, v in zip(cts, operands))
+
+
+def _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry):
+    x_rows = [TensorType(t.shape[1:], t.dtype) for t in _strong(xs)]
+    y_rows = [TensorType(t.shape[1:], t.dtype) for t in _strong(ct_ys)]
+    avals = _strong(consts) + _strong(carry) + _strong(consts) + _strong(carry) + x_rows + y_rows
+    nc, nk, nx = num_consts, num_carry, len(xs)
+
+    def fn(*a):
+        cs, ct_c, acc = a[:nc], a[nc:nc + nk], a[nc + nk:2 * nc + nk]
+        c_i = a[2 * nc + nk:2 * nc + 2 * nk]
+        x_i = a[2 * nc + 2 * nk:2 * nc + 2 * nk + nx]
+        ct_y = a[2 * nc + 2 * nk + nx:]
+        _, cts = backward_pass(body.program, list(body.consts) + list(cs + c_i + x_i),
+                               list(ct_c) + list(ct_y))
+        cts = cts[len(body.consts):]
+        z = [c if c is not None else m.zeros_like(v) for c, v in zip(cts, cs + c_i + x_i)]
+        new_acc = [m.add(s, d) for s, d in zip(acc, z[:nc])]
+        return z[nc:nc + nk] + new_acc + z[nc + nk:]
+
+    prog, _, _ = trace_flat(fn, avals)
+    return ClosedProgram(dce(cse(prog)))
+
+
+def while_loop_vjp_rule(ct_outs, outs, *operands, **params):
+    raise UnsupportedError(
+        "while_loop has a data-dependent trip count, so its VJP is not defined here",
+        hint="use tg.repeat(n, body, init) with a static n for differentiated loops")
+
+
+vjp_rules[scan_p] = scan_vjp_rule
+vjp_rules[while_loop_p] = while_loop_vjp_rule

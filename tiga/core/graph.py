@@ -1,0 +1,300 @@
+"""core: relations (graphs): destination-oriented CSR, implicit kinds, transpose, validation.
+
+A relation is an ordered collection of edges from `num_src` sources to `num_dst` destinations
+(API.md section 2). Storage is destination-oriented CSR; duplicate edges stay separate, self
+edges are ordinary and no reverse edge is ever added. The edge order seen by edge fields is the
+user's order; `edge_perm[p]` names the user edge stored at CSR position p (None: identity).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from . import graph_build as gb
+from . import graph_validate as gv
+from .dtypes import DType, as_dtype, int32, int64
+from .errors import GraphValidationError
+from .types import Dim, GraphType
+
+KINDS = ("csr", "dense", "triangular", "cu_seqlens", "cat", "stencil")
+
+
+class Graph:
+    """A relation. Build one with the `from_*` constructors or an implicit kind
+    (`dense`, `triangular`, `cu_seqlens`, `stencil`, `cat`); never call the class directly."""
+
+    def __init__(self, *, kind: str, num_src: int, num_dst: int, num_edges: int,
+                 index_dtype: DType = int64, csr: tuple | None = None,
+                 edge_perm: np.ndarray | None = None, params: dict | None = None,
+                 validated: str = "full", deferred: Callable[[], None] | None = None,
+                 device: str = "cpu", parts: tuple = ()):
+        self.kind = kind
+        self.num_src = num_src
+        self.num_dst = num_dst
+        self.num_edges = num_edges
+        self.index_dtype = index_dtype
+        self.edge_perm = edge_perm
+        self.params = dict(params or {})
+        self.device = device
+        self.parts = parts
+        self._csr = csr
+        self._validated = validated
+        # the full check a 'none'/'basic' graph still owes, run once by ensure_valid()
+        self._deferred = deferred
+        self._transposed: tuple | None = None
+
+    # ---- explicit constructors -------------------------------------------------------------
+
+    @classmethod
+    def from_csr(cls, row_ptr: Any, col_idx: Any, *, num_src: int | None = None,
+                 validate: str = "full") -> Graph:
+        """Destination-oriented CSR: destination d reads col_idx[row_ptr[d]:row_ptr[d+1]].
+
+        validate: 'full' checks every rule now; 'basic' only O(1) metadata (row_ptr ends);
+        'none' promises validity. The last two are checked in full by ensure_valid(), which
+        consumers must call before computing on the relation (transpose and degrees do).
+        Integer 1-D arrays and a non-empty row_ptr are required at every level: storage
+        cannot exist without them.
+        """
+        return cls._csr_graph(row_ptr, col_idx, num_src, gv.check_level(validate),
+                              ("row_ptr", "col_idx"))
+
+    @classmethod
+    def _csr_graph(cls, row_ptr: Any, col_idx: Any, num_src: Any, level: str,
+                   names: tuple) -> Graph:
+        device = gv.input_device(col_idx)
+        rp = gv.read_index_array(row_ptr, names[0])
+        ci = gv.read_index_array(col_idx, names[1])
+        if len(rp) == 0:
+            raise GraphValidationError(
+                f"{names[0]}: has length 0, expected length num_dst + 1 >= 1")
+        if num_src is None:
+            # clamp so an unvalidated negative maximum cannot make a negative size
+            num_src = gv.check_count(max(int(ci.max()) + 1, 0) if ci.size else 0, "num_src",
+                                     f" (inferred as max({names[1]}) + 1)")
+        else:
+            num_src = gv.check_count(num_src, "num_src")
+        gv.check_csr(rp, ci, num_src, level, names)
+        idx = gv.index_dtype_for(ci.dtype)
+        rp64, ci = gv.as_index(rp, np.dtype(np.int64)), gv.as_index(ci, idx)
+        deferred = None
+        if level != "full":
+            deferred = partial(gv.check_csr, rp64, ci, num_src, "full", names)
+        return cls(kind="csr", num_src=num_src, num_dst=len(rp) - 1, num_edges=len(ci),
+                   index_dtype=as_dtype(idx), csr=(rp64, ci), validated=level,
+                   deferred=deferred, device=device)
+
+    @classmethod
+    def from_coo(cls, src: Any, dst: Any, *, num_src: int, num_dst: int,
+                 validate: str = "full") -> Graph:
+        """Edges (src[e], dst[e]) in the user's order; stored sorted (stably) by destination."""
+        return cls._coo_graph(src, dst, num_src, num_dst, gv.check_level(validate),
+                              ("src", "dst"), ("num_src", "num_dst"))
+
+    @classmethod
+    def _coo_graph(cls, src: Any, dst: Any, num_src: Any, num_dst: Any, level: str,
+                   names: tuple, bounds: tuple) -> Graph:
+        device = gv.input_device(src)
+        s = gv.read_index_array(src, names[0])
+        d = gv.read_index_array(dst, names[1])
+        num_src = gv.check_count(num_src, bounds[0])
+        num_dst = gv.check_count(num_dst, bounds[1])
+        gv.check_same_length(s, d, names)
+        gv.check_coo(s, d, num_src, num_dst, level, names, bounds)
+        idx = gv.index_dtype_for(s.dtype)
+        row_ptr, col_idx, edge_perm = gb.coo_to_csr(s, d, num_dst, idx)
+        deferred = None
+        if level != "full":
+            deferred = partial(gv.check_coo, s, d, num_src, num_dst, "full", names, bounds)
+        return cls(kind="csr", num_src=num_src, num_dst=num_dst, num_edges=len(col_idx),
+                   index_dtype=as_dtype(idx), csr=gb.freeze(row_ptr, col_idx),
+                   edge_perm=gb.freeze(edge_perm)[0], validated=level, deferred=deferred,
+                   device=device)
+
+    @classmethod
+    def from_edge_index(cls, edge_index: Any, num_nodes: int | None = None) -> Graph:
+        """PyG convention: shape (2, E), row 0 = source, row 1 = target."""
+        ei = gv.read_index_array(edge_index, "edge_index", ndim=2)
+        if ei.shape[0] != 2:
+            raise GraphValidationError(
+                f"edge_index: has shape {tuple(ei.shape)}, expected shape (2, E)")
+        if num_nodes is None:
+            num_nodes = gv.check_count(max(int(ei.max()) + 1, 0) if ei.size else 0,
+                                       "num_nodes", " (inferred as max(edge_index) + 1)")
+        graph = cls._coo_graph(ei[0], ei[1], num_nodes, num_nodes, "full",
+                               ("edge_index[0]", "edge_index[1]"), ("num_nodes", "num_nodes"))
+        graph.device = gv.input_device(edge_index)
+        return graph
+
+    @classmethod
+    def from_scipy(cls, matrix: Any) -> Graph:
+        """A scipy.sparse matrix or array: rows = destinations, columns = sources. Duplicates
+        and the stored entry order are kept."""
+        try:
+            import scipy.sparse as sp
+        except ImportError:
+            raise GraphValidationError(
+                f"matrix: is {type(matrix).__name__}, expected a scipy.sparse matrix "
+                "(scipy is not installed)") from None
+        if not sp.issparse(matrix) or len(matrix.shape) != 2:
+            raise GraphValidationError(
+                f"matrix: is {type(matrix).__name__}, expected a 2-D scipy.sparse matrix")
+        num_dst, num_src = (int(n) for n in matrix.shape)
+        if matrix.format == "csr":
+            return cls._csr_graph(matrix.indptr, matrix.indices, num_src, "full",
+                                  ("matrix.indptr", "matrix.indices"))
+        coo = matrix.tocoo()
+        return cls._coo_graph(coo.col, coo.row, num_src, num_dst, "full",
+                              ("matrix.col", "matrix.row"), ("num_src", "num_dst"))
+
+    # ---- implicit constructors -------------------------------------------------------------
+
+    @classmethod
+    def dense(cls, num_src: int, num_dst: int | None = None) -> Graph:
+        """Every destination reads every source (dst-major, then source ascending)."""
+        num_src = gv.check_count(num_src, "num_src")
+        num_dst = num_src if num_dst is None else gv.check_count(num_dst, "num_dst")
+        return cls(kind="dense", num_src=num_src, num_dst=num_dst, num_edges=num_src * num_dst,
+                   params={"num_src": num_src, "num_dst": num_dst})
+
+    @classmethod
+    def triangular(cls, n: int, *, device: Any = "cpu") -> Graph:
+        """Causal relation: destination i reads sources 0..i (diagonal included)."""
+        n = gv.check_count(n, "n")
+        return cls(kind="triangular", num_src=n, num_dst=n, num_edges=n * (n + 1) // 2,
+                   params={"n": n}, device=str(device))
+
+    @classmethod
+    def cu_seqlens(cls, cu_seqlens: Any, causal: bool = True) -> Graph:
+        """Block-diagonal sequences [cu[k], cu[k+1]); triangular (causal) or dense per block."""
+        cu = gv.read_cu_seqlens(cu_seqlens)
+        causal = gv.read_flag(causal, "causal")
+        return cls(kind="cu_seqlens", num_src=cu[-1], num_dst=cu[-1],
+                   num_edges=gb.cu_seqlens_num_edges(cu, causal),
+                   params={"cu_seqlens": cu, "causal": causal},
+                   device=gv.input_device(cu_seqlens))
+
+    @classmethod
+    def stencil(cls, shape: Sequence[int], offsets: Sequence[Sequence[int]], *,
+                periodic: bool = False) -> Graph:
+        """Lattice points in C order; point p reads p + offset for each offset in order,
+        skipping neighbours outside the lattice unless `periodic` wraps them."""
+        shape = gv.read_shape(shape)
+        offsets = gv.read_offsets(offsets, len(shape))
+        periodic = gv.read_flag(periodic, "periodic")
+        points = int(np.prod(shape, dtype=object))
+        return cls(kind="stencil", num_src=points, num_dst=points,
+                   num_edges=gb.stencil_num_edges(shape, offsets, periodic),
+                   params={"shape": shape, "offsets": offsets, "periodic": periodic})
+
+    @classmethod
+    def cat(cls, graphs: Sequence[Graph]) -> Graph:
+        """Disjoint blocks: source and destination ids are offset independently; edge order is
+        block order, then each part's own edge order. Materialises CSR."""
+        parts = _read_graphs(graphs)
+        num_src = sum(g.num_src for g in parts)
+        num_dst = sum(g.num_dst for g in parts)
+        narrow = all(g.index_dtype == int32 for g in parts) and num_src <= np.iinfo(np.int32).max
+        idx = np.dtype(np.int32 if parts and narrow else np.int64)
+        arrays = [(*g.resolve_csr(), g.edge_perm, g.num_src) for g in parts]
+        row_ptr, col_idx, edge_perm = gb.cat_csr(arrays, idx)
+        level = gv.level_min(g.validated for g in parts)
+        deferred = None if level == "full" else partial(_ensure_all_valid, parts)
+        blocks = tuple((g.kind, g.num_src, g.num_dst, g.num_edges) for g in parts)
+        return cls(kind="cat", num_src=num_src, num_dst=num_dst, num_edges=len(col_idx),
+                   index_dtype=as_dtype(idx), csr=gb.freeze(row_ptr, col_idx),
+                   edge_perm=gb.freeze(edge_perm)[0], params={"blocks": blocks},
+                   validated=level, deferred=deferred, parts=parts)
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    @property
+    def validated(self) -> str:
+        """'full', 'basic' or 'none': how much of the input has been checked so far."""
+        return self._validated
+
+    def ensure_valid(self) -> Graph:
+        """Run the full validation once (graphs built with validate='none' or 'basic')."""
+        if self._validated != "full":
+            self._deferred()
+            self._validated, self._deferred = "full", None
+        return self
+
+    def resolve_csr(self) -> tuple:
+        """(row_ptr int64, col_idx in the index dtype), materialised once and cached."""
+        if self._csr is None:
+            self._csr = gb.freeze(*_implicit_csr(self.kind, self.params))
+        return self._csr
+
+    def degrees(self, by: str = "dst") -> np.ndarray:
+        """int64 in-degree per destination (by='dst') or out-degree per source (by='src')."""
+        if by not in ("dst", "src"):
+            raise GraphValidationError(f"by: is {by!r}, expected 'dst' or 'src'")
+        self.ensure_valid()
+        row_ptr, col_idx = self.resolve_csr()
+        if by == "dst":
+            return np.diff(row_ptr)
+        return np.bincount(col_idx, minlength=self.num_src).astype(np.int64, copy=False)
+
+    def transpose(self) -> tuple:
+        """(graph_t, perm): the source-oriented relation as plain CSR, and the permutation with
+        field_t = field[perm] for an edge field in this graph's edge order. Cached."""
+        if self._transposed is None:
+            self.ensure_valid()
+            row_ptr, col_idx = self.resolve_csr()
+            rp_t, ci_t, perm = gb.transpose_csr(row_ptr, col_idx, self.edge_perm,
+                                                self.num_src, self.index_dtype.np)
+            gb.freeze(rp_t, ci_t, perm)
+            graph_t = Graph(kind="csr", num_src=self.num_dst, num_dst=self.num_src,
+                            num_edges=self.num_edges, index_dtype=self.index_dtype,
+                            csr=(rp_t, ci_t), device=self.device)
+            self._transposed = (graph_t, perm)
+        return self._transposed
+
+    def type(self, symbolic: bool = False) -> GraphType:
+        """The relation's GraphType; symbolic sizes (N, S, E) let one kernel serve every size."""
+        if not symbolic:
+            return GraphType(self.kind, self.num_src, self.num_dst, self.num_edges,
+                             self.index_dtype, None)
+        n = Dim("N")
+        s = n if self.num_src == self.num_dst else Dim("S")
+        return GraphType(self.kind, s, n, Dim("E"), self.index_dtype, None)
+
+    def __repr__(self) -> str:
+        return (f"Graph(kind={self.kind!r}, num_src={self.num_src}, num_dst={self.num_dst}, "
+                f"num_edges={self.num_edges})")
+
+
+def _implicit_csr(kind: str, params: dict) -> tuple:
+    if kind == "dense":
+        return gb.dense_csr(params["num_src"], params["num_dst"])
+    if kind == "triangular":
+        return gb.triangular_csr(params["n"])
+    if kind == "cu_seqlens":
+        return gb.cu_seqlens_csr(params["cu_seqlens"], params["causal"])
+    if kind == "stencil":
+        return gb.stencil_csr(params["shape"], params["offsets"], params["periodic"])
+    raise GraphValidationError(f"kind: {kind!r} has no implicit CSR form")
+
+
+def _read_graphs(graphs: Any) -> tuple:
+    if isinstance(graphs, Graph):
+        raise GraphValidationError("graphs: is a single Graph, expected a sequence of Graphs")
+    try:
+        parts = tuple(graphs)
+    except TypeError:
+        raise GraphValidationError(
+            f"graphs: is {type(graphs).__name__}, expected a sequence of Graphs") from None
+    for i, g in enumerate(parts):
+        if not isinstance(g, Graph):
+            raise GraphValidationError(
+                f"graphs: entry at position {i} is {type(g).__name__}, expected a Graph")
+    return parts
+
+
+def _ensure_all_valid(parts: tuple) -> None:
+    for g in parts:
+        g.ensure_valid()

@@ -1,0 +1,2 @@
+"""core: primitive families; importing this package registers every primitive's rules."""
+from . import control, elementwise, graph, linalg, reductions, shape  # noqa: F401

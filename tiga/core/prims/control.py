@@ -1,0 +1,87 @@
+"""core: structured control primitives: scan (behind tg.repeat) and bounded while_loop."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import bool_
+from ..errors import DTypeError, ShapeError
+from ..eval import eval_closed
+from ..primitive import abstract_eval_rules, impl_rules, primitive
+from ..types import TensorType
+
+scan_p = primitive("scan", "control", multiple_results=True)
+while_loop_p = primitive("while_loop", "control", multiple_results=True)
+
+
+def _same(a, b) -> bool:
+    return [t.strong() for t in a] == [t.strong() for t in b]
+
+
+def scan_abstract_eval_rule(*operands, body, length, num_consts, num_carry, reverse):
+    consts = operands[:num_consts]
+    carry = operands[num_consts:num_consts + num_carry]
+    xs = operands[num_consts + num_carry:]
+    for x in xs:
+        if x.ndim == 0 or x.shape[0] != length:
+            raise ShapeError(f"scan: scanned operand {x} needs leading axis {length}")
+    x_rows = [TensorType(x.shape[1:], x.dtype) for x in xs]
+    if not _same(body.in_types, [*consts, *carry, *x_rows]):
+        raise ShapeError("scan: body binders do not match (consts, carry, x rows)")
+    outs = body.out_types
+    if not _same(outs[:num_carry], carry):
+        raise ShapeError("scan: the body changes the carried types: "
+                         f"{', '.join(map(str, carry))} -> "
+                         f"{', '.join(map(str, outs[:num_carry]))}")
+    ys = [TensorType((length,) + t.shape, t.dtype) for t in outs[num_carry:]]
+    return [t.strong() for t in carry] + ys
+
+
+def scan_impl_rule(*operands, body, length, num_consts, num_carry, reverse):
+    consts = operands[:num_consts]
+    carry = list(operands[num_consts:num_consts + num_carry])
+    xs = operands[num_consts + num_carry:]
+    ys = []
+    steps = range(length - 1, -1, -1) if reverse else range(length)
+    for i in steps:
+        outs = eval_closed(body, *consts, *carry, *[x[i] for x in xs])
+        carry, y = outs[:num_carry], outs[num_carry:]
+        ys.append(y)
+    if reverse:
+        ys.reverse()
+    stacked = [np.stack([y[k] for y in ys]) if ys else
+               np.zeros((0,) + tuple(t.shape), t.dtype.np)
+               for k, t in enumerate(body.out_types[num_carry:])]
+    return [np.asarray(c) for c in carry] + stacked
+
+
+def while_loop_abstract_eval_rule(*operands, cond, body, cond_nconsts, body_nconsts,
+                                  max_iterations):
+    carry = operands[cond_nconsts + body_nconsts:]
+    cond_consts = operands[:cond_nconsts]
+    body_consts = operands[cond_nconsts:cond_nconsts + body_nconsts]
+    (c,) = cond.out_types
+    if c.shape != () or c.dtype != bool_:
+        raise DTypeError(f"while_loop: cond must return a scalar bool, found {c}")
+    if not _same(cond.in_types, [*cond_consts, *carry]):
+        raise ShapeError("while_loop: cond binders do not match the carried state")
+    if not _same(body.in_types, [*body_consts, *carry]) or not _same(body.out_types, carry):
+        raise ShapeError("while_loop: the body changes the carried types: "
+                         f"{', '.join(map(str, carry))} -> "
+                         f"{', '.join(map(str, body.out_types))}")
+    return [t.strong() for t in carry]
+
+
+def while_loop_impl_rule(*operands, cond, body, cond_nconsts, body_nconsts, max_iterations):
+    cond_consts = operands[:cond_nconsts]
+    body_consts = operands[cond_nconsts:cond_nconsts + body_nconsts]
+    carry = list(operands[cond_nconsts + body_nconsts:])
+    for _ in range(max_iterations):
+        if not bool(eval_closed(cond, *cond_consts, *carry)[0]):
+            break
+        carry = eval_closed(body, *body_consts, *carry)
+    return [np.asarray(c) for c in carry]
+
+
+abstract_eval_rules.update({scan_p: scan_abstract_eval_rule,
+                            while_loop_p: while_loop_abstract_eval_rule})
+impl_rules.update({scan_p: scan_impl_rule, while_loop_p: while_loop_impl_rule})

@@ -1,0 +1,206 @@
+"""core: graph primitives: propagate (message passing), map_rows, edge_ids, degrees."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import int64
+from ..errors import DTypeError, ShapeError, UnsupportedError
+from ..eval import eval_closed, eval_rows
+from ..primitive import abstract_eval_rules, impl_rules, primitive
+from ..program import ClosedProgram
+from ..segment import segment_reduce
+from ..types import GraphType, TensorType
+
+propagate_p = primitive("propagate", "graph", multiple_results=True)
+map_rows_p = primitive("map_rows", "graph", multiple_results=True)
+edge_ids_p = primitive("edge_ids", "graph")
+degrees_p = primitive("degrees", "graph")
+
+ROLES = ("src", "dst", "edge", "param")
+REDUCE_BY = ("dst", "src", "edge", "all")
+
+
+def role_size(g: GraphType, role: str):
+    return {"src": g.num_src, "dst": g.num_dst, "edge": g.num_edges}[role]
+
+
+def row_type(t: TensorType) -> TensorType:
+    return TensorType(t.shape[1:], t.dtype, t.weak)
+
+
+def _check_fields(g: GraphType, fields, roles, names) -> list:
+    rows = []
+    for t, role, name in zip(fields, roles, names):
+        if role == "param":
+            rows.append(t)
+            continue
+        want = role_size(g, role)
+        if t.ndim == 0 or t.shape[0] != want:
+            raise ShapeError(f"{role}.{name}: {role} fields need a leading axis of "
+                             f"{role}-entities ({want}), found shape {t}")
+        rows.append(row_type(t))
+    return rows
+
+
+def _reduced_type(reducer, parts: list, name: str) -> TensorType:
+    if reducer.builtin and reducer.name == "online_softmax":
+        score, value = parts
+        if value.shape[:score.ndim] != score.shape:
+            raise ShapeError(f"online_softmax: value {value} must start with the score shape "
+                             f"{score} (one score per head)")
+        if not score.dtype.is_float or not value.dtype.is_float:
+            raise DTypeError(f"online_softmax: score and value must be floating, found "
+                             f"{score} and {value}")
+        return value.strong()
+    (m,) = parts
+    if reducer.builtin and reducer.name == "mean" and not m.dtype.is_float:
+        raise DTypeError(f"{name}: mean needs floating messages, found {m}")
+    if not reducer.builtin and reducer.regions is not None:
+        return reducer.regions[2].out_types[0].strong() if reducer.regions[2] else m.strong()
+    return m.strong()
+
+
+def propagate_abstract_eval_rule(g, *fields, edge_fn, reducer, roles, names, reduce_by,
+                                 update):
+    if not isinstance(g, GraphType):
+        raise ShapeError(f"propagate: first operand must be a relation, found {g}")
+    if reduce_by not in REDUCE_BY:
+        raise ShapeError(f"propagate: reduce_by must be one of {REDUCE_BY}, found {reduce_by!r}")
+    rows = _check_fields(g, fields, roles, names)
+    if [t.strong() for t in edge_fn.in_types] != [t.strong() for t in rows]:
+        raise ShapeError("propagate: edge function binders "
+                         f"({', '.join(map(str, edge_fn.in_types))}) do not match the field "
+                         f"rows ({', '.join(map(str, rows))})")
+    msgs = edge_fn.out_types
+    if reduce_by == "edge":
+        return [TensorType((g.num_edges,) + m.shape, m.dtype) for m in msgs]
+    k = reducer.arity
+    if len(msgs) % k:
+        raise ShapeError(f"propagate: {reducer.name} takes {k} message parts per output")
+    outs = [_reduced_type(reducer, msgs[i:i + k], "propagate") for i in range(0, len(msgs), k)]
+    if update is not None:
+        outs = _update_types(update, rows, roles, outs)
+    if reduce_by == "all":
+        return outs
+    lead = g.num_src if reduce_by == "src" else g.num_dst
+    return [TensorType((lead,) + t.shape, t.dtype) for t in outs]
+
+
+def _update_types(update, rows, roles, outs):
+    dst = [t for t, r in zip(rows, roles) if r == "dst"]
+    params = [t for t, r in zip(rows, roles) if r == "param"]
+    want = [t.strong() for t in dst + outs + params]
+    if [t.strong() for t in update.in_types] != want:
+        raise ShapeError("propagate: update binders do not match (dst rows, aggregated, params)"
+                         f": {', '.join(map(str, update.in_types))} vs "
+                         f"{', '.join(map(str, want))}")
+    return [t.strong() for t in update.out_types]
+
+
+def propagate_impl_rule(graph, *fields, edge_fn, reducer, roles, names, reduce_by, update):
+    row_ptr, col_idx = graph.resolve_csr()
+    counts = np.diff(row_ptr)
+    dst_of_edge = np.repeat(np.arange(graph.num_dst), counts)
+    perm = graph.edge_perm
+    args, batched = [], []
+    for x, role in zip(fields, roles):
+        x = np.asarray(x)
+        if role == "src":
+            x = x[col_idx]
+        elif role == "dst":
+            x = x[dst_of_edge]
+        elif role == "edge" and perm is not None:
+            x = x[perm]
+        args.append(x)
+        batched.append(role != "param")
+    msgs = eval_rows(edge_fn, args, batched, len(col_idx))
+    if reduce_by == "edge":
+        return msgs if perm is None else [_unpermute(m, perm) for m in msgs]
+    seg, n = {"dst": (dst_of_edge, graph.num_dst), "src": (np.asarray(col_idx), graph.num_src),
+              "all": (np.zeros(len(col_idx), np.int64), 1)}[reduce_by]
+    seg_counts = np.bincount(seg, minlength=n)
+    k = reducer.arity
+    outs = [_reduce(reducer, msgs[i:i + k], seg, n, seg_counts)
+            for i in range(0, len(msgs), k)]
+    if update is not None:
+        outs = _apply_update(update, fields, roles, outs, reduce_by)
+    return [o[0] for o in outs] if reduce_by == "all" else outs
+
+
+def _unpermute(m, perm):
+    out = np.empty_like(m)
+    out[perm] = m
+    return out
+
+
+def _reduce(reducer, parts, seg, n, counts):
+    if reducer.builtin:
+        return segment_reduce(reducer.name, parts, seg, n, counts)
+    return _fold_user(reducer, parts[0], seg, n)
+
+
+def _fold_user(reducer, m, seg, n):
+    """Fold a user reducer's regions in edge order, all segments advancing together."""
+    if reducer.regions is None:
+        raise UnsupportedError(f"reducer {reducer.name!r} was not traced", hint="call it "
+                               "through tg.propagate or a MessagePassing subclass")
+    lift, combine, finalize = reducer.regions
+    m = eval_rows(lift, [m], [True], len(m))[0] if lift is not None else m
+    order = np.argsort(seg, kind="stable")
+    seg_sorted = seg[order]
+    starts = np.searchsorted(seg_sorted, np.arange(n))
+    counts = np.bincount(seg, minlength=n)
+    state = np.broadcast_to(np.asarray(reducer.identity, m.dtype), (n,) + m.shape[1:]).copy()
+    for k in range(int(counts.max(initial=0))):
+        rows = np.nonzero(counts > k)[0]
+        msg = m[order[starts[rows] + k]]
+        state[rows] = eval_rows(combine, [state[rows], msg], [True, True], len(rows))[0]
+    if finalize is not None:
+        state = eval_rows(finalize, [state], [True], n)[0]
+    return state
+
+
+def _apply_update(update, fields, roles, outs, reduce_by):
+    if reduce_by != "dst":
+        raise UnsupportedError("propagate: an update function needs reduce_by='dst'")
+    dst = [np.asarray(x) for x, r in zip(fields, roles) if r == "dst"]
+    params = [np.asarray(x) for x, r in zip(fields, roles) if r == "param"]
+    n = outs[0].shape[0]
+    batched = [True] * (len(dst) + len(outs)) + [False] * len(params)
+    return eval_rows(update, dst + outs + params, batched, n)
+
+
+def map_rows_abstract_eval_rule(*xs, fn: ClosedProgram, batched: tuple):
+    leads = {x.shape[0] for x, b in zip(xs, batched) if b}
+    if len(leads) != 1:
+        raise ShapeError(f"map_rows: batched operands need one common leading axis, found "
+                         f"{', '.join(map(str, xs))}")
+    lead = leads.pop()
+    want = [row_type(x) if b else x for x, b in zip(xs, batched)]
+    if [t.strong() for t in fn.in_types] != [t.strong() for t in want]:
+        raise ShapeError("map_rows: function binders do not match the operand rows")
+    return [TensorType((lead,) + t.shape, t.dtype) for t in fn.out_types]
+
+
+def map_rows_impl_rule(*xs, fn, batched):
+    n = next(np.shape(x)[0] for x, b in zip(xs, batched) if b)
+    return eval_rows(fn, xs, batched, n)
+
+
+def edge_ids_abstract_eval_rule(g):
+    return [TensorType((g.num_edges,), int64)]
+
+
+def degrees_abstract_eval_rule(g, *, by):
+    return [TensorType((g.num_src if by == "src" else g.num_dst,), int64)]
+
+
+abstract_eval_rules.update({
+    propagate_p: propagate_abstract_eval_rule, map_rows_p: map_rows_abstract_eval_rule,
+    edge_ids_p: edge_ids_abstract_eval_rule, degrees_p: degrees_abstract_eval_rule})
+impl_rules.update({
+    propagate_p: propagate_impl_rule, map_rows_p: map_rows_impl_rule,
+    edge_ids_p: lambda g: [np.arange(g.num_edges, dtype=np.int64)],
+    degrees_p: lambda g, *, by: [np.asarray(g.degrees(by=by), np.int64)]})
+
+__all__ = ["propagate_p", "map_rows_p", "edge_ids_p", "degrees_p", "eval_closed"]

@@ -1,0 +1,123 @@
+"""core: reducer algebra (identity, lift, combine, finalize) and the built-in reducers."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from .errors import TigaError
+
+BUILTIN = ("sum", "mean", "max", "min", "prod", "online_softmax")
+
+
+class ReducerMessage:
+    """What `self.reducer(score, value)` returns in an edge function: packaged message parts.
+
+    It does not aggregate anything per edge; it binds the parts for capture.
+    """
+
+    __slots__ = ("reducer", "parts")
+
+    def __init__(self, reducer: "Reducer", parts: tuple):
+        self.reducer = reducer
+        self.parts = parts
+
+
+class Reducer:
+    """A reducer: `finalize(fold(combine, identity, map(lift, messages)))`.
+
+    User reducers give Python callables; the tracer stages them into regions
+    (`traced(...)`) before a program stores them, so program structure never depends
+    on object identity.
+    """
+
+    def __init__(self, name: str, identity: Any = 0.0, combine: Callable | None = None,
+                 finalize: Callable | None = None, lift: Callable | None = None,
+                 commutative: bool = True, associative: bool = True, *,
+                 _builtin: bool = False, prune_threshold: float | None = None):
+        if not _builtin and combine is None:
+            raise TigaError(f"Reducer {name!r}: combine is required, e.g. "
+                            "combine=lambda a, b: a + b")
+        self.name = name
+        self.identity = identity
+        self.combine = combine
+        self.finalize = finalize
+        self.lift = lift
+        self.commutative = commutative
+        self.associative = associative
+        self.builtin = _builtin
+        self.prune_threshold = prune_threshold
+        self.regions: tuple | None = None  # (lift, combine, finalize) ClosedPrograms once traced
+
+    @property
+    def arity(self) -> int:
+        """Message parts consumed per output (online_softmax takes score and value)."""
+        return 2 if self.name == "online_softmax" and self.builtin else 1
+
+    def __call__(self, *parts) -> ReducerMessage:
+        if len(parts) != self.arity:
+            raise TigaError(f"{self.name} reducer takes {self.arity} message part(s) "
+                            f"({'score, value' if self.arity == 2 else 'message'}), "
+                            f"got {len(parts)}")
+        return ReducerMessage(self, parts)
+
+    def _key(self):
+        if self.builtin:
+            return ("builtin", self.name, self.prune_threshold)
+        if self.regions is None:
+            return ("untraced", self.name, id(self))
+        return ("user", self.name, repr(self.identity), self.commutative, self.associative,
+                tuple(r.structure_key() if r is not None else None for r in self.regions))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Reducer) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def pp_param(self) -> str:
+        if self.builtin and self.prune_threshold is not None:
+            return f"{self.name}(prune_threshold={self.prune_threshold})"
+        return self.name if self.builtin else f"user:{self.name}"
+
+    def __repr__(self) -> str:
+        return f"tg.Reducer({self.pp_param()})"
+
+    def with_regions(self, regions: tuple) -> "Reducer":
+        r = Reducer(self.name, self.identity, self.combine, self.finalize, self.lift,
+                    self.commutative, self.associative)
+        r.regions = regions
+        return r
+
+
+def _builtin(name: str, identity: Any, prune_threshold=None) -> Reducer:
+    return Reducer(name, identity, _builtin=True, prune_threshold=prune_threshold)
+
+
+def sum() -> Reducer:  # noqa: A001 - public name from API.md
+    return _builtin("sum", 0.0)
+
+
+def mean() -> Reducer:
+    return _builtin("mean", 0.0)
+
+
+def max() -> Reducer:  # noqa: A001
+    return _builtin("max", -math.inf)
+
+
+def min() -> Reducer:  # noqa: A001
+    return _builtin("min", math.inf)
+
+
+def prod() -> Reducer:
+    return _builtin("prod", 1.0)
+
+
+def online_softmax(prune_threshold: float | None = None) -> Reducer:
+    """Streaming softmax-weighted sum of values; pruning is approximate and off by default."""
+    if prune_threshold is not None and not (isinstance(prune_threshold, (int, float))
+                                            and prune_threshold > 0
+                                            and math.isfinite(prune_threshold)):
+        raise TigaError(f"online_softmax: prune_threshold must be a positive finite number "
+                        f"or None (disabled), found {prune_threshold!r}")
+    return _builtin("online_softmax", 0.0, prune_threshold)

@@ -1,0 +1,59 @@
+"""core: numpy segment reductions the reference propagate folds messages with."""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import UnsupportedError
+
+
+def _zeros_like_rows(n: int, m: np.ndarray, fill) -> np.ndarray:
+    return np.full((n,) + m.shape[1:], fill, dtype=m.dtype)
+
+
+def _extreme_fill(dtype, largest: bool):
+    if np.issubdtype(dtype, np.floating) or dtype.kind == "V":
+        return -np.inf if largest else np.inf
+    info = np.iinfo(dtype) if dtype != np.bool_ else None
+    if info is None:
+        return not largest
+    return info.min if largest else info.max
+
+
+def segment_reduce(name: str, parts: list, seg: np.ndarray, n: int, counts: np.ndarray):
+    """Reduce messages (rows of `parts`) into `n` segments with ids `seg`; empty -> 0."""
+    m = parts[0]
+    if name == "sum":
+        out = _zeros_like_rows(n, m, 0)
+        np.add.at(out, seg, m)
+        return out
+    if name == "mean":
+        out = segment_reduce("sum", parts, seg, n, counts)
+        denom = np.maximum(counts, 1).reshape((n,) + (1,) * (m.ndim - 1))
+        return (out / denom).astype(m.dtype, copy=False)
+    if name in ("max", "min"):
+        out = _zeros_like_rows(n, m, _extreme_fill(m.dtype, name == "max"))
+        (np.maximum if name == "max" else np.minimum).at(out, seg, m)
+        out[counts == 0] = 0
+        return out
+    if name == "prod":
+        out = _zeros_like_rows(n, m, 1)
+        np.multiply.at(out, seg, m)
+        return out
+    if name == "online_softmax":
+        return _segment_softmax(parts[0], parts[1], seg, n, counts)
+    raise UnsupportedError(f"reducer {name!r} has no reference segment reduction")
+
+
+def _segment_softmax(score, value, seg, n, counts):
+    top = _zeros_like_rows(n, score, -np.inf)
+    np.maximum.at(top, seg, score)
+    top[counts == 0] = 0
+    p = np.exp(score - top[seg])
+    mass = _zeros_like_rows(n, score, 0)
+    np.add.at(mass, seg, p)
+    extra = value.ndim - score.ndim
+    pw = p.reshape(p.shape + (1,) * extra)
+    acc = _zeros_like_rows(n, value, 0)
+    np.add.at(acc, seg, pw * value)
+    safe = np.where(mass > 0, mass, 1).reshape(mass.shape + (1,) * extra)
+    return (acc / safe).astype(value.dtype, copy=False)

@@ -1,0 +1,61 @@
+"""trace: structured control: tg.repeat (a scan) and bounded tg.while_loop."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..core.errors import ShapeError, TigaError
+from ..core.prims.control import scan_p, while_loop_p
+from ..core.program import ClosedProgram
+from .pytree import tree_flatten, tree_unflatten
+from .staging import leaf_aval, leaf_value, trace_flat
+from .tracer import bind
+
+
+def _trace_body(fn, in_tree, avals, what):
+    def flat(*xs):
+        return fn(tree_unflatten(in_tree, list(xs)))
+
+    prog, caps, out_tree = trace_flat(flat, avals, top=False)
+    return prog, caps, out_tree
+
+
+def _check_carry(in_tree, out_tree, in_avals, out_avals, what):
+    if in_tree != out_tree:
+        raise ShapeError(f"{what}: the body must return the same structure as init "
+                         f"({in_tree} vs {out_tree})")
+    for i, (a, b) in enumerate(zip(in_avals, out_avals)):
+        if a.strong() != b.strong():
+            raise ShapeError(f"{what}: carried value {i} changes type from {a} to {b}; "
+                             "loop-carried shape and dtype are invariant")
+
+
+def repeat(n: int, body: Callable, init):
+    """Apply `body` to the state `n` times (n static): `body(state) -> state`."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise TigaError(f"repeat: n must be a non-negative Python int, found {n!r}")
+    leaves, in_tree = tree_flatten(init)
+    avals = [leaf_aval(x).strong() for x in leaves]
+    prog, caps, out_tree = _trace_body(body, in_tree, avals, "repeat")
+    _check_carry(in_tree, out_tree, avals, prog.out_types, "repeat")
+    outs = bind(scan_p, *[leaf_value(c) for c in caps], *[leaf_value(x) for x in leaves],
+                body=ClosedProgram(prog), length=n, num_consts=len(caps),
+                num_carry=len(leaves), reverse=False)
+    return tree_unflatten(in_tree, outs)
+
+
+def while_loop(cond: Callable, body: Callable, init, max_iterations: int):
+    """Run `body` while `cond(state)` holds, at most `max_iterations` times (bounded)."""
+    if not isinstance(max_iterations, int) or isinstance(max_iterations, bool) \
+            or max_iterations < 0:
+        raise TigaError("while_loop: max_iterations must be a non-negative Python int, found "
+                        f"{max_iterations!r}")
+    leaves, in_tree = tree_flatten(init)
+    avals = [leaf_aval(x).strong() for x in leaves]
+    cprog, ccaps, _ = _trace_body(cond, in_tree, avals, "while_loop cond")
+    bprog, bcaps, out_tree = _trace_body(body, in_tree, avals, "while_loop body")
+    _check_carry(in_tree, out_tree, avals, bprog.out_types, "while_loop")
+    outs = bind(while_loop_p, *[leaf_value(c) for c in ccaps + bcaps],
+                *[leaf_value(x) for x in leaves], cond=ClosedProgram(cprog),
+                body=ClosedProgram(bprog), cond_nconsts=len(ccaps), body_nconsts=len(bcaps),
+                max_iterations=max_iterations)
+    return tree_unflatten(in_tree, outs)

@@ -1,0 +1,402 @@
+"""trace: tg.math, the functional array namespace; binds primitives with promotion."""
+from __future__ import annotations
+
+import builtins
+import math as _pymath
+
+import numpy as np
+
+from ..core.dtypes import DType, as_dtype, bool_, float32, int32, promote
+from ..core.errors import DTypeError, ShapeError, UnsupportedError
+from ..core.prims.elementwise import binary_p, compare_p, convert_p, select_p, stop_gradient_p
+from ..core.prims.elementwise import unary_p
+from ..core.prims.linalg import dot_general_p
+from ..core.prims.reductions import reduce_p
+from ..core.prims.shape import (broadcast_in_dim_p, concatenate_p, pad_p, reshape_p, slice_p,
+                                transpose_p)
+from ..core.types import Dim, TensorType, broadcast_shapes, normalize_axes
+from .tracer import Tracer, aval_of, bind
+
+_SCALARS = (bool, int, float)
+
+
+def _typeof(x) -> TensorType:
+    t = aval_of(x)
+    if not isinstance(t, TensorType):
+        raise DTypeError(f"expected an array operand, found a relation {t}")
+    return t
+
+
+def asvalue(x):
+    """Tracers pass through; everything else becomes a concrete numpy value."""
+    if isinstance(x, Tracer):
+        return x
+    if isinstance(x, np.ndarray):
+        return x
+    return np.asarray(x)
+
+
+def _scalar_dtype(x) -> DType:
+    return bool_ if isinstance(x, bool) else int32 if isinstance(x, int) else float32
+
+
+def convert(x, dtype) -> object:
+    dtype = as_dtype(dtype)
+    x = asvalue(x)
+    if _typeof(x).dtype == dtype:
+        return x
+    return bind(convert_p, x, new_dtype=dtype)
+
+
+def _promote_operands(*xs):
+    """Python scalars (and weak values) adopt the other operands' dtype, as in JAX."""
+    typed = []
+    for x in xs:
+        if isinstance(x, _SCALARS):
+            typed.append((_scalar_dtype(x), True))
+        else:
+            t = _typeof(asvalue(x))
+            typed.append((t.dtype, t.weak))
+    dtype, weak = typed[0]
+    for d, w in typed[1:]:
+        dtype = promote(dtype, d, weak, w)
+        weak = weak and w
+    out = []
+    for x in xs:
+        out.append(np.asarray(x, dtype.np) if isinstance(x, _SCALARS) else convert(x, dtype))
+    return out, dtype
+
+
+def broadcast_to(x, shape):
+    x = asvalue(x)
+    t = _typeof(x)
+    shape = tuple(shape)
+    if t.shape == shape:
+        return x
+    broadcast_shapes(t.shape, shape, what="broadcast_to")
+    dims = tuple(range(len(shape) - t.ndim, len(shape)))
+    if len(shape) < t.ndim:
+        raise ShapeError(f"broadcast_to: cannot broadcast {t} to fewer dimensions {shape}")
+    return bind(broadcast_in_dim_p, x, shape=shape, broadcast_dimensions=dims)
+
+
+def _broadcast_all(xs):
+    shapes = [_typeof(x).shape for x in xs]
+    shape = broadcast_shapes(*shapes)
+    return [x if _typeof(x).ndim == 0 else broadcast_to(x, shape) for x in xs]
+
+
+def _binary(name, x, y):
+    (x, y), _ = _promote_operands(x, y)
+    x, y = _broadcast_all([x, y])
+    prim = binary_p.get(name) or compare_p[name]
+    return bind(prim, x, y)
+
+
+def _unary(name, x, float_only=True):
+    x = asvalue(x)
+    t = _typeof(x)
+    if float_only and not t.dtype.is_float:
+        x = convert(x, float32)
+    return bind(unary_p[name], x)
+
+
+def add(x, y): return _binary("add", x, y)
+def subtract(x, y): return _binary("sub", x, y)
+def multiply(x, y): return _binary("mul", x, y)
+def maximum(x, y): return _binary("max", x, y)
+def minimum(x, y): return _binary("min", x, y)
+def less(x, y): return _binary("lt", x, y)
+def less_equal(x, y): return _binary("le", x, y)
+def greater(x, y): return _binary("gt", x, y)
+def greater_equal(x, y): return _binary("ge", x, y)
+def equal(x, y): return _binary("eq", x, y)
+def not_equal(x, y): return _binary("ne", x, y)
+def logical_and(x, y): return _binary("and", x, y)
+def logical_or(x, y): return _binary("or", x, y)
+def logical_not(x): return bind(unary_p["not"], asvalue(x))
+def negative(x): return _unary("neg", x, float_only=False)
+def exp(x): return _unary("exp", x)
+def log(x): return _unary("log", x)
+def log1p(x): return _unary("log1p", x)
+def expm1(x): return _unary("expm1", x)
+def sqrt(x): return _unary("sqrt", x)
+def rsqrt(x): return _unary("rsqrt", x)
+def abs(x): return _unary("abs", x, float_only=False)  # noqa: A001
+def tanh(x): return _unary("tanh", x)
+def sigmoid(x): return _unary("logistic", x)
+def erf(x): return _unary("erf", x)
+def sin(x): return _unary("sin", x)
+def cos(x): return _unary("cos", x)
+def sign(x): return _unary("sign", x, float_only=False)
+def floor(x): return _unary("floor", x)
+def ceil(x): return _unary("ceil", x)
+def square(x): return multiply(x, x)
+def stop_gradient(x): return bind(stop_gradient_p, asvalue(x))
+
+
+def divide(x, y):
+    (x, y), dtype = _promote_operands(x, y)
+    if not dtype.is_float:
+        x, y = convert(x, float32), convert(y, float32)
+    x, y = _broadcast_all([x, y])
+    return bind(binary_p["div"], x, y)
+
+
+def power(x, y):
+    if isinstance(y, int) and not isinstance(y, bool) and 0 <= y <= 4:
+        # small integer powers as products: exact, and differentiable at x = 0
+        result = ones_like(x) if y == 0 else asvalue(x)
+        for _ in range(builtins.max(y - 1, 0)):
+            result = multiply(result, x)
+        return result
+    return _binary("pow", x, y)
+
+
+def relu(x):
+    x = asvalue(x)
+    return where(greater(x, 0), x, zeros_like(x))
+
+
+def gelu(x, approximate: str = "none"):
+    if approximate == "tanh":
+        c = _pymath.sqrt(2 / _pymath.pi)
+        return 0.5 * x * (1 + tanh(c * (x + 0.044715 * x * x * x)))
+    return multiply(multiply(x, 0.5), add(erf(multiply(x, 1 / _pymath.sqrt(2))), 1.0))
+
+
+def silu(x): return multiply(x, sigmoid(x))
+
+
+def where(cond, x, y):
+    cond = asvalue(cond)
+    if _typeof(cond).dtype != bool_:
+        cond = not_equal(cond, 0)
+    (x, y), _ = _promote_operands(x, y)
+    cond, x, y = _broadcast_all([cond, x, y])
+    return bind(select_p, cond, x, y)
+
+
+def zeros_like(x, dtype=None):
+    t = _typeof(asvalue(x))
+    return full(t.shape, 0, dtype or t.dtype)
+
+
+def ones_like(x, dtype=None):
+    t = _typeof(asvalue(x))
+    return full(t.shape, 1, dtype or t.dtype)
+
+
+def full(shape, value, dtype=float32):
+    scalar = np.asarray(value, as_dtype(dtype).np)
+    return bind(broadcast_in_dim_p, scalar, shape=tuple(shape), broadcast_dimensions=())
+
+
+def _axes(x, axis, dim):
+    if dim is not None:
+        if axis is not None:
+            raise ShapeError("pass either axis= or dim= (its alias), not both")
+        axis = dim
+    return normalize_axes(axis, _typeof(x).ndim)
+
+
+def _keep(x, out, axes, keepdims):
+    if not keepdims:
+        return out
+    shape = list(_typeof(x).shape)
+    for a in axes:
+        shape[a] = 1
+    return reshape(out, shape)
+
+
+def _reduce(name, x, axis, keepdims, dim):
+    x = asvalue(x)
+    axes = _axes(x, axis, dim)
+    return _keep(x, bind(reduce_p[name], x, axes=axes), axes, keepdims)
+
+
+def sum(x, axis=None, keepdims=False, *, dim=None):  # noqa: A001
+    return _reduce("reduce_sum", x, axis, keepdims, dim)
+
+
+def max(x, axis=None, keepdims=False, *, dim=None):  # noqa: A001
+    return _reduce("reduce_max", x, axis, keepdims, dim)
+
+
+def min(x, axis=None, keepdims=False, *, dim=None):  # noqa: A001
+    return _reduce("reduce_min", x, axis, keepdims, dim)
+
+
+def prod(x, axis=None, keepdims=False, *, dim=None):
+    return _reduce("reduce_prod", x, axis, keepdims, dim)
+
+
+def mean(x, axis=None, keepdims=False, *, dim=None):
+    x = asvalue(x)
+    axes = _axes(x, axis, dim)
+    sizes = [_typeof(x).shape[a] for a in axes]
+    if builtins.any(isinstance(s, Dim) for s in sizes):
+        raise UnsupportedError("mean over a symbolic (graph-sized) axis", hint="use sum and "
+                               "divide by the count, or a tg.mean() reducer")
+    count = int(np.prod(sizes)) if sizes else 1
+    if not _typeof(x).dtype.is_float:
+        x = convert(x, float32)
+    return divide(sum(x, axis=axes, keepdims=keepdims), float(count))
+
+
+def norm(x, axis=-1, keepdims=False, *, dim=None):
+    return sqrt(sum(square(x), axis=axis, keepdims=keepdims, dim=dim))
+
+
+def reshape(x, *shape):
+    x = asvalue(x)
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    t = _typeof(x)
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        total = t.shape and np.prod([d for d in t.shape])
+        if known == 0 or builtins.any(isinstance(d, Dim) for d in t.shape):
+            raise ShapeError(f"reshape: cannot infer -1 in {shape} for {t}")
+        shape = tuple(int(total) // known if d == -1 else d for d in shape)
+    if tuple(shape) == t.shape:
+        return x
+    return bind(reshape_p, x, new_sizes=tuple(shape))
+
+
+def transpose(x, *axes):
+    x = asvalue(x)
+    n = _typeof(x).ndim
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    perm = tuple(a % n for a in axes) if axes else tuple(reversed(range(n)))
+    if perm == tuple(range(n)):
+        return x
+    return bind(transpose_p, x, permutation=perm)
+
+
+def expand_dims(x, axis):
+    t = _typeof(asvalue(x))
+    axis = axis % (t.ndim + 1)
+    return reshape(x, t.shape[:axis] + (1,) + t.shape[axis:])
+
+
+def squeeze(x, axis=None):
+    t = _typeof(asvalue(x))
+    axes = [a for a in range(t.ndim) if t.shape[a] == 1] if axis is None else \
+        list(normalize_axes(axis, t.ndim))
+    return reshape(x, tuple(d for i, d in enumerate(t.shape) if i not in axes))
+
+
+def concatenate(xs, axis=0, *, dim=None):
+    xs, _ = _promote_operands(*xs)
+    nd = _typeof(xs[0]).ndim
+    axis = normalize_axes(dim if dim is not None else axis, nd)[0]
+    return bind(concatenate_p, *xs, dimension=axis)
+
+
+def stack(xs, axis=0, *, dim=None):
+    axis = dim if dim is not None else axis
+    return concatenate([expand_dims(asvalue(x), axis) for x in xs], axis=axis)
+
+
+def pad(x, config):
+    return bind(pad_p, asvalue(x), padding_config=tuple(tuple(c) for c in config))
+
+
+def slice_static(x, start, limit, strides=None):
+    x = asvalue(x)
+    strides = tuple(strides) if strides else (1,) * len(start)
+    return bind(slice_p, x, start_indices=tuple(start), limit_indices=tuple(limit),
+                strides=strides)
+
+
+def dot_general(x, y, dimension_numbers):
+    (x, y), _ = _promote_operands(x, y)
+    return bind(dot_general_p, x, y, dimension_numbers=dimension_numbers)
+
+
+def matmul(x, y):
+    (x, y), _ = _promote_operands(x, y)
+    tx, ty = _typeof(x), _typeof(y)
+    if tx.ndim == 0 or ty.ndim == 0:
+        raise ShapeError("matmul: operands must have at least one dimension")
+    squeeze_x, squeeze_y = tx.ndim == 1, ty.ndim == 1
+    if squeeze_x:
+        x = reshape(x, (1,) + tx.shape)
+    if squeeze_y:
+        y = reshape(y, ty.shape + (1,))
+    tx, ty = _typeof(x), _typeof(y)
+    batch = broadcast_shapes(tx.shape[:-2], ty.shape[:-2], what="matmul batch axes")
+    x = broadcast_to(x, batch + tx.shape[-2:])
+    y = broadcast_to(y, batch + ty.shape[-2:])
+    b = tuple(range(len(batch)))
+    out = dot_general(x, y, (((len(batch) + 1,), (len(batch),)), (b, b)))
+    shape = _typeof(out).shape
+    if squeeze_x:
+        out = reshape(out, shape[:-2] + shape[-1:])
+        shape = _typeof(out).shape
+    if squeeze_y:
+        out = reshape(out, shape[:-1])
+    return out
+
+
+def dot(x, y):
+    tx, ty = _typeof(asvalue(x)), _typeof(asvalue(y))
+    if tx.ndim <= 2 and ty.ndim <= 2 and tx.ndim and ty.ndim:
+        return matmul(x, y)
+    if tx.ndim == 0 or ty.ndim == 0:
+        return multiply(x, y)
+    return dot_general(x, y, (((tx.ndim - 1,), (builtins.max(ty.ndim - 2, 0),)), ((), ())))
+
+
+def getitem(x, index):
+    """Basic indexing: ints, slices with positive steps, None and Ellipsis."""
+    x = asvalue(x)
+    t = _typeof(x)
+    index = index if isinstance(index, tuple) else (index,)
+    if builtins.any(not isinstance(i, (int, slice, type(None), type(Ellipsis)))
+                    or isinstance(i, bool) for i in index):
+        raise UnsupportedError("only basic indexing (ints, slices, None, ...) is supported "
+                               "on traced arrays", hint="use tg.math.where or a relation")
+    n_real = builtins.sum(1 for i in index if isinstance(i, (int, slice)))
+    if index.count(Ellipsis) > 1 or n_real > t.ndim:
+        raise ShapeError(f"index {index} has too many entries for {t}")
+    if Ellipsis in index:
+        k = index.index(Ellipsis)
+        index = index[:k] + (slice(None),) * (t.ndim - n_real) + index[k + 1:]
+    index = index + (slice(None),) * (t.ndim - n_real)
+    return _apply_index(x, t, index)
+
+
+def _apply_index(x, t, index):
+    start, limit, strides, out_shape = [], [], [], []
+    axis = 0
+    for i in index:
+        if i is None:
+            out_shape.append(1)
+            continue
+        size = t.shape[axis]
+        if isinstance(i, int):
+            j = i + size if i < 0 else i
+            if not 0 <= j < size:
+                raise ShapeError(f"index {i} is out of range for axis {axis} of size {size}")
+            start.append(j), limit.append(j + 1), strides.append(1)
+        else:
+            if isinstance(size, Dim) and i == slice(None):
+                start.append(0), limit.append(size), strides.append(1)
+                out_shape.append(size)
+                axis += 1
+                continue
+            lo, hi, st = i.indices(size)
+            if st < 1:
+                raise UnsupportedError("negative slice steps are not supported",
+                                       hint="reverse with an explicit index relation")
+            start.append(lo), limit.append(builtins.max(hi, lo)), strides.append(st)
+            out_shape.append(builtins.max(0, -(-(hi - lo) // st)))
+        axis += 1
+    out = x
+    if (tuple(start), tuple(limit)) != ((0,) * t.ndim, t.shape) or builtins.any(
+            s != 1 for s in strides):
+        out = slice_static(x, start, limit, strides)
+    return reshape(out, tuple(out_shape))

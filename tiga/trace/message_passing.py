@@ -1,0 +1,309 @@
+"""trace: tg.propagate and tg.MessagePassing: stage edge/update functions into propagate."""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from ..core.errors import FieldError, ShapeError, TigaError
+from ..core.prims.graph import propagate_p, role_size, row_type
+from ..core.program import ClosedProgram, GraphProgram, Var
+from ..core.reducers import Reducer, ReducerMessage
+from ..core.types import GraphType
+from .staging import leaf_aval, leaf_value, trace_flat
+from .tracer import Tracer, bind, current_builder
+
+ROLE_ORDER = ("src", "dst", "edge")
+
+# The runtime registers how concrete (non-traced) calls execute; trace cannot import it.
+hooks: dict[str, Callable | None] = {"execute": None, "explain": None, "reference": None}
+
+
+class FieldView:
+    """`src.x`, `dst.h`, `edge.w`: the rows of one role's fields seen by one edge."""
+
+    def __init__(self, role: str, fields: dict):
+        object.__setattr__(self, "_role", role)
+        object.__setattr__(self, "_fields", fields)
+
+    def __getattr__(self, name: str):
+        fields = object.__getattribute__(self, "_fields")
+        if name in fields:
+            return fields[name]
+        if name.startswith("__"):
+            raise AttributeError(name)
+        role = object.__getattribute__(self, "_role")
+        have = ", ".join(sorted(fields)) or "none"
+        raise FieldError(f"{role}.{name}: no {role} field named {name!r}; available {role} "
+                         f"fields: {have} (pass it as {role}={{'{name}': array}})")
+
+    __getitem__ = __getattr__
+
+    def __setattr__(self, name, value):
+        raise TigaError("field views are read-only inside edge and update functions")
+
+    def __contains__(self, name) -> bool:
+        return name in object.__getattribute__(self, "_fields")
+
+
+def _accepted(fn: Callable, params: dict) -> dict:
+    """Pass a function only the keyword parameters its signature takes."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return params
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return params
+    return {k: v for k, v in params.items() if k in sig.parameters}
+
+
+class PropagateCall:
+    """One message-passing call: relation, fields by role, reducer, functions, params."""
+
+    def __init__(self, graph, edge_fn, reducer, src, dst, edge, update, params,
+                 reduce_by="dst"):
+        if not isinstance(reducer, Reducer):
+            raise TigaError(f"reducer: expected a tg.Reducer such as tg.sum(), found "
+                            f"{reducer!r}")
+        if not callable(edge_fn):
+            raise TigaError(f"edge function: expected a callable, found {edge_fn!r}")
+        self.graph, self.edge_fn, self.reducer = graph, edge_fn, reducer
+        self.update, self.reduce_by = update, reduce_by
+        self.fields = {"src": dict(src or {}), "dst": dict(dst or {}), "edge": dict(edge or {})}
+        self.params = dict(params)
+        for role, fields in self.fields.items():
+            for name in fields:
+                if not isinstance(name, str) or not name.isidentifier():
+                    raise TigaError(f"{role}: field names must be identifiers, found {name!r}")
+
+    def field_items(self) -> list[tuple[str, str, object]]:
+        return [(role, name, self.fields[role][name])
+                for role in ROLE_ORDER for name in sorted(self.fields[role])]
+
+    def param_items(self) -> list[tuple[str, object]]:
+        return sorted(self.params.items())
+
+    def values(self) -> list:
+        return ([self.graph] + [v for _, _, v in self.field_items()]
+                + [v for _, v in self.param_items()])
+
+    def is_traced(self) -> bool:
+        return current_builder() is not None and any(
+            isinstance(v, Tracer) for v in self.values())
+
+    def check_sizes(self, gtype: GraphType) -> None:
+        for role, name, value in self.field_items():
+            t = leaf_aval(value)
+            want = role_size(gtype, role)
+            if t.ndim == 0 or t.shape[0] != want:
+                raise ShapeError(f"{role}.{name}: {role} fields need a leading axis of "
+                                 f"{want} ({role} entities of the relation), found shape "
+                                 f"{tuple(t.shape)}")
+
+    def stage(self, graph, fields: list, params: list):
+        """Bind one propagate equation on (possibly traced) operands; returns outputs."""
+        gtype = graph.aval if isinstance(graph, Tracer) else graph.type()
+        if not isinstance(gtype, GraphType):
+            raise TigaError(f"graph: expected a tg.Graph, found {gtype}")
+        items = self.field_items()
+        ftypes = [leaf_aval(v) for v in fields]
+        for (role, name, _), t in zip(items, ftypes):
+            want = role_size(gtype, role)
+            if t.ndim == 0 or t.shape[0] != want:
+                raise ShapeError(f"{role}.{name}: {role} fields need a leading axis of "
+                                 f"{want}, found shape {t}")
+        rows = [row_type(t) for t in ftypes]
+        ptypes = [leaf_aval(v) for v in params]
+        edge_prog, edge_caps, n_out = self._trace_edge(items, rows, ptypes)
+        update_prog, upd_caps, reducer = None, [], self._traced_reducer(edge_prog)
+        if self.update is not None:
+            update_prog, upd_caps = self._trace_update(items, rows, ptypes, edge_prog, reducer,
+                                                      n_out)
+        n_fixed = len(rows) + len(ptypes)
+        edge_prog = _pad_binders(edge_prog, n_fixed + len(edge_caps), upd_caps)
+        if update_prog is not None:
+            n_dst = sum(1 for r, _, _ in items if r == "dst")
+            update_prog = _insert_binders(update_prog, n_dst + n_out + len(ptypes), edge_caps)
+        caps = edge_caps + upd_caps
+        roles = tuple(r for r, _, _ in items) + ("param",) * (len(ptypes) + len(caps))
+        names = tuple(n for _, n, _ in items) + tuple(k for k, _ in self.param_items()) + \
+            tuple(f"captured{i}" for i in range(len(caps)))
+        outs = bind(propagate_p, graph, *fields, *params, *[leaf_value(c) for c in caps],
+                    edge_fn=ClosedProgram(edge_prog), reducer=reducer, roles=roles,
+                    names=names, reduce_by=self.reduce_by,
+                    update=None if update_prog is None else ClosedProgram(update_prog))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def staged_program(self) -> tuple[GraphProgram, list]:
+        """The call as a program over symbolic graph sizes (N, S, E), and its arguments.
+
+        Arrays captured by the edge/update functions become leading binders, so new values
+        of captured weights never change the program's structure.
+        """
+        if not hasattr(self.graph, "resolve_csr"):
+            raise TigaError(f"graph: expected a tg.Graph, found {type(self.graph).__name__}")
+        concrete = self.graph.type()
+        self.check_sizes(concrete)
+        gtype = self.graph.type(symbolic=True)
+        items = self.field_items()
+        avals = [gtype]
+        for role, _, value in items:
+            t = leaf_aval(value).strong()
+            avals.append(t.update(shape=(role_size(gtype, role),) + tuple(t.shape[1:])))
+        avals += [leaf_aval(v) for _, v in self.param_items()]
+        n_f = len(items)
+
+        def fn(graph, *rest):
+            return self.stage(graph, list(rest[:n_f]), list(rest[n_f:]))
+
+        prog, caps, _ = trace_flat(fn, avals, top=False)
+        return prog, [leaf_value(c) for c in caps] + [leaf_value(v) for v in self.values()]
+
+    def _views(self, items, tracers):
+        by_role = {r: {} for r in ROLE_ORDER}
+        for (role, name, _), t in zip(items, tracers):
+            by_role[role][name] = t
+        return by_role
+
+    def _trace_edge(self, items, rows, ptypes):
+        names = [k for k, _ in self.param_items()]
+        n_out = [0]
+
+        def fn(*args):
+            views = self._views(items, args[:len(rows)])
+            kw = _accepted(self.edge_fn, dict(zip(names, args[len(rows):])))
+            out = self.edge_fn(FieldView("src", views["src"]), FieldView("dst", views["dst"]),
+                               FieldView("edge", views["edge"]), **kw)
+            parts = self._message_parts(out)
+            n_out[0] = len(parts) // self.reducer.arity
+            return parts
+
+        prog, caps, _ = trace_flat(fn, rows + ptypes, top=False)
+        return _captures_last(prog, len(caps)), caps, n_out[0]
+
+    def _message_parts(self, out) -> list:
+        if isinstance(out, ReducerMessage):
+            if out.reducer.name != self.reducer.name:
+                raise TigaError(f"edge function packaged a message for {out.reducer.name} but "
+                                f"the reducer is {self.reducer.name}")
+            return list(out.parts)
+        if self.reducer.arity != 1:
+            raise TigaError(f"the {self.reducer.name} reducer needs its parts packaged in the "
+                            "edge function: return self.reducer(score, value)")
+        if isinstance(out, (tuple, list)):
+            return list(out)
+        return [out]
+
+    def _traced_reducer(self, edge_prog: GraphProgram) -> Reducer:
+        r = self.reducer
+        if r.builtin:
+            return r
+        (m,) = edge_prog.out_types[:1]
+        m = m.strong()
+
+        def region(fn, n_in, what):
+            if fn is None:
+                return None
+            prog, caps, _ = trace_flat(fn, [m] * n_in, top=False)
+            if caps:
+                raise TigaError(f"reducer {r.name!r}: {what} must not close over arrays")
+            return ClosedProgram(prog)
+
+        return r.with_regions((region(r.lift, 1, "lift"), region(r.combine, 2, "combine"),
+                               region(r.finalize, 1, "finalize")))
+
+    def _trace_update(self, items, rows, ptypes, edge_prog, reducer, n_out):
+        from ..core.prims.graph import _reduced_type
+
+        msgs, k = edge_prog.out_types, reducer.arity
+        aggs = [_reduced_type(reducer, msgs[i:i + k], "propagate")
+                for i in range(0, k * n_out, k)]
+        dst_items = [(n, t) for (r, n, _), t in zip(items, rows) if r == "dst"]
+        names = [k for k, _ in self.param_items()]
+        nd = len(dst_items)
+
+        def fn(*args):
+            view = FieldView("dst", {n: a for (n, _), a in zip(dst_items, args[:nd])})
+            agg = args[nd:nd + n_out]
+            kw = _accepted(self.update, dict(zip(names, args[nd + n_out:])))
+            return self.update(view, agg[0] if n_out == 1 else tuple(agg), **kw)
+
+        prog, caps, _ = trace_flat(fn, [t for _, t in dst_items] + aggs + ptypes, top=False)
+        return _captures_last(prog, len(caps)), caps
+
+
+def _captures_last(prog: GraphProgram, n_caps: int) -> GraphProgram:
+    b = prog.in_binders
+    return GraphProgram(b[n_caps:] + b[:n_caps], prog.eqns, prog.outs)
+
+
+def _pad_binders(prog: GraphProgram, at: int, extra_values) -> GraphProgram:
+    """Add unused binders (for operands only another region reads)."""
+    extra = tuple(Var(leaf_aval(v)) for v in extra_values)
+    b = prog.in_binders
+    return GraphProgram(b[:at] + extra + b[at:], prog.eqns, prog.outs)
+
+
+def _insert_binders(prog: GraphProgram, at: int, extra_values) -> GraphProgram:
+    return _pad_binders(prog, at, extra_values)
+
+
+def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=None,
+              **params):
+    """Functional message passing: `y[i] = update(finalize(reduce(edge_fn(e) for e -> i)))`."""
+    call = PropagateCall(graph, edge_fn, reducer, src, dst, edge, update, params)
+    return run_call(call)
+
+
+def run_call(call: PropagateCall):
+    if call.is_traced():
+        return call.stage(call.graph, [v for _, _, v in call.field_items()],
+                          [v for _, v in call.param_items()])
+    if hooks["execute"] is None:
+        raise TigaError("no runtime registered; import tiga (not tiga.trace) to run programs")
+    return hooks["execute"](call)
+
+
+class MessagePassing:
+    """Subclass with `reducer = tg.sum()` and `def edge(self, src, dst, edge, **params)`;
+    optionally `def update(self, dst, aggregated, **params)`."""
+
+    reducer: Reducer | None = None
+
+    def edge(self, src, dst, edge, **params):
+        raise TigaError(f"{type(self).__name__} must define edge(self, src, dst, edge)")
+
+    def _call(self, graph, src, dst, edge, params) -> PropagateCall:
+        if self.reducer is None:
+            raise TigaError(f"{type(self).__name__}: set a class attribute reducer, e.g. "
+                            "reducer = tg.sum()")
+        update = self.update if type(self).update is not MessagePassing.update else None
+        return PropagateCall(graph, self.edge, self.reducer, src, dst, edge, update, params)
+
+    def update(self, dst, aggregated, **params):  # replaced by subclasses that need it
+        return aggregated
+
+    def __call__(self, *, graph, src=None, dst=None, edge=None, **params):
+        call = self._call(graph, src, dst, edge, params)
+        result = run_call(call)
+        self._last_call = call
+        return result
+
+    def explain(self, **call_kwargs):
+        """Explain the call with these arguments (without running it), or the last call."""
+        call = self._call_for(call_kwargs)
+        return hooks["explain"](call)
+
+    def reference(self, *, graph, src=None, dst=None, edge=None, **params):
+        """Run the semantic oracle (the reference interpreter); differentiable."""
+        return hooks["reference"](self._call(graph, src, dst, edge, params))
+
+    def _call_for(self, call_kwargs) -> PropagateCall:
+        if call_kwargs:
+            kw = dict(call_kwargs)
+            return self._call(kw.pop("graph"), kw.pop("src", None), kw.pop("dst", None),
+                              kw.pop("edge", None), kw)
+        call = getattr(self, "_last_call", None)
+        if call is None:
+            raise TigaError(f"{type(self).__name__}.explain(): no call yet; pass the call's "
+                            "arguments (graph=..., src=..., ...) to explain it without running")
+        return call

@@ -1,0 +1,168 @@
+"""trace: builders that stage primitive applications into GraphPrograms, and `bind`."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.dtypes import as_dtype
+from ..core.errors import TraceError
+from ..core.primitive import Primitive, abstract_eval_rules, impl_rules
+from ..core.program import Eqn, GraphProgram, Lit, Var
+from ..core.types import GraphType, TensorType
+
+_state = threading.local()
+
+
+def _stack() -> list:
+    if not hasattr(_state, "builders"):
+        _state.builders = []
+    return _state.builders
+
+
+class Tracer:
+    """A staged value: its type and the Var it is bound to in one builder."""
+
+    __array_priority__ = 1000  # numpy defers mixed operators to us
+    __slots__ = ("aval", "builder", "var")
+
+    def __init__(self, aval, builder: "Builder", var: Var):
+        self.aval = aval
+        self.builder = builder
+        self.var = var
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self.aval}>"
+
+    def __bool__(self):
+        raise TraceError("a traced value has no concrete truth value; use tg.math.where "
+                         "for data-dependent choices or tg.while_loop for data-dependent loops")
+
+    def __array__(self, *args, **kwargs):
+        raise TraceError(f"cannot convert the traced value {self.aval} to a numpy array "
+                         "inside a traced function")
+
+    def __hash__(self):
+        return id(self)
+
+
+class Builder:
+    """Records equations for one (sub-)trace; foreign values become captured inputs."""
+
+    def __init__(self, top: bool):
+        self.top = top  # concrete captures inline as literals only at top level
+        self.eqns: list[Eqn] = []
+        self.args: list[Var] = []
+        self.captures: list[tuple[Any, Var]] = []
+        self._captured: dict[int, Tracer] = {}
+
+    def new_arg(self, aval) -> Tracer:
+        v = Var(aval)
+        self.args.append(v)
+        return Tracer(aval, self, v)
+
+    def capture(self, x) -> Tracer:
+        if id(x) not in self._captured:
+            aval = x.aval if isinstance(x, Tracer) else aval_of(x)
+            v = Var(aval)
+            self.captures.append((x, v))
+            self._captured[id(x)] = Tracer(aval, self, v)
+        return self._captured[id(x)]
+
+    def atom(self, x):
+        if isinstance(x, Lit):
+            return x
+        if isinstance(x, Tracer):
+            if x.builder is self:
+                return x.var
+            if x.builder not in _stack():
+                raise TraceError(f"a traced value {x.aval} escaped the function that traced it "
+                                 "(it was stored outside and used later)")
+            return self.capture(x).var
+        aval = aval_of(x)
+        if self.top or (isinstance(aval, TensorType) and aval.ndim == 0):
+            return Lit(x, aval) if isinstance(aval, TensorType) else GraphLit(x, aval)
+        return self.capture(x).var
+
+    def program(self, outs: list) -> GraphProgram:
+        out_atoms = [self.atom(o) for o in outs]
+        binders = [v for _, v in self.captures] + self.args
+        return GraphProgram(tuple(binders), tuple(self.eqns), tuple(out_atoms))
+
+
+class GraphLit(Lit):
+    """A relation captured as a constant of a program (its arrays are part of the key)."""
+
+    __slots__ = ()
+
+    def __init__(self, value, type: GraphType):  # noqa: A002
+        self.value = value
+        self.type = type
+
+
+def aval_of(x):
+    if isinstance(x, Tracer):
+        return x.aval
+    if isinstance(x, Lit):
+        return x.type
+    t = getattr(x, "__tiga_type__", None)
+    if t is not None:
+        return t
+    if hasattr(x, "type") and callable(getattr(x, "type")) and hasattr(x, "resolve_csr"):
+        return x.type()
+    arr = np.asarray(x)
+    return TensorType(arr.shape, as_dtype(arr.dtype))
+
+
+def current_builder() -> Builder | None:
+    s = _stack()
+    return s[-1] if s else None
+
+
+class building:
+    """Context manager that makes `builder` the innermost trace."""
+
+    def __init__(self, builder: Builder):
+        self.builder = builder
+
+    def __enter__(self) -> Builder:
+        _stack().append(self.builder)
+        return self.builder
+
+    def __exit__(self, *exc):
+        _stack().pop()
+
+
+_concrete_wrapper: list[Callable] = [lambda x: x]
+
+
+def set_concrete_wrapper(fn: Callable) -> None:
+    """The runtime registers how eager results are wrapped (tg.Tensor)."""
+    _concrete_wrapper[0] = fn
+
+
+def bind(prim: Primitive, *args, **params):
+    """Apply a primitive: stage it when a traced operand is present, else run the impl."""
+    builder = current_builder()
+    if builder is not None and any(isinstance(a, Tracer) for a in args):
+        return _stage(builder, prim, args, params)
+    values = [a.value if isinstance(a, Lit) else a if _is_graph(a) else np.asarray(a)
+              for a in args]
+    abstract_eval_rules[prim](*[aval_of(v) for v in values], **params)  # validates eagerly
+    outs = impl_rules[prim](*values, **params)
+    wrapped = [_concrete_wrapper[0](np.asarray(o)) for o in outs]
+    return wrapped if prim.multiple_results else wrapped[0]
+
+
+def _is_graph(x) -> bool:
+    return hasattr(x, "resolve_csr")
+
+
+def _stage(builder: Builder, prim, args, params):
+    atoms = [builder.atom(a) for a in args]
+    out_types = abstract_eval_rules[prim](*[a.type for a in atoms], **params)
+    outs = [Var(t) for t in out_types]
+    builder.eqns.append(Eqn(prim, tuple(atoms), dict(params), tuple(outs)))
+    tracers = [Tracer(t, builder, v) for t, v in zip(out_types, outs)]
+    return tracers if prim.multiple_results else tracers[0]

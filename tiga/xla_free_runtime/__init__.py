@@ -1,0 +1,1 @@
+"""runtime: tensors and storage tiers, route selection and execution."""

@@ -1,0 +1,42 @@
+"""runtime: tg.Explanation, the readable report of which route a call takes and why."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Explanation:
+    route: str                      # "reference" | "cpu-llvm" | ...
+    backend: str
+    reason: str
+    traversal: list = field(default_factory=list)
+    schedule: str = "none (interpreted)"
+    materialized: list = field(default_factory=list)   # (what, bytes, why)
+    estimated_bytes: int = 0
+    vjp_route: str = ""
+    cache: str = ""
+    program: str = ""
+
+    def __str__(self) -> str:
+        lines = [f"route:      {self.route} ({self.backend})", f"why:        {self.reason}"]
+        for t in self.traversal:
+            lines.append(f"traversal:  {t}")
+        lines.append(f"schedule:   {self.schedule}")
+        for what, nbytes, why in self.materialized:
+            lines.append(f"materialized: {what}, {_fmt_bytes(nbytes)} ({why})")
+        lines.append(f"estimated bytes: {_fmt_bytes(self.estimated_bytes)}")
+        if self.vjp_route:
+            lines.append(f"vjp:        {self.vjp_route}")
+        if self.cache:
+            lines.append(f"cache:      {self.cache}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

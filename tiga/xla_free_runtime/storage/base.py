@@ -1,0 +1,29 @@
+"""runtime: the tier protocol every storage implements."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Storage(Protocol):
+    """A physical instance of a logical value on one tier."""
+
+    tier: str  # "host" | "device" | "disk"
+    device: str
+
+    def read(self) -> np.ndarray:
+        """The value as a host ndarray (a view when the tier is host)."""
+
+    def write(self, value: np.ndarray) -> None:
+        """Replace the contents (same shape and dtype)."""
+
+    def view(self) -> np.ndarray:
+        """A zero-copy view where the tier allows it."""
+
+    def release(self) -> None:
+        """Give the buffer back; later reads fail until restored."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held on this tier."""
