@@ -75,7 +75,10 @@ def _eval_eqn_rows(eqn, vals, size):
         raise UnsupportedError(f"{eqn.primitive.name} cannot run inside a per-edge or per-row "
                                "function", hint="compute it outside the edge/update function")
     if batch_rule is elementwise_batch_rule:
-        xs = [x if b else np.asarray(x) for x, b in vals]
+        # a rank-0 row meets shaped rows: give it trailing unit axes so numpy aligns the rows
+        rank = max(np.ndim(x) - 1 if b else np.ndim(x) for x, b in vals)
+        xs = [np.reshape(x, np.shape(x) + (1,) * (rank + 1 - np.ndim(x))) if b else x
+              for x, b in vals]
         return rule(*xs, **eqn.params), True
     xs = [x if b else np.broadcast_to(x, (size,) + np.shape(x)) for x, b in vals]
     return rule(*xs, **batch_rule(**eqn.params)), True

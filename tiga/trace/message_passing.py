@@ -127,7 +127,8 @@ class PropagateCall:
         roles = tuple(r for r, _, _ in items) + ("param",) * (len(ptypes) + len(caps))
         names = tuple(n for _, n, _ in items) + tuple(k for k, _ in self.param_items()) + \
             tuple(f"captured{i}" for i in range(len(caps)))
-        outs = bind(propagate_p, graph, *fields, *params, *[leaf_value(c) for c in caps],
+        operands = [leaf_value(v) for v in list(fields) + list(params) + list(caps)]
+        outs = bind(propagate_p, graph, *operands,
                     edge_fn=ClosedProgram(edge_prog), reducer=reducer, roles=roles,
                     names=names, reduce_by=self.reduce_by,
                     update=None if update_prog is None else ClosedProgram(update_prog))

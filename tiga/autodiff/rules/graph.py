@@ -85,7 +85,7 @@ class _Ctx:
             return fn(msgs, aux_rows, eid)
 
         values, roles = self.operands(aux)
-        return _run(self.graph, values, roles, edge, reducer, self.reduce_by)
+        return _run(self.graph, values, roles, edge, reducer, self.reduce_by)[0]
 
 
 def _plan(name, ctx, outs, ct_outs):

@@ -98,6 +98,7 @@ def _update_types(update, rows, roles, outs):
 
 
 def propagate_impl_rule(graph, *fields, edge_fn, reducer, roles, names, reduce_by, update):
+    graph.ensure_valid()  # validate="none" promised validity; check it once before use
     row_ptr, col_idx = graph.resolve_csr()
     counts = np.diff(row_ptr)
     dst_of_edge = np.repeat(np.arange(graph.num_dst), counts)
