@@ -3,15 +3,25 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import core as _core  # noqa: F401  (registers primitives)
 from . import autodiff as _autodiff  # noqa: F401  (registers VJP rules)
+from . import core as _core  # noqa: F401  (registers primitives)
 from .api import grad, jit, value_and_grad, vjp
 from .core.check import check_program
 from .core.config import config
 from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
-from .core.errors import (CompilationError, DistributedError, DTypeError, FieldError,
-                          GraphValidationError, ProgramError, ShapeError, StorageError,
-                          TigaError, TraceError, UnsupportedError)
+from .core.errors import (
+                          CompilationError,
+                          DistributedError,
+                          DTypeError,
+                          FieldError,
+                          GraphValidationError,
+                          ProgramError,
+                          ShapeError,
+                          StorageError,
+                          TigaError,
+                          TraceError,
+                          UnsupportedError,
+)
 from .core.eval import eval_program
 from .core.graph import Graph
 from .core.pprint import pp_program

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -11,8 +11,7 @@ from .core.errors import DTypeError, ShapeError, TigaError, UnsupportedError
 from .core.types import GraphType, TensorType
 from .trace import message_passing
 from .trace.pytree import tree_flatten, tree_unflatten
-from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args
-from .trace.staging import trace_flat
+from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import Tracer, current_builder
 from .xla_free_runtime.executor import execute, explain_program
 from .xla_free_runtime.tensor import Tensor, _wrap
@@ -66,7 +65,7 @@ class Jitted:
         program, out_tree, leaves = self._program(args)
         return tree_unflatten(out_tree, run_program(program, leaves))
 
-    def lower(self, *args) -> "Lowered":
+    def lower(self, *args) -> Lowered:
         program, out_tree, _ = self._program(args)
         return Lowered(program, out_tree)
 
@@ -88,7 +87,7 @@ class Lowered:
                                hint="use ir('program') for the GraphProgram; the Domain/Iter/"
                                     "Kernel/Task levels come with the CPU compiler")
 
-    def compile(self) -> "Compiled":
+    def compile(self) -> Compiled:
         return Compiled(self.program, self._out_tree)
 
 

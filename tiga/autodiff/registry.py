@@ -6,7 +6,7 @@ whose inputs never receive cotangents (integer/topology/piecewise-constant resul
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..core.primitive import Primitive
 

@@ -1,6 +1,8 @@
 """autodiff: vjp_program, GraphProgram -> GraphProgram computing outputs and cotangents."""
 from __future__ import annotations
 
+from ..core.check import check_program
+from ..core.config import config
 from ..core.errors import TigaError
 from ..core.passes import dce
 from ..core.program import GraphProgram, Lit
@@ -33,7 +35,10 @@ def vjp_program(program: GraphProgram, wrt) -> GraphProgram:
                                     for t in program.in_types] + out_types)
     if caps:
         raise TigaError("vjp_program: the program closes over outer values")
-    return dce(prog)
+    prog = dce(prog)
+    if config.check:
+        check_program(prog)
+    return prog
 
 
 def backward_pass(program: GraphProgram, primals, cts):

@@ -5,7 +5,7 @@ import numpy as np
 
 from .errors import ProgramError, UnsupportedError
 from .primitive import elementwise_batch_rule, impl_rules, row_batch_rules
-from .program import ClosedProgram, GraphProgram, Lit, Var
+from .program import ClosedProgram, GraphProgram, Lit
 from .types import GraphType
 
 

@@ -58,13 +58,16 @@ def _literal(a: Lit, digests: bool) -> str:
         row_ptr, col_idx = a.value.resolve_csr()
         return f"graph#{array_digest(row_ptr)}{array_digest(col_idx)}:{a.type}"
     if a.value.ndim == 0:
-        v = a.value.item()
-        text = repr(v) if not isinstance(v, float) else np.format_float_positional(
-            v, unique=True, trim="0") if np.isfinite(v) else repr(v)
-        return f"{text}:{a.type}"
+        return f"{_scalar(a.value.item())}:{a.type}"
     if a.value.size <= 4 and not digests:
-        return f"{np.array2string(a.value, separator=',')}:{a.type}"
+        return f"[{','.join(_scalar(v) for v in a.value.ravel().tolist())}]:{a.type}"
     return f"array#{array_digest(a.value)}:{a.type}"
+
+
+def _scalar(v) -> str:
+    if isinstance(v, float) and np.isfinite(v):
+        return np.format_float_positional(v, unique=True, trim="0")
+    return repr(v)
 
 
 def _params(params: dict, names: _Names, indent: int, digests: bool) -> str:

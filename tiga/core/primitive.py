@@ -1,7 +1,7 @@
 """core: primitives and the registries core owns (abstract eval, numpy impl, row batching)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 class Primitive:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import TigaError
 
@@ -17,7 +18,7 @@ class ReducerMessage:
 
     __slots__ = ("reducer", "parts")
 
-    def __init__(self, reducer: "Reducer", parts: tuple):
+    def __init__(self, reducer: Reducer, parts: tuple):
         self.reducer = reducer
         self.parts = parts
 
@@ -82,7 +83,7 @@ class Reducer:
     def __repr__(self) -> str:
         return f"tg.Reducer({self.pp_param()})"
 
-    def with_regions(self, regions: tuple) -> "Reducer":
+    def with_regions(self, regions: tuple) -> Reducer:
         r = Reducer(self.name, self.identity, self.combine, self.finalize, self.lift,
                     self.commutative, self.associative)
         r.regions = regions

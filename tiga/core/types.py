@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from .dtypes import DType, as_dtype, int64
 from .errors import ShapeError
@@ -18,7 +17,7 @@ class Dim:
         return self.name
 
 
-Size = Union[int, Dim]
+Size = int | Dim
 
 
 def fmt_dim(d: Size) -> str:
@@ -45,12 +44,12 @@ class TensorType:
     def is_symbolic(self) -> bool:
         return any(isinstance(d, Dim) for d in self.shape)
 
-    def update(self, shape=None, dtype=None, weak=None) -> "TensorType":
+    def update(self, shape=None, dtype=None, weak=None) -> TensorType:
         return TensorType(self.shape if shape is None else shape,
                           self.dtype if dtype is None else dtype,
                           self.weak if weak is None else weak)
 
-    def strong(self) -> "TensorType":
+    def strong(self) -> TensorType:
         return self.update(weak=False) if self.weak else self
 
     def __str__(self) -> str:
@@ -75,7 +74,7 @@ class GraphType:
         return f"{self.kind}[{fmt_dim(self.num_src)},{fmt_dim(self.num_dst)};{e}{extra}]"
 
 
-Type = Union[TensorType, GraphType]
+Type = TensorType | GraphType
 
 
 def dims_equal(a: Size, b: Size) -> bool:

@@ -1,7 +1,7 @@
 """trace: structured control: tg.repeat (a scan) and bounded tg.while_loop."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..core.errors import ShapeError, TigaError
 from ..core.prims.control import scan_p, while_loop_p

@@ -8,12 +8,24 @@ import numpy as np
 
 from ..core.dtypes import DType, as_dtype, bool_, float32, int32, promote
 from ..core.errors import DTypeError, ShapeError, UnsupportedError
-from ..core.prims.elementwise import binary_p, compare_p, convert_p, select_p, stop_gradient_p
-from ..core.prims.elementwise import unary_p
+from ..core.prims.elementwise import (
+    binary_p,
+    compare_p,
+    convert_p,
+    select_p,
+    stop_gradient_p,
+    unary_p,
+)
 from ..core.prims.linalg import dot_general_p
 from ..core.prims.reductions import reduce_p
-from ..core.prims.shape import (broadcast_in_dim_p, concatenate_p, pad_p, reshape_p, slice_p,
-                                transpose_p)
+from ..core.prims.shape import (
+    broadcast_in_dim_p,
+    concatenate_p,
+    pad_p,
+    reshape_p,
+    slice_p,
+    transpose_p,
+)
 from ..core.types import Dim, TensorType, broadcast_shapes, normalize_axes
 from .tracer import Tracer, aval_of, bind
 

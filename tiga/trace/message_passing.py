@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from ..core.errors import FieldError, ShapeError, TigaError
 from ..core.prims.graph import propagate_p, role_size, row_type

@@ -1,7 +1,7 @@
 """trace: staging Python functions into GraphPrograms, and inlining programs back."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ class Tracer:
     __array_priority__ = 1000  # numpy defers mixed operators to us
     __slots__ = ("aval", "builder", "var")
 
-    def __init__(self, aval, builder: "Builder", var: Var):
+    def __init__(self, aval, builder: Builder, var: Var):
         self.aval = aval
         self.builder = builder
         self.var = var
@@ -109,7 +110,7 @@ def aval_of(x):
     t = getattr(x, "__tiga_type__", None)
     if t is not None:
         return t
-    if hasattr(x, "type") and callable(getattr(x, "type")) and hasattr(x, "resolve_csr"):
+    if hasattr(x, "type") and callable(x.type) and hasattr(x, "resolve_csr"):
         return x.type()
     arr = np.asarray(x)
     return TensorType(arr.shape, as_dtype(arr.dtype))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import UnsupportedError
 from ..core.eval import eval_program
@@ -25,6 +26,8 @@ def select_route(program: GraphProgram) -> str:
 
 
 def execute(program: GraphProgram, args: list) -> list:
+    if config.check:
+        check_program(program)
     select_route(program)
     return eval_program(program, *args)
 

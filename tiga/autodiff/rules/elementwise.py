@@ -3,8 +3,14 @@ from __future__ import annotations
 
 import math as _pymath
 
-from ...core.prims.elementwise import (binary_p, compare_p, convert_p, select_p,
-                                       stop_gradient_p, unary_p)
+from ...core.prims.elementwise import (
+    binary_p,
+    compare_p,
+    convert_p,
+    select_p,
+    stop_gradient_p,
+    unary_p,
+)
 from ...trace import math as m
 from ...trace.math import _typeof
 from ..registry import NONDIFF, vjp_rules

@@ -1,8 +1,14 @@
 """autodiff: VJP rules of shape primitives."""
 from __future__ import annotations
 
-from ...core.prims.shape import (broadcast_in_dim_p, concatenate_p, pad_p, reshape_p, slice_p,
-                                 transpose_p)
+from ...core.prims.shape import (
+    broadcast_in_dim_p,
+    concatenate_p,
+    pad_p,
+    reshape_p,
+    slice_p,
+    transpose_p,
+)
 from ...trace import math as m
 from ...trace.math import _typeof
 from ..registry import vjp_rules

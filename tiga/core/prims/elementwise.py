@@ -7,8 +7,13 @@ import numpy as np
 
 from ..dtypes import DType, as_dtype, bool_
 from ..errors import DTypeError, ShapeError
-from ..primitive import abstract_eval_rules, elementwise_batch_rule, impl_rules, primitive
-from ..primitive import row_batch_rules
+from ..primitive import (
+    abstract_eval_rules,
+    elementwise_batch_rule,
+    impl_rules,
+    primitive,
+    row_batch_rules,
+)
 from ..types import TensorType
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])

@@ -14,7 +14,7 @@ class HostStorage:
         self._array: np.ndarray | None = array
 
     @classmethod
-    def alloc(cls, shape, dtype) -> "HostStorage":
+    def alloc(cls, shape, dtype) -> HostStorage:
         return cls(np.empty(shape, dtype))
 
     def _live(self) -> np.ndarray:
