@@ -1,6 +1,7 @@
 # Tiga developer entry points. Needs only Python >= 3.10, a C toolchain and PyPI.
 #   make demo   install and run the examples
 #   make test   install test deps (+ CPU torch) and run the suite with xdist
+#   make bench  install bench deps (+ CPU torch) and run the stored-CSR benchmark (--quick)
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
@@ -17,8 +18,10 @@ DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py
 INSTALL_STAMP := $(VENV)/.tiga-install.stamp
 TEST_STAMP := $(VENV)/.tiga-test.stamp
 LINT_STAMP := $(VENV)/.tiga-lint.stamp
+BENCH_STAMP := $(VENV)/.tiga-bench.stamp
+BENCH_ARGS ?= --quick
 
-.PHONY: .venv install demo test lint clean distclean
+.PHONY: .venv install demo test bench lint clean distclean
 
 .venv: $(VPY)
 
@@ -33,6 +36,13 @@ $(INSTALL_STAMP): pyproject.toml | $(VPY)
 $(TEST_STAMP): pyproject.toml | $(VPY)
 	$(PIP) install -q -e ".[test]"
 	$(PIP) install -q "$(TORCH_PIN)"
+	@touch $@ $(INSTALL_STAMP)
+
+# PyG is an optional peer: installed when PyPI has a build for this Python, skipped otherwise
+# (the benchmark then reports it as skipped).
+$(BENCH_STAMP): pyproject.toml | $(VPY)
+	$(PIP) install -q -e ".[bench,torch]"
+	$(PIP) install -q "torch_geometric==2.8.1" || echo "torch_geometric not installable: PyG peer skipped"
 	@touch $@ $(INSTALL_STAMP)
 
 $(LINT_STAMP): pyproject.toml | $(VPY)
@@ -54,12 +64,15 @@ demo: install
 test: $(TEST_STAMP)
 	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short $(PYTEST_ARGS)
 
+bench: $(BENCH_STAMP)
+	$(VPY) benchmarks/stored_csr.py $(BENCH_ARGS)
+
 lint: $(LINT_STAMP)
 	$(VPY) -m ruff check tiga tests examples benchmarks
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
-	rm -f $(INSTALL_STAMP) $(TEST_STAMP) $(LINT_STAMP)
+	rm -f $(INSTALL_STAMP) $(TEST_STAMP) $(LINT_STAMP) $(BENCH_STAMP)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

@@ -7,8 +7,9 @@ from collections.abc import Callable
 import numpy as np
 
 from .autodiff import vjp_program
-from .core.errors import DTypeError, ShapeError, TigaError, UnsupportedError
+from .core.errors import DTypeError, ShapeError, TigaError
 from .core.types import GraphType, TensorType
+from .lower.pipeline import ir_text, module_name
 from .trace import message_passing
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
@@ -67,7 +68,7 @@ class Jitted:
 
     def lower(self, *args) -> Lowered:
         program, out_tree, _ = self._program(args)
-        return Lowered(program, out_tree)
+        return Lowered(program, out_tree, module_name(getattr(self.fn, "__name__", "main")))
 
     def cache_info(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "entries": len(self._cache)}
@@ -76,16 +77,16 @@ class Jitted:
 class Lowered:
     """`tg.jit(f).lower(*args)`: the traced program, before execution."""
 
-    def __init__(self, program, out_tree):
+    def __init__(self, program, out_tree, name: str = "main"):
         self.program = program
         self._out_tree = out_tree
+        self.name = name
 
     def ir(self, stage: str = "program") -> str:
+        """"program" (the GraphProgram) or an IR level: "domain", "iter", "kernel", "task"."""
         if stage == "program":
             return str(self.program)
-        raise UnsupportedError(f"IR stage {stage!r} is not built yet",
-                               hint="use ir('program') for the GraphProgram; the Domain/Iter/"
-                                    "Kernel/Task levels come with the CPU compiler")
+        return ir_text(self.program, stage, name=self.name)
 
     def compile(self) -> Compiled:
         return Compiled(self.program, self._out_tree)
@@ -270,6 +271,9 @@ def _execute_call(call):
 
 
 def _explain_call(call):
+    if any(_is_torch(v) for v in call.values()):
+        from .torch_bridge.autograd import explain_call_torch
+        return explain_call_torch(call)
     program, args = call.staged_program()
     return explain_program(program, [leaf_value(a) for a in args])
 
@@ -281,11 +285,24 @@ def _reference_call(call):
     from .core.eval import eval_program
 
     program, args = call.staged_program()
-    outs = [_wrap(o) for o in eval_program(program, *[leaf_value(a) for a in args])]
+    if current_builder() is not None and any(isinstance(a, Tracer) for a in args):
+        # reference() is differentiable: under tg.grad/jit, stage the call into the trace
+        outs = inline_program(program, *args)
+    else:
+        outs = [_wrap(o) for o in eval_program(program, *[leaf_value(a) for a in args])]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def _ir_call(call, stage):
+    program, _ = call.staged_program()
+    if stage == "program":
+        return str(program)
+    owner = getattr(call.edge_fn, "__self__", None)
+    name = type(owner).__name__ if owner is not None else getattr(call.edge_fn, "__name__", "")
+    return ir_text(program, stage, name=module_name(name))
+
+
 message_passing.hooks.update(execute=_execute_call, explain=_explain_call,
-                             reference=_reference_call)
+                             reference=_reference_call, ir=_ir_call)
 
 __all__ = ["jit", "grad", "value_and_grad", "vjp", "Jitted", "Lowered", "Compiled", "Tensor"]

@@ -15,3 +15,29 @@ lowering_rules: dict[str, dict[Primitive, Callable]] = {"cpu-llvm": {}, "triton"
 _NO_BACKEND_YET = ("no compiled backend exists yet; the numpy reference interpreter runs it "
                    "and explain() reports route=reference")
 REFERENCE_ONLY: dict[Primitive, str] = {p: _NO_BACKEND_YET for p in all_primitives()}
+
+_TOP_LEVEL_ONLY = ("cpu-llvm: runs on the numpy impl rules; cpu-llvm compiles propagate "
+                   "kernels and the row-level primitives inside them, and {name} occurs only "
+                   "outside row-level functions, in tensor code that is not compiled yet; "
+                   "triton: no GPU backend yet")
+_OTHER_BACKENDS = ("{lowered}: compiled; {missing}: no lowering yet, so the reference "
+                   "interpreter runs it there and explain() reports route=reference")
+
+
+def register_lowered(backend: str) -> None:
+    """Rewrite the markers once `backend` registered its rules: a primitive it lowers stays
+    marked only for the backends that still lack it; the others say why they fall back.
+
+    REFERENCE_ONLY is one reason per primitive (not per backend), so the entry names which
+    backend compiles it and which does not.
+    """
+    for p in list(REFERENCE_ONLY):
+        lowered = [b for b, rules in lowering_rules.items() if p in rules]
+        missing = [b for b in lowering_rules if b not in lowered]
+        if not missing:
+            REFERENCE_ONLY.pop(p)
+        elif lowered:
+            REFERENCE_ONLY[p] = _OTHER_BACKENDS.format(lowered=", ".join(lowered),
+                                                       missing=", ".join(missing))
+        else:
+            REFERENCE_ONLY[p] = _TOP_LEVEL_ONLY.format(name=p.name)

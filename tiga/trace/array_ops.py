@@ -49,6 +49,10 @@ class ArrayOps:
     __le__ = lambda self, o: m.less_equal(self, o)  # noqa: E731
     __gt__ = lambda self, o: m.greater(self, o)  # noqa: E731
     __ge__ = lambda self, o: m.greater_equal(self, o)  # noqa: E731
+    # elementwise like numpy; without these `a == b` silently compared object identity
+    __eq__ = lambda self, o: m.equal(self, o)  # noqa: E731
+    __ne__ = lambda self, o: m.not_equal(self, o)  # noqa: E731
+    __hash__ = object.__hash__  # defining __eq__ would otherwise make values unhashable
     __and__ = lambda self, o: m.logical_and(self, o)  # noqa: E731
     __or__ = lambda self, o: m.logical_or(self, o)  # noqa: E731
     __invert__ = lambda self: m.logical_not(self)  # noqa: E731
@@ -85,7 +89,8 @@ class ArrayOps:
     def astype(self, dtype): return m.convert(self, dtype)
 
 
-_NOT_COPIED = {"__module__", "__qualname__", "__doc__", "__slots__", "__dict__", "__weakref__"}
+_NOT_COPIED = {"__module__", "__qualname__", "__doc__", "__slots__", "__dict__", "__weakref__",
+               "__hash__"}
 # Tracer cannot inherit ArrayOps (tg.math imports the tracer), so it receives the methods here.
 for _name, _value in vars(ArrayOps).items():
     if _name not in _NOT_COPIED:

@@ -27,7 +27,7 @@ from ..core.prims.shape import (
     transpose_p,
 )
 from ..core.types import Dim, TensorType, broadcast_shapes, normalize_axes
-from .tracer import Tracer, aval_of, bind
+from .tracer import Tracer, aval_of, bind, host_array
 
 _SCALARS = (bool, int, float)
 
@@ -40,12 +40,19 @@ def _typeof(x) -> TensorType:
 
 
 def asvalue(x):
-    """Tracers pass through; everything else becomes a concrete numpy value."""
-    if isinstance(x, Tracer):
+    """Tracers and tg.Tensors pass through; everything else becomes a concrete numpy value."""
+    # a tg.Tensor (typed by __tiga_type__) stays one, so eager no-op reshapes/slices/converts
+    # return the Tensor rather than its host ndarray
+    if isinstance(x, Tracer) or hasattr(type(x), "__tiga_type__"):
         return x
     if isinstance(x, np.ndarray):
         return x
-    return np.asarray(x)
+    return host_array(x)
+
+
+def _is_python_scalar(x) -> bool:
+    # np.float64 subclasses float but carries its own dtype: it is not weakly typed
+    return isinstance(x, _SCALARS) and not isinstance(x, np.generic)
 
 
 def _scalar_dtype(x) -> DType:
@@ -64,7 +71,7 @@ def _promote_operands(*xs):
     """Python scalars (and weak values) adopt the other operands' dtype, as in JAX."""
     typed = []
     for x in xs:
-        if isinstance(x, _SCALARS):
+        if _is_python_scalar(x):
             typed.append((_scalar_dtype(x), True))
         else:
             t = _typeof(asvalue(x))
@@ -75,7 +82,7 @@ def _promote_operands(*xs):
         weak = weak and w
     out = []
     for x in xs:
-        out.append(np.asarray(x, dtype.np) if isinstance(x, _SCALARS) else convert(x, dtype))
+        out.append(np.asarray(x, dtype.np) if _is_python_scalar(x) else convert(x, dtype))
     return out, dtype
 
 
@@ -377,7 +384,8 @@ def getitem(x, index):
     if Ellipsis in index:
         k = index.index(Ellipsis)
         index = index[:k] + (slice(None),) * (t.ndim - n_real) + index[k + 1:]
-    index = index + (slice(None),) * (t.ndim - n_real)
+    else:  # the Ellipsis already filled the unindexed axes
+        index = index + (slice(None),) * (t.ndim - n_real)
     return _apply_index(x, t, index)
 
 

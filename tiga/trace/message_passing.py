@@ -15,7 +15,8 @@ from .tracer import Tracer, bind, current_builder
 ROLE_ORDER = ("src", "dst", "edge")
 
 # The runtime registers how concrete (non-traced) calls execute; trace cannot import it.
-hooks: dict[str, Callable | None] = {"execute": None, "explain": None, "reference": None}
+hooks: dict[str, Callable | None] = {"execute": None, "explain": None, "reference": None,
+                                     "ir": None}
 
 
 class FieldView:
@@ -122,7 +123,7 @@ class PropagateCall:
         edge_prog = _pad_binders(edge_prog, n_fixed + len(edge_caps), upd_caps)
         if update_prog is not None:
             n_dst = sum(1 for r, _, _ in items if r == "dst")
-            update_prog = _insert_binders(update_prog, n_dst + n_out + len(ptypes), edge_caps)
+            update_prog = _pad_binders(update_prog, n_dst + n_out + len(ptypes), edge_caps)
         caps = edge_caps + upd_caps
         roles = tuple(r for r, _, _ in items) + ("param",) * (len(ptypes) + len(caps))
         names = tuple(n for _, n, _ in items) + tuple(k for k, _ in self.param_items()) + \
@@ -134,17 +135,18 @@ class PropagateCall:
                     update=None if update_prog is None else ClosedProgram(update_prog))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def staged_program(self) -> tuple[GraphProgram, list]:
+    def staged_program(self, symbolic: bool = True) -> tuple[GraphProgram, list]:
         """The call as a program over symbolic graph sizes (N, S, E), and its arguments.
 
         Arrays captured by the edge/update functions become leading binders, so new values
-        of captured weights never change the program's structure.
+        of captured weights never change the program's structure. `symbolic=False` keeps
+        the concrete sizes (VJP rules that build shapes, e.g. mean, need them).
         """
         if not hasattr(self.graph, "resolve_csr"):
             raise TigaError(f"graph: expected a tg.Graph, found {type(self.graph).__name__}")
         concrete = self.graph.type()
         self.check_sizes(concrete)
-        gtype = self.graph.type(symbolic=True)
+        gtype = self.graph.type(symbolic=symbolic)
         items = self.field_items()
         avals = [gtype]
         for role, _, value in items:
@@ -244,10 +246,6 @@ def _pad_binders(prog: GraphProgram, at: int, extra_values) -> GraphProgram:
     return GraphProgram(b[:at] + extra + b[at:], prog.eqns, prog.outs)
 
 
-def _insert_binders(prog: GraphProgram, at: int, extra_values) -> GraphProgram:
-    return _pad_binders(prog, at, extra_values)
-
-
 def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=None,
               **params):
     """Functional message passing: `y[i] = update(finalize(reduce(edge_fn(e) for e -> i)))`."""
@@ -294,17 +292,22 @@ class MessagePassing:
         call = self._call_for(call_kwargs)
         return hooks["explain"](call)
 
+    def ir(self, stage: str = "domain", **call_kwargs) -> str:
+        """IR text of the call with these arguments (or the last call) at `stage`:
+        "program", "domain", "iter", "kernel" or "task"."""
+        return hooks["ir"](self._call_for(call_kwargs, "ir"), stage)
+
     def reference(self, *, graph, src=None, dst=None, edge=None, **params):
         """Run the semantic oracle (the reference interpreter); differentiable."""
         return hooks["reference"](self._call(graph, src, dst, edge, params))
 
-    def _call_for(self, call_kwargs) -> PropagateCall:
+    def _call_for(self, call_kwargs, what: str = "explain") -> PropagateCall:
         if call_kwargs:
             kw = dict(call_kwargs)
             return self._call(kw.pop("graph"), kw.pop("src", None), kw.pop("dst", None),
                               kw.pop("edge", None), kw)
         call = getattr(self, "_last_call", None)
         if call is None:
-            raise TigaError(f"{type(self).__name__}.explain(): no call yet; pass the call's "
-                            "arguments (graph=..., src=..., ...) to explain it without running")
+            raise TigaError(f"{type(self).__name__}.{what}(): no call yet; pass the call's "
+                            "arguments (graph=..., src=..., ...) to see it without running it")
         return call

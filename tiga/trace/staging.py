@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..core.dtypes import bool_, float32, int32
+from ..core.dtypes import bool_, float64, int64
 from ..core.errors import TraceError
 from ..core.program import GraphProgram, Lit
 from ..core.types import TensorType
@@ -14,18 +14,21 @@ from .tracer import Builder, Tracer, aval_of, bind, building
 
 
 def leaf_aval(x):
-    """Type of an argument leaf; Python scalars are weakly typed 32-bit values."""
+    """Type of an argument leaf. Python scalars are weakly typed and held at 64 bits, so a
+    value like 0.3 stays exact and still adopts the dtype of the arrays it meets."""
+    if isinstance(x, np.generic):  # np.float64 subclasses float but carries its own dtype
+        return aval_of(x)
     if isinstance(x, bool):
         return TensorType((), bool_, True)
     if isinstance(x, int):
-        return TensorType((), int32, True)
+        return TensorType((), int64, True)
     if isinstance(x, float):
-        return TensorType((), float32, True)
+        return TensorType((), float64, True)
     return aval_of(x)
 
 
 def leaf_value(x):
-    if isinstance(x, (bool, int, float)):
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
         return np.asarray(x, leaf_aval(x).dtype.np)
     return x
 

@@ -82,7 +82,8 @@ class Builder:
                                  "(it was stored outside and used later)")
             return self.capture(x).var
         aval = aval_of(x)
-        if self.top or (isinstance(aval, TensorType) and aval.ndim == 0):
+        # a foreign scalar (torch) stays a captured input so that it can receive a gradient
+        if self.top or (isinstance(aval, TensorType) and aval.ndim == 0 and not _owned(x)):
             return Lit(x, aval) if isinstance(aval, TensorType) else GraphLit(x, aval)
         return self.capture(x).var
 
@@ -112,8 +113,47 @@ def aval_of(x):
         return t
     if hasattr(x, "type") and callable(x.type) and hasattr(x, "resolve_csr"):
         return x.type()
-    arr = np.asarray(x)
+    arr = host_array(x)
     return TensorType(arr.shape, as_dtype(arr.dtype))
+
+
+def _resolver():
+    stack = getattr(_state, "resolvers", None)
+    return stack[-1] if stack else None
+
+
+class resolving:
+    """Install a resolver for foreign arrays (torch tensors) met while tracing.
+
+    Trace cannot import torch, so the torch bridge supplies `view(x) -> ndarray | None` (a
+    host view, the same object each time for one tensor) and `owns(x) -> bool` (x is such a
+    tensor or view). Owned values are staged as captured inputs, never literals nor eager
+    results, so the bridge can route their gradients back to the tensors.
+    """
+
+    def __init__(self, resolver):
+        self.resolver = resolver
+
+    def __enter__(self):
+        if not hasattr(_state, "resolvers"):
+            _state.resolvers = []
+        _state.resolvers.append(self.resolver)
+        return self.resolver
+
+    def __exit__(self, *exc):
+        _state.resolvers.pop()
+
+
+def host_array(x) -> np.ndarray:
+    """`np.asarray(x)`, except that an installed resolver reads foreign arrays."""
+    r = _resolver()
+    view = r.view(x) if r is not None else None
+    return np.asarray(x) if view is None else view
+
+
+def _owned(x) -> bool:
+    r = _resolver()
+    return r is not None and r.owns(x)
 
 
 def current_builder() -> Builder | None:
@@ -146,9 +186,9 @@ def set_concrete_wrapper(fn: Callable) -> None:
 def bind(prim: Primitive, *args, **params):
     """Apply a primitive: stage it when a traced operand is present, else run the impl."""
     builder = current_builder()
-    if builder is not None and any(isinstance(a, Tracer) for a in args):
+    if builder is not None and any(isinstance(a, Tracer) or _owned(a) for a in args):
         return _stage(builder, prim, args, params)
-    values = [a.value if isinstance(a, Lit) else a if _is_graph(a) else np.asarray(a)
+    values = [a.value if isinstance(a, Lit) else a if _is_graph(a) else host_array(a)
               for a in args]
     abstract_eval_rules[prim](*[aval_of(v) for v in values], **params)  # validates eagerly
     outs = impl_rules[prim](*values, **params)

@@ -1,78 +1,96 @@
-"""runtime: choose a route for a program, run it, and explain the choice."""
+"""runtime: choose a route per propagate equation, run the program, and explain the choice.
+
+Each top-level `propagate` runs as a fused cpu-llvm kernel when its edge function, reducer
+and update compile, otherwise on the reference interpreter with the reason recorded. Every
+other equation runs on the numpy impl rules (top-level tensor code is not compiled yet).
+Strict mode (tg.config.strict) refuses any propagate that would fall back.
+"""
 from __future__ import annotations
 
 import numpy as np
 
 from ..core.check import check_program
 from ..core.config import config
-from ..core.errors import UnsupportedError
-from ..core.eval import eval_program
+from ..core.errors import ProgramError, UnsupportedError
+from ..core.primitive import impl_rules
 from ..core.prims.graph import propagate_p
-from ..core.program import GraphProgram
+from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
+from .cache import CACHE
 from .explain import Explanation
+from .llvm_propagate import Fallback, plan_propagate, run_propagate
+from .routes import describe_program
 
-REFERENCE_REASON = ("no compiled backend is built yet (the CPU LLVM compiler is a later "
-                    "issue); the numpy reference interpreter runs every program")
+NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
 
 
-def select_route(program: GraphProgram) -> str:
-    """Every program currently runs on the reference interpreter; strict mode refuses that."""
-    if config.strict:
-        raise UnsupportedError("strict mode: this program would fall back to the reference "
-                               "interpreter", hint="unset TIGA_STRICT / tg.config.strict, or "
-                               "use a route with a compiled backend")
-    return "reference"
+def _graph_of(eqn, env_or_args):
+    src = eqn.inputs[0]
+    if isinstance(src, Lit):
+        return src.value
+    return env_or_args.get(id(src))
+
+
+def plan_routes(program: GraphProgram, args: list) -> dict:
+    """{id(eqn): Executable | Fallback} for every top-level propagate."""
+    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    routes = {}
+    for eqn in program.eqns:
+        if eqn.primitive is propagate_p:
+            routes[id(eqn)] = plan_propagate(eqn, _graph_of(eqn, known))
+    return routes
+
+
+def _strict_check(routes: dict) -> None:
+    falls = [r.reason for r in routes.values() if isinstance(r, Fallback)]
+    if config.strict and falls:
+        raise UnsupportedError(f"strict mode: {len(falls)} propagate(s) would fall back to the "
+                               f"reference interpreter: {falls[0]}",
+                               hint="unset TIGA_STRICT / tg.config.strict, or change the "
+                                    "program so every propagate compiles")
 
 
 def execute(program: GraphProgram, args: list) -> list:
     if config.check:
         check_program(program)
-    select_route(program)
-    return eval_program(program, *args)
+    if len(args) != len(program.in_binders):
+        raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
+                           f"got {len(args)}")
+    routes = plan_routes(program, args)
+    _strict_check(routes)
+    env: dict[int, object] = {}
+    for v, x in zip(program.in_binders, args):
+        env[id(v)] = x if isinstance(v.type, GraphType) else np.asarray(x)
+
+    def read(a):
+        return a.value if isinstance(a, Lit) else env[id(a)]
+
+    for eqn in program.eqns:
+        vals = [read(a) for a in eqn.inputs]
+        route = routes.get(id(eqn))
+        if route is not None and not isinstance(route, Fallback):
+            outs = run_propagate(route, eqn, vals[0], vals[1:])
+        else:
+            rule = impl_rules.get(eqn.primitive)
+            if rule is None:
+                raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
+            outs = rule(*vals, **eqn.params)
+        for v, o in zip(eqn.outputs, outs):
+            env[id(v)] = o
+    return [read(a) for a in program.outs]
+
+
+def select_route(program: GraphProgram, args: list | None = None) -> str:
+    """'cpu-llvm' when every top-level propagate compiles, else 'reference'."""
+    routes = plan_routes(program, list(args or []))
+    _strict_check(routes)
+    if routes and not any(isinstance(r, Fallback) for r in routes.values()):
+        return "cpu-llvm"
+    return "reference"
 
 
 def explain_program(program: GraphProgram, args: list) -> Explanation:
-    ex = Explanation(route="reference", backend="numpy reference interpreter",
-                     reason=REFERENCE_REASON, program=str(program))
-    total = 0
-    for eqn in program.eqns:
-        if eqn.primitive is not propagate_p:
-            continue
-        graph = _concrete_graph(eqn, program, args)
-        p = eqn.params
-        kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
-        ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, "
-                            f"grouped by {p['reduce_by']}, visiting every edge in edge order")
-        if graph is not None:
-            nbytes = _message_bytes(eqn, graph)
-            total += nbytes
-            ex.materialized.append((f"({graph.num_edges}, ...) message arrays", nbytes,
-                                    "the interpreter gathers fields per edge and evaluates "
-                                    "the edge function on whole arrays"))
-            if kind != "csr":
-                ex.materialized.append(("CSR of the implicit relation",
-                                        8 * (graph.num_dst + 1 + graph.num_edges),
-                                        "the interpreter walks resolved CSR"))
-    ex.estimated_bytes = total
-    ex.vjp_route = ("reference interpreter over the VJP program: source cotangents are a "
-                    "propagate grouped by source (the transposed relation), edge cotangents "
-                    "per edge, parameter cotangents summed over edges")
-    ex.cache = "no executable cache on the reference route (programs are re-traced per call)"
-    return ex
+    return describe_program(program, args, CACHE)
 
 
-def _concrete_graph(eqn, program, args):
-    src = eqn.inputs[0]
-    for v, a in zip(program.in_binders, args):
-        if v is src:
-            return a
-    return getattr(src, "value", None) if isinstance(src.type, GraphType) else None
-
-
-def _message_bytes(eqn, graph) -> int:
-    out = 0
-    for t in eqn.params["edge_fn"].out_types:
-        n = int(np.prod([d for d in t.shape])) if t.shape else 1
-        out += n * t.dtype.itemsize * graph.num_edges
-    return out
+__all__ = ["execute", "explain_program", "select_route", "plan_routes", "NUMPY_NOTE"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Explanation:
-    route: str                      # "reference" | "cpu-llvm" | ...
+    route: str                      # "reference" | "cpu-llvm" | "mixed" | ...
     backend: str
     reason: str
     traversal: list = field(default_factory=list)
@@ -16,9 +16,13 @@ class Explanation:
     vjp_route: str = ""
     cache: str = ""
     program: str = ""
+    routes: list = field(default_factory=list)         # (route, which propagate, reason)
+    cache_lines: list = field(default_factory=list)    # cache status per compiled propagate
 
     def __str__(self) -> str:
         lines = [f"route:      {self.route} ({self.backend})", f"why:        {self.reason}"]
+        for route, what, why in self.routes:
+            lines.append(f"  {what}: {route} ({why})")
         for t in self.traversal:
             lines.append(f"traversal:  {t}")
         lines.append(f"schedule:   {self.schedule}")

@@ -7,8 +7,8 @@ from ...trace.math import _typeof
 from ..registry import vjp_rules
 
 
-def _operand_ct(ct, other, x_nd, o_nd, x_contract, o_contract, x_batch, o_batch, ct_free,
-                ct_other_free, o_free):
+def _operand_ct(ct, other, x_nd, x_contract, o_contract, x_batch, o_batch, ct_other_free,
+                o_free):
     """Cotangent of one operand `x` of dot_general(x, other) (or of (other, x) mirrored).
 
     Contract ct's axes of `other`'s free dims with those dims of `other`; the result holds
@@ -34,8 +34,8 @@ def dot_general_vjp_rule(ct, out, x, y, *, dimension_numbers):
     rfree_ct = list(range(nb + n_lfree, _typeof(ct).ndim))
     rfree_y = [i for i in range(ty.ndim) if i not in rc and i not in rb]
     lfree_x = [i for i in range(tx.ndim) if i not in lc and i not in lb]
-    cx = _operand_ct(ct, y, tx.ndim, ty.ndim, lc, rc, lb, rb, None, rfree_ct, rfree_y)
-    cy = _operand_ct(ct, x, ty.ndim, tx.ndim, rc, lc, rb, lb, None, lfree_ct, lfree_x)
+    cx = _operand_ct(ct, y, tx.ndim, lc, rc, lb, rb, rfree_ct, rfree_y)
+    cy = _operand_ct(ct, x, ty.ndim, rc, lc, rb, lb, lfree_ct, lfree_x)
     return (m.convert(cx, tx.dtype) if tx.dtype.is_float else None,
             m.convert(cy, ty.dtype) if ty.dtype.is_float else None)
 

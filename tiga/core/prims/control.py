@@ -14,7 +14,10 @@ while_loop_p = primitive("while_loop", "control", multiple_results=True)
 
 
 def _same(a, b) -> bool:
-    return [t.strong() for t in a] == [t.strong() for t in b]
+    # a body that closes over a relation has GraphType consts, which carry no weak flag
+    def strong(t):
+        return t.strong() if isinstance(t, TensorType) else t
+    return [strong(t) for t in a] == [strong(t) for t in b]
 
 
 def scan_abstract_eval_rule(*operands, body, length, num_consts, num_carry, reverse):

@@ -1,0 +1,19 @@
+module @WeightedSum attributes {gf.level = "domain"} {
+  func.func @main(%graph: !gf.relation<csr, src=S, dst=N, edges=E, index=i64>, %x: tensor<Sxf32>, %w: tensor<Exf32>) -> tensor<Nxf32> {
+    %out = "gf.apply"(%graph, %x, %w) ({
+    ^bb0(%src_x: f32, %edge_w: f32):
+      %message = arith.mulf %src_x, %edge_w : f32
+      "gf.yield"(%message) : (f32) -> ()
+    }) {
+      input_roles = ["src", "edge"],
+      input_names = ["x", "w"],
+      reduce_by = "dst",
+      reducer = "sum",
+      reducer_kind = "builtin",
+      reducer_identity = 0.0,
+      reducer_state = [[f32]],
+      region_kinds = ["edge"]
+    } : (!gf.relation<csr, src=S, dst=N, edges=E, index=i64>, tensor<Sxf32>, tensor<Exf32>) -> tensor<Nxf32>
+    "func.return"(%out) : (tensor<Nxf32>) -> ()
+  }
+}

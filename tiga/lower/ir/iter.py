@@ -1,0 +1,102 @@
+"""lower/ir: Iter IR, `gf_iter.traverse`: which relation coordinates are visited, in what order.
+
+The computation (relation, roles, reducer, regions) is kept from `gf.apply`; the traversal
+adds `coordinate_hierarchy` (how coordinates are produced from the relation kind) and
+`ordering` (which entity the walk is grouped by). No threads or tiles yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...core.errors import CompilationError
+from .base import (
+    AttrReader,
+    GenericOp,
+    Module,
+    RelationOp,
+    TensorOp,
+    parse_checked,
+    register_level,
+    register_op,
+)
+from .domain import Computation, ComputationOp
+
+# relation kind -> coordinate producer. cat is a block-diagonal union that Graph.cat
+# materialises as CSR, so it walks stored rows like compressed-row.
+HIERARCHY_OF_KIND = {"csr": "compressed-row", "dense": "dense", "triangular": "triangular",
+                     "cu_seqlens": "cu-seqlens", "stencil": "stencil", "cat": "cat"}
+HIERARCHIES = tuple(HIERARCHY_OF_KIND.values())
+ORDERINGS = ("destination-major", "source-major")
+
+
+def ordering_for(reduce_by: str) -> str:
+    """Reducing by source walks the transposed relation; everything else walks dst rows."""
+    return "source-major" if reduce_by == "src" else "destination-major"
+
+
+def check_traversal(comp: Computation, hierarchy, ordering, where: str) -> None:
+    kind = comp.relation.type.kind
+    if hierarchy not in HIERARCHIES:
+        raise CompilationError(f"{where}: coordinate_hierarchy must be one of "
+                               f"{', '.join(HIERARCHIES)}, found {hierarchy!r}")
+    if kind not in HIERARCHY_OF_KIND:
+        raise CompilationError(f"{where}: relation kind {kind!r} has no coordinate hierarchy")
+    if HIERARCHY_OF_KIND[kind] != hierarchy:
+        raise CompilationError(f"{where}: coordinate_hierarchy {hierarchy!r} does not match "
+                               f"the {kind} relation (expected {HIERARCHY_OF_KIND[kind]!r})")
+    if ordering not in ORDERINGS:
+        raise CompilationError(f"{where}: ordering must be one of {', '.join(ORDERINGS)}, "
+                               f"found {ordering!r}")
+    if ordering != ordering_for(comp.reduce_by):
+        raise CompilationError(f"{where}: ordering {ordering!r} cannot reduce by "
+                               f"{comp.reduce_by!r} (expected {ordering_for(comp.reduce_by)!r})")
+
+
+@register_op
+@dataclass(frozen=True)
+class TraverseOp(ComputationOp):
+    """`gf_iter.traverse`: the computation plus its coordinate walk."""
+
+    comp: Computation
+    coordinate_hierarchy: str
+    ordering: str
+    op_name: ClassVar[str] = "gf_iter.traverse"
+    terminator: ClassVar[str] = "gf_iter.yield"
+
+    def own_attrs(self) -> list:
+        return [("coordinate_hierarchy", self.coordinate_hierarchy),
+                ("ordering", self.ordering)]
+
+    @classmethod
+    def from_generic(cls, g: GenericOp) -> TraverseOp:
+        r = AttrReader(g.name, g.attrs)
+        hierarchy, ordering = r.take("coordinate_hierarchy"), r.take("ordering")
+        comp = Computation.from_generic(g, r)
+        r.done()
+        return cls(comp, hierarchy, ordering)
+
+    def verify(self, where: str, level: str) -> None:
+        self.comp.verify(where, level)
+        check_traversal(self.comp, self.coordinate_hierarchy, self.ordering, where)
+
+
+@dataclass(frozen=True)
+class IterModule(Module):
+    level: ClassVar[str] = "iter"
+
+
+register_level(IterModule, top=(TensorOp, RelationOp, TraverseOp),
+               nested=(TensorOp, RelationOp, TraverseOp))
+
+
+def parse_iter(text: str) -> IterModule:
+    return parse_checked(text, IterModule)
+
+
+def print_iter(module: IterModule) -> str:
+    return str(module)
+
+
+def verify_iter(module: IterModule) -> None:
+    module.verify()

@@ -1,0 +1,203 @@
+"""lower/llvm: the emitter: loop nests, stack buffers, constants and sub-program evaluation.
+
+Every row-level primitive lowers to a loop nest over its static row shape (rules/). Stack
+buffers are allocated once in the entry block, so LLVM's SROA/mem2reg can promote them and a
+kernel never grows its stack per edge.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from ...core.program import ClosedProgram, Lit
+from ...core.types import TensorType
+from ..registry import lowering_rules
+from .values import (
+    F32,
+    I64,
+    PTR,
+    CodegenUnsupported,
+    Val,
+    const,
+    i64,
+    numel,
+    storage_type,
+    supported,
+)
+
+BACKEND = "cpu-llvm"
+MAX_ROW_ELEMENTS = 1 << 16   # stack buffers per value; larger rows belong to a tiled kernel
+MAX_CONST_BYTES = 1 << 20    # literal arrays embedded as module constants
+
+
+class Emitter:
+    """Builds one LLVM function: `b` emits at the current point, `entry` holds allocas."""
+
+    def __init__(self, module: ir.Module, fn: ir.Function):
+        self.module = module
+        self.fn = fn
+        self.entry = fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.entry)
+        self._globals = 0
+        self._decls: dict = {}
+
+    # ---- memory ------------------------------------------------------------------------
+
+    def alloca(self, elem: ir.Type, n: int) -> ir.Value:
+        """A stack array in the entry block (never inside a loop)."""
+        eb = ir.IRBuilder(self.entry)
+        first = self.entry.instructions[0] if self.entry.instructions else None
+        if first is not None:
+            eb.position_before(first)
+        return eb.alloca(elem, size=i64(max(n, 1)))
+
+    def new_buf(self, shape: tuple, dtype) -> Val:
+        check_row(TensorType(tuple(shape), dtype), "a stack buffer")
+        return Val(shape, dtype, ptr=self.alloca(storage_type(dtype), numel(shape)))
+
+    def lit(self, lit: Lit) -> Val:
+        t = lit.type
+        check_row(t, "a literal")
+        value = np.asarray(lit.value)
+        if value.ndim == 0 or value.size == 1 or np.all(value == value.flat[0]):
+            first = value.reshape(-1)[0] if value.size else 0
+            return Val(tuple(t.shape), t.dtype, scalar=const(t.dtype, first))
+        return self.const_array(value, t)
+
+    def const_array(self, value: np.ndarray, t: TensorType) -> Val:
+        if value.nbytes > MAX_CONST_BYTES:
+            raise CodegenUnsupported(f"a {value.nbytes}-byte constant inside a compiled region",
+                                     hint="pass large arrays as parameters")
+        elem = storage_type(t.dtype)
+        flat = np.ascontiguousarray(value, dtype=t.dtype.np).reshape(-1)
+        items = [const_storage(elem, t.dtype, v) for v in flat.tolist()]
+        arr_t = ir.ArrayType(elem, len(items))
+        g = ir.GlobalVariable(self.module, arr_t, name=f"tiga_const{self._globals}")
+        self._globals += 1
+        g.global_constant = True
+        g.linkage = "internal"
+        g.initializer = ir.Constant(arr_t, items)
+        return Val(tuple(t.shape), t.dtype, ptr=g)
+
+    # ---- control flow ------------------------------------------------------------------
+
+    def loop(self, start, stop, body, name: str = "i") -> None:
+        """`for i in range(start, stop): body(i)` with i64 bounds (values or ints)."""
+        start = i64(start) if isinstance(start, int) else start
+        stop = i64(stop) if isinstance(stop, int) else stop
+        b = self.b
+        pre = b.block
+        body_bb = self.fn.append_basic_block(f"{name}.body")
+        exit_bb = self.fn.append_basic_block(f"{name}.exit")
+        b.cbranch(b.icmp_signed("<", start, stop), body_bb, exit_bb)
+        b.position_at_end(body_bb)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start, pre)
+        body(i)
+        nxt = b.add(i, i64(1), flags=["nsw"])
+        i.add_incoming(nxt, b.block)
+        b.cbranch(b.icmp_signed("<", nxt, stop), body_bb, exit_bb)
+        b.position_at_end(exit_bb)
+
+    def loop_nest(self, shape: tuple, body, prefix=()) -> None:
+        """Nested static loops over `shape`, calling body(idx) with one i64 per axis."""
+        if not shape:
+            body(list(prefix))
+            return
+        n = int(shape[0])
+        if n == 0:
+            return
+        if n == 1:
+            self.loop_nest(shape[1:], body, (*prefix, i64(0)))
+            return
+        self.loop(0, n, lambda i: self.loop_nest(shape[1:], body, (*prefix, i)),
+                  name=f"ax{len(prefix)}")
+
+    # ---- values ------------------------------------------------------------------------
+
+    def fill(self, buf: Val, value: ir.Value) -> None:
+        self.loop_nest(buf.shape, lambda idx: buf.store(self.b, idx, value))
+
+    def copy_into(self, dst: Val, src: Val) -> None:
+        """dst[...] = src[...] (src broadcasts when rank 0); dtypes must already agree."""
+        self.loop_nest(dst.shape, lambda idx: dst.store(self.b, idx, src.load(self.b, idx)))
+
+    def materialize(self, val: Val) -> Val:
+        if val.is_contiguous():
+            return val
+        out = self.new_buf(val.shape, val.dtype)
+        self.copy_into(out, val)
+        return out
+
+    def scalar_of(self, val: Val) -> Val:
+        """A rank-0 value in a register (one load), so loops can reuse it freely."""
+        if val.shape or val.is_scalar:
+            return val
+        return Val((), val.dtype, scalar=val.load(self.b, []))
+
+    # ---- external functions ------------------------------------------------------------
+
+    def intrinsic(self, name: str, ty: ir.Type) -> ir.Function:
+        key = (name, str(ty))
+        if key not in self._decls:
+            self._decls[key] = self.module.declare_intrinsic(name, [ty])
+        return self._decls[key]
+
+    def libm(self, name: str, ty: ir.Type) -> ir.Function:
+        """A C math function (`tanh` / `tanhf`), resolved from the process at load time."""
+        sym = name + ("f" if ty == F32 else "")
+        if sym not in self._decls:
+            fnty = ir.FunctionType(ty, [ty])
+            self._decls[sym] = ir.Function(self.module, fnty, name=sym)
+        return self._decls[sym]
+
+    # ---- sub-programs ------------------------------------------------------------------
+
+    def eval_program(self, closed: ClosedProgram, args: list) -> list:
+        """Emit the equations of a row-level sub-program; returns its output values."""
+        program = closed.program
+        env: dict[int, Val] = {}
+        for v, c in zip(program.in_binders, closed.consts):
+            env[id(v)] = self.lit(Lit(c, v.type))
+        for v, a in zip(program.in_binders[len(closed.consts):], args):
+            env[id(v)] = a
+
+        def read(a):
+            return self.lit(a) if isinstance(a, Lit) else env[id(a)]
+
+        rules = lowering_rules[BACKEND]
+        for eqn in program.eqns:
+            rule = rules.get(eqn.primitive)
+            if rule is None:
+                raise CodegenUnsupported(f"{eqn.primitive.name} has no cpu-llvm lowering "
+                                         "inside an edge/update/reducer function")
+            out_types = [v.type for v in eqn.outputs]
+            for t in out_types:
+                check_row(t, eqn.primitive.name)
+            outs = rule(self, [a.type for a in eqn.inputs], out_types,
+                        *[read(a) for a in eqn.inputs], **eqn.params)
+            for v, o in zip(eqn.outputs, outs):
+                env[id(v)] = self.scalar_of(o)
+        return [read(a) for a in program.outs]
+
+
+def const_storage(elem: ir.Type, dtype, v) -> ir.Constant:
+    if dtype.is_float:
+        return ir.Constant(elem, float(v))
+    return ir.Constant(elem, int(v))
+
+
+def check_row(t, what: str) -> None:
+    """Row-level values need static shapes and a compiled dtype."""
+    if not isinstance(t, TensorType):
+        raise CodegenUnsupported(f"{what}: a relation inside a row-level function")
+    if any(not isinstance(d, (int, np.integer)) for d in t.shape):
+        raise CodegenUnsupported(f"{what}: symbolic row shape {t} (rows need static shapes)")
+    if not supported(t.dtype):
+        storage_type(t.dtype)  # raises the dtype's reason
+    if numel(t.shape) > MAX_ROW_ELEMENTS:
+        raise CodegenUnsupported(f"{what}: a row of {numel(t.shape)} elements ({t}) exceeds "
+                                 f"the {MAX_ROW_ELEMENTS}-element stack budget")
+
+
+__all__ = ["Emitter", "BACKEND", "PTR", "check_row"]

@@ -1,0 +1,277 @@
+"""lower/llvm: one fused kernel per `propagate` over CSR (LLVM IR text + signature).
+
+    void kernel(i64 row_begin, i64 row_end, ptr argv)
+
+`argv` holds one pointer per signature slot: row_ptr (int64), col_idx, edge_perm (when the
+walk has one), every field/parameter operand, every output. For each row in
+[row_begin, row_end) the kernel initialises the reducer state in stack buffers, walks the
+row's edges, evaluates the edge function per edge with every row value held in a small
+stack buffer (or a register), folds it into the state, finalises, applies `update` and
+stores the row. No (num_edges, F) message array exists. reduce_by="src" walks the
+transposed CSR (rows are sources); "edge" stores each message at its edge id; "all" folds
+every edge into one state and must run as one call over all rows.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from llvmlite import ir
+
+from ...core.dtypes import as_dtype
+from ...core.prims.graph import propagate_abstract_eval_rule
+from ...core.types import GraphType, TensorType
+from .emitter import Emitter, check_row
+from .reducers import reducer_codegen
+from .values import I64, PTR, CodegenUnsupported, Val, cast, i64, numel, storage_type
+
+ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
+NBR_ROLE = {"dst": "src", "src": "dst"}
+
+
+@dataclass(frozen=True)
+class KernelSchedule:
+    """Compile-time choices the kernel depends on (the run-time chunking is the runtime's)."""
+
+    has_edge_perm: bool = False   # the walked CSR order differs from the user's edge order
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """How to call a compiled propagate kernel; JSON-serialisable for the disk cache."""
+
+    symbol: str
+    walk: str                # "dst": the relation's CSR; "src": its transposed CSR
+    reduce_by: str
+    slots: tuple             # "row_ptr", "col_idx", "edge_perm", "field:i", "out:k"
+    roles: tuple             # role of each field operand
+    field_shapes: tuple      # row shape per field (full shape for parameters)
+    field_dtypes: tuple
+    out_shapes: tuple        # row shape per output
+    out_dtypes: tuple
+    index_dtype: str
+    parallel: bool           # False: call once over all rows (reduce_by="all")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelSignature:
+        d = json.loads(text)
+        for k in ("slots", "roles", "field_dtypes", "out_dtypes"):
+            d[k] = tuple(d[k])
+        for k in ("field_shapes", "out_shapes"):
+            d[k] = tuple(tuple(s) for s in d[k])
+        return cls(**d)
+
+
+def codegen_propagate(params: dict, in_types: list, index_dtype, schedule=None, *,
+                      symbol: str = "tiga_propagate") -> tuple[str, KernelSignature]:
+    """LLVM IR text and signature of one fused kernel for a propagate equation.
+
+    `in_types` are the equation's operand types (the relation first, or only the fields).
+    Raises CodegenUnsupported (a tg.UnsupportedError) naming what is not compiled.
+    """
+    schedule = schedule or KernelSchedule()
+    sig = _signature(params, list(in_types), as_dtype(index_dtype), schedule, symbol)
+    module = ir.Module(name=symbol)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), name=symbol)
+    ctx = Emitter(module, fn)
+    _KernelBuilder(ctx, params, sig).emit(*fn.args)
+    ctx.b.ret_void()
+    return str(module), sig
+
+
+def _signature(params, in_types, index_dtype, schedule, symbol) -> KernelSignature:
+    reduce_by = params["reduce_by"]
+    if in_types and isinstance(in_types[0], GraphType):
+        graph_t, fields = in_types[0], in_types[1:]
+    else:
+        graph_t, fields = GraphType("csr", 0, 0, 0, index_dtype), in_types
+    if index_dtype.name not in ("int32", "int64"):
+        raise CodegenUnsupported(f"index dtype {index_dtype.name} (int32/int64 are compiled)")
+    outs = propagate_abstract_eval_rule(graph_t, *fields, **params)
+    roles = tuple(params["roles"])
+    shapes = tuple(tuple(t.shape) if r == "param" else tuple(t.shape[1:])
+                   for t, r in zip(fields, roles))
+    for t, s in zip(fields, shapes):
+        check_row(TensorType(s, t.dtype), "a field row")
+    out_shapes = tuple(tuple(t.shape) if reduce_by == "all" else tuple(t.shape[1:])
+                       for t in outs)
+    for t, s in zip(outs, out_shapes):
+        check_row(TensorType(s, t.dtype), "an output row")
+    walk = "src" if reduce_by == "src" else "dst"
+    has_perm = True if walk == "src" else schedule.has_edge_perm
+    slots = ("row_ptr", "col_idx") + (("edge_perm",) if has_perm else ()) + tuple(
+        f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
+    return KernelSignature(symbol=symbol, walk=walk, reduce_by=reduce_by, slots=slots,
+                           roles=roles, field_shapes=shapes,
+                           field_dtypes=tuple(t.dtype.name for t in fields),
+                           out_shapes=out_shapes, out_dtypes=tuple(t.dtype.name for t in outs),
+                           index_dtype=index_dtype.name, parallel=reduce_by != "all")
+
+
+class _KernelBuilder:
+    """Emits the row loop, the edge loop and the reducer folds of one propagate kernel."""
+
+    def __init__(self, ctx: Emitter, params: dict, sig: KernelSignature):
+        self.ctx, self.sig, self.b = ctx, sig, ctx.b
+        self.edge_fn, self.update = params["edge_fn"], params["update"]
+        self.reduce_by = sig.reduce_by
+        self.row_role = ROW_ROLE[sig.reduce_by]
+        self.nbr_role = NBR_ROLE[self.row_role]
+        self.index_t = storage_type(as_dtype(sig.index_dtype))
+        msg_types = [t.strong() for t in self.edge_fn.out_types]
+        for t in msg_types:
+            check_row(t, "an edge message")
+        self.reds = []
+        if sig.reduce_by != "edge":
+            reducer, k = params["reducer"], params["reducer"].arity
+            self.reds = [reducer_codegen(reducer, msg_types[i:i + k])
+                         for i in range(0, len(msg_types), k)]
+            self.arity = k
+
+    # ---- arguments ---------------------------------------------------------------------
+
+    def _load_args(self, argv) -> None:
+        b = self.b
+        self.ptr = {}
+        for j, slot in enumerate(self.sig.slots):
+            self.ptr[slot] = b.load(b.gep(argv, [i64(j)], source_etype=PTR), typ=PTR,
+                                    name=slot.replace(":", ""))
+        self.params = {i: self._param(i) for i, r in enumerate(self.sig.roles) if r == "param"}
+
+    def _param(self, i: int) -> Val:
+        dtype = as_dtype(self.sig.field_dtypes[i])
+        return self.ctx.scalar_of(Val(self.sig.field_shapes[i], dtype,
+                                      ptr=self.ptr[f"field:{i}"]))
+
+    def _row_of(self, slot: str, shape, dtype, index) -> Val:
+        n = numel(shape)
+        start = index if n == 1 else self.b.mul(index, i64(n), flags=["nsw"])
+        ptr = self.b.gep(self.ptr[slot], [start], source_etype=storage_type(dtype))
+        return Val(shape, dtype, ptr=ptr)
+
+    def _field_row(self, i: int, index) -> Val:
+        dtype = as_dtype(self.sig.field_dtypes[i])
+        row = self._row_of(f"field:{i}", self.sig.field_shapes[i], dtype, index)
+        return self.ctx.scalar_of(row)
+
+    def _load_index(self, slot: str, p, ty) -> ir.Value:
+        v = self.b.load(self.b.gep(self.ptr[slot], [p], source_etype=ty), typ=ty)
+        return self.b.sext(v, I64) if ty != I64 else v
+
+    # ---- loops -------------------------------------------------------------------------
+
+    def emit(self, begin, end, argv) -> None:
+        self._load_args(argv)
+        if self.reduce_by == "all":
+            self._emit_all(begin, end)
+        else:
+            self.ctx.loop(begin, end, self._row, name="row")
+
+    def _row_vals(self, r) -> dict:
+        return {i: self._field_row(i, r) for i, role in enumerate(self.sig.roles)
+                if role == self.row_role}
+
+    def _bounds(self, r):
+        e0 = self._load_index("row_ptr", r, I64)
+        e1 = self._load_index("row_ptr", self.b.add(r, i64(1), flags=["nsw"]), I64)
+        return e0, e1
+
+    def _row(self, r) -> None:
+        e0, e1 = self._bounds(r)
+        rows = self._row_vals(r)
+        if self.reduce_by == "edge":
+            self.ctx.loop(e0, e1, lambda p: self._store_messages(p, rows), name="edge")
+            return
+        states = [red.init(self.ctx) for red in self.reds]
+        self.ctx.loop(e0, e1, lambda p: self._fold(p, rows, states), name="edge")
+        outs = self._finish(states, self.b.sub(e1, e0), rows)
+        self._store_row(outs, r)
+
+    def _emit_all(self, begin, end) -> None:
+        states = [red.init(self.ctx) for red in self.reds]
+
+        def row(r):
+            e0, e1 = self._bounds(r)
+            rows = self._row_vals(r)
+            self.ctx.loop(e0, e1, lambda p: self._fold(p, rows, states), name="edge")
+
+        self.ctx.loop(begin, end, row, name="row")
+        count = self.b.sub(self._load_index("row_ptr", end, I64),
+                           self._load_index("row_ptr", begin, I64))
+        outs = self._finish(states, count, {})
+        self._store_row(outs, i64(0))
+
+    # ---- per edge ----------------------------------------------------------------------
+
+    def _edge_args(self, p, rows: dict) -> tuple:
+        c = self._load_index("col_idx", p, self.index_t)
+        eid = self._load_index("edge_perm", p, I64) if "edge_perm" in self.ptr else p
+        args = []
+        for i, role in enumerate(self.sig.roles):
+            if role == "param":
+                args.append(self.params[i])
+            elif role == self.row_role:
+                args.append(rows[i])
+            elif role == "edge":
+                args.append(self._field_row(i, eid))
+            else:
+                args.append(self._field_row(i, c))
+        return args, eid
+
+    def _fold(self, p, rows: dict, states: list) -> None:
+        args, _ = self._edge_args(p, rows)
+        msgs = self.ctx.eval_program(self.edge_fn, args)
+        k = self.arity
+        for j, (red, state) in enumerate(zip(self.reds, states)):
+            red.fold(self.ctx, state, msgs[j * k:(j + 1) * k])
+
+    def _store_messages(self, p, rows: dict) -> None:
+        args, eid = self._edge_args(p, rows)
+        msgs = self.ctx.eval_program(self.edge_fn, args)
+        self._store_row(msgs, eid)
+
+    # ---- per row -----------------------------------------------------------------------
+
+    def _finish(self, states: list, count, rows: dict) -> list:
+        outs = []
+        for red, state in zip(self.reds, states):
+            outs += red.finalize(self.ctx, state, count)
+        if self.update is None:
+            return outs
+        if self.reduce_by != "dst":
+            raise CodegenUnsupported("an update function needs reduce_by='dst'")
+        roles = self.sig.roles
+        dst = [rows[i] for i, r in enumerate(roles) if r == "dst"]
+        params = [self.params[i] for i, r in enumerate(roles) if r == "param"]
+        return self.ctx.eval_program(self.update, dst + outs + params)
+
+    def _store_row(self, outs: list, index) -> None:
+        b = self.b
+        for k, val in enumerate(outs):
+            dtype = as_dtype(self.sig.out_dtypes[k])
+            dst = self._row_of(f"out:{k}", self.sig.out_shapes[k], dtype, index)
+            self.ctx.loop_nest(dst.shape, lambda idx, dst=dst, val=val: dst.store(
+                b, idx, cast(b, val.load(b, idx), val.dtype, dtype)))
+
+
+__all__ = ["codegen_propagate", "KernelSchedule", "KernelSignature", "CodegenUnsupported"]
+
+
+@dataclass(frozen=True)
+class PropagateLowering:
+    """The `ctx` of the top-level propagate lowering rule."""
+
+    index_dtype: str = "int64"
+    schedule: KernelSchedule = KernelSchedule()
+    symbol: str = "tiga_propagate"
+
+
+def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
+    """lowering_rules['cpu-llvm'][propagate_p]: [(llvm_ir_text, signature)] at top level."""
+    if not isinstance(ctx, PropagateLowering):
+        raise CodegenUnsupported("a propagate nested inside an edge/update function")
+    return [codegen_propagate(params, in_types, ctx.index_dtype, ctx.schedule,
+                              symbol=ctx.symbol)]

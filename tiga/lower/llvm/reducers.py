@@ -1,0 +1,175 @@
+"""lower/llvm: reducer state in generated kernels: init per row, fold per edge, finalize.
+
+Built-in reducers keep one stack buffer of the message row shape (online_softmax keeps a
+running max, a mass and an accumulator per score entry); user reducers run their traced
+lift / combine / finalize regions through the same emitter.
+"""
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from ...core.dtypes import float64
+from ...core.reducers import Reducer
+from .rules.reductions import combine, identity
+from .values import F64, CodegenUnsupported, Val, cast, const
+
+SIMPLE = ("sum", "mean", "max", "min", "prod")
+
+
+def reducer_codegen(reducer: Reducer, msg_types: list):
+    """The state machine for one output of `reducer` over message parts `msg_types`."""
+    if reducer.builtin and reducer.name in SIMPLE:
+        return SimpleState(reducer.name, msg_types[0])
+    if reducer.builtin and reducer.name == "online_softmax":
+        return SoftmaxState(msg_types[0], msg_types[1])
+    if not reducer.builtin:
+        return UserState(reducer, msg_types[0])
+    raise CodegenUnsupported(f"reducer {reducer.name!r} has no cpu-llvm lowering")
+
+
+class SimpleState:
+    """sum, mean, max, min, prod: an accumulator of the message shape."""
+
+    def __init__(self, name: str, msg_type):
+        if msg_type.dtype.name == "bool":
+            raise CodegenUnsupported(f"{name} over bool messages has no cpu-llvm lowering")
+        self.name, self.kind = name, "sum" if name == "mean" else name
+        self.shape, self.dtype = tuple(msg_type.shape), msg_type.dtype
+
+    def init(self, ctx) -> list:
+        acc = ctx.new_buf(self.shape, self.dtype)
+        ctx.fill(acc, identity(self.kind, self.dtype))
+        return [acc]
+
+    def fold(self, ctx, state: list, msgs: list) -> None:
+        (acc,), (m,) = state, msgs
+        b = ctx.b
+
+        def body(idx):
+            x = cast(b, m.load(b, idx), m.dtype, self.dtype)
+            acc.store(b, idx, combine(b, self.kind, self.dtype, acc.load(b, idx), x))
+
+        ctx.loop_nest(self.shape, body)
+
+    def finalize(self, ctx, state: list, count: ir.Value) -> list:
+        (acc,) = state
+        b = ctx.b
+        if self.name == "mean":
+            # like the reference: divide in float64 by max(count, 1), then round once
+            n = b.sitofp(b.select(b.icmp_signed(">", count, ir.Constant(count.type, 1)),
+                                  count, ir.Constant(count.type, 1)), F64)
+            ctx.loop_nest(self.shape, lambda idx: acc.store(b, idx, cast(
+                b, b.fdiv(cast(b, acc.load(b, idx), self.dtype, float64), n), float64,
+                self.dtype)))
+        elif self.name in ("max", "min"):
+            empty = b.icmp_signed("==", count, ir.Constant(count.type, 0))
+            zero = const(self.dtype, 0)
+            ctx.loop_nest(self.shape, lambda idx: acc.store(
+                b, idx, b.select(empty, zero, acc.load(b, idx))))
+        return [acc]
+
+
+class SoftmaxState:
+    """Streaming softmax: running max `top`, mass and accumulator per score entry."""
+
+    def __init__(self, score_t, value_t):
+        self.s_shape, self.s_dtype = tuple(score_t.shape), score_t.dtype
+        self.v_shape, self.v_dtype = tuple(value_t.shape), value_t.dtype
+        self.tail = self.v_shape[len(self.s_shape):]
+
+    def init(self, ctx) -> list:
+        top = ctx.new_buf(self.s_shape, self.s_dtype)
+        mass = ctx.new_buf(self.s_shape, self.s_dtype)
+        acc = ctx.new_buf(self.v_shape, self.v_dtype)
+        ctx.fill(top, const(self.s_dtype, -math.inf))
+        ctx.fill(mass, const(self.s_dtype, 0))
+        ctx.fill(acc, const(self.v_dtype, 0))
+        return [top, mass, acc]
+
+    def fold(self, ctx, state: list, msgs: list) -> None:
+        top, mass, acc = state
+        score, value = msgs
+        b, sd, vd = ctx.b, self.s_dtype, self.v_dtype
+
+        def per_score(idx):
+            sc = cast(b, score.load(b, idx), score.dtype, sd)
+            old = top.load(b, idx)
+            grew = b.fcmp_ordered(">", sc, old)
+            # one exp per edge: exp(-|sc - old|) rescales either the state or the new term
+            e = b.call(ctx.intrinsic("llvm.exp", sc.type),
+                       [b.select(grew, b.fsub(old, sc), b.fsub(sc, old))])
+            one = const(sd, 1.0)
+            scale, weight = b.select(grew, e, one), b.select(grew, one, e)
+            top.store(b, idx, b.select(grew, sc, old))
+            mass.store(b, idx, b.fadd(b.fmul(mass.load(b, idx), scale), weight))
+            vs, vw = cast(b, scale, sd, vd), cast(b, weight, sd, vd)
+
+            def per_value(vidx):
+                v = cast(b, value.load(b, vidx), value.dtype, vd)
+                acc.store(b, vidx, b.fadd(b.fmul(acc.load(b, vidx), vs), b.fmul(vw, v)))
+
+            ctx.loop_nest(self.tail, per_value, prefix=idx)
+
+        ctx.loop_nest(self.s_shape, per_score)
+
+    def finalize(self, ctx, state: list, count: ir.Value) -> list:
+        _, mass, acc = state
+        b, sd, vd = ctx.b, self.s_dtype, self.v_dtype
+        k = len(self.s_shape)
+
+        def body(idx):
+            m = mass.load(b, idx[:k])
+            safe = b.select(b.fcmp_ordered(">", m, const(sd, 0)), m, const(sd, 1.0))
+            acc.store(b, idx, b.fdiv(acc.load(b, idx), cast(b, safe, sd, vd)))
+
+        ctx.loop_nest(self.v_shape, body)
+        return [acc]
+
+
+class UserState:
+    """A user Reducer: its traced regions, folded in edge order from the identity."""
+
+    def __init__(self, reducer: Reducer, msg_type):
+        if reducer.regions is None:
+            raise CodegenUnsupported(f"reducer {reducer.name!r} was not traced")
+        self.lift, self.combine, self.final = reducer.regions
+        for r in reducer.regions:
+            if r is not None and r.consts:
+                raise CodegenUnsupported(f"reducer {reducer.name!r}: regions with constants")
+        st = self.combine.in_types[0]
+        self.shape, self.dtype, self.identity = tuple(st.shape), st.dtype, reducer.identity
+
+    def init(self, ctx) -> list:
+        acc = ctx.new_buf(self.shape, self.dtype)
+        ctx.fill(acc, const(self.dtype, self.identity))
+        return [acc]
+
+    def fold(self, ctx, state: list, msgs: list) -> None:
+        (acc,), (m,) = state, msgs
+        if self.lift is not None:
+            (m,) = ctx.eval_program(self.lift, [m])
+        (new,) = ctx.eval_program(self.combine, [acc, m])
+        if new.ptr is acc.ptr and not new.is_scalar:
+            if new.strides == acc.strides:
+                return
+            tmp = ctx.new_buf(new.shape, new.dtype)  # a permuted view of the state itself
+            ctx.copy_into(tmp, new)
+            new = tmp
+        ctx.copy_into(acc, _as(ctx, new, self.dtype))
+
+    def finalize(self, ctx, state: list, count: ir.Value) -> list:
+        if self.final is None:
+            return state
+        return ctx.eval_program(self.final, state)
+
+
+def _as(ctx, val: Val, dtype) -> Val:
+    if val.dtype == dtype:
+        return val
+    out = ctx.new_buf(val.shape, dtype)
+    b = ctx.b
+    ctx.loop_nest(val.shape, lambda idx: out.store(b, idx, cast(b, val.load(b, idx), val.dtype,
+                                                               dtype)))
+    return out

@@ -1,0 +1,25 @@
+"""lower/passes: Domain -> Iter: each gf.apply becomes a gf_iter.traverse whose coordinate
+hierarchy follows the relation kind and whose ordering follows reduce_by."""
+from __future__ import annotations
+
+from ...core.errors import CompilationError
+from ..ir.domain import ApplyOp, DomainModule
+from ..ir.iter import HIERARCHY_OF_KIND, IterModule, TraverseOp, ordering_for
+from .common import expect_level, map_ops
+
+
+def _traverse(op):
+    if not isinstance(op, ApplyOp):
+        return op
+    kind = op.comp.relation.type.kind
+    if kind not in HIERARCHY_OF_KIND:
+        raise CompilationError(f"lower-domain-to-iter: relation kind {kind!r} has no "
+                               f"coordinate hierarchy (known: {', '.join(HIERARCHY_OF_KIND)})")
+    return TraverseOp(op.comp, HIERARCHY_OF_KIND[kind], ordering_for(op.comp.reduce_by))
+
+
+def lower_domain_to_iter(module: DomainModule) -> IterModule:
+    expect_level(module, DomainModule, "lower-domain-to-iter")
+    out = IterModule(module.name, map_ops(module.body, _traverse))
+    out.verify()
+    return out

@@ -1,0 +1,113 @@
+"""lower/passes: Kernel -> Task/Storage: readiness events, tasks, releases.
+
+The plan is for one page and one rank (the whole relation, on the host): every argument
+(and constant relation) is transferred as one page, each top-level kernel launch becomes a
+`gf_task.launch` that waits on the events of the values it reads, each transferred copy is
+released after the last task that reads it, and a final join marks completion. Paged and
+multi-rank plans use the same ops with more pages, halo transfers and boundary tasks.
+"""
+from __future__ import annotations
+
+from ..ir.base import Region, RelationOp, Value
+from ..ir.kernel import KernelModule, LaunchOp
+from ..ir.syntax import EVENT
+from ..ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
+from .common import Namer, expect_level
+
+
+def _lead(v: Value):
+    t = v.type
+    if hasattr(t, "num_dst"):
+        return t.num_dst
+    return t.shape[0] if t.shape else 1
+
+
+def _unique(values) -> tuple:
+    seen, out = set(), []
+    for v in values:
+        if v.name not in seen:
+            seen.add(v.name)
+            out.append(v)
+    return tuple(out)
+
+
+class _Planner:
+    def __init__(self, body: Region):
+        taken = [a.name for a in body.args] + [v.name for op in body.ops for v in op.results]
+        self.namer = Namer(taken)
+        self.body = body
+        self.ops: list = []
+        self.ready: dict[str, Value] = {}      # value name -> event that makes it ready
+        self.transferred: dict[str, Value] = {}
+        self.readers: dict[str, list] = {}     # transferred name -> events of reading tasks
+        self.tasks: list = []
+        self.n_events = 0
+
+    def event(self) -> Value:
+        while f"e{self.n_events}" in self.namer.used:
+            self.n_events += 1
+        return Value(self.namer.fresh(f"e{self.n_events}"), EVENT)
+
+    def transfer(self, v: Value) -> None:
+        e = self.event()
+        self.ops.append(TransferOp(e, v, (), "page", "host", "host", 0, (0, _lead(v))))
+        self.ready[v.name] = e
+        self.transferred[v.name] = v
+
+    def task(self, op: LaunchOp) -> TaskLaunchOp:
+        inputs = _unique(op.operands)
+        deps = _unique(self.ready[v.name] for v in inputs if v.name in self.ready)
+        done = self.event()
+        g = op.comp.relation.type
+        rows = g.num_src if op.ordering == "source-major" else g.num_dst
+        body = Region(inputs, (op,), op.results)
+        t = TaskLaunchOp(op.results + (done,), deps, inputs, body, "interior", 0, 1, (0, rows),
+                         0, 1, (), (), tuple(v.name for v in inputs),
+                         tuple(v.name for v in op.results))
+        for v in inputs:
+            if v.name in self.transferred:
+                self.readers.setdefault(v.name, []).append(done)
+        for v in op.results:
+            self.ready[v.name] = done
+        self.tasks.append(done)
+        return t
+
+    def release_after(self, index: int, last_use: dict) -> None:
+        for name, v in self.transferred.items():
+            if last_use.get(name) == index:
+                deps = tuple(self.readers.get(name, ())) or (self.ready[name],)
+                self.ops.append(ReleaseOp(v, deps, "host"))
+
+    def last_uses(self) -> dict:
+        """Top-level op index of each value's last use (-1: unused); returned values stay."""
+        last_use = {a.name: -1 for a in self.body.args}
+        for i, op in enumerate(self.body.ops):
+            for v in op.results:
+                last_use[v.name] = i
+        for i, op in enumerate(self.body.ops):
+            for v in op.operands:
+                last_use[v.name] = i
+        for v in self.body.results:
+            last_use.pop(v.name, None)
+        return last_use
+
+    def plan(self) -> Region:
+        last_use = self.last_uses()
+        for a in self.body.args:
+            self.transfer(a)
+        self.release_after(-1, last_use)
+        for i, op in enumerate(self.body.ops):
+            self.ops.append(self.task(op) if isinstance(op, LaunchOp) else op)
+            if isinstance(op, RelationOp):
+                self.transfer(op.result)
+            self.release_after(i, last_use)
+        if self.tasks:
+            self.ops.append(JoinOp(self.event(), tuple(self.tasks)))
+        return Region(self.body.args, tuple(self.ops), self.body.results)
+
+
+def plan_distributed_tasks(module: KernelModule) -> TaskModule:
+    expect_level(module, KernelModule, "plan-distributed-tasks")
+    out = TaskModule(module.name, _Planner(module.body).plan())
+    out.verify()
+    return out

@@ -1,0 +1,89 @@
+"""lower: the ordered lowering stages (GraphProgram -> Domain -> Iter -> Kernel -> Task) and
+`TIGA_DUMP=<stage>[,<stage>...|all]`, which writes a stage's IR text to stderr, or to
+`$TIGA_DUMP_DIR/<name>.<stage>.mlir` when TIGA_DUMP_DIR is set."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from ..core.errors import TigaError, UnsupportedError
+from . import ir
+from .passes import (
+    lower_domain_to_iter,
+    lower_iter_to_kernel,
+    lower_program_to_domain,
+    plan_distributed_tasks,
+    select_kernel_schedule,
+)
+
+STAGES = {
+    "domain": (lower_program_to_domain,),
+    "iter": (lower_domain_to_iter,),
+    "kernel": (lower_iter_to_kernel, select_kernel_schedule),
+    "task": (plan_distributed_tasks,),
+}
+
+
+def _check_stage(stage: str) -> None:
+    if stage not in STAGES:
+        raise UnsupportedError(f"IR stage {stage!r} does not exist",
+                               hint=f"use one of {', '.join(STAGES)} (or 'program' for the "
+                                    "GraphProgram)")
+
+
+def lower(program, until: str = "task", *, name: str = "main") -> ir.Module:
+    """Run the stages up to `until`. `program` is a GraphProgram/ClosedProgram, or a module
+    of an earlier level (its later stages run)."""
+    _check_stage(until)
+    module = program
+    start = 0
+    if isinstance(program, ir.Module):
+        start = list(STAGES).index(program.level) + 1
+        if start > list(STAGES).index(until):
+            raise UnsupportedError(f"cannot lower a {program.level} module to {until!r}",
+                                   hint="stages only go forward: domain, iter, kernel, task")
+    for stage in list(STAGES)[start:]:
+        for step in STAGES[stage]:
+            module = step(module, name=name) if step is lower_program_to_domain else step(module)
+        _dump(stage, module)
+        if stage == until:
+            break
+    return module
+
+
+def ir_text(program, stage: str, *, name: str = "main") -> str:
+    return str(lower(program, until=stage, name=name))
+
+
+def module_name(raw: str) -> str:
+    """A module name from a Python name (`<lambda>` -> `lambda`)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "", raw or "") or "main"
+    return name if not name[0].isdigit() else f"m{name}"
+
+
+def _dump_stages() -> set:
+    raw = os.environ.get("TIGA_DUMP", "").strip()
+    if not raw:
+        return set()
+    stages = {s.strip() for s in raw.split(",") if s.strip()}
+    if "all" in stages:
+        return set(STAGES)
+    unknown = stages - set(STAGES)
+    if unknown:
+        raise TigaError(f"TIGA_DUMP: unknown stage(s) {', '.join(sorted(unknown))}; use "
+                        f"{', '.join(STAGES)} or all")
+    return stages
+
+
+def _dump(stage: str, module: ir.Module) -> None:
+    if stage not in _dump_stages():
+        return
+    text = str(module)
+    out_dir = os.environ.get("TIGA_DUMP_DIR", "").strip()
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, f"{module.name}.{stage}.mlir"), "w") as f:
+            f.write(text)
+    else:
+        sys.stderr.write(f"// TIGA_DUMP {stage}\n{text}")

@@ -1,0 +1,184 @@
+"""torch_bridge: run a propagate call on torch tensors, differentiable through torch.autograd.
+
+The forward runs the call's staged GraphProgram on numpy views of the tensors; the backward
+runs Tiga's own VJP program (`vjp_program`), not a torch replay of the edge function.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from ..autodiff import vjp_program
+from ..core.errors import TigaError, UnsupportedError
+from ..core.eval import eval_program
+from ..trace.tracer import resolving
+from ..xla_free_runtime.executor import execute, explain_program
+from .dlpack import is_torch, to_numpy, to_torch
+
+ROUTES = ("auto", "reference")
+
+
+def run_call_torch(call, route: str = "auto"):
+    """Run a PropagateCall whose fields, params or captured values hold torch tensors.
+
+    Returns torch tensors (one, or a tuple for several outputs) on the device of the torch
+    inputs. When grad mode is on and an input requires grad, the outputs carry a grad_fn
+    whose backward runs Tiga's VJP program on the same route.
+    """
+    if route not in ROUTES:
+        raise TigaError(f"route: expected one of {ROUTES}, found {route!r}")
+    program, np_args, originals = stage_call_torch(call)
+    run = _Run(program, np_args, originals, route)
+    if not any(run.wrt):
+        outs = run.forward()
+    else:
+        inputs = [o for o, w in zip(originals, run.wrt) if w]
+        outs = _PropagateFunction.apply(run, *inputs)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def explain_call_torch(call):
+    """`explain()` of a call on torch tensors: the route it would take, without running."""
+    program, np_args, _ = stage_call_torch(call)
+    return explain_program(program, np_args)
+
+
+def stage_call_torch(call) -> tuple:
+    """(program, host operands, the caller's objects) for a call holding torch tensors.
+
+    Operands and objects are in binder order: captured values, graph, fields, params.
+    """
+    local = _numpy_call(call)
+    views = _CapturedTensors()
+    with resolving(views):  # torch tensors the edge/update functions close over
+        # concrete sizes: VJP rules that build shapes (mean, online_softmax) cannot yet
+        # trace over the symbolic sizes N, S, E
+        program, args = local.staged_program(symbolic=False)
+    n_caps = len(args) - len(call.values())
+    # gradients go back to these objects
+    originals = [views.original(a) for a in args[:n_caps]] + call.values()
+    names = [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
+        [f"{r}.{n}" for r, n, _ in call.field_items()] + [f"{k}" for k, _ in call.param_items()]
+    np_args = [to_numpy(a, n) if is_torch(a) else a for a, n in zip(args, names)]
+    return program, np_args, originals
+
+
+def _numpy_call(call):
+    """A shallow copy of `call` whose torch fields and params are numpy views."""
+    local = copy.copy(call)
+    local.fields = {role: {name: _host(v, f"{role}.{name}") for name, v in fields.items()}
+                    for role, fields in call.fields.items()}
+    local.params = {k: _host(v, k) for k, v in call.params.items()}
+    return local
+
+
+def _host(value, name: str):
+    return to_numpy(value, name) if is_torch(value) else value
+
+
+class _CapturedTensors:
+    """Resolver for the tracer: one read-only host view per captured torch tensor, and the
+    way back from a captured view to its tensor."""
+
+    def __init__(self):
+        self._views: dict[int, tuple] = {}    # id(tensor) -> (tensor, view)
+        self._tensors: dict[int, tuple] = {}  # id(view) -> (view, tensor)
+
+    def view(self, x):
+        if not is_torch(x):
+            return None
+        if id(x) not in self._views:
+            view = to_numpy(x, "captured torch tensor")
+            self._views[id(x)] = (x, view)  # both kept alive, so ids stay unique
+            self._tensors[id(view)] = (view, x)
+        return self._views[id(x)][1]
+
+    def owns(self, x) -> bool:
+        return is_torch(x) or id(x) in self._tensors
+
+    def original(self, x):
+        hit = self._tensors.get(id(x))
+        return x if hit is None else hit[1]
+
+
+def _runner(route: str):
+    if route == "reference":
+        return lambda program, args: eval_program(program, *args)
+    return execute  # "auto": the executor picks the route and honours strict mode
+
+
+class _Run:
+    """One call's program, host operands and the torch inputs gradients flow back to."""
+
+    def __init__(self, program, np_args, originals, route):
+        self.program, self.args, self.route = program, np_args, route
+        grad_on = torch.is_grad_enabled()
+        self.wrt = [grad_on and is_torch(o) and o.requires_grad for o in originals]
+        self.inputs = [o for o, w in zip(originals, self.wrt) if w]
+        torch_in = [o for o in originals if is_torch(o)]
+        self.device = torch_in[0].device if torch_in else torch.device("cpu")
+        self.out_arrays: list = []
+
+    def forward(self) -> list:
+        outs = _runner(self.route)(self.program, self.args)
+        self.out_arrays = [np.asarray(o, t.dtype.np)
+                           for o, t in zip(outs, self.program.out_types)]
+        return [to_torch(o).to(self.device) for o in self.out_arrays]
+
+    def backward(self, grad_outs) -> list:
+        """Gradients for `self.inputs` from output cotangents (None reads as zeros)."""
+        cts = []
+        for g, o in zip(grad_outs, self.out_arrays):
+            cts.append(np.zeros(o.shape, o.dtype) if g is None
+                       else np.asarray(to_numpy(g, "output cotangent"), o.dtype))
+        vjp = vjp_program(self.program, self.wrt)
+        res = _runner(self.route)(vjp, list(self.args) + cts)
+        grads = res[len(self.out_arrays):]
+        return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
+                for g, x in zip(grads, self.inputs)]
+
+
+class _PropagateFunction(torch.autograd.Function):
+    """Outputs of one Tiga call as a torch autograd node; `inputs` are the tensors that
+    require grad (fields, params, captured values), `run` holds everything else."""
+
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        ctx.run = run
+        # saved so that an in-place change to an input before backward raises torch's error
+        ctx.save_for_backward(*inputs)
+        outs = run.forward()
+        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grad_outs):
+        inputs = ctx.saved_tensors
+        with torch.no_grad():
+            grads = ctx.run.backward(grad_outs)
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative may follow
+            deps = [t for t in list(inputs) + list(grad_outs)
+                    if t is not None and t.requires_grad]
+            if deps:
+                grads = [_NoDoubleBackward.apply(g, *deps) for g in grads]
+        return (None, *grads)
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Identity on a gradient, connected to everything it depends on, so that a second
+    differentiation reaches it and fails with a clear message instead of silently
+    returning a gradient that misses the Tiga call's second-order terms."""
+
+    @staticmethod
+    def forward(ctx, grad, *deps):
+        return grad.clone()
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise UnsupportedError(
+            "double backward through a Tiga message-passing call is not supported (its "
+            "torch backward runs Tiga's VJP program, which torch cannot differentiate)",
+            hint="differentiate once with torch.autograd (create_graph=False), or nest "
+                 "tg.grad / tg.vjp on numpy or tg.Tensor inputs")

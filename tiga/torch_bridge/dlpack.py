@@ -1,0 +1,63 @@
+"""torch_bridge: zero-copy conversion between torch tensors and numpy / tg.Tensor (DLPack)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..core.dtypes import as_dtype, bfloat16
+from ..core.errors import DTypeError
+
+
+def is_torch(x) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
+    """A read-only numpy view of `t` (detached from autograd).
+
+    Zero-copy for CPU tensors, strided ones included (numpy keeps torch's strides). Copies
+    only where memory cannot be shared: tensors on an accelerator (copied to the host),
+    conjugate/negative-bit views (materialised). The view is read-only so that no numpy
+    rule can write into the caller's tensor.
+    """
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()  # the reference route runs on the host: one copy
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        # numpy has no bfloat16: view the bits as int16 and reinterpret (ml_dtypes), no copy
+        arr = t.view(torch.int16).numpy().view(bfloat16.np)
+    else:
+        try:
+            arr = t.numpy()
+        except TypeError as exc:  # complex32, float8, quantized types, ...
+            raise DTypeError(f"{name}: torch dtype {t.dtype} has no Tiga counterpart; "
+                             "expected a float, integer or bool tensor") from exc
+    try:
+        as_dtype(arr.dtype)
+    except DTypeError as exc:  # complex and other numpy-only types: name the argument
+        raise DTypeError(f"{name}: torch dtype {t.dtype} is not supported ({exc})") from exc
+    arr = arr.view()
+    arr.flags.writeable = False
+    return arr
+
+
+def to_torch(array) -> torch.Tensor:
+    """A CPU torch tensor sharing memory with `array` (numpy array or tg.Tensor).
+
+    Copies only where torch cannot alias the buffer: read-only arrays (torch would write
+    through them), negative strides and non-native byte order.
+    """
+    if hasattr(array, "__tiga_type__"):
+        array = array.numpy()  # host tier: the storage's own ndarray, no copy
+    elif not isinstance(array, np.ndarray):
+        if hasattr(array, "__dlpack__") and not isinstance(array, np.generic):
+            return torch.from_dlpack(array)
+        array = np.asarray(array)
+    if array.dtype == bfloat16.np:
+        return to_torch(array.view(np.int16)).view(torch.bfloat16)
+    if (not array.flags.writeable or any(s < 0 for s in array.strides)
+            or not array.dtype.isnative):
+        array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C")
+    return torch.from_numpy(array)

@@ -1,0 +1,120 @@
+"""runtime: explain() for a program: route per propagate, traversal, schedule, bytes, cache.
+
+Nothing is compiled or run here: a propagate's support is decided by generating its code
+(cheap), and the cache is only looked up.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.prims.graph import propagate_p
+from ..core.program import GraphProgram, Lit
+from ..core.types import GraphType
+from .explain import Explanation
+from .llvm_propagate import Fallback, plan_propagate
+from .threads import num_threads, row_chunks
+
+WALK = {"dst": "destination rows walk their CSR edges (compressed-row, destination-major)",
+        "src": "source rows walk the transposed CSR (built once per relation and cached; "
+               "no atomics)",
+        "edge": "destination rows walk their CSR edges; each message is stored at its edge id",
+        "all": "one state folds every edge (a single call over all rows)"}
+
+
+def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
+    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
+                     program=str(program))
+    compiled = fallen = 0
+    for eqn in program.eqns:
+        if eqn.primitive is not propagate_p:
+            continue
+        src = eqn.inputs[0]
+        graph = src.value if isinstance(src, Lit) else known.get(id(src))
+        plan = plan_propagate(eqn, graph, compile=False)
+        if isinstance(plan, Fallback):
+            fallen += 1
+            _explain_reference(ex, eqn, graph, plan.reason)
+        else:
+            compiled += 1
+            _explain_compiled(ex, eqn, graph, cache.status(plan))
+    others = sorted({e.primitive.name for e in program.eqns if e.primitive is not propagate_p})
+    _summarise(ex, compiled, fallen, others)
+    ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
+    ex.vjp_route = ("the VJP program is lowered the same way: source cotangents are a "
+                    "propagate grouped by source (compiled over the transposed CSR), edge "
+                    "cotangents per edge, parameter cotangents one fold over all edges")
+    stats = cache.stats.as_dict()
+    ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
+                                            else f"process totals {stats}")
+    return ex
+
+
+def _summarise(ex, compiled, fallen, others) -> None:
+    if compiled and not fallen:
+        ex.route, ex.backend = "cpu-llvm", "fused LLVM kernels (llvmlite MCJIT)"
+        ex.reason = f"all {compiled} propagate(s) compile"
+    elif compiled:
+        ex.route, ex.backend = "mixed", "cpu-llvm + numpy reference interpreter"
+        ex.reason = f"{compiled} propagate(s) compile, {fallen} fall back (see routes)"
+    elif fallen:
+        ex.reason = f"{fallen} propagate(s) fall back to the reference interpreter (see routes)"
+    else:
+        ex.reason = "the program has no propagate"
+    if others:
+        ex.reason += f"; other equations ({', '.join(others)}) run on the numpy impl rules"
+
+
+def _explain_compiled(ex, eqn, graph, status: str) -> None:
+    p = eqn.params
+    kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
+    ex.routes.append(("cpu-llvm", f"propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
+                      "compiles"))
+    ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
+                        f"by {p['reduce_by']}: {WALK[p['reduce_by']]}")
+    ex.schedule = _schedule(graph, p["reduce_by"])
+    if graph is not None and kind != "csr":
+        ex.materialized.append(("CSR of the implicit relation",
+                                8 * (graph.num_dst + 1) + graph.index_dtype.itemsize
+                                * graph.num_edges, "the kernel walks resolved CSR"))
+    if graph is not None and p["reduce_by"] == "src":
+        ex.materialized.append(("transposed CSR + permutation",
+                                8 * (graph.num_src + 1) + (8 + graph.index_dtype.itemsize)
+                                * graph.num_edges, "cached on the relation; built once"))
+    ex.cache_lines.append({"memory": "hit (memory)", "disk": "hit (disk cache, no LLVM run)",
+                           "miss": "miss (compiled on the first call)"}[status])
+
+
+def _schedule(graph, reduce_by: str) -> str:
+    base = ("cpu-llvm fused kernel: one row per iteration, sequential edge loop, reducer "
+            "state in stack buffers/registers, feature loops vectorised by LLVM")
+    if reduce_by == "all":
+        return base + "; one call over all rows"
+    threads = num_threads()
+    if graph is None:
+        return base + f"; row chunks balanced by edge count on {threads} thread(s)"
+    graph.ensure_valid()
+    rp = graph.transpose()[0].resolve_csr()[0] if reduce_by == "src" else graph.resolve_csr()[0]
+    chunks = row_chunks(rp, threads)
+    return base + f"; {len(chunks)} row chunk(s) balanced by edge count on {threads} thread(s)"
+
+
+def _explain_reference(ex, eqn, graph, reason: str) -> None:
+    p = eqn.params
+    kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
+    ex.routes.append(("reference", f"propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
+                      reason))
+    ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
+                        f"by {p['reduce_by']}, visiting every edge in edge order (reference)")
+    if graph is not None:
+        ex.materialized.append((f"({graph.num_edges}, ...) message arrays",
+                                _message_bytes(eqn, graph), "the interpreter gathers fields "
+                                "per edge and evaluates the edge function on whole arrays"))
+
+
+def _message_bytes(eqn, graph) -> int:
+    out = 0
+    for t in eqn.params["edge_fn"].out_types:
+        n = int(np.prod([d for d in t.shape])) if t.shape else 1
+        out += n * t.dtype.itemsize * graph.num_edges
+    return out

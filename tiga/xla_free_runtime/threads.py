@@ -1,0 +1,75 @@
+"""runtime: the kernel thread pool and destination-row chunks balanced by edge count.
+
+Kernels are called through ctypes, which releases the GIL, so a plain thread pool runs
+row chunks in parallel. Each call waits only on its own futures, so several Python threads
+may launch kernels at once. TIGA_NUM_THREADS (default: all cores) sets the pool size.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..core.errors import TigaError
+
+SMALL_WORK = 1 << 15      # rows + edges below which one call on the caller's thread wins
+CHUNKS_PER_THREAD = 4     # more chunks than threads absorbs uneven rows
+
+_LOCK = threading.Lock()
+_POOL: dict = {}
+
+
+def num_threads() -> int:
+    raw = os.environ.get("TIGA_NUM_THREADS", "").strip()
+    if not raw:
+        return max(1, os.cpu_count() or 1)
+    try:
+        n = int(raw)
+    except ValueError:
+        raise TigaError(f"TIGA_NUM_THREADS: expected a positive integer, found {raw!r}") \
+            from None
+    if n < 1:
+        raise TigaError(f"TIGA_NUM_THREADS: expected a positive integer, found {raw!r}")
+    return n
+
+
+def pool(threads: int) -> ThreadPoolExecutor:
+    """One shared executor per size (recreated when TIGA_NUM_THREADS changes)."""
+    with _LOCK:
+        if _POOL.get("size") != threads:
+            old = _POOL.get("pool")
+            _POOL.update(size=threads, pool=ThreadPoolExecutor(threads, "tiga-kernel"))
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL["pool"]
+
+
+def row_chunks(row_ptr: np.ndarray, threads: int) -> list[tuple[int, int]]:
+    """[(begin, end), ...] covering every row; each chunk has about the same rows + edges."""
+    n = len(row_ptr) - 1
+    work = int(row_ptr[-1]) + n if n > 0 else 0
+    if n <= 0:
+        return []
+    if threads <= 1 or work < SMALL_WORK:
+        return [(0, n)]
+    k = min(n, threads * CHUNKS_PER_THREAD)
+    cost = np.asarray(row_ptr[1:], dtype=np.int64) + np.arange(1, n + 1, dtype=np.int64)
+    targets = (np.arange(1, k, dtype=np.int64) * work) // k
+    cuts = np.unique(np.searchsorted(cost, targets, side="left") + 1)
+    bounds = [0] + [int(c) for c in cuts if 0 < c < n] + [n]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def run_chunks(fn, chunks: list, argv, threads: int) -> None:
+    """Call fn(begin, end, argv) for every chunk; in parallel when there are several."""
+    if not chunks:
+        return
+    if len(chunks) == 1 or threads <= 1:
+        for a, b in chunks:
+            fn(a, b, argv)
+        return
+    futures = [pool(threads).submit(fn, a, b, argv) for a, b in chunks]
+    for f in futures:
+        f.result()
