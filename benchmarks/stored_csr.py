@@ -243,6 +243,7 @@ def parse_args(argv=None):
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
     p.add_argument("--quick", action="store_true", help="repeat 5, warmup 1")
     p.add_argument("--out", default=None, help="JSON path (default results/stored_csr-<date>)")
+    p.add_argument("--render", default=None, help="print the tables of a saved JSON and exit")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.quick:
@@ -318,6 +319,11 @@ def main(argv=None) -> int:
         kind = spec.pop("kind")
         fn = {"run": child_run, "firstcall": child_firstcall, "calibrate": child_calibrate}[kind]
         H.child_report(fn(spec))
+        return 0
+    if a.render:
+        with open(a.render) as f:
+            saved = json.load(f)
+        print(summary(saved["results"], saved["machine"], argparse.Namespace(**saved["settings"])))
         return 0
     env = H.thread_env(a.threads)
     machine = H.machine_info(a.threads)

@@ -13,7 +13,7 @@ from .lower.pipeline import ir_text, module_name
 from .trace import message_passing
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
-from .trace.tracer import Tracer, current_builder
+from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
 from .xla_free_runtime.executor import execute, explain_program
 from .xla_free_runtime.tensor import Tensor, _wrap
 
@@ -263,28 +263,45 @@ def _check_argnums(nums, args):
 
 def _execute_call(call):
     if any(_is_torch(v) for v in call.values()):
-        from .torch_bridge.autograd import run_call_torch
-        return run_call_torch(call, route="auto")
-    program, args = call.staged_program()
+        return _torch_call(call, "auto")
+    try:
+        program, args = call.staged_program()
+    except NeedsTorchBridge:  # the edge function captured a torch Parameter
+        return _torch_call(call, "auto")
     outs = run_program(program, args)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def _torch_call(call, route):
+    from .torch_bridge.autograd import run_call_torch
+
+    return run_call_torch(call, route=route)
+
+
 def _explain_call(call):
-    if any(_is_torch(v) for v in call.values()):
+    staged = None
+    if not any(_is_torch(v) for v in call.values()):
+        try:
+            staged = call.staged_program()
+        except NeedsTorchBridge:
+            pass
+    if staged is None:
         from .torch_bridge.autograd import explain_call_torch
+
         return explain_call_torch(call)
-    program, args = call.staged_program()
+    program, args = staged
     return explain_program(program, [leaf_value(a) for a in args])
 
 
 def _reference_call(call):
     if any(_is_torch(v) for v in call.values()):
-        from .torch_bridge.autograd import run_call_torch
-        return run_call_torch(call, route="reference")
+        return _torch_call(call, "reference")
     from .core.eval import eval_program
 
-    program, args = call.staged_program()
+    try:
+        program, args = call.staged_program()
+    except NeedsTorchBridge:
+        return _torch_call(call, "reference")
     if current_builder() is not None and any(isinstance(a, Tracer) for a in args):
         # reference() is differentiable: under tg.grad/jit, stage the call into the trace
         outs = inline_program(program, *args)

@@ -621,15 +621,13 @@ def test_no_input_crashes(a, b, n, m, level):
         g.transpose()
 
 
-def test_implicit_kinds_resolve_fast():
-    """Vectorised construction: a few million edges in well under a second each."""
-    import time
-
+def test_implicit_kinds_resolve_millions_of_edges():
+    """Vectorised construction at scale: sizes and offsets agree (speed lives in benchmarks)."""
     for g in (Graph.dense(1500, 1000), Graph.triangular(2000),
               Graph.cu_seqlens([0, 1000, 2500, 2500, 3000], causal=False),
               Graph.stencil((100, 100, 40), [(0, 0, 0), (1, 0, 0), (-1, 0, 0), (0, 1, 0),
                                              (0, -1, 0), (0, 0, 1), (0, 0, -1)])):
-        start = time.perf_counter()
         row_ptr, col_idx = g.resolve_csr()
-        assert time.perf_counter() - start < 2.0
         assert len(col_idx) == g.num_edges >= 10**6 and row_ptr[-1] == g.num_edges
+        assert np.all(np.diff(row_ptr) >= 0) and col_idx.min() >= 0
+        assert col_idx.max() < g.num_src

@@ -19,7 +19,6 @@ GRAD = settings(max_examples=30, deadline=None,
 
 REDUCERS = ("sum", "mean", "max", "min", "prod", "online_softmax")
 FEATURE_SHAPES = ((), (3,), (2, 3))
-SCALES = (0.5, -1.25, 2.0, 0.375)
 
 
 # ---- random relations ---------------------------------------------------------------------
@@ -197,7 +196,7 @@ def make_inputs(case: Case, num_src: int, num_dst: int, num_edges: int):
     if case.family == "matmul_W":
         params["W"] = rng.uniform(-1.0, 1.0, (f[-1], 2))
     elif case.family == "scale":
-        params["scale"] = SCALES[int(rng.integers(len(SCALES)))]
+        params["scale"] = float(rng.uniform(-2.0, 2.0))  # a Python float: weakly typed
     return x, h, w, s, params
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ProgramError, UnsupportedError
+from .errors import ProgramError, ShapeError, UnsupportedError
 from .primitive import elementwise_batch_rule, impl_rules, row_batch_rules
 from .program import ClosedProgram, GraphProgram, Lit
-from .types import GraphType
+from .types import Dim, GraphType
 
 
 def eval_program(program: GraphProgram, *args) -> list:
@@ -17,15 +17,44 @@ def eval_program(program: GraphProgram, *args) -> list:
     env: dict[int, object] = {}
     for v, x in zip(program.in_binders, args):
         env[id(v)] = x if isinstance(v.type, GraphType) else np.asarray(x)
+    dims = bind_dims(program.in_binders, [env[id(v)] for v in program.in_binders])
     read = _reader(env)
     for eqn in program.eqns:
         rule = impl_rules.get(eqn.primitive)
         if rule is None:
             raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
-        outs = rule(*[read(a) for a in eqn.inputs], **eqn.params)
+        params = eqn.params if not dims else {k: resolve_dims(p, dims)
+                                              for k, p in eqn.params.items()}
+        outs = rule(*[read(a) for a in eqn.inputs], **params)
         for v, o in zip(eqn.outputs, outs):
             env[id(v)] = o
     return [read(a) for a in program.outs]
+
+
+def bind_dims(binders, values) -> dict:
+    """Sizes of the symbolic dims (N, S, E) of one call, read off its arguments."""
+    dims: dict[Dim, int] = {}
+    for v, x in zip(binders, values):
+        t = v.type
+        if isinstance(t, GraphType):
+            pairs = [(t.num_src, x.num_src), (t.num_dst, x.num_dst), (t.num_edges, x.num_edges)]
+        else:
+            pairs = list(zip(t.shape, np.shape(x)))
+        for d, n in pairs:
+            if isinstance(d, Dim):
+                if dims.setdefault(d, int(n)) != int(n):
+                    raise ShapeError(f"symbolic size {d} is {dims[d]} for one argument and "
+                                     f"{n} for another")
+    return dims
+
+
+def resolve_dims(param, dims: dict):
+    """Replace symbolic dims inside a shape-like parameter by this call's sizes."""
+    if isinstance(param, Dim):
+        return dims.get(param, param)
+    if isinstance(param, tuple):
+        return tuple(resolve_dims(p, dims) for p in param)
+    return param
 
 
 def eval_closed(closed: ClosedProgram, *args) -> list:

@@ -119,23 +119,25 @@ class _Run:
         self.inputs = [o for o, w in zip(originals, self.wrt) if w]
         torch_in = [o for o in originals if is_torch(o)]
         self.device = torch_in[0].device if torch_in else torch.device("cpu")
-        self.out_arrays: list = []
+        self.out_specs: list = []  # (shape, numpy dtype) per output; cotangents match them
+        self._vjp = None           # traced on the first backward, reused with retain_graph
 
     def forward(self) -> list:
         outs = _runner(self.route)(self.program, self.args)
-        self.out_arrays = [np.asarray(o, t.dtype.np)
-                           for o, t in zip(outs, self.program.out_types)]
-        return [to_torch(o).to(self.device) for o in self.out_arrays]
+        outs = [np.asarray(o, t.dtype.np) for o, t in zip(outs, self.program.out_types)]
+        self.out_specs = [(o.shape, o.dtype) for o in outs]
+        return [to_torch(o).to(self.device) for o in outs]
 
     def backward(self, grad_outs) -> list:
         """Gradients for `self.inputs` from output cotangents (None reads as zeros)."""
         cts = []
-        for g, o in zip(grad_outs, self.out_arrays):
-            cts.append(np.zeros(o.shape, o.dtype) if g is None
-                       else np.asarray(to_numpy(g, "output cotangent"), o.dtype))
-        vjp = vjp_program(self.program, self.wrt)
-        res = _runner(self.route)(vjp, list(self.args) + cts)
-        grads = res[len(self.out_arrays):]
+        for g, (shape, dtype) in zip(grad_outs, self.out_specs):
+            cts.append(np.zeros(shape, dtype) if g is None
+                       else np.asarray(to_numpy(g, "output cotangent"), dtype))
+        if self._vjp is None:
+            self._vjp = vjp_program(self.program, self.wrt)
+        res = _runner(self.route)(self._vjp, list(self.args) + cts)
+        grads = res[len(self.out_specs):]
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]
 

@@ -11,7 +11,7 @@ from ..core.dtypes import as_dtype
 from ..core.errors import TraceError
 from ..core.primitive import Primitive, abstract_eval_rules, impl_rules
 from ..core.program import Eqn, GraphProgram, Lit, Var
-from ..core.types import GraphType, TensorType
+from ..core.types import Dim, GraphType, TensorType
 
 _state = threading.local()
 
@@ -144,11 +144,21 @@ class resolving:
         _state.resolvers.pop()
 
 
+class NeedsTorchBridge(TraceError):
+    """A torch tensor that requires grad met a trace with no resolver installed."""
+
+
 def host_array(x) -> np.ndarray:
     """`np.asarray(x)`, except that an installed resolver reads foreign arrays."""
     r = _resolver()
     view = r.view(x) if r is not None else None
-    return np.asarray(x) if view is None else view
+    if view is not None:
+        return view
+    if getattr(x, "requires_grad", False) is True:
+        # numpy cannot read it; the caller reroutes through the torch bridge (autograd)
+        raise NeedsTorchBridge(f"a torch tensor that requires grad ({tuple(x.shape)}) can only "
+                               "enter Tiga through tg.propagate / MessagePassing calls")
+    return np.asarray(x)
 
 
 def _owned(x) -> bool:
@@ -186,7 +196,8 @@ def set_concrete_wrapper(fn: Callable) -> None:
 def bind(prim: Primitive, *args, **params):
     """Apply a primitive: stage it when a traced operand is present, else run the impl."""
     builder = current_builder()
-    if builder is not None and any(isinstance(a, Tracer) or _owned(a) for a in args):
+    if builder is not None and (any(isinstance(a, Tracer) or _owned(a) for a in args)
+                                or _symbolic(params)):
         return _stage(builder, prim, args, params)
     values = [a.value if isinstance(a, Lit) else a if _is_graph(a) else host_array(a)
               for a in args]
@@ -194,6 +205,13 @@ def bind(prim: Primitive, *args, **params):
     outs = impl_rules[prim](*values, **params)
     wrapped = [_concrete_wrapper[0](np.asarray(o)) for o in outs]
     return wrapped if prim.multiple_results else wrapped[0]
+
+
+def _symbolic(params) -> bool:
+    """A shape parameter with a symbolic dim has no concrete value until the program runs."""
+    def has_dim(p):
+        return isinstance(p, Dim) or (isinstance(p, tuple) and any(has_dim(q) for q in p))
+    return any(has_dim(p) for p in params.values())
 
 
 def _is_graph(x) -> bool:

@@ -1,6 +1,7 @@
 """lower/passes: helpers every pass shares: level checks, op rewriting, fresh names."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from ...core.errors import CompilationError
@@ -39,6 +40,9 @@ class Namer:
         self.names: dict[int, object] = {}
 
     def fresh(self, hint: str | None = None) -> str:
+        # value names are ASCII ([A-Za-z0-9_.$]); a non-ASCII field name keeps its text in
+        # input_names and only its SSA name is spelled with underscores
+        hint = re.sub(r"[^A-Za-z0-9_.$]", "_", hint) if hint else None
         if hint is None:
             while str(self.count) in self.used:
                 self.count += 1
