@@ -479,22 +479,28 @@ def test_nondiff_primitives_give_zero_gradients():
 # ---- reducer conventions the quotient cannot see ------------------------------------------------
 
 
-def test_propagate_max_routes_ties_to_first_edge():
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_propagate_extremum_routes_ties_to_first_edge(name):
     """API.md: max/min send the cotangent to the first extremal edge in edge order."""
-    w = np.array([1.0, 2.0, 1.0, 2.0, 2.0, 0.5, 1.0, 3.0])  # destination 2: edges 0, 2, 4, 7
+    # ties everywhere: destination 0 (edges 1, 6), 2 (edges 2, 4, 7 after edge 0), 4 (3, 5)
+    w = np.array([1.0, 2.0, 3.0, 0.5, 3.0, 0.5, 2.0, 3.0])
+    w = w if name == "max" else -w
+    reducer = tg.max() if name == "max" else tg.min()
 
     def f(w):
-        return tg.propagate(GRAPH, lambda src, dst, edge: edge.w, tg.max(), edge={"w": w})
+        return tg.propagate(GRAPH, lambda src, dst, edge: edge.w, reducer, edge={"w": w})
 
     ct = np.arange(1.0, NUM_DST + 1)
     _, vjp_fn = tg.vjp(f, w)
     (got,) = vjp_fn(ct)
     want = np.zeros(NUM_EDGES)
+    pick = max if name == "max" else min
     for d in range(NUM_DST):  # plain-Python oracle of the documented convention
         edges = [e for e, (_, dd) in enumerate(EDGES) if dd == d]
         if edges:
-            best = max(w[e] for e in edges)
+            best = pick(w[e] for e in edges)
             want[next(e for e in edges if w[e] == best)] += ct[d]
+    assert np.count_nonzero(want) == 3
     np.testing.assert_array_equal(np.asarray(got), want)
 
 

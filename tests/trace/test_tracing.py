@@ -471,9 +471,12 @@ PROMOTIONS = [
 ]
 
 
+def _promotion_id(x, y) -> str:
+    return f"{x.dtype}-{type(y).__name__ if np.isscalar(y) else y.dtype}"
+
+
 @pytest.mark.parametrize("x,y,dtype", PROMOTIONS,
-                         ids=[f"{np.asarray(x).dtype}-{type(y).__name__ if np.isscalar(y) else y.dtype}"
-                              for x, y, _ in PROMOTIONS])
+                         ids=[_promotion_id(x, y) for x, y, _ in PROMOTIONS])
 def test_dtype_promotion(x, y, dtype):
     want = np.asarray(x, np.float64) * np.asarray(y, np.float64) + np.asarray(x, np.float64)
     for fn in (lambda a, b: a * b + a, lambda a, b: b * a + a):  # both operand orders

@@ -31,13 +31,16 @@ MAX_CONST_BYTES = 1 << 20    # literal arrays embedded as module constants
 
 
 class Emitter:
-    """Builds one LLVM function: `b` emits at the current point, `entry` holds allocas."""
+    """Builds one LLVM function: `b` emits at the current point; the `entry` block holds only
+    the allocas and branches to `start` (added by finish()), so inserting an alloca never
+    moves the instructions `b` is emitting."""
 
     def __init__(self, module: ir.Module, fn: ir.Function):
         self.module = module
         self.fn = fn
         self.entry = fn.append_basic_block("entry")
-        self.b = ir.IRBuilder(self.entry)
+        self.start = fn.append_basic_block("start")
+        self.b = ir.IRBuilder(self.start)
         self._globals = 0
         self._decls: dict = {}
 
@@ -45,11 +48,11 @@ class Emitter:
 
     def alloca(self, elem: ir.Type, n: int) -> ir.Value:
         """A stack array in the entry block (never inside a loop)."""
-        eb = ir.IRBuilder(self.entry)
-        first = self.entry.instructions[0] if self.entry.instructions else None
-        if first is not None:
-            eb.position_before(first)
-        return eb.alloca(elem, size=i64(max(n, 1)))
+        return ir.IRBuilder(self.entry).alloca(elem, size=i64(max(n, 1)))
+
+    def finish(self) -> None:
+        """Close the alloca block; call once when the function body is complete."""
+        ir.IRBuilder(self.entry).branch(self.start)
 
     def new_buf(self, shape: tuple, dtype) -> Val:
         check_row(TensorType(tuple(shape), dtype), "a stack buffer")

@@ -79,6 +79,7 @@ def codegen_propagate(params: dict, in_types: list, index_dtype, schedule=None, 
     ctx = Emitter(module, fn)
     _KernelBuilder(ctx, params, sig).emit(*fn.args)
     ctx.b.ret_void()
+    ctx.finish()
     return str(module), sig
 
 
