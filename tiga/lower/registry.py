@@ -24,6 +24,10 @@ _OTHER_BACKENDS = ("{lowered}: compiled; {missing}: no lowering yet, so the refe
                    "interpreter runs it there and explain() reports route=reference")
 
 
+_LOOPS = ("cpu-llvm: the executor steps {name} itself (not compiled), so the propagates in its "
+          "body compile; triton: no GPU backend yet")
+
+
 def register_lowered(backend: str) -> None:
     """Rewrite the markers once `backend` registered its rules: a primitive it lowers stays
     marked only for the backends that still lack it; the others say why they fall back.
@@ -39,5 +43,7 @@ def register_lowered(backend: str) -> None:
         elif lowered:
             REFERENCE_ONLY[p] = _OTHER_BACKENDS.format(lowered=", ".join(lowered),
                                                        missing=", ".join(missing))
+        elif p.name in ("scan", "while_loop"):
+            REFERENCE_ONLY[p] = _LOOPS.format(name=p.name)
         else:
             REFERENCE_ONLY[p] = _TOP_LEVEL_ONLY.format(name=p.name)

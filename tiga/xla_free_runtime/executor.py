@@ -1,9 +1,11 @@
 """runtime: choose a route per propagate equation, run the program, and explain the choice.
 
-Each top-level `propagate` runs as a fused cpu-llvm kernel when its edge function, reducer
-and update compile, otherwise on the reference interpreter with the reason recorded. Every
-other equation runs on the numpy impl rules (top-level tensor code is not compiled yet).
-Strict mode (tg.config.strict) refuses any propagate that would fall back.
+Each `propagate` (top level or inside a repeat/while body) runs as a fused cpu-llvm kernel
+when its edge function, reducer and update compile, otherwise on the reference interpreter
+with the reason recorded. Every other equation runs on the numpy impl rules (tensor code
+outside propagate is not compiled yet); scan and while_loop are interpreted here so that
+the propagates in their bodies compile too. Strict mode (tg.config.strict) refuses any
+propagate that would fall back.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError
 from ..core.primitive import impl_rules
+from ..core.prims.control import scan_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
@@ -56,6 +59,11 @@ def execute(program: GraphProgram, args: list) -> list:
     if len(args) != len(program.in_binders):
         raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
                            f"got {len(args)}")
+    return _run(program, list(args))
+
+
+def _run(program: GraphProgram, args: list) -> list:
+    """The interpreter loop: compiled propagates, control flow here, numpy for the rest."""
     routes = plan_routes(program, args)
     _strict_check(routes)
     env: dict[int, object] = {}
@@ -70,6 +78,10 @@ def execute(program: GraphProgram, args: list) -> list:
         route = routes.get(id(eqn))
         if route is not None and not isinstance(route, Fallback):
             outs = run_propagate(route, eqn, vals[0], vals[1:])
+        elif eqn.primitive is scan_p:
+            outs = _scan(vals, **eqn.params)
+        elif eqn.primitive is while_loop_p:
+            outs = _while(vals, **eqn.params)
         else:
             rule = impl_rules.get(eqn.primitive)
             if rule is None:
@@ -78,6 +90,40 @@ def execute(program: GraphProgram, args: list) -> list:
         for v, o in zip(eqn.outputs, outs):
             env[id(v)] = o
     return [read(a) for a in program.outs]
+
+
+def _call(closed, args: list) -> list:
+    return _run(closed.program, list(closed.consts) + list(args))
+
+
+def _scan(vals, *, body, length, num_consts, num_carry, reverse):
+    """scan_impl_rule, with the body run by this executor (so its propagates compile)."""
+    consts = vals[:num_consts]
+    carry = list(vals[num_consts:num_consts + num_carry])
+    xs = vals[num_consts + num_carry:]
+    ys = []
+    for i in (range(length - 1, -1, -1) if reverse else range(length)):
+        outs = _call(body, consts + carry + [x[i] for x in xs])
+        carry, y = outs[:num_carry], outs[num_carry:]
+        ys.append(y)
+    if reverse:
+        ys.reverse()
+    stacked = [np.stack([y[k] for y in ys]) if ys else
+               np.zeros((0,) + tuple(t.shape), t.dtype.np)
+               for k, t in enumerate(body.out_types[num_carry:])]
+    return [np.asarray(c) for c in carry] + stacked
+
+
+def _while(vals, *, cond, body, cond_nconsts, body_nconsts, max_iterations):
+    """while_loop_impl_rule, with cond and body run by this executor."""
+    cond_consts = vals[:cond_nconsts]
+    body_consts = vals[cond_nconsts:cond_nconsts + body_nconsts]
+    carry = list(vals[cond_nconsts + body_nconsts:])
+    for _ in range(max_iterations):
+        if not bool(_call(cond, cond_consts + carry)[0]):
+            break
+        carry = _call(body, body_consts + carry)
+    return [np.asarray(c) for c in carry]
 
 
 def select_route(program: GraphProgram, args: list | None = None) -> str:

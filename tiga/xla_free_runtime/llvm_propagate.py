@@ -19,7 +19,7 @@ from ..core.dtypes import as_dtype
 from ..core.errors import CompilationError, ShapeError, UnsupportedError
 from ..lower import CPU_LLVM_AVAILABLE
 from .cache import CACHE, Executable, full_key
-from .threads import num_threads, row_chunks, run_chunks
+from .threads import num_threads, row_chunks, run_chunks, run_jobs
 
 if CPU_LLVM_AVAILABLE:
     from ..lower.llvm import CodegenUnsupported, KernelSchedule, codegen_propagate
@@ -34,6 +34,7 @@ class Fallback:
 
 _UNSUPPORTED: dict[str, str] = {}       # key -> reason (deterministic, so memoised)
 _UNSUPPORTED_LOCK = threading.Lock()
+_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key}
 _CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CHUNK_LOCK = threading.Lock()
 
@@ -53,6 +54,18 @@ def _structure(eqn, graph) -> tuple:
             p["reduce_by"], update, fields, graph.index_dtype.name, has_perm)
 
 
+def _key_of(eqn, graph) -> str:
+    """The cache key, memoised per equation (hashing the structure costs tens of µs)."""
+    variant = (graph.index_dtype.name, graph.edge_perm is not None)
+    per_eqn = _KEYS.get(eqn)
+    if per_eqn is None:
+        per_eqn = _KEYS.setdefault(eqn, {})
+    key = per_eqn.get(variant)
+    if key is None:
+        key = per_eqn[variant] = full_key(_structure(eqn, graph))
+    return key
+
+
 def plan_propagate(eqn, graph, *, compile: bool = True):
     """Executable (compile=True) or key (compile=False) for cpu-llvm, else a Fallback."""
     if not CPU_LLVM_AVAILABLE:
@@ -60,7 +73,7 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
     if graph is None:
         return Fallback("the relation is not known until the call (explain it with "
                         "concrete arguments to see the compiled route)")
-    key = full_key(_structure(eqn, graph))
+    key = _key_of(eqn, graph)
     reason = _UNSUPPORTED.get(key)
     if reason is not None:
         return Fallback(reason)
@@ -135,16 +148,36 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     arrays = {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}
     for i, f in enumerate(fields):
         arrays[f"field:{i}"] = f
-    for k, o in enumerate(outs):
-        arrays[f"out:{k}"] = o
     for slot in sig.slots:
-        if arrays[slot] is None:
+        if not slot.startswith("out:") and arrays[slot] is None:
             raise UnsupportedError(f"compiled propagate needs {slot} but the relation has none")
-    argv = (ctypes.c_void_p * len(sig.slots))(*[arrays[s].ctypes.data for s in sig.slots])
     rows = len(rp) - 1
-    if not sig.parallel:
-        exe.native(0, rows, argv)
+    if sig.parallel == "single":
+        exe.native(0, rows, _argv(sig, arrays, outs))
         return outs
     threads = num_threads()
-    run_chunks(exe.native, _chunks(graph, sig.walk, rp, threads), argv, threads)
+    chunks = _chunks(graph, sig.walk, rp, threads)
+    if sig.parallel == "partial_sums":
+        return _partial_sums(exe, sig, arrays, outs, chunks, threads)
+    run_chunks(exe.native, chunks, _argv(sig, arrays, outs), threads)
+    return outs
+
+
+def _argv(sig, arrays: dict, outs: list):
+    ptrs = [o.ctypes.data for o in outs]
+    return (ctypes.c_void_p * len(sig.slots))(*[
+        ptrs[int(s[4:])] if s.startswith("out:") else arrays[s].ctypes.data
+        for s in sig.slots])
+
+
+def _partial_sums(exe, sig, arrays, outs, chunks, threads) -> list:
+    """reduce_by='all' with sum: every chunk folds into its own output row; add them up."""
+    if len(chunks) <= 1:
+        exe.native(0, len(arrays["row_ptr"]) - 1, _argv(sig, arrays, outs))
+        return outs
+    parts = [[np.empty_like(o) for o in outs] for _ in chunks]
+    run_jobs(exe.native, [(a, b, _argv(sig, arrays, p)) for (a, b), p in zip(chunks, parts)],
+             threads)
+    for k, o in enumerate(outs):
+        np.sum([p[k] for p in parts], axis=0, out=o)
     return outs

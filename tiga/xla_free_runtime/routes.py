@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.prims.control import scan_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
@@ -26,20 +27,22 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
                      program=str(program))
     compiled = fallen = 0
-    for eqn in program.eqns:
-        if eqn.primitive is not propagate_p:
-            continue
-        src = eqn.inputs[0]
-        graph = src.value if isinstance(src, Lit) else known.get(id(src))
+    for eqn, graph, where in _propagates(program, known, ""):
         plan = plan_propagate(eqn, graph, compile=False)
         if isinstance(plan, Fallback):
             fallen += 1
-            _explain_reference(ex, eqn, graph, plan.reason)
+            _explain_reference(ex, eqn, graph, plan.reason, where)
         else:
             compiled += 1
-            _explain_compiled(ex, eqn, graph, cache.status(plan))
-    others = sorted({e.primitive.name for e in program.eqns if e.primitive is not propagate_p})
+            _explain_compiled(ex, eqn, graph, cache.status(plan), where)
+    others = sorted({e.primitive.name for e in program.eqns
+                     if e.primitive not in (propagate_p, scan_p, while_loop_p)})
+    loops = sorted({e.primitive.name for e in program.eqns
+                    if e.primitive in (scan_p, while_loop_p)})
     _summarise(ex, compiled, fallen, others)
+    if loops:
+        ex.reason += (f"; {', '.join(loops)} steps run in the executor, so the propagates in "
+                      "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
     ex.vjp_route = ("the VJP program is lowered the same way: source cotangents are a "
                     "propagate grouped by source (compiled over the transposed CSR), edge "
@@ -48,6 +51,32 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
                                             else f"process totals {stats}")
     return ex
+
+
+def _propagates(program: GraphProgram, graphs: dict, where: str):
+    """(eqn, concrete relation or None, location) for every propagate, loop bodies too."""
+    def graph_of(a):
+        return a.value if isinstance(a, Lit) else graphs.get(id(a))
+
+    for eqn in program.eqns:
+        if eqn.primitive is propagate_p:
+            yield eqn, graph_of(eqn.inputs[0]), where
+            continue
+        p = eqn.params
+        if eqn.primitive is scan_p:
+            bodies = [("repeat body", p["body"], list(eqn.inputs))]
+        elif eqn.primitive is while_loop_p:
+            nc, nb = p["cond_nconsts"], p["body_nconsts"]
+            carry = list(eqn.inputs[nc + nb:])
+            bodies = [("while cond", p["cond"], list(eqn.inputs[:nc]) + carry),
+                      ("while body", p["body"], list(eqn.inputs[nc:nc + nb]) + carry)]
+        else:
+            continue
+        for label, closed, operands in bodies:
+            binders = closed.program.in_binders[len(closed.consts):]
+            inner = {id(v): graph_of(a) for v, a in zip(binders, operands)
+                     if isinstance(v.type, GraphType)}
+            yield from _propagates(closed.program, inner, f"{where}{label}: ")
 
 
 def _summarise(ex, compiled, fallen, others) -> None:
@@ -65,10 +94,11 @@ def _summarise(ex, compiled, fallen, others) -> None:
         ex.reason += f"; other equations ({', '.join(others)}) run on the numpy impl rules"
 
 
-def _explain_compiled(ex, eqn, graph, status: str) -> None:
+def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
     p = eqn.params
     kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
-    ex.routes.append(("cpu-llvm", f"propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
+    ex.routes.append(("cpu-llvm",
+                      f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
                       "compiles"))
     ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
                         f"by {p['reduce_by']}: {WALK[p['reduce_by']]}")
@@ -99,10 +129,11 @@ def _schedule(graph, reduce_by: str) -> str:
     return base + f"; {len(chunks)} row chunk(s) balanced by edge count on {threads} thread(s)"
 
 
-def _explain_reference(ex, eqn, graph, reason: str) -> None:
+def _explain_reference(ex, eqn, graph, reason: str, where: str) -> None:
     p = eqn.params
     kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
-    ex.routes.append(("reference", f"propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
+    ex.routes.append(("reference",
+                      f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
                       reason))
     ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
                         f"by {p['reduce_by']}, visiting every edge in edge order (reference)")

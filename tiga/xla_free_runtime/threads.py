@@ -64,12 +64,17 @@ def row_chunks(row_ptr: np.ndarray, threads: int) -> list[tuple[int, int]]:
 
 def run_chunks(fn, chunks: list, argv, threads: int) -> None:
     """Call fn(begin, end, argv) for every chunk; in parallel when there are several."""
-    if not chunks:
+    run_jobs(fn, [(a, b, argv) for a, b in chunks], threads)
+
+
+def run_jobs(fn, jobs: list, threads: int) -> None:
+    """Call fn(begin, end, argv) for every (begin, end, argv) job, on the pool when several."""
+    if not jobs:
         return
-    if len(chunks) == 1 or threads <= 1:
-        for a, b in chunks:
+    if len(jobs) == 1 or threads <= 1:
+        for a, b, argv in jobs:
             fn(a, b, argv)
         return
-    futures = [pool(threads).submit(fn, a, b, argv) for a, b in chunks]
+    futures = [pool(threads).submit(fn, a, b, argv) for a, b, argv in jobs]
     for f in futures:
         f.result()

@@ -4,9 +4,9 @@ Importing this package registers the per-primitive codegen rules in
 `lowering_rules["cpu-llvm"]`. It needs llvmlite; `tiga.lower.CPU_LLVM_AVAILABLE` says
 whether it imports.
 """
-from . import rules  # noqa: F401  (registers lowering_rules["cpu-llvm"])
 from ...core.prims.graph import propagate_p
 from ..registry import lowering_rules, register_lowered
+from . import rules  # noqa: F401  (registers lowering_rules["cpu-llvm"])
 from .kernel import (
     KernelSchedule,
     KernelSignature,

@@ -146,6 +146,13 @@ class Emitter:
             self._decls[key] = self.module.declare_intrinsic(name, [ty])
         return self._decls[key]
 
+    def prefetch_fn(self) -> ir.Function:
+        if "prefetch" not in self._decls:
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [PTR, i32, i32, i32])
+            self._decls["prefetch"] = ir.Function(self.module, fnty, name="llvm.prefetch.p0")
+        return self._decls["prefetch"]
+
     def libm(self, name: str, ty: ir.Type) -> ir.Function:
         """A C math function (`tanh` / `tanhf`), resolved from the process at load time."""
         sym = name + ("f" if ty == F32 else "")

@@ -25,6 +25,7 @@ from .emitter import Emitter, check_row
 from .reducers import reducer_codegen
 from .values import I64, PTR, CodegenUnsupported, Val, cast, i64, numel, storage_type
 
+PREFETCH_DISTANCE = 16   # edges ahead; covers the memory latency at a few ns per edge
 ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
 NBR_ROLE = {"dst": "src", "src": "dst"}
 
@@ -50,7 +51,9 @@ class KernelSignature:
     out_shapes: tuple        # row shape per output
     out_dtypes: tuple
     index_dtype: str
-    parallel: bool           # False: call once over all rows (reduce_by="all")
+    parallel: str            # "rows": any row chunks; "partial_sums": reduce_by="all" with
+    #                          sum, each chunk folds into its own output and the runtime adds
+    #                          them; "single": one call over all rows
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -109,7 +112,15 @@ def _signature(params, in_types, index_dtype, schedule, symbol) -> KernelSignatu
                            roles=roles, field_shapes=shapes,
                            field_dtypes=tuple(t.dtype.name for t in fields),
                            out_shapes=out_shapes, out_dtypes=tuple(t.dtype.name for t in outs),
-                           index_dtype=index_dtype.name, parallel=reduce_by != "all")
+                           index_dtype=index_dtype.name, parallel=_parallel(params))
+
+
+def _parallel(params) -> str:
+    if params["reduce_by"] != "all":
+        return "rows"
+    r = params["reducer"]
+    return "partial_sums" if r.builtin and r.name == "sum" and params["update"] is None \
+        else "single"
 
 
 class _KernelBuilder:
@@ -166,6 +177,8 @@ class _KernelBuilder:
 
     def emit(self, begin, end, argv) -> None:
         self._load_args(argv)
+        # the last edge of this call's rows bounds the look-ahead of the gather prefetch
+        self.last_edge = self.b.sub(self._load_index("row_ptr", end, I64), i64(1))
         if self.reduce_by == "all":
             self._emit_all(begin, end)
         else:
@@ -207,7 +220,33 @@ class _KernelBuilder:
 
     # ---- per edge ----------------------------------------------------------------------
 
+    def _prefetch(self, p) -> None:
+        """Ask for the rows PREFETCH_DISTANCE edges ahead: neighbour rows (and edge rows read
+        through a permutation) are random gathers the hardware prefetcher cannot predict,
+        and their latency bounds the kernel. The look-ahead is clamped to this call's last
+        edge, so it never reads out of bounds."""
+        permuted = "edge_perm" in self.ptr
+        used = _used_inputs(self.edge_fn)
+        gathers = [i for i, r in enumerate(self.sig.roles) if i in used and
+                   (r == self.nbr_role or (r == "edge" and permuted))]
+        if not gathers or PREFETCH_DISTANCE <= 0:
+            return
+        b = self.b
+        ahead = b.add(p, i64(PREFETCH_DISTANCE), flags=["nsw"])
+        q = b.select(b.icmp_signed("<", ahead, self.last_edge), ahead, self.last_edge)
+        index = {self.nbr_role: self._load_index("col_idx", q, self.index_t)}
+        if permuted:
+            index["edge"] = self._load_index("edge_perm", q, I64)
+        i32 = ir.IntType(32)
+        for i in gathers:
+            dtype = as_dtype(self.sig.field_dtypes[i])
+            row = self._row_of(f"field:{i}", self.sig.field_shapes[i], dtype,
+                               index[self.sig.roles[i]])
+            b.call(self.ctx.prefetch_fn(), [row.ptr, ir.Constant(i32, 0), ir.Constant(i32, 3),
+                                            ir.Constant(i32, 1)])
+
     def _edge_args(self, p, rows: dict) -> tuple:
+        self._prefetch(p)
         c = self._load_index("col_idx", p, self.index_t)
         eid = self._load_index("edge_perm", p, I64) if "edge_perm" in self.ptr else p
         args = []
@@ -254,11 +293,17 @@ class _KernelBuilder:
         for k, val in enumerate(outs):
             dtype = as_dtype(self.sig.out_dtypes[k])
             dst = self._row_of(f"out:{k}", self.sig.out_shapes[k], dtype, index)
-            self.ctx.loop_nest(dst.shape, lambda idx, dst=dst, val=val: dst.store(
+            self.ctx.loop_nest(dst.shape, lambda idx, dst=dst, val=val, dtype=dtype: dst.store(
                 b, idx, cast(b, val.load(b, idx), val.dtype, dtype)))
 
 
-__all__ = ["codegen_propagate", "KernelSchedule", "KernelSignature", "CodegenUnsupported"]
+
+def _used_inputs(closed) -> set:
+    """Positions of the sub-program's (non-const) binders that any equation or output reads."""
+    read = {id(a) for e in closed.program.eqns for a in e.inputs}
+    read |= {id(a) for a in closed.program.outs}
+    binders = closed.program.in_binders[len(closed.consts):]
+    return {i for i, v in enumerate(binders) if id(v) in read}
 
 
 @dataclass(frozen=True)
@@ -276,3 +321,7 @@ def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
         raise CodegenUnsupported("a propagate nested inside an edge/update function")
     return [codegen_propagate(params, in_types, ctx.index_dtype, ctx.schedule,
                               symbol=ctx.symbol)]
+
+
+__all__ = ["codegen_propagate", "KernelSchedule", "KernelSignature", "CodegenUnsupported",
+           "PropagateLowering", "propagate_lowering_rule"]

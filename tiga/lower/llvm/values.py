@@ -19,6 +19,7 @@ I64 = ir.IntType(64)
 PTR = ir.PointerType()
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
+F16 = ir.HalfType()
 
 _INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
 
@@ -32,7 +33,7 @@ class CodegenUnsupported(UnsupportedError):
 
 
 def supported(dtype: DType) -> bool:
-    return dtype.name in ("bool", "float32", "float64") or dtype.name in _INT_BITS
+    return dtype.name in ("bool", "float16", "float32", "float64") or dtype.name in _INT_BITS
 
 
 def storage_type(dtype: DType) -> ir.Type:
@@ -41,13 +42,17 @@ def storage_type(dtype: DType) -> ir.Type:
         return F32
     if dtype.name == "float64":
         return F64
+    if dtype.name == "float16":
+        # LLVM promotes each half operation to float and rounds back, which is exactly
+        # numpy's float16 arithmetic
+        return F16
     if dtype.name == "bool":
         return I8
     if dtype.name in _INT_BITS:
         return ir.IntType(_INT_BITS[dtype.name])
-    raise CodegenUnsupported(f"dtype {dtype.name} is not compiled on cpu-llvm (float32, "
-                             "float64, bool and signed integers are)",
-                             hint="convert half-precision or unsigned fields to float32/int32")
+    raise CodegenUnsupported(f"dtype {dtype.name} is not compiled on cpu-llvm (float16, "
+                             "float32, float64, bool and signed integers are)",
+                             hint="convert bfloat16 or unsigned fields to float32/int32")
 
 
 def compute_type(dtype: DType) -> ir.Type:

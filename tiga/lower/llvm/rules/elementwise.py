@@ -18,7 +18,7 @@ from ....core.prims.elementwise import (
     unary_p,
 )
 from ...registry import lowering_rules
-from ..values import CodegenUnsupported, Val, cast, const
+from ..values import F16, F32, CodegenUnsupported, Val, cast, const
 
 _INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
               "cos": "llvm.cos", "floor": "llvm.floor", "ceil": "llvm.ceil", "abs": "llvm.fabs"}
@@ -59,6 +59,8 @@ def _float_unary(ctx, name, x):
     if name in _INTRINSIC:
         return b.call(ctx.intrinsic(_INTRINSIC[name], x.type), [x])
     if name in _LIBM:
+        if x.type == F16:  # C has no half math: compute in float, round once
+            return b.fptrunc(b.call(ctx.libm(name, F32), [b.fpext(x, F32)]), F16)
         return b.call(ctx.libm(name, x.type), [x])
     one = ir.Constant(x.type, 1.0)
     if name == "rsqrt":

@@ -52,7 +52,9 @@ def dot_general_rule(ctx, in_types, out_types, x, y, *, dimension_numbers):
         u = cast(b, x.load(b, xi), x.dtype, dtype)
         v = cast(b, y.load(b, yi), y.dtype, dtype)
         old = acc.load(b, oi)
-        new = b.fadd(old, b.fmul(u, v)) if dtype.is_float else b.add(old, b.mul(u, v))
+        # reassoc: a contraction may be split into vector lanes (see rules/reductions.py)
+        new = (b.fadd(old, b.fmul(u, v), flags=("reassoc", "nsz")) if dtype.is_float
+               else b.add(old, b.mul(u, v)))
         acc.store(b, oi, new)
 
     ctx.loop_nest(tuple(n for n, _, _, _ in loops), body)

@@ -1,7 +1,10 @@
 """lower/llvm: reductions over row axes: an accumulator buffer and one loop nest over the input.
 
-The accumulation runs in input order (numpy's pairwise float summation may differ in the
-last bits; tests compare with a tolerance).
+Float sums and products over row axes carry the `reassoc` flag, so LLVM may split them into
+vector lanes instead of one serial add chain (a dot product over 32 features per edge would
+otherwise cost 32 dependent adds). numpy's own pairwise summation is not sequential either;
+tests compare with a tolerance. The folds of a propagate's reducer across edges are not
+reassociated: they run in edge order like the reference.
 """
 from __future__ import annotations
 
@@ -29,15 +32,17 @@ def identity(kind: str, dtype) -> ir.Constant:
     return const(dtype, -(1 << (bits - 1)) if largest else (1 << (bits - 1)) - 1)
 
 
-def combine(b: ir.IRBuilder, kind: str, dtype, acc: ir.Value, x: ir.Value) -> ir.Value:
+def combine(b: ir.IRBuilder, kind: str, dtype, acc: ir.Value, x: ir.Value,
+            reassoc: bool = False) -> ir.Value:
     """One accumulation step with numpy semantics (NaN propagates through max/min)."""
     if dtype.name == "bool":
         raise CodegenUnsupported(f"{kind} over bool values has no cpu-llvm lowering")
     if dtype.is_float:
+        flags = ("reassoc", "nsz") if reassoc else ()
         if kind == "sum":
-            return b.fadd(acc, x)
+            return b.fadd(acc, x, flags=flags)
         if kind == "prod":
-            return b.fmul(acc, x)
+            return b.fmul(acc, x, flags=flags)
         better = b.fcmp_ordered(">" if kind == "max" else "<", x, acc)
         pick = b.select(better, x, acc)
         return b.select(b.fcmp_unordered("uno", x, x), x, pick)
@@ -61,7 +66,8 @@ def _reduce_rule(name):
 
         def body(idx):
             oi = [idx[i] for i in keep]
-            acc.store(b, oi, combine(b, kind, dtype, acc.load(b, oi), x.load(b, idx)))
+            acc.store(b, oi, combine(b, kind, dtype, acc.load(b, oi), x.load(b, idx),
+                                     reassoc=True))
 
         ctx.loop_nest(x.shape, body)
         return [acc]
