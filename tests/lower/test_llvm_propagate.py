@@ -521,6 +521,10 @@ def test_explain_reports_compiled_route_schedule_and_cache():
     assert "row chunk" in ex.schedule and "destination-major" in text
     assert ex.cache and "process totals" in ex.cache
     assert ex.estimated_bytes == 0  # no (E, F) message array on the compiled route
+    # before any call, with the relation only an argument type, the route is still known
+    f = tg.jit(lambda g, x, w: WeightedSum()(graph=g, src={"x": x}, dst={}, edge={"w": w}))
+    ahead = f.lower(g, kw["src"]["x"], kw["edge"]["w"]).compile().explain()
+    assert ahead.route == "cpu-llvm", str(ahead)
 
 
 def test_unsupported_propagate_falls_back_with_reason_and_strict_refuses():
@@ -603,3 +607,28 @@ def test_propagates_inside_repeat_and_while_bodies_compile():
         want = new
     with strict():
         np.testing.assert_allclose(np.asarray(tg.jit(rep)(x)), want, rtol=1e-12)
+
+
+def test_gradient_through_repeat_of_compiled_propagates():
+    """The relation is a const of the scan body; its VJP scans compiled propagates back."""
+    g = tg.Graph.from_coo(np.array([0, 2, 1, 1, 0]), np.array([1, 0, 2, 1, 1]), num_src=3,
+                          num_dst=3)
+
+    def loss(x, w):
+        h = tg.repeat(3, lambda h: tg.propagate(g, lambda s, d, e: m.tanh(s.x * w + d.x),
+                                                tg.sum(), src={"x": h}, dst={"x": h}), x)
+        return m.sum(m.sin(h))
+
+    x, w = np.array([0.3, -0.5, 0.8]), np.array(0.7)
+    with strict():
+        gx, gw = tg.grad(loss, argnums=(0, 1))(x, w)
+    program = tg.make_program(loss)(x, w)
+
+    def f(x, w):
+        return float(eval_program(program, x, w)[0])
+
+    eps = 1e-6
+    for i in range(3):
+        e = np.eye(3)[i] * eps
+        assert abs(np.asarray(gx)[i] - (f(x + e, w) - f(x - e, w)) / (2 * eps)) < 1e-7
+    assert abs(float(gw) - (f(x, w + eps) - f(x, w - eps)) / (2 * eps)) < 1e-7

@@ -8,8 +8,7 @@ from ..core.passes import dce
 from ..core.program import GraphProgram, Lit
 from ..core.types import TensorType
 from ..trace import math as m
-from ..trace.staging import trace_flat
-from ..trace.tracer import bind
+from ..trace.staging import replay, trace_flat
 from .registry import NONDIFF, vjp_rules
 
 
@@ -44,16 +43,7 @@ def vjp_program(program: GraphProgram, wrt) -> GraphProgram:
 def backward_pass(program: GraphProgram, primals, cts):
     """Replay `program` on `primals` (binding into the current trace), then pull `cts` back.
     Returns (outputs, cotangent per input or None)."""
-    env = {id(v): x for v, x in zip(program.in_binders, primals)}
-
-    def read(a):
-        return a.value if isinstance(a, Lit) else env[id(a)]
-
-    for eqn in program.eqns:
-        outs = bind(eqn.primitive, *[read(a) for a in eqn.inputs], **eqn.params)
-        outs = outs if eqn.primitive.multiple_results else [outs]
-        for v, o in zip(eqn.outputs, outs):
-            env[id(v)] = o
+    read = replay(program, primals)
     ct_env: dict[int, object] = {}
 
     def add_ct(a, ct):

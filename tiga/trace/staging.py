@@ -85,9 +85,8 @@ def _as_tuple(x) -> tuple:
     return (x,) if isinstance(x, int) else tuple(x)
 
 
-def inline_program(program: GraphProgram, *args) -> list:
-    """Evaluate `program` by binding each equation: stages into the current trace when an
-    argument is traced, runs eagerly otherwise."""
+def replay(program: GraphProgram, args):
+    """Bind every equation of `program` on `args`; returns `read(atom) -> value`."""
     env = {id(v): a for v, a in zip(program.in_binders, args)}
 
     def read(a):
@@ -98,4 +97,11 @@ def inline_program(program: GraphProgram, *args) -> list:
         outs = outs if eqn.primitive.multiple_results else [outs]
         for v, o in zip(eqn.outputs, outs):
             env[id(v)] = o
+    return read
+
+
+def inline_program(program: GraphProgram, *args) -> list:
+    """Evaluate `program` by binding each equation: stages into the current trace when an
+    argument is traced, runs eagerly otherwise."""
+    read = replay(program, args)
     return [read(a) for a in program.outs]

@@ -15,7 +15,7 @@ from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError
 from ..core.primitive import impl_rules
-from ..core.prims.control import scan_p, while_loop_p
+from ..core.prims.control import run_scan, run_while, scan_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
@@ -96,34 +96,14 @@ def _call(closed, args: list) -> list:
     return _run(closed.program, list(closed.consts) + list(args))
 
 
-def _scan(vals, *, body, length, num_consts, num_carry, reverse):
-    """scan_impl_rule, with the body run by this executor (so its propagates compile)."""
-    consts = vals[:num_consts]
-    carry = list(vals[num_consts:num_consts + num_carry])
-    xs = vals[num_consts + num_carry:]
-    ys = []
-    for i in (range(length - 1, -1, -1) if reverse else range(length)):
-        outs = _call(body, consts + carry + [x[i] for x in xs])
-        carry, y = outs[:num_carry], outs[num_carry:]
-        ys.append(y)
-    if reverse:
-        ys.reverse()
-    stacked = [np.stack([y[k] for y in ys]) if ys else
-               np.zeros((0,) + tuple(t.shape), t.dtype.np)
-               for k, t in enumerate(body.out_types[num_carry:])]
-    return [np.asarray(c) for c in carry] + stacked
+def _scan(vals, **params):
+    """scan, with the body run by this executor (so its propagates compile)."""
+    return run_scan(_call, vals, **params)
 
 
-def _while(vals, *, cond, body, cond_nconsts, body_nconsts, max_iterations):
-    """while_loop_impl_rule, with cond and body run by this executor."""
-    cond_consts = vals[:cond_nconsts]
-    body_consts = vals[cond_nconsts:cond_nconsts + body_nconsts]
-    carry = list(vals[cond_nconsts + body_nconsts:])
-    for _ in range(max_iterations):
-        if not bool(_call(cond, cond_consts + carry)[0]):
-            break
-        carry = _call(body, body_consts + carry)
-    return [np.asarray(c) for c in carry]
+def _while(vals, **params):
+    """while_loop, with cond and body run by this executor."""
+    return run_while(_call, vals, **params)
 
 
 def select_route(program: GraphProgram, args: list | None = None) -> str:

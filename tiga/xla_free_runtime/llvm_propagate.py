@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.dtypes import as_dtype
-from ..core.errors import CompilationError, ShapeError, UnsupportedError
+from ..core.errors import CompilationError, ShapeError, TigaError, UnsupportedError
 from ..lower import CPU_LLVM_AVAILABLE
 from .cache import CACHE, Executable, full_key
 from .threads import num_threads, row_chunks, run_chunks, run_jobs
@@ -54,6 +54,16 @@ def _structure(eqn, graph) -> tuple:
             p["reduce_by"], update, fields, graph.index_dtype.name, has_perm)
 
 
+class _TypeOnly:
+    """A relation known only by its type (explain() without arguments): no edge permutation
+    is assumed, which only changes the cache key, never whether the propagate compiles."""
+
+    edge_perm = None
+
+    def __init__(self, gtype):
+        self.index_dtype = gtype.index_dtype
+
+
 def _key_of(eqn, graph) -> str:
     """The cache key, memoised per equation (hashing the structure costs tens of µs)."""
     variant = (graph.index_dtype.name, graph.edge_perm is not None)
@@ -71,8 +81,9 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
     if not CPU_LLVM_AVAILABLE:
         return Fallback("llvmlite is not installed, so the cpu-llvm backend is unavailable")
     if graph is None:
-        return Fallback("the relation is not known until the call (explain it with "
-                        "concrete arguments to see the compiled route)")
+        if compile:
+            return Fallback("the relation is not known until the call")
+        graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
     key = _key_of(eqn, graph)
     reason = _UNSUPPORTED.get(key)
     if reason is not None:
@@ -96,6 +107,13 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         return Fallback(str(exc))
     except CompilationError as exc:
         return Fallback(f"LLVM compilation failed ({exc}); this is a Tiga bug, please report")
+    except TigaError:
+        raise
+    except (ValueError, TypeError, KeyError, OverflowError, IndexError) as exc:
+        # a codegen defect must not take the program down: the reference still runs it,
+        # explain() shows why and strict mode refuses it
+        return Fallback(f"cpu-llvm code generation failed ({type(exc).__name__}: {exc}); "
+                        "this is a Tiga bug, please report")
 
 
 def walked_csr(graph, walk: str) -> tuple:

@@ -9,13 +9,27 @@ from ...core.types import TensorType
 from ...trace import math as m
 from ...trace.math import _typeof
 from ...trace.staging import inline_program, trace_flat
-from ...trace.tracer import bind
+from ...trace.tracer import aval_of, bind
 from ..registry import vjp_rules
 from ..vjp import backward_pass, differentiable
 
 
 def _strong(values):
     return [_typeof(v).strong() for v in values]
+
+
+def _type_of(v):
+    t = aval_of(v)  # unlike _typeof, also accepts a relation
+    return t.strong() if isinstance(t, TensorType) else t
+
+
+def _acc_types(consts):
+    """Accumulator types of the const cotangents; a relation const (a graph captured by the
+    body) has no cotangent, so it carries a dummy scalar zero instead."""
+    return [t if isinstance(t, TensorType) else _NO_CT for t in map(_type_of, consts)]
+
+
+_NO_CT = TensorType((), "float32")
 
 
 def _with_history(body: ClosedProgram, num_consts, num_carry):
@@ -40,7 +54,7 @@ def scan_vjp_rule(ct_outs, outs, *operands, body, length, num_consts, num_carry,
     history = fwd[num_carry + n_ys:]
     ct_outs = [c if c is not None else m.zeros_like(o) for c, o in zip(ct_outs, outs)]
     ct_carry, ct_ys = ct_outs[:num_carry], ct_outs[num_carry:]
-    acc = [m.zeros_like(c) for c in consts]
+    acc = [m.full(t.shape, 0, t.dtype) for t in _acc_types(consts)]
     bwd_body = _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry)
     res = bind(scan_p, *consts, *ct_carry, *acc, *history, *xs, *ct_ys, body=bwd_body,
                length=length, num_consts=num_consts, num_carry=num_carry + num_consts,
@@ -48,13 +62,14 @@ def scan_vjp_rule(ct_outs, outs, *operands, body, length, num_consts, num_carry,
     ct_init, ct_consts = res[:num_carry], res[num_carry:num_carry + num_consts]
     ct_xs = res[num_carry + num_consts:]
     cts = list(ct_consts) + list(ct_init) + list(ct_xs)
-    return tuple(c if differentiable(_typeof(v)) else None for c, v in zip(cts, operands))
+    return tuple(c if differentiable(_type_of(v)) else None for c, v in zip(cts, operands))
 
 
 def _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry):
     x_rows = [TensorType(t.shape[1:], t.dtype) for t in _strong(xs)]
     y_rows = [TensorType(t.shape[1:], t.dtype) for t in _strong(ct_ys)]
-    avals = _strong(consts) + _strong(carry) + _strong(consts) + _strong(carry) + x_rows + y_rows
+    avals = [_type_of(c) for c in consts] + _strong(carry) + _acc_types(consts) + \
+        _strong(carry) + x_rows + y_rows
     nc, nk, nx = num_consts, num_carry, len(xs)
 
     def fn(*a):
@@ -65,8 +80,9 @@ def _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry):
         _, cts = backward_pass(body.program, list(body.consts) + list(cs + c_i + x_i),
                                list(ct_c) + list(ct_y))
         cts = cts[len(body.consts):]
-        z = [c if c is not None else m.zeros_like(v) for c, v in zip(cts, cs + c_i + x_i)]
-        new_acc = [m.add(s, d) for s, d in zip(acc, z[:nc])]
+        z = [c if c is not None else m.zeros_like(v) if isinstance(_type_of(v), TensorType)
+             else None for c, v in zip(cts, cs + c_i + x_i)]
+        new_acc = [s if d is None else m.add(s, d) for s, d in zip(acc, z[:nc])]
         return z[nc:nc + nk] + new_acc + z[nc + nk:]
 
     prog, _, _ = trace_flat(fn, avals)

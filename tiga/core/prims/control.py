@@ -39,14 +39,15 @@ def scan_abstract_eval_rule(*operands, body, length, num_consts, num_carry, reve
     return [t.strong() for t in carry] + ys
 
 
-def scan_impl_rule(*operands, body, length, num_consts, num_carry, reverse):
-    consts = operands[:num_consts]
+def run_scan(call, operands, *, body, length, num_consts, num_carry, reverse):
+    """The scan loop; `call(closed_program, args) -> outputs` runs the body (the reference
+    interpreter here, the executor's mixed routes at run time)."""
+    consts = list(operands[:num_consts])
     carry = list(operands[num_consts:num_consts + num_carry])
     xs = operands[num_consts + num_carry:]
     ys = []
-    steps = range(length - 1, -1, -1) if reverse else range(length)
-    for i in steps:
-        outs = eval_closed(body, *consts, *carry, *[x[i] for x in xs])
+    for i in (range(length - 1, -1, -1) if reverse else range(length)):
+        outs = call(body, consts + carry + [x[i] for x in xs])
         carry, y = outs[:num_carry], outs[num_carry:]
         ys.append(y)
     if reverse:
@@ -55,6 +56,30 @@ def scan_impl_rule(*operands, body, length, num_consts, num_carry, reverse):
                np.zeros((0,) + tuple(t.shape), t.dtype.np)
                for k, t in enumerate(body.out_types[num_carry:])]
     return [np.asarray(c) for c in carry] + stacked
+
+
+def run_while(call, operands, *, cond, body, cond_nconsts, body_nconsts, max_iterations):
+    """The bounded while loop, with `call` running cond and body as in run_scan."""
+    cond_consts = list(operands[:cond_nconsts])
+    body_consts = list(operands[cond_nconsts:cond_nconsts + body_nconsts])
+    carry = list(operands[cond_nconsts + body_nconsts:])
+    for _ in range(max_iterations):
+        if not bool(call(cond, cond_consts + carry)[0]):
+            break
+        carry = call(body, body_consts + carry)
+    return [np.asarray(c) for c in carry]
+
+
+def _eval_call(closed, args):
+    return eval_closed(closed, *args)
+
+
+def scan_impl_rule(*operands, **params):
+    return run_scan(_eval_call, operands, **params)
+
+
+def while_loop_impl_rule(*operands, **params):
+    return run_while(_eval_call, operands, **params)
 
 
 def while_loop_abstract_eval_rule(*operands, cond, body, cond_nconsts, body_nconsts,
@@ -72,17 +97,6 @@ def while_loop_abstract_eval_rule(*operands, cond, body, cond_nconsts, body_ncon
                          f"{', '.join(map(str, carry))} -> "
                          f"{', '.join(map(str, body.out_types))}")
     return [t.strong() for t in carry]
-
-
-def while_loop_impl_rule(*operands, cond, body, cond_nconsts, body_nconsts, max_iterations):
-    cond_consts = operands[:cond_nconsts]
-    body_consts = operands[cond_nconsts:cond_nconsts + body_nconsts]
-    carry = list(operands[cond_nconsts + body_nconsts:])
-    for _ in range(max_iterations):
-        if not bool(eval_closed(cond, *cond_consts, *carry)[0]):
-            break
-        carry = eval_closed(body, *body_consts, *carry)
-    return [np.asarray(c) for c in carry]
 
 
 abstract_eval_rules.update({scan_p: scan_abstract_eval_rule,
