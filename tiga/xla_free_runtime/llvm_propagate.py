@@ -32,6 +32,13 @@ class Fallback:
     reason: str
 
 
+# Specialised routes (generated relations, tiled attention, ...) may claim an equation before
+# the generic fused kernel. A planner is `planner(eqn, graph, compile) -> None | Fallback | plan`
+# (None: not mine). A plan has `run(eqn, graph, values) -> list of outputs` and
+# `describe(explanation, eqn, graph, where)` (what explain() says; `compile=False` plans must
+# not compile anything). Planners are tried in registration order.
+SPECIALISED_PLANNERS: list = []
+
 _UNSUPPORTED: dict[str, str] = {}       # key -> reason (deterministic, so memoised)
 _UNSUPPORTED_LOCK = threading.Lock()
 _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key}
@@ -84,6 +91,11 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         if compile:
             return Fallback("the relation is not known until the call")
         graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
+    else:
+        for planner in SPECIALISED_PLANNERS:
+            plan = planner(eqn, graph, compile)
+            if plan is not None:
+                return plan
     key = _key_of(eqn, graph)
     reason = _UNSUPPORTED.get(key)
     if reason is not None:
@@ -152,6 +164,8 @@ def _check_field(x, i: int, sig, lead, name: str) -> np.ndarray:
 
 def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     """Run a compiled propagate on concrete field values; returns the output arrays."""
+    if not isinstance(exe, Executable):       # a specialised plan runs itself
+        return exe.run(eqn, graph, values)
     sig = exe.signature
     rp, ci, perm = walked_csr(graph, sig.walk)
     sizes = {"src": graph.num_src, "dst": graph.num_dst, "edge": graph.num_edges,

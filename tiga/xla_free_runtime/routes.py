@@ -29,7 +29,10 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     compiled = fallen = 0
     for eqn, graph, where in _propagates(program, known, ""):
         plan = plan_propagate(eqn, graph, compile=False)
-        if isinstance(plan, Fallback):
+        if hasattr(plan, "describe"):
+            compiled += 1
+            plan.describe(ex, eqn, graph, where)
+        elif isinstance(plan, Fallback):
             fallen += 1
             _explain_reference(ex, eqn, graph, plan.reason, where)
         else:
