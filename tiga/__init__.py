@@ -28,6 +28,7 @@ from .core.pprint import pp_program
 from .core.program import ClosedProgram, GraphProgram
 from .core.reducers import Reducer, max, mean, min, online_softmax, prod, sum
 from .core.types import GraphType, TensorType
+from . import nn
 from .trace import math
 from .trace.control import repeat, while_loop
 from .trace.message_passing import MessagePassing, propagate
@@ -43,5 +44,5 @@ __all__ = [
     "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",
-    "asarray", "from_dlpack",
+    "asarray", "from_dlpack", "nn",
 ]

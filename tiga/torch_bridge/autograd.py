@@ -13,9 +13,11 @@ import torch
 from ..autodiff import vjp_program
 from ..core.errors import TigaError, UnsupportedError
 from ..core.eval import eval_program
+from ..core.passes import dce
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
 from .dlpack import is_torch, to_numpy, to_torch
+from .rewrite import simplify_edge_functions
 
 ROUTES = ("auto", "reference")
 
@@ -135,9 +137,13 @@ class _Run:
             cts.append(np.zeros(shape, dtype) if g is None
                        else np.asarray(to_numpy(g, "output cotangent"), dtype))
         if self._vjp is None:
-            self._vjp = vjp_program(self.program, self.wrt)
-        res = _runner(self.route)(self._vjp, list(self.args) + cts)
-        grads = res[len(self.out_specs):]
+            full = vjp_program(self.program, self.wrt)
+            # only the cotangents: the primal outputs are already known, and a sum-like
+            # reducer's VJP does not read them, so their recomputation is dead code
+            n_out = len(self.out_specs)
+            self._vjp = simplify_edge_functions(
+                dce(full, keep_outputs=range(n_out, len(full.outs))))
+        grads = _runner(self.route)(self._vjp, list(self.args) + cts)
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]
 
