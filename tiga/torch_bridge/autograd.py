@@ -43,8 +43,26 @@ def run_call_torch(call, route: str = "auto"):
 
 def explain_call_torch(call):
     """`explain()` of a call on torch tensors: the route it would take, without running."""
-    program, np_args, _ = stage_call_torch(call)
-    return explain_program(program, np_args)
+    program, np_args, originals = stage_call_torch(call)
+    explanation = explain_program(program, np_args)
+    names = [f"captured value {i}" for i in range(len(originals) - len(call.values()))] + \
+        ["graph"] + [f"{r}.{n}" for r, n, _ in call.field_items()] + \
+        [k for k, _ in call.param_items()]
+    for name, obj in zip(names, originals):
+        if is_torch(obj) and not obj.is_contiguous():
+            # imported zero-copy with its strides; the compiled kernels read C-order rows
+            explanation.materialized.append(
+                (f"contiguous copy of {name} (torch strides {tuple(obj.stride())})",
+                 obj.numel() * obj.element_size(), "compiled kernels read C-contiguous rows"))
+            explanation.estimated_bytes += obj.numel() * obj.element_size()
+    explanation.vjp_route = (
+        "torch.autograd backward runs Tiga's compiled VJP program (not a torch replay); "
+        "primal outputs are not recomputed. Edge functions (MLPs from tg.nn.trace "
+        "included) are re-evaluated per edge inside the VJP kernels, so no "
+        "(num_edges, hidden) activation tape exists; captured-parameter gradients fold "
+        "over all edges into one partial sum per row chunk (per thread) and are added "
+        "once. " + explanation.vjp_route)
+    return explanation
 
 
 def stage_call_torch(call) -> tuple:
