@@ -17,6 +17,7 @@ from ..core.passes import dce
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
 from .dlpack import is_torch, to_numpy, to_torch
+from .hoist import hoist_linear_projections
 from .rewrite import simplify_edge_functions
 
 ROUTES = ("auto", "reference")
@@ -31,7 +32,7 @@ def run_call_torch(call, route: str = "auto"):
     """
     if route not in ROUTES:
         raise TigaError(f"route: expected one of {ROUTES}, found {route!r}")
-    program, np_args, originals = stage_call_torch(call)
+    program, np_args, originals, _ = stage_call_torch(call)
     run = _Run(program, np_args, originals, route)
     if not any(run.wrt):
         outs = run.forward()
@@ -43,8 +44,10 @@ def run_call_torch(call, route: str = "auto"):
 
 def explain_call_torch(call):
     """`explain()` of a call on torch tensors: the route it would take, without running."""
-    program, np_args, originals = stage_call_torch(call)
+    program, np_args, originals, notes = stage_call_torch(call)
     explanation = explain_program(program, np_args)
+    for note in notes:
+        explanation.traversal.append(note)
     names = [f"captured value {i}" for i in range(len(originals) - len(call.values()))] + \
         ["graph"] + [f"{r}.{n}" for r, n, _ in call.field_items()] + \
         [k for k, _ in call.param_items()]
@@ -66,7 +69,8 @@ def explain_call_torch(call):
 
 
 def stage_call_torch(call) -> tuple:
-    """(program, host operands, the caller's objects) for a call holding torch tensors.
+    """(program, host operands, the caller's objects, rewrite notes) for a call holding
+    torch tensors.
 
     Operands and objects are in binder order: captured values, graph, fields, params.
     """
@@ -76,13 +80,14 @@ def stage_call_torch(call) -> tuple:
         # concrete sizes: VJP rules that build shapes (mean, online_softmax) cannot yet
         # trace over the symbolic sizes N, S, E
         program, args = local.staged_program(symbolic=False)
+    program, notes = hoist_linear_projections(program)
     n_caps = len(args) - len(call.values())
     # gradients go back to these objects
     originals = [views.original(a) for a in args[:n_caps]] + call.values()
     names = [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
         [f"{r}.{n}" for r, n, _ in call.field_items()] + [f"{k}" for k, _ in call.param_items()]
     np_args = [to_numpy(a, n) if is_torch(a) else a for a, n in zip(args, names)]
-    return program, np_args, originals
+    return program, np_args, originals, notes
 
 
 def _numpy_call(call):

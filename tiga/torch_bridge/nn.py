@@ -17,10 +17,22 @@ SUPPORTED = ("Sequential", "Linear", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", 
 
 
 def _linear(x, layer: nn.Linear):
-    # x @ W^T with W^T taken by torch (a differentiable view, so the gradient reaches W):
-    # the compiled contraction then walks contiguous rows of the (in, out) matrix
-    y = m.matmul(x, layer.weight.t())
+    # Compiled per-edge loops run fastest with the longer axis of W innermost (contiguous,
+    # vectorised), in the product and in its gradient's outer product: a narrow output
+    # (out < in) contracts x with the rows of W as stored (out, in); otherwise x @ W^T with
+    # W^T taken by torch (a differentiable view, so the gradient still reaches W).
+    if layer.out_features < layer.in_features:
+        nd = m._typeof(x).ndim
+        y = m.dot_general(x, layer.weight, (((nd - 1,), (1,)), ((), ())))
+    else:
+        y = m.matmul(x, layer.weight.t())
     return y if layer.bias is None else m.add(y, layer.bias)
+
+
+def _relu(x):
+    # a scalar 0 stays a literal of the edge function (zeros_like would become a captured
+    # array operand, whose unused cotangent the VJP would then fold over every edge)
+    return m.where(m.greater(x, 0.0), x, 0.0)
 
 
 def _gelu(x, layer: nn.GELU):
@@ -50,7 +62,7 @@ def _layer_norm(x, layer: nn.LayerNorm):
 
 LAYERS = {
     nn.Linear: _linear,
-    nn.ReLU: lambda x, layer: m.relu(x),
+    nn.ReLU: lambda x, layer: _relu(x),
     nn.GELU: _gelu,
     nn.SiLU: lambda x, layer: m.silu(x),
     nn.Tanh: lambda x, layer: m.tanh(x),
