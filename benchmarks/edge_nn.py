@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     for r in raw:
         by_label.setdefault(r["label"], []).append(r)
     results = []
-    for label, rs in by_label.items():
+    for rs in by_label.values():
         ok = [r for r in rs if _median_key(r) is not None]
         pick = dict(min(ok, key=_median_key) if ok else rs[-1])
         pick["rounds"] = [_median_key(r) for r in rs]

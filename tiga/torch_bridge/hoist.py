@@ -1,27 +1,30 @@
-"""torch_bridge: hoist an edge MLP's first Linear layer from edges to entities.
+"""torch_bridge: move an edge MLP's linear layers from edges to entities (exact rewrites).
 
-An edge function that starts `W^T [p_src - p_dst; x_src] + b` computes, on every edge, a
-product that is linear in per-entity rows: it equals `Z_src[src] + Z_dst[dst] + b` with
-`Z_src = [p; x] W` and `Z_dst = -p W_p`, two (num_entities, hidden) products computed once
-per call by BLAS. Each edge then gathers two hidden rows instead of multiplying a
-(in_features, hidden) matrix, forward and backward (the VJP recomputes only the cheap
-rest of the MLP per edge), and the first layer's weight gradient becomes two entity-level
-products instead of a per-edge outer product folded over all edges. No (num_edges, hidden)
-array exists.
+1. First layer. An edge function that starts `[p_src - p_dst; x_src] W + b` computes, on
+   every edge, a product that is linear in per-entity rows: it equals
+   `Z_src[src] + Z_dst[dst]` with `Z_src = [p; x] W + b` and `Z_dst = -p W_p`, two
+   (num_entities, hidden) products computed once per call. Each edge then gathers two
+   hidden rows instead of multiplying an (in_features, hidden) matrix.
+2. Last layer. With a sum reducer, `sum_e (h_e W + b) = (sum_e h_e) W + degree * b`: the
+   propagate sums the hidden rows and the last product runs once per entity.
 
-The pass is an exact algebraic rewrite (up to float rounding order). It applies to a
-top-level propagate without an update function whose edge function feeds a
-`dot_general(row_form, W)` where `row_form` is built from source/destination field rows by
-add, sub, neg, concatenate and reshape, and W is a parameter operand. Anything else is
-left as it is.
+Both are algebraic rewrites (exact up to float rounding order) of the staged program, so
+Tiga's VJP of the result is what runs backward: per edge it recomputes only the activation
+between the two layers (no (num_edges, hidden) tape) and no parameter gradient is folded
+over edges; the weight gradients become entity-level products.
+
+Rewrite 1 applies to a propagate without an update function whose edge function feeds
+`dot_general(row_form, W)`, `row_form` built from source/destination field rows by add,
+sub, neg, concatenate and reshape, W a parameter operand. Rewrite 2 applies to a sum
+propagate without update whose single message is `reshape(dot_general(h, W)) [+ b]`.
+Anything else is left as it is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..core.passes import dce
-from ..core.prims.graph import propagate_p, row_type
-from ..core.prims.linalg import dot_general_p
+from ..core.prims.graph import degrees_p, propagate_p, row_type
 from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import TensorType
 from ..trace import math as m
@@ -58,9 +61,36 @@ def _combine(a, b, negate_b=False):
     return _Form(a.terms + b.terms, a.width, a.lead)
 
 
-def _find(edge: GraphProgram, roles) -> tuple | None:
-    """(dot_general eqn, its form, weight binder index) of the first hoistable product."""
-    index = {id(v): i for i, v in enumerate(edge.in_binders)}
+def _uses(prog: GraphProgram) -> dict:
+    count: dict = {}
+    for e in prog.eqns:
+        for a in e.inputs:
+            count[id(a)] = count.get(id(a), 0) + 1
+    for a in prog.outs:
+        count[id(a)] = count.get(id(a), 0) + 1
+    return count
+
+
+def _param_index(prog, roles, v):
+    for i, (b, r) in enumerate(zip(prog.in_binders, roles)):
+        if b is v:
+            return i if r == "param" else None
+    return None
+
+
+# ---- rewrite 1: the first layer -------------------------------------------------------
+
+@dataclass(frozen=True)
+class _FirstLayer:
+    dot: object      # the dot_general eqn replaced by gathered entity rows
+    form: _Form
+    weight: int      # operand index of W
+    axis: int        # W's contracted (input) axis
+    bias_add: object = None   # `add(product, b)` folded into the entity rows
+    bias: int | None = None
+
+
+def _find_first(edge: GraphProgram, roles):
     forms = {}
     for i, (v, r) in enumerate(zip(edge.in_binders, roles)):
         if r in ("src", "dst") and isinstance(v.type, TensorType) and v.type.ndim == 1 \
@@ -70,7 +100,7 @@ def _find(edge: GraphProgram, roles) -> tuple | None:
     def form(a):
         return None if isinstance(a, Lit) else forms.get(id(a))
 
-    for eqn in edge.eqns:
+    for k, eqn in enumerate(edge.eqns):
         name, ins, out = eqn.primitive.name, eqn.inputs, eqn.outputs[0]
         f = None
         if name in ("add", "sub") and len(ins) == 2:
@@ -91,40 +121,216 @@ def _find(edge: GraphProgram, roles) -> tuple | None:
             if src is not None and shape[-1:] == (src.width,) and all(d == 1 for d in shape[:-1]):
                 f = _Form(src.terms, src.width, len(shape) - 1)
         elif name == "dot_general":
-            hit = _product(eqn, form(ins[0]), ins[1], index, roles)
+            hit = _first_product(edge, roles, eqn, form(ins[0]))
             if hit is not None:
-                return hit
+                return _with_bias(edge, roles, k, hit)
         if f is not None:
             forms[id(out)] = f
     return None
 
 
-def _product(eqn, f, w, index, roles):
-    if f is None or isinstance(w, Lit) or id(w) not in index:
+def _first_product(edge, roles, eqn, f):
+    w = eqn.inputs[1]
+    if f is None or isinstance(w, Lit):
         return None
-    wi = index[id(w)]
+    wi = _param_index(edge, roles, w)
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    if roles[wi] != "param" or w.type.ndim != 2 or lb or rb:
+    if wi is None or w.type.ndim != 2 or lb or rb or not w.type.dtype.is_float:
         return None
     if tuple(lc) != (f.lead,) or tuple(rc) not in ((0,), (1,)) or f.width < MIN_CONTRACTION:
         return None
-    if not w.type.dtype.is_float:
+    return _FirstLayer(eqn, f, wi, rc[0])
+
+
+def _with_bias(edge, roles, k, hit: _FirstLayer) -> _FirstLayer:
+    """Fold a following `+ b` (b a parameter of the hidden width) into the entity rows."""
+    uses = _uses(edge)
+    alias = edge.eqns[k].outputs[0]
+    for eqn in edge.eqns[k + 1:]:
+        if uses.get(id(alias), 0) != 1:
+            return hit
+        if eqn.primitive.name == "reshape" and eqn.inputs[0] is alias:
+            alias = eqn.outputs[0]
+            continue
+        if eqn.primitive.name == "add" and alias in eqn.inputs:
+            other = eqn.inputs[1] if eqn.inputs[0] is alias else eqn.inputs[0]
+            bi = None if isinstance(other, Lit) else _param_index(edge, roles, other)
+            if bi is not None and tuple(other.type.shape) == tuple(alias.type.shape) == \
+                    tuple(eqn.outputs[0].type.shape) and other.type.ndim == 1:
+                return _FirstLayer(hit.dot, hit.form, hit.weight, hit.axis, eqn, bi)
+        if alias in eqn.inputs:
+            return hit
+    return hit
+
+
+def _first_rewrite(eqn, plan: _FirstLayer, ins, notes):
+    params = eqn.params
+    edge = params["edge_fn"].program
+    roles, names = list(params["roles"]), list(params["names"])
+    graph, operands = ins[0], ins[1:]
+    weight, axis = operands[plan.weight], plan.axis
+    hidden = int(edge.in_binders[plan.weight].type.shape[1 - axis])
+    z = {}   # Z_role = sum over that role's terms of sign * field @ W[rows of the term]
+    for t in plan.form.terms:
+        role, field = roles[t.binder], operands[t.binder]
+        width = int(edge.in_binders[t.binder].type.shape[0])
+        start, limit = [0, 0], [hidden, hidden]
+        start[axis], limit[axis] = t.offset, t.offset + width
+        block = m.slice_static(weight, tuple(start), tuple(limit))
+        part = m.dot_general(field, block, (((1,), (axis,)), ((), ())))
+        part = m.negative(part) if t.sign < 0 else part
+        z[role] = part if role not in z else m.add(z[role], part)
+    z_roles = sorted(z)
+    if plan.bias is not None:   # every edge reads exactly one row of each Z: add b once
+        z[z_roles[0]] = m.add(z[z_roles[0]], operands[plan.bias])
+    values = list(operands) + [z[r] for r in z_roles]
+    n_orig = len(operands)
+
+    def replace(e, read, rows):
+        if e is plan.dot:
+            acc = rows[n_orig]
+            for extra in rows[n_orig + 1:]:
+                acc = m.add(acc, extra)
+            return [m.reshape(acc, tuple(e.outputs[0].type.shape))]
+        if e is plan.bias_add:
+            a, b = e.inputs
+            return [read(b) if a is edge.in_binders[plan.bias] else read(a)]
         return None
-    return eqn, f, wi
+
+    fn, kept = _edge_rewrite(edge, values, roles + z_roles, replace)
+    all_names = names + [f"hoisted_{r}" for r in z_roles]
+    all_roles = roles + z_roles
+    notes.append(
+        f"hoisted the first Linear ({plan.form.width} -> {hidden}) of the edge function out "
+        f"of the edge loop: per-entity rows {', '.join(z_roles)} ({hidden} wide) computed "
+        f"once per call; each edge gathers them instead of a {plan.form.width}x{hidden} "
+        "product, and that layer's weight gradient is an entity-level product")
+    return bind(propagate_p, graph, *[values[i] for i in kept], edge_fn=fn,
+                reducer=params["reducer"], roles=tuple(all_roles[i] for i in kept),
+                names=tuple(all_names[i] for i in kept), reduce_by=params["reduce_by"],
+                update=None)
 
 
-def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]:
-    """(program, notes): the program with hoistable first layers moved to entities."""
+# ---- rewrite 2: the last layer ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class _LastLayer:
+    dot: object
+    weight: int
+    axis: int
+    bias: int | None
+
+
+def _find_last(edge: GraphProgram, roles):
+    if len(edge.outs) != 1 or isinstance(edge.outs[0], Lit):
+        return None
+    producer = {id(v): e for e in edge.eqns for v in e.outputs}
+    uses = _uses(edge)
+    v, bias = edge.outs[0], None
+    e = producer.get(id(v))
+    if e is not None and e.primitive.name == "add":
+        for a, b in (e.inputs, e.inputs[::-1]):
+            bi = None if isinstance(b, Lit) else _param_index(edge, roles, b)
+            if bi is not None and tuple(b.type.shape) == tuple(v.type.shape) and \
+                    not isinstance(a, Lit) and uses.get(id(a)) == 1:
+                v, bias = a, bi
+                break
+    e = producer.get(id(v))
+    while e is not None and e.primitive.name == "reshape" and uses.get(id(e.inputs[0])) == 1:
+        e = producer.get(id(e.inputs[0]))
+    if e is None or e.primitive.name != "dot_general":
+        return None
+    h, w = e.inputs
+    wi = None if isinstance(w, Lit) else _param_index(edge, roles, w)
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    if wi is None or w.type.ndim != 2 or lb or rb or not w.type.dtype.is_float:
+        return None
+    if isinstance(h, Lit) or tuple(lc) != (h.type.ndim - 1,) or tuple(rc) not in ((0,), (1,)):
+        return None
+    if any(d != 1 for d in h.type.shape[:-1]):
+        return None
+    return _LastLayer(e, wi, rc[0], bias)
+
+
+def _last_rewrite(eqn, plan: _LastLayer, ins, notes):
+    params = eqn.params
+    edge = params["edge_fn"].program
+    roles, names = list(params["roles"]), list(params["names"])
+    graph, operands = ins[0], ins[1:]
+    h = plan.dot.inputs[0]
+    width = int(h.type.shape[-1])
+
+    def replace(e, read, rows):
+        return None
+
+    fn, kept = _edge_rewrite(edge, operands, roles, replace,
+                             outs=lambda read: [m.reshape(read(h), (width,))])
+    summed = bind(propagate_p, graph, *[operands[i] for i in kept], edge_fn=fn,
+                  reducer=params["reducer"], roles=tuple(roles[i] for i in kept),
+                  names=tuple(names[i] for i in kept), reduce_by=params["reduce_by"],
+                  update=None)[0]
+    weight = operands[plan.weight]
+    y = m.dot_general(summed, weight, (((1,), (plan.axis,)), ((), ())))
+    if plan.bias is not None:
+        bias = operands[plan.bias]
+        deg = bind(degrees_p, graph, by=params["reduce_by"])
+        deg = m.convert(m.reshape(deg, (-1, 1)), m._typeof(y).dtype)
+        y = m.add(y, m.multiply(deg, m.reshape(bias, (1, -1))))
+    out_t = eqn.outputs[0].type
+    notes.append(
+        f"moved the last Linear ({width} -> {int(m._typeof(y).shape[1])}) after the sum: the "
+        f"propagate sums {width}-wide hidden rows and the product (and degree x bias) runs "
+        "once per entity")
+    return [m.reshape(y, tuple(out_t.shape))]
+
+
+# ---- shared machinery ------------------------------------------------------------------
+
+def _edge_rewrite(edge, values, roles, replace, outs=None):
+    """Re-trace `edge` over the rows of `values` with some equations replaced; returns the
+    closed edge function (unused operands dropped) and the kept operand indices."""
+    n_orig = len(edge.in_binders)
+
+    def fn(*rows):
+        env = {id(v): a for v, a in zip(edge.in_binders, rows[:n_orig])}
+
+        def read(a):
+            return a.value if isinstance(a, Lit) else env[id(a)]
+
+        for e in edge.eqns:
+            new = replace(e, read, rows)
+            if new is None:
+                new = bind(e.primitive, *[read(a) for a in e.inputs], **e.params)
+                new = new if isinstance(new, (list, tuple)) else [new]
+            for v, o in zip(e.outputs, new):
+                env[id(v)] = o
+        return outs(read) if outs is not None else [read(a) for a in edge.outs]
+
+    types = [row_type(m._typeof(v)) if r != "param" else m._typeof(v).strong()
+             for v, r in zip(values, roles)]
+    prog, caps, _ = trace_flat(fn, types)
+    assert not caps, "the rewritten edge function is closed"
+    prog = dce(prog)   # operands of replaced equations die here
+    read = {id(a) for e in prog.eqns for a in e.inputs} | {id(a) for a in prog.outs}
+    kept = [i for i, v in enumerate(prog.in_binders) if id(v) in read]
+    prog = GraphProgram(tuple(prog.in_binders[i] for i in kept), prog.eqns, prog.outs)
+    return ClosedProgram(prog), kept
+
+
+def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False):
     plans = {}
     for eqn in program.eqns:
-        if eqn.primitive is propagate_p and eqn.params["update"] is None and \
-                eqn.params["reduce_by"] in ("dst", "src") and not eqn.params["edge_fn"].consts:
-            hit = _find(eqn.params["edge_fn"].program, eqn.params["roles"])
-            if hit is not None:
-                plans[id(eqn)] = hit
+        p = eqn.params if eqn.primitive is propagate_p else None
+        if p is None or p["update"] is not None or p["reduce_by"] not in ("dst", "src") \
+                or p["edge_fn"].consts:
+            continue
+        if sum_only and not (p["reducer"].builtin and p["reducer"].name == "sum"):
+            continue
+        hit = find(p["edge_fn"].program, p["roles"])
+        if hit is not None:
+            plans[id(eqn)] = hit
     if not plans:
-        return program, []
-    notes = []
+        return program
 
     def run(*args):
         env = {id(v): a for v, a in zip(program.in_binders, args)}
@@ -135,10 +341,8 @@ def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]
         for eqn in program.eqns:
             ins = [read(a) for a in eqn.inputs]
             plan = plans.get(id(eqn))
-            if plan is None:
-                outs = bind(eqn.primitive, *ins, **eqn.params)
-            else:
-                outs = _hoisted(eqn, plan, ins, notes)
+            outs = bind(eqn.primitive, *ins, **eqn.params) if plan is None else \
+                apply(eqn, plan, ins, notes)
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             for v, o in zip(eqn.outputs, outs):
                 env[id(v)] = o
@@ -146,84 +350,15 @@ def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]
 
     new, caps, _ = trace_flat(run, program.in_types, top=False)
     assert not caps, "the rewritten program is closed"
-    return new, notes
+    return new
 
 
-def _hoisted(eqn, plan, ins, notes):
-    dot, form, wi = plan
-    params = eqn.params
-    edge = params["edge_fn"].program
-    roles, names = list(params["roles"]), list(params["names"])
-    graph, operands = ins[0], ins[1:]
-    weight = operands[wi]
-    (_, (axis,)), _ = dot.params["dimension_numbers"]   # W's contracted (input) axis
-    hidden = int(edge.in_binders[wi].type.shape[1 - axis])
-    # entity-level products, one per role: Z_role = sum_terms sign * field @ W[rows of term]
-    z = {}
-    for t in form.terms:
-        role, field = roles[t.binder], operands[t.binder]
-        width = int(edge.in_binders[t.binder].type.shape[0])
-        start, limit = [0, 0], [hidden, hidden]
-        start[axis], limit[axis] = t.offset, t.offset + width
-        block = m.slice_static(weight, tuple(start), tuple(limit))
-        part = m.dot_general(field, block, (((1,), (axis,)), ((), ())))
-        part = m.negative(part) if t.sign < 0 else part
-        z[role] = part if role not in z else m.add(z[role], part)
-    z_roles = sorted(z)
-    values = list(operands) + [z[r] for r in z_roles]
-    all_roles = roles + z_roles
-    n_orig = len(operands)
-
-    def edge_fn(*rows):
-        env = {id(v): a for v, a in zip(edge.in_binders, rows[:n_orig])}
-
-        def read(a):
-            return a.value if isinstance(a, Lit) else env[id(a)]
-
-        for e in edge.eqns:
-            if e is dot:
-                acc = rows[n_orig]
-                for extra in rows[n_orig + 1:]:
-                    acc = m.add(acc, extra)
-                outs = [m.reshape(acc, tuple(e.outputs[0].type.shape))]
-            else:
-                outs = bind(e.primitive, *[read(a) for a in e.inputs], **e.params)
-                outs = outs if isinstance(outs, (list, tuple)) else [outs]
-            for v, o in zip(e.outputs, outs):
-                env[id(v)] = o
-        return [read(a) for a in edge.outs]
-
-    types = [row_type(_typeof(v)) if r != "param" else _typeof(v).strong()
-             for v, r in zip(values, all_roles)]
-    prog, caps, _ = trace_flat(edge_fn, types)
-    assert not caps, "the hoisted edge function is closed"
-    prog = dce(prog)  # the replaced product's operands (concatenate, sub, ...) die here
-    used = _used_binders(prog)
-    keep = [i for i in range(len(values)) if i in used]
-    prog = GraphProgram(tuple(prog.in_binders[i] for i in keep), prog.eqns, prog.outs)
-    z_names = [f"hoisted_{r}" for r in z_roles]
-    all_names = names + z_names
-    notes.append(
-        f"hoisted the first Linear ({form.width} -> {hidden}) of the edge function out of "
-        f"the edge loop: per-entity products {', '.join(f'{r} ({hidden} wide)' for r in z_roles)} "
-        "by BLAS once per call; each edge gathers those rows instead of a "
-        f"{form.width}x{hidden} product (forward and VJP), and that layer's weight gradient "
-        "is an entity-level product, not a per-edge fold")
-    return bind(propagate_p, graph, *[values[i] for i in keep],
-                edge_fn=ClosedProgram(prog), reducer=params["reducer"],
-                roles=tuple(all_roles[i] for i in keep),
-                names=tuple(all_names[i] for i in keep),
-                reduce_by=params["reduce_by"], update=None)
-
-
-def _typeof(v):
-    return m._typeof(v)
-
-
-def _used_binders(prog: GraphProgram) -> set:
-    read = {id(a) for e in prog.eqns for a in e.inputs}
-    read |= {id(a) for a in prog.outs}
-    return {i for i, v in enumerate(prog.in_binders) if id(v) in read}
+def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]:
+    """(program, notes): first layers moved to entity rows, last layers after the sum."""
+    notes: list = []
+    program = _rewrite(program, _find_first, _first_rewrite, notes)
+    program = _rewrite(program, _find_last, _last_rewrite, notes, sum_only=True)
+    return program, notes
 
 
 __all__ = ["hoist_linear_projections"]
