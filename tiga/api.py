@@ -10,7 +10,7 @@ from .autodiff import vjp_program
 from .core.errors import DTypeError, ShapeError, TigaError
 from .core.types import GraphType, TensorType
 from .lower.pipeline import ir_text, module_name
-from .trace import message_passing
+from .trace import call_cache, message_passing
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
@@ -265,7 +265,7 @@ def _execute_call(call):
     if any(_is_torch(v) for v in call.values()):
         return _torch_call(call, "auto")
     try:
-        program, args = call.staged_program()
+        program, args = call_cache.staged_program(call)   # no retrace for a known signature
     except NeedsTorchBridge:  # the edge function captured a torch Parameter
         return _torch_call(call, "auto")
     outs = run_program(program, args)

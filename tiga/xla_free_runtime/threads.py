@@ -75,6 +75,42 @@ def run_jobs(fn, jobs: list, threads: int) -> None:
         for a, b, argv in jobs:
             fn(a, b, argv)
         return
-    futures = [pool(threads).submit(fn, a, b, argv) for a, b, argv in jobs]
-    for f in futures:
-        f.result()
+    drive = getattr(fn, "drive", None)
+    if drive is not None and all(j[2] is jobs[0][2] for j in jobs):
+        _run_native_loop(drive, jobs, threads)
+        return
+    # The caller works too, and every thread pulls the next job from one shared iterator
+    # (a list iterator's next() is atomic under the GIL): one pool task per helper thread
+    # instead of one future per job, and faster threads take more chunks.
+    pending = iter(jobs)
+
+    def drain():
+        for a, b, argv in pending:
+            fn(a, b, argv)
+
+    helpers = [pool(threads).submit(drain) for _ in range(min(threads, len(jobs)) - 1)]
+    try:
+        drain()
+    finally:
+        # never return (or raise) while a helper may still run a kernel on the caller's arrays
+        errors = [f.exception() for f in helpers]
+    for exc in errors:
+        if exc is not None:
+            raise exc
+
+
+def _run_native_loop(drive, jobs: list, threads: int) -> None:
+    """One native call per thread into the kernel's chunk loop (see kernel.emit_chunk_driver):
+    chunks are claimed with an atomic counter, so no thread needs the GIL between chunks."""
+    bounds = np.array([(a, b) for a, b, _ in jobs], dtype=np.int64)
+    counter = np.zeros(1, dtype=np.int64)
+    argv = jobs[0][2]
+    args = (bounds.ctypes.data, len(jobs), counter.ctypes.data, argv)
+    helpers = [pool(threads).submit(drive, *args) for _ in range(min(threads, len(jobs)) - 1)]
+    try:
+        drive(*args)
+    finally:
+        errors = [f.exception() for f in helpers]   # bounds/counter/argv outlive every call
+    for exc in errors:
+        if exc is not None:
+            raise exc

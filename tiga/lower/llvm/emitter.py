@@ -84,8 +84,9 @@ class Emitter:
 
     # ---- control flow ------------------------------------------------------------------
 
-    def loop(self, start, stop, body, name: str = "i") -> None:
-        """`for i in range(start, stop): body(i)` with i64 bounds (values or ints)."""
+    def loop(self, start, stop, body, name: str = "i", step: int = 1) -> None:
+        """`for i in range(start, stop, step): body(i)` with i64 bounds (values or ints);
+        with step > 1 the caller guarantees that stop - start is a multiple of step."""
         start = i64(start) if isinstance(start, int) else start
         stop = i64(stop) if isinstance(stop, int) else stop
         b = self.b
@@ -97,7 +98,7 @@ class Emitter:
         i = b.phi(I64, name=name)
         i.add_incoming(start, pre)
         body(i)
-        nxt = b.add(i, i64(1), flags=["nsw"])
+        nxt = b.add(i, i64(step), flags=["nsw"])
         i.add_incoming(nxt, b.block)
         b.cbranch(b.icmp_signed("<", nxt, stop), body_bb, exit_bb)
         b.position_at_end(exit_bb)

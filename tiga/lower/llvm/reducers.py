@@ -37,6 +37,23 @@ class SimpleState:
             raise CodegenUnsupported(f"{name} over bool messages has no cpu-llvm lowering")
         self.name, self.kind = name, "sum" if name == "mean" else name
         self.shape, self.dtype = tuple(msg_type.shape), msg_type.dtype
+        # sums may be split over several accumulators and merged (the kernel's unrolled edge
+        # loop): exact for integers, a different rounding order for float32/float64, as
+        # numpy's pairwise sums. float16 keeps edge order (its rounding is visible).
+        self.reassociable = self.kind == "sum" and self.dtype.name != "float16"
+
+    def state_bytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        return n * self.dtype.itemsize
+
+    def merge(self, ctx, state: list, other: list) -> None:
+        """state += other (two partial sums of one row)."""
+        (acc,), (part,) = state, other
+        b = ctx.b
+        ctx.loop_nest(self.shape, lambda idx: acc.store(
+            b, idx, combine(b, self.kind, self.dtype, acc.load(b, idx), part.load(b, idx))))
 
     def init(self, ctx) -> list:
         acc = ctx.new_buf(self.shape, self.dtype)
