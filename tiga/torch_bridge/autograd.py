@@ -14,6 +14,7 @@ from ..autodiff import vjp_program
 from ..core.errors import TigaError, UnsupportedError
 from ..core.eval import eval_program
 from ..core.passes import dce
+from ..core.prims.graph import propagate_p
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
 from .dlpack import is_torch, to_numpy, to_torch
@@ -51,20 +52,27 @@ def explain_call_torch(call):
     names = [f"captured value {i}" for i in range(len(originals) - len(call.values()))] + \
         ["graph"] + [f"{r}.{n}" for r, n, _ in call.field_items()] + \
         [k for k, _ in call.param_items()]
-    for name, obj in zip(names, originals):
-        if is_torch(obj) and not obj.is_contiguous():
+    read_by_kernels = {id(a) for e in program.eqns if e.primitive is propagate_p
+                       for a in e.inputs}
+    for name, obj, binder in zip(names, originals, program.in_binders):
+        if is_torch(obj) and not obj.is_contiguous() and id(binder) in read_by_kernels:
             # imported zero-copy with its strides; the compiled kernels read C-order rows
             explanation.materialized.append(
                 (f"contiguous copy of {name} (torch strides {tuple(obj.stride())})",
                  obj.numel() * obj.element_size(), "compiled kernels read C-contiguous rows"))
             explanation.estimated_bytes += obj.numel() * obj.element_size()
+    edge_params = any(r == "param" for e in program.eqns if e.primitive is propagate_p
+                      for r in e.params["roles"])
     explanation.vjp_route = (
         "torch.autograd backward runs Tiga's compiled VJP program (not a torch replay); "
         "primal outputs are not recomputed. Edge functions (MLPs from tg.nn.trace "
         "included) are re-evaluated per edge inside the VJP kernels, so no "
-        "(num_edges, hidden) activation tape exists; captured-parameter gradients fold "
-        "over all edges into one partial sum per row chunk (per thread) and are added "
-        "once. " + explanation.vjp_route)
+        "(num_edges, hidden) activation tape exists; " + (
+            "parameters still read per edge get their gradients folded over all edges "
+            "into one partial sum per row chunk (per thread), added once. " if edge_params
+            else "no parameter is read per edge (linear layers run per entity), so "
+                 "parameter gradients are entity-level products, not per-edge folds. ")
+        + explanation.vjp_route)
     return explanation
 
 
