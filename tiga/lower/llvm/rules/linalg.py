@@ -52,8 +52,10 @@ def dot_general_rule(ctx, in_types, out_types, x, y, *, dimension_numbers):
         u = cast(b, x.load(b, xi), x.dtype, dtype)
         v = cast(b, y.load(b, yi), y.dtype, dtype)
         old = acc.load(b, oi)
-        # reassoc: a contraction may be split into vector lanes (see rules/reductions.py)
-        new = (b.fadd(old, b.fmul(u, v), flags=("reassoc", "nsz")) if dtype.is_float
+        # No reassoc: the VJP of max/min recomputes messages in another kernel and finds the
+        # winning edge by equality, so every kernel must round a product identically (LLVM
+        # still vectorises over the innermost, right-free axis)
+        new = (b.fadd(old, b.fmul(u, v)) if dtype.is_float
                else b.add(old, b.mul(u, v)))
         acc.store(b, oi, new)
 
