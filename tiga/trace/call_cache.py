@@ -67,7 +67,7 @@ def _fn_key(fn):
 
 def _cell_full(cell) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
     except ValueError:
         return False
     return True

@@ -1,26 +1,36 @@
-"""runtime: the executable cache: one memory cache per process, object code on disk.
+"""runtime: the executable cache: one memory cache per process, native code on disk.
 
 Key = program structure hash + input types + static params + backend + frozen options +
 `tiga_key()` (hash of Tiga's lowering sources) + llvmlite version + host CPU. Disk entries
-live in TIGA_CACHE_DIR (default ~/.cache/tiga) as `<key>.tgo`: a magic line, a JSON header
-(key, object size and sha256, kernel signature) and the object code. Writes are atomic
-(temporary file, fsync, rename). An entry whose header, size or checksum does not match is
-deleted and rebuilt, never handed to LLVM. Statistics count what really happened.
+live in TIGA_CACHE_DIR (default ~/.cache/tiga) as `<key>.tgo`, in one of two layouts:
+
+- a linked shared library (the usual case): the library bytes, then a JSON header (key,
+  library size and sha256, kernel signature), its 8-byte length and `TIGASO01`. A warm
+  start checks the entry and dlopens it through ctypes: LLVM is never loaded.
+- object code for the MCJIT engine (no C toolchain on the host): `TIGAOBJ1\n`, the JSON
+  header, a newline, the object bytes.
+
+Writes are atomic (temporary file, fsync, rename). An entry whose layout, key, size or
+checksum does not match is deleted and rebuilt, never handed to the loader. Statistics
+count what really happened.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import struct
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.errors import CompilationError
 from ..lower.llvm import KernelSignature
 from . import llvm_jit
 
 MAGIC = b"TIGAOBJ1\n"
+SO_MAGIC = b"TIGASO01"
 BACKEND = "cpu-llvm"
 _TIGA_KEY: list = []
 
@@ -118,11 +128,26 @@ class ExecutableCache:
     def _compile(self, key: str, build) -> Executable:
         symbol = symbol_for(key)
         text, sig = build(symbol)
-        obj = llvm_jit.compile_ir(text)
-        native = llvm_jit.load_object(obj, symbol)
+        native = None
+        linked = llvm_jit.linker() is not None
+        if linked:
+            try:
+                lib = llvm_jit.link_shared(llvm_jit.compile_ir(text, pic=True))
+            except CompilationError:
+                lib, linked = None, False     # a broken toolchain: the MCJIT way
+        if linked and lib is not None:
+            if not _write_atomic(_entry_path(key), _so_entry(key, lib, sig)):
+                self.stats.disk_write_errors += 1
+            try:
+                native = llvm_jit.load_shared(lib, symbol, _workdir())
+            except OSError:
+                native = None     # e.g. no directory allows executable mappings: MCJIT
+        if native is None:
+            obj = llvm_jit.compile_ir(text)
+            native = llvm_jit.load_object(obj, symbol)
+            if not linked and not _write_atomic(_entry_path(key), _obj_entry(key, obj, sig)):
+                self.stats.disk_write_errors += 1
         self.stats.misses += 1
-        if not _write_entry(key, obj, sig):
-            self.stats.disk_write_errors += 1
         return Executable(key, sig, native, "compile", text)
 
     def _from_disk(self, key: str) -> Executable | None:
@@ -137,8 +162,14 @@ class ExecutableCache:
             except OSError:
                 pass
             return None
-        obj, sig = entry
-        native = llvm_jit.load_object(obj, sig.symbol)
+        layout, code, sig = entry
+        if layout == "so":
+            try:
+                native = llvm_jit.load_shared(code, sig.symbol, _workdir())
+            except OSError:
+                return None       # whole but not loadable here: compile (the MCJIT way)
+        else:
+            native = llvm_jit.load_object(code, sig.symbol)
         self.stats.disk_hits += 1
         return Executable(key, sig, native, "disk")
 
@@ -151,38 +182,66 @@ def _entry_path(key: str) -> Path:
     return cache_dir() / key[:2] / f"{key}.tgo"
 
 
+def _workdir():
+    """Where load_shared writes the library it dlopens (the cache directory when it exists,
+    since temporary directories are sometimes mounted noexec)."""
+    d = cache_dir()
+    return d if d.is_dir() else None
+
+
+def _header(key: str, code: bytes, sig: KernelSignature, layout: str) -> bytes:
+    return json.dumps({"key": key, "layout": layout, "size": len(code),
+                       "sha256": hashlib.sha256(code).hexdigest(),
+                       "signature": sig.to_json()}).encode()
+
+
+def _so_entry(key: str, lib: bytes, sig: KernelSignature) -> bytes:
+    header = _header(key, lib, sig, "so")
+    return lib + header + struct.pack("<Q", len(header)) + SO_MAGIC
+
+
+def _obj_entry(key: str, obj: bytes, sig: KernelSignature) -> bytes:
+    return MAGIC + _header(key, obj, sig, "obj") + b"\n" + obj
+
+
 def _read_entry(path: Path, key: str):
-    """(object bytes, signature), or None when anything about the entry is off."""
+    """(layout, code bytes, signature), or None when anything about the entry is off."""
     try:
         data = path.read_bytes()
-        if not data.startswith(MAGIC):
+        if data.endswith(SO_MAGIC) and len(data) >= 16:
+            (n,) = struct.unpack("<Q", data[-16:-8])
+            if n > len(data) - 16:
+                return None
+            header_bytes, code, layout = data[-16 - n:-16], data[:-16 - n], "so"
+        elif data.startswith(MAGIC):
+            header_end = data.index(b"\n", len(MAGIC))
+            header_bytes, code, layout = data[len(MAGIC):header_end], data[header_end + 1:], \
+                "obj"
+        else:
             return None
-        header_end = data.index(b"\n", len(MAGIC))
-        header = json.loads(data[len(MAGIC):header_end].decode())
-        obj = data[header_end + 1:]
-        if header.get("key") != key or header.get("size") != len(obj):
+        header = json.loads(header_bytes.decode())
+        if header.get("key") != key or header.get("layout") != layout:
             return None
-        if header.get("sha256") != hashlib.sha256(obj).hexdigest():
+        if header.get("size") != len(code):
+            return None
+        if header.get("sha256") != hashlib.sha256(code).hexdigest():
             return None
         sig = KernelSignature.from_json(header["signature"])
         if sig.symbol != symbol_for(key):
             return None
-        return obj, sig
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return layout, code, sig
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, struct.error):
         return None
 
 
-def _write_entry(key: str, obj: bytes, sig: KernelSignature) -> bool:
+def _write_atomic(path: Path, payload: bytes) -> bool:
     """Atomic write: a crash leaves either no entry or a complete one."""
-    path = _entry_path(key)
-    header = json.dumps({"key": key, "size": len(obj), "sha256": hashlib.sha256(obj).hexdigest(),
-                         "signature": sig.to_json()}).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".tgo")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + header + b"\n" + obj)
+                f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

@@ -84,7 +84,8 @@ def _propagates(program: GraphProgram, graphs: dict, where: str):
 
 def _summarise(ex, compiled, fallen, others) -> None:
     if compiled and not fallen:
-        ex.route, ex.backend = "cpu-llvm", "fused LLVM kernels (llvmlite MCJIT)"
+        ex.route = "cpu-llvm"
+        ex.backend = "fused LLVM kernels (llvmlite codegen, native shared objects)"
         ex.reason = f"all {compiled} propagate(s) compile"
     elif compiled:
         ex.route, ex.backend = "mixed", "cpu-llvm + numpy reference interpreter"

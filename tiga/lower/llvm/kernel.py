@@ -415,5 +415,6 @@ def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
                               symbol=ctx.symbol)]
 
 
-__all__ = ["codegen_propagate", "emit_chunk_driver", "DRIVER_SUFFIX", "KernelSchedule", "KernelSignature", "CodegenUnsupported",
+__all__ = ["codegen_propagate", "emit_chunk_driver", "DRIVER_SUFFIX", "KernelSchedule",
+           "KernelSignature", "CodegenUnsupported",
            "PropagateLowering", "propagate_lowering_rule"]
