@@ -23,6 +23,7 @@ from .threads import num_threads, row_chunks, run_chunks, run_jobs
 
 if CPU_LLVM_AVAILABLE:
     from ..lower.llvm import CodegenUnsupported, KernelSchedule, codegen_propagate
+    from ..lower.llvm.walks import relation_descriptor
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ _UNSUPPORTED_LOCK = threading.Lock()
 _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key}
 _CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CHUNK_LOCK = threading.Lock()
+_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> implicit tables
 
 
 def _walk(params) -> str:
@@ -58,7 +60,8 @@ def _structure(eqn, graph) -> tuple:
     has_perm = graph.edge_perm is not None if _walk(p) == "dst" else True
     update = p["update"].structure_key() if p["update"] is not None else None
     return ("propagate", p["edge_fn"].structure_key(), repr(p["reducer"]._key()), p["roles"],
-            p["reduce_by"], update, fields, graph.index_dtype.name, has_perm)
+            p["reduce_by"], update, fields, graph.index_dtype.name, has_perm,
+            relation_descriptor(graph, _walk(p)))
 
 
 class _TypeOnly:
@@ -73,7 +76,8 @@ class _TypeOnly:
 
 def _key_of(eqn, graph) -> str:
     """The cache key, memoised per equation (hashing the structure costs tens of µs)."""
-    variant = (graph.index_dtype.name, graph.edge_perm is not None)
+    variant = (graph.index_dtype.name, graph.edge_perm is not None,
+               relation_descriptor(graph, _walk(eqn.params)))
     per_eqn = _KEYS.get(eqn)
     if per_eqn is None:
         per_eqn = _KEYS.setdefault(eqn, {})
@@ -102,10 +106,12 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         return Fallback(reason)
     has_perm = graph.edge_perm is not None
     in_types = [a.type for a in eqn.inputs]
+    schedule = KernelSchedule(has_edge_perm=has_perm,
+                              relation=relation_descriptor(graph, _walk(eqn.params)))
 
     def build(symbol):
-        return codegen_propagate(eqn.params, in_types, graph.index_dtype,
-                                 KernelSchedule(has_edge_perm=has_perm), symbol=symbol)
+        return codegen_propagate(eqn.params, in_types, graph.index_dtype, schedule,
+                                 symbol=symbol)
 
     try:
         if not compile:
@@ -141,7 +147,81 @@ def walked_csr(graph, walk: str) -> tuple:
             np.ascontiguousarray(ci, dtype=graph.index_dtype.np), perm)
 
 
-def _chunks(graph, walk: str, row_ptr, threads: int) -> list:
+def walk_arrays(graph, sig) -> tuple:
+    """({slot: array} of the kernel's walk, row_ptr used to balance row chunks).
+
+    Compressed rows bind the CSR (or the cached transpose). Implicit relations walked
+    natively bind only O(#sequences) tables, or the O(N) row_ptr of a non-periodic stencil
+    (edge ids); their row_ptr for chunking is computed from the kind's formula and cached.
+    """
+    if tuple(sig.relation) == ("csr",):
+        rp, ci, perm = walked_csr(graph, sig.walk)
+        return {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}, rp
+    graph.ensure_valid()
+    with _CHUNK_LOCK:
+        per_graph = _WALKS.setdefault(graph, {})
+        found = per_graph.get(tuple(sig.relation))
+    if found is None:
+        found = _implicit_tables(graph, tuple(sig.relation))
+        if int(found[1][-1]) != graph.num_edges:
+            raise UnsupportedError(f"the {graph.kind} walk counts {int(found[1][-1])} edges, "
+                                   f"the relation has {graph.num_edges}; this is a Tiga bug")
+        with _CHUNK_LOCK:
+            per_graph[tuple(sig.relation)] = found
+    return found
+
+
+def _implicit_tables(graph, relation: tuple) -> tuple:
+    kind, p, i64 = relation[0], graph.params, np.int64
+    n = graph.num_dst
+    if kind == "dense":
+        s = graph.num_src
+        return {"walk_params": np.array([s], i64)}, np.arange(n + 1, dtype=i64) * s
+    if kind == "triangular":
+        r = np.arange(n + 1, dtype=i64)
+        return {}, r * (r + 1) // 2
+    if kind == "cu_seqlens":
+        cu = np.asarray(p["cu_seqlens"], dtype=i64)
+        lens = np.diff(cu)
+        per_seq = lens * (lens + 1) // 2 if relation[1] else lens * lens
+        seq_edges = np.concatenate([[0], np.cumsum(per_seq)]).astype(i64)
+        starts = np.repeat(cu[:-1], lens)
+        row_len = (np.arange(n, dtype=i64) - starts + 1) if relation[1] else \
+            np.repeat(lens, lens)
+        rp = np.concatenate([[0], np.cumsum(row_len)]).astype(i64)
+        tables = {"walk_params": np.array([len(cu) - 1], i64),
+                  "cu_ext": np.concatenate([cu, cu[-1:]]), "seq_edges": seq_edges}
+        return tables, rp
+    shape, offsets, periodic = relation[1:]
+    if periodic:
+        return {}, np.arange(n + 1, dtype=i64) * len(offsets)
+    counts = np.zeros(shape, dtype=i64)
+    for off in offsets:   # points whose neighbour at `off` is inside: a box per offset
+        inside = np.ones(shape, dtype=bool)
+        for axis, (m, o) in enumerate(zip(shape, off)):
+            ok = (np.arange(m) + o >= 0) & (np.arange(m) + o < m)
+            inside &= ok.reshape((1,) * axis + (m,) + (1,) * (len(shape) - axis - 1))
+        counts += inside
+    rp = np.concatenate([[0], np.cumsum(counts.reshape(-1))]).astype(i64)
+    return {"row_ptr": rp}, rp
+
+
+def chunk_row_ptr(graph, reduce_by: str) -> np.ndarray:
+    """The row_ptr a compiled propagate balances its chunks with (explain() reports them)."""
+    walk = _walk({"reduce_by": reduce_by})
+    rel = relation_descriptor(graph, walk)
+    if rel == ("csr",):
+        return walked_csr(graph, walk)[0]
+    return walk_arrays(graph, _RelationOnly(rel, walk))[1]
+
+
+@dataclass(frozen=True)
+class _RelationOnly:
+    relation: tuple
+    walk: str
+
+
+def _chunks(graph, walk, row_ptr, threads: int) -> list:
     with _CHUNK_LOCK:
         per_graph = _CHUNKS.setdefault(graph, {})
         key = (walk, threads, len(row_ptr))
@@ -167,7 +247,8 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     if not isinstance(exe, Executable):       # a specialised plan runs itself
         return exe.run(eqn, graph, values)
     sig = exe.signature
-    rp, ci, perm = walked_csr(graph, sig.walk)
+    arrays, rp = walk_arrays(graph, sig)
+    arrays = dict(arrays)
     sizes = {"src": graph.num_src, "dst": graph.num_dst, "edge": graph.num_edges,
              "param": None}
     names = eqn.params["names"]
@@ -177,20 +258,19 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
             "all": ()}[sig.reduce_by]
     outs = [np.empty(lead + tuple(s), as_dtype(d).np)
             for s, d in zip(sig.out_shapes, sig.out_dtypes)]
-    arrays = {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}
     for i, f in enumerate(fields):
         arrays[f"field:{i}"] = f
     for slot in sig.slots:
-        if not slot.startswith("out:") and arrays[slot] is None:
+        if not slot.startswith("out:") and arrays.get(slot) is None:
             raise UnsupportedError(f"compiled propagate needs {slot} but the relation has none")
     rows = len(rp) - 1
     if sig.parallel == "single":
         exe.native(0, rows, _argv(sig, arrays, outs))
         return outs
     threads = num_threads()
-    chunks = _chunks(graph, sig.walk, rp, threads)
+    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), rp, threads)
     if sig.parallel == "partial_sums":
-        return _partial_sums(exe, sig, arrays, outs, chunks, threads)
+        return _partial_sums(exe, sig, arrays, outs, chunks, threads, rows)
     run_chunks(exe.native, chunks, _argv(sig, arrays, outs), threads)
     return outs
 
@@ -202,10 +282,10 @@ def _argv(sig, arrays: dict, outs: list):
         for s in sig.slots])
 
 
-def _partial_sums(exe, sig, arrays, outs, chunks, threads) -> list:
+def _partial_sums(exe, sig, arrays, outs, chunks, threads, rows) -> list:
     """reduce_by='all' with sum: every chunk folds into its own output row; add them up."""
     if len(chunks) <= 1:
-        exe.native(0, len(arrays["row_ptr"]) - 1, _argv(sig, arrays, outs))
+        exe.native(0, rows, _argv(sig, arrays, outs))
         return outs
     parts = [[np.empty_like(o) for o in outs] for _ in chunks]
     run_jobs(exe.native, [(a, b, _argv(sig, arrays, p)) for (a, b), p in zip(chunks, parts)],

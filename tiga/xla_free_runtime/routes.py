@@ -12,7 +12,7 @@ from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from .explain import Explanation
-from .llvm_propagate import Fallback, plan_propagate
+from .llvm_propagate import Fallback, chunk_row_ptr, plan_propagate
 from .threads import num_threads, row_chunks
 
 WALK = {"dst": "destination rows walk their CSR edges (compressed-row, destination-major)",
@@ -104,19 +104,52 @@ def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
     ex.routes.append(("cpu-llvm",
                       f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
                       "compiles"))
+    native = _native_walk(graph, p["reduce_by"])
+    walk = WALK[p["reduce_by"]]
+    if native is not None:
+        walk = walk.replace("walk their CSR edges (compressed-row, destination-major)",
+                            f"walk the {NATIVE[native]}")
+        walk = walk.replace("walk their CSR edges", f"walk the {NATIVE[native]}")
     ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
-                        f"by {p['reduce_by']}: {WALK[p['reduce_by']]}")
+                        f"by {p['reduce_by']}: {walk}")
     ex.schedule = _schedule(graph, p["reduce_by"])
-    if graph is not None and kind != "csr":
+    if native == "stencil" and not graph.params["periodic"]:
+        ex.materialized.append(("row_ptr of the stencil (edge ids; no column indices)",
+                                8 * (graph.num_dst + 1), "computed once per relation"))
+    elif graph is not None and kind not in ("csr", "cat") and native is None:
         ex.materialized.append(("CSR of the implicit relation",
                                 8 * (graph.num_dst + 1) + graph.index_dtype.itemsize
                                 * graph.num_edges, "the kernel walks resolved CSR"))
+    elif kind == "cat":
+        ex.materialized.append(("CSR of the cat relation", 8 * (graph.num_dst + 1)
+                                + graph.index_dtype.itemsize * graph.num_edges,
+                                "built by Graph.cat; the kernel walks it (compressed-row)"))
     if graph is not None and p["reduce_by"] == "src":
         ex.materialized.append(("transposed CSR + permutation",
                                 8 * (graph.num_src + 1) + (8 + graph.index_dtype.itemsize)
                                 * graph.num_edges, "cached on the relation; built once"))
     ex.cache_lines.append({"memory": "hit (memory)", "disk": "hit (disk cache, no LLVM run)",
                            "miss": "miss (compiled on the first call)"}[status])
+
+
+NATIVE = {"dense": "dense coordinate hierarchy natively (row r owns edges [r*S, (r+1)*S), "
+                   "sources 0..S-1; no index arrays)",
+          "triangular": "triangular coordinate hierarchy natively (row r reads sources "
+                        "0..r, edges from r(r+1)/2; no index arrays)",
+          "cu_seqlens": "cu-seqlens coordinate hierarchy natively (sequence found by binary "
+                        "search over cu_seqlens; no per-edge index arrays)",
+          "stencil": "stencil coordinate hierarchy natively (lattice coordinates plus static "
+                     "offsets give each neighbour; no column index array)"}
+
+
+def _native_walk(graph, reduce_by: str):
+    """The implicit kind the kernel walks without CSR, or None (compressed rows)."""
+    if graph is None or reduce_by == "src":
+        return None
+    from ..lower.llvm.walks import relation_descriptor
+
+    kind = relation_descriptor(graph, "dst")[0]
+    return None if kind == "csr" else kind
 
 
 def _schedule(graph, reduce_by: str) -> str:
@@ -128,8 +161,7 @@ def _schedule(graph, reduce_by: str) -> str:
     if graph is None:
         return base + f"; row chunks balanced by edge count on {threads} thread(s)"
     graph.ensure_valid()
-    rp = graph.transpose()[0].resolve_csr()[0] if reduce_by == "src" else graph.resolve_csr()[0]
-    chunks = row_chunks(rp, threads)
+    chunks = row_chunks(chunk_row_ptr(graph, reduce_by), threads)
     return base + f"; {len(chunks)} row chunk(s) balanced by edge count on {threads} thread(s)"
 
 

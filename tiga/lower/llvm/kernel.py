@@ -2,8 +2,10 @@
 
     void kernel(i64 row_begin, i64 row_end, ptr argv)
 
-`argv` holds one pointer per signature slot: row_ptr (int64), col_idx, edge_perm (when the
-walk has one), every field/parameter operand, every output. For each row in
+`argv` holds one pointer per signature slot: the walk's arrays (row_ptr (int64) and
+col_idx for compressed rows; small per-call tables or nothing for dense, triangular,
+cu_seqlens and stencil relations, whose rows and sources are computed: walks.py),
+edge_perm (when the walk has one), every field/parameter operand, every output. For each row in
 [row_begin, row_end) the kernel initialises the reducer state in stack buffers, walks the
 row's edges, evaluates the edge function per edge with every row value held in a small
 stack buffer (or a register), folds it into the state, finalises, applies `update` and
@@ -24,6 +26,7 @@ from ...core.types import GraphType, TensorType
 from .emitter import Emitter, check_row
 from .reducers import reducer_codegen
 from .values import I8, I64, PTR, CodegenUnsupported, Val, cast, i64, numel, storage_type
+from .walks import walk_for
 
 DRIVER_SUFFIX = "_drive"    # the chunk-loop entry point next to every kernel
 PREFETCH_DISTANCE = 16   # edges ahead; covers the memory latency at a few ns per edge
@@ -44,6 +47,7 @@ class KernelSchedule:
     """Compile-time choices the kernel depends on (the run-time chunking is the runtime's)."""
 
     has_edge_perm: bool = False   # the walked CSR order differs from the user's edge order
+    relation: tuple = ("csr",)    # walks.relation_descriptor: how rows find their edges
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class KernelSignature:
     parallel: str            # "rows": any row chunks; "partial_sums": reduce_by="all" with
     #                          sum, each chunk folds into its own output and the runtime adds
     #                          them; "single": one call over all rows
+    relation: tuple = ("csr",)   # the walk (walks.relation_descriptor); slots follow it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -74,7 +79,12 @@ class KernelSignature:
             d[k] = tuple(d[k])
         for k in ("field_shapes", "out_shapes"):
             d[k] = tuple(tuple(s) for s in d[k])
+        d["relation"] = _tuples(d.get("relation", ("csr",)))
         return cls(**d)
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def codegen_propagate(params: dict, in_types: list, index_dtype, schedule=None, *,
@@ -144,13 +154,17 @@ def _signature(params, in_types, index_dtype, schedule, symbol) -> KernelSignatu
         check_row(TensorType(s, t.dtype), "an output row")
     walk = "src" if reduce_by == "src" else "dst"
     has_perm = True if walk == "src" else schedule.has_edge_perm
-    slots = ("row_ptr", "col_idx") + (("edge_perm",) if has_perm else ()) + tuple(
+    relation = ("csr",) if walk == "src" else tuple(schedule.relation)
+    if relation != ("csr",) and has_perm:
+        raise CodegenUnsupported("an implicit relation walk with an edge permutation")
+    slots = walk_for(relation).slots + (("edge_perm",) if has_perm else ()) + tuple(
         f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
     return KernelSignature(symbol=symbol, walk=walk, reduce_by=reduce_by, slots=slots,
                            roles=roles, field_shapes=shapes,
                            field_dtypes=tuple(t.dtype.name for t in fields),
                            out_shapes=out_shapes, out_dtypes=tuple(t.dtype.name for t in outs),
-                           index_dtype=index_dtype.name, parallel=_parallel(params))
+                           index_dtype=index_dtype.name, parallel=_parallel(params),
+                           relation=relation)
 
 
 def _parallel(params) -> str:
@@ -171,6 +185,7 @@ class _KernelBuilder:
         self.row_role = ROW_ROLE[sig.reduce_by]
         self.nbr_role = NBR_ROLE[self.row_role]
         self.index_t = storage_type(as_dtype(sig.index_dtype))
+        self.walk = walk_for(sig.relation)
         msg_types = [t.strong() for t in self.edge_fn.out_types]
         for t in msg_types:
             check_row(t, "an edge message")
@@ -215,8 +230,10 @@ class _KernelBuilder:
 
     def emit(self, begin, end, argv) -> None:
         self._load_args(argv)
-        # the last edge of this call's rows bounds the look-ahead of the gather prefetch
-        self.last_edge = self.b.sub(self._load_index("row_ptr", end, I64), i64(1))
+        self.walk.setup(self)
+        if self.walk.gathers:
+            # the last edge of this call's rows bounds the look-ahead of the gather prefetch
+            self.last_edge = self.b.sub(self.walk.edge_start(self, end), i64(1))
         if self.reduce_by == "all":
             self._emit_all(begin, end)
         else:
@@ -226,30 +243,26 @@ class _KernelBuilder:
         return {i: self._field_row(i, r) for i, role in enumerate(self.sig.roles)
                 if role == self.row_role}
 
-    def _bounds(self, r):
-        e0 = self._load_index("row_ptr", r, I64)
-        e1 = self._load_index("row_ptr", self.b.add(r, i64(1), flags=["nsw"]), I64)
-        return e0, e1
-
     def _row(self, r) -> None:
-        e0, e1 = self._bounds(r)
+        row = self.walk.row(self, r)
+        e0, e1 = row[0], row[1]
         rows = self._row_vals(r)
         if self.reduce_by == "edge":
-            self.ctx.loop(e0, e1, lambda p: self._store_messages(p, rows), name="edge")
+            self.walk.edges(self, r, row, lambda p, c: self._store_messages(p, rows, c))
             return
         states = [red.init(self.ctx) for red in self.reds]
         lanes = self._lanes()
         if lanes > 1:
-            self._unrolled_edges(e0, e1, rows, states, lanes)
+            self._unrolled_edges(row, rows, states, lanes)
         else:
-            self.ctx.loop(e0, e1, lambda p: self._fold(p, rows, states), name="edge")
+            self.walk.edges(self, r, row, lambda p, c: self._fold(p, rows, states, c))
         outs = self._finish(states, self.b.sub(e1, e0), rows)
         self._store_row(outs, r)
 
     def _lanes(self) -> int:
         """How many independent accumulators the edge loop keeps (1: edge order)."""
-        if EDGE_UNROLL <= 1 or not all(getattr(red, "reassociable", False)
-                                       for red in self.reds):
+        if EDGE_UNROLL <= 1 or not self.walk.contiguous or not all(
+                getattr(red, "reassociable", False) for red in self.reds):
             return 1
         state_bytes = sum(red.state_bytes() for red in self.reds)
         lanes = EDGE_UNROLL
@@ -257,10 +270,11 @@ class _KernelBuilder:
             lanes //= 2
         return lanes
 
-    def _unrolled_edges(self, e0, e1, rows: dict, states: list, lanes: int) -> None:
+    def _unrolled_edges(self, row, rows: dict, states: list, lanes: int) -> None:
         """Edges in groups of `lanes`, edge k of a group folding into accumulator k; the
         remainder folds into accumulator 0; the accumulators are merged in lane order."""
         b = self.b
+        e0, e1 = row[0], row[1]
         extra = [[red.init(self.ctx) for red in self.reds] for _ in range(lanes - 1)]
         acc = [states] + extra
         count = b.sub(e1, e0)
@@ -269,10 +283,12 @@ class _KernelBuilder:
         def group(p):
             for k in range(lanes):
                 q = p if k == 0 else b.add(p, i64(k), flags=["nsw"])
-                self._fold(q, rows, acc[k])
+                self._fold(q, rows, acc[k], self.walk.col(self, q, row))
 
         self.ctx.loop(e0, body_end, group, name="edge4", step=lanes)
-        self.ctx.loop(body_end, e1, lambda p: self._fold(p, rows, states), name="edge")
+        self.ctx.loop(body_end, e1, lambda p: self._fold(p, rows, states,
+                                                         self.walk.col(self, p, row)),
+                      name="edge")
         for lane in extra:
             for red, state, other in zip(self.reds, states, lane):
                 red.merge(self.ctx, state, other)
@@ -281,13 +297,12 @@ class _KernelBuilder:
         states = [red.init(self.ctx) for red in self.reds]
 
         def row(r):
-            e0, e1 = self._bounds(r)
+            bounds = self.walk.row(self, r)
             rows = self._row_vals(r)
-            self.ctx.loop(e0, e1, lambda p: self._fold(p, rows, states), name="edge")
+            self.walk.edges(self, r, bounds, lambda p, c: self._fold(p, rows, states, c))
 
         self.ctx.loop(begin, end, row, name="row")
-        count = self.b.sub(self._load_index("row_ptr", end, I64),
-                           self._load_index("row_ptr", begin, I64))
+        count = self.b.sub(self.walk.edge_start(self, end), self.walk.edge_start(self, begin))
         outs = self._finish(states, count, {})
         self._store_row(outs, i64(0))
 
@@ -298,6 +313,8 @@ class _KernelBuilder:
         through a permutation) are random gathers the hardware prefetcher cannot predict,
         and their latency bounds the kernel. The look-ahead is clamped to this call's last
         edge, so it never reads out of bounds."""
+        if not self.walk.gathers:
+            return   # implicit walks read contiguous or lattice-regular sources
         permuted = "edge_perm" in self.ptr
         used = _used_inputs(self.edge_fn)
         gathers = [i for i, r in enumerate(self.sig.roles) if i in used and
@@ -307,7 +324,7 @@ class _KernelBuilder:
         b = self.b
         ahead = b.add(p, i64(PREFETCH_DISTANCE), flags=["nsw"])
         q = b.select(b.icmp_signed("<", ahead, self.last_edge), ahead, self.last_edge)
-        index = {self.nbr_role: self._load_index("col_idx", q, self.index_t)}
+        index = {self.nbr_role: self.walk.ahead_col(self, q)}
         if permuted:
             index["edge"] = self._load_index("edge_perm", q, I64)
         i32 = ir.IntType(32)
@@ -323,9 +340,8 @@ class _KernelBuilder:
                 b.call(self.ctx.prefetch_fn(), [addr, ir.Constant(i32, 0),
                                                 ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
-    def _edge_args(self, p, rows: dict) -> tuple:
+    def _edge_args(self, p, rows: dict, c) -> tuple:
         self._prefetch(p)
-        c = self._load_index("col_idx", p, self.index_t)
         eid = self._load_index("edge_perm", p, I64) if "edge_perm" in self.ptr else p
         args = []
         for i, role in enumerate(self.sig.roles):
@@ -339,15 +355,15 @@ class _KernelBuilder:
                 args.append(self._field_row(i, c))
         return args, eid
 
-    def _fold(self, p, rows: dict, states: list) -> None:
-        args, _ = self._edge_args(p, rows)
+    def _fold(self, p, rows: dict, states: list, c) -> None:
+        args, _ = self._edge_args(p, rows, c)
         msgs = self.ctx.eval_program(self.edge_fn, args)
         k = self.arity
         for j, (red, state) in enumerate(zip(self.reds, states)):
             red.fold(self.ctx, state, msgs[j * k:(j + 1) * k])
 
-    def _store_messages(self, p, rows: dict) -> None:
-        args, eid = self._edge_args(p, rows)
+    def _store_messages(self, p, rows: dict, c) -> None:
+        args, eid = self._edge_args(p, rows, c)
         msgs = self.ctx.eval_program(self.edge_fn, args)
         self._store_row(msgs, eid)
 

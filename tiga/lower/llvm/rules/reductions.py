@@ -3,8 +3,9 @@
 Float sums and products over row axes carry the `reassoc` flag, so LLVM may split them into
 vector lanes instead of one serial add chain (a dot product over 32 features per edge would
 otherwise cost 32 dependent adds). numpy's own pairwise summation is not sequential either;
-tests compare with a tolerance. The folds of a propagate's reducer across edges are not
-reassociated: they run in edge order like the reference.
+tests compare with a tolerance. A propagate's sum/mean over float32/float64 folds edges
+into several accumulators merged per row (kernel.EDGE_UNROLL); every other reducer folds in
+edge order like the reference.
 """
 from __future__ import annotations
 
