@@ -112,8 +112,27 @@ def peer_tiga(torch, d, mlp):
     return forward, explain
 
 
+def peer_pyg(torch, d, mlp):
+    from torch_geometric.nn import MessagePassing
+
+    class EdgeNN(MessagePassing):
+        def __init__(self):
+            super().__init__(aggr="sum")
+
+        def forward(self, pos, x, edge_index):
+            return self.propagate(edge_index, pos=pos, x=x)
+
+        def message(self, pos_i, pos_j, x_j):
+            return mlp(torch.cat((pos_j - pos_i, x_j), dim=-1))
+
+    # PyG convention: row 0 = source (j), row 1 = target (i)
+    edge_index = torch.stack([torch.from_numpy(d["col"]), torch.from_numpy(d["dst"])])
+    layer = EdgeNN()
+    return (lambda pos, x: layer(pos, x, edge_index)), None
+
+
 PEERS = {"torch-eager": peer_torch_eager, "torch-compile": peer_torch_compile,
-         "tiga": peer_tiga}
+         "pyg": peer_pyg, "tiga": peer_tiga}
 
 
 def child_run(spec: dict) -> dict:
