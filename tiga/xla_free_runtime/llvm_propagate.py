@@ -230,8 +230,18 @@ def _chunks(graph, walk, row_ptr, threads: int) -> list:
         return per_graph[key]
 
 
+_NP_DTYPES: dict = {}
+
+
+def _np_dtype(name: str) -> np.dtype:
+    d = _NP_DTYPES.get(name)
+    if d is None:
+        d = _NP_DTYPES[name] = as_dtype(name).np
+    return d
+
+
 def _check_field(x, i: int, sig, lead, name: str) -> np.ndarray:
-    dtype = as_dtype(sig.field_dtypes[i]).np
+    dtype = _np_dtype(sig.field_dtypes[i])
     arr = np.asarray(x, dtype=dtype)
     if not arr.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
         arr = np.ascontiguousarray(arr)
@@ -256,7 +266,7 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
               for i, (x, r) in enumerate(zip(values, sig.roles))]
     lead = {"dst": (graph.num_dst,), "src": (graph.num_src,), "edge": (graph.num_edges,),
             "all": ()}[sig.reduce_by]
-    outs = [np.empty(lead + tuple(s), as_dtype(d).np)
+    outs = [np.empty(lead + tuple(s), _np_dtype(d))
             for s, d in zip(sig.out_shapes, sig.out_dtypes)]
     for i, f in enumerate(fields):
         arrays[f"field:{i}"] = f
@@ -275,10 +285,14 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     return outs
 
 
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]   # (arr.ctypes.data builds a helper object)
+
+
 def _argv(sig, arrays: dict, outs: list):
-    ptrs = [o.ctypes.data for o in outs]
+    ptrs = [_address(o) for o in outs]
     return (ctypes.c_void_p * len(sig.slots))(*[
-        ptrs[int(s[4:])] if s.startswith("out:") else arrays[s].ctypes.data
+        ptrs[int(s[4:])] if s.startswith("out:") else _address(arrays[s])
         for s in sig.slots])
 
 

@@ -21,10 +21,13 @@ _LOCK = threading.Lock()
 _POOL: dict = {}
 
 
+_CPUS = max(1, os.cpu_count() or 1)
+
+
 def num_threads() -> int:
     raw = os.environ.get("TIGA_NUM_THREADS", "").strip()
     if not raw:
-        return max(1, os.cpu_count() or 1)
+        return _CPUS
     try:
         n = int(raw)
     except ValueError:

@@ -200,6 +200,7 @@ class _KernelBuilder:
 
     def _load_args(self, argv) -> None:
         b = self.b
+        self.argv = argv
         self.ptr = {}
         for j, slot in enumerate(self.sig.slots):
             self.ptr[slot] = b.load(b.gep(argv, [i64(j)], source_etype=PTR), typ=PTR,
@@ -327,18 +328,42 @@ class _KernelBuilder:
         index = {self.nbr_role: self.walk.ahead_col(self, q)}
         if permuted:
             index["edge"] = self._load_index("edge_perm", q, I64)
-        i32 = ir.IntType(32)
         for i in gathers:
             dtype = as_dtype(self.sig.field_dtypes[i])
             row = self._row_of(f"field:{i}", self.sig.field_shapes[i], dtype,
                                index[self.sig.roles[i]])
             # every cache line the row may touch (its alignment is the caller's): numpy
-            # rows of 128 bytes often start mid-line and span three lines
+            # rows of 128 bytes often start mid-line and span three lines. Rows whose size
+            # is a multiple of the line share the array's alignment: their last line is
+            # asked for only when the array is misaligned (a loop-invariant branch), since
+            # prefetches compete with the loads for the load ports
             nbytes = numel(self.sig.field_shapes[i]) * dtype.itemsize
-            for off in _prefetch_offsets(nbytes, dtype.itemsize):
-                addr = row.ptr if off == 0 else b.gep(row.ptr, [i64(off)], source_etype=I8)
-                b.call(self.ctx.prefetch_fn(), [addr, ir.Constant(i32, 0),
-                                                ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            offsets = _prefetch_offsets(nbytes, dtype.itemsize)
+            whole_lines = nbytes % CACHE_LINE == 0 and len(offsets) > 1 and \
+                offsets[-1] == nbytes - 1
+            for off in offsets[:-1] if whole_lines else offsets:
+                self._prefetch_at(row.ptr, off)
+            if whole_lines:
+                with b.if_then(self._misaligned(i), likely=False):
+                    self._prefetch_at(row.ptr, offsets[-1])
+
+    def _prefetch_at(self, ptr, off: int) -> None:
+        b, i32 = self.b, ir.IntType(32)
+        addr = ptr if off == 0 else b.gep(ptr, [i64(off)], source_etype=I8)
+        b.call(self.ctx.prefetch_fn(), [addr, ir.Constant(i32, 0), ir.Constant(i32, 3),
+                                        ir.Constant(i32, 1)])
+
+    def _misaligned(self, i: int):
+        """Whether field i's array starts mid cache line (computed once, in the entry)."""
+        cache = self.__dict__.setdefault("_misaligned_flags", {})
+        if i not in cache:
+            eb = ir.IRBuilder(self.ctx.entry)
+            eb.position_at_start(self.ctx.entry)
+            base = eb.load(eb.gep(self.argv, [i64(self.sig.slots.index(f"field:{i}"))],
+                                  source_etype=PTR), typ=PTR)
+            low = eb.and_(eb.ptrtoint(base, I64), i64(CACHE_LINE - 1))
+            cache[i] = eb.icmp_unsigned("!=", low, i64(0))
+        return cache[i]
 
     def _edge_args(self, p, rows: dict, c) -> tuple:
         self._prefetch(p)
