@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.passes import dce
+from ..core.errors import TigaError
+from ..core.passes import cse, dce
 from ..core.prims.graph import degrees_p, propagate_p, row_type
 from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import TensorType
@@ -356,9 +357,13 @@ def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False):
 def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]:
     """(program, notes): first layers moved to entity rows, last layers after the sum."""
     notes: list = []
-    program = _rewrite(program, _find_first, _first_rewrite, notes)
-    program = _rewrite(program, _find_last, _last_rewrite, notes, sum_only=True)
-    return program, notes
+    try:
+        new = _rewrite(program, _find_first, _first_rewrite, notes)
+        new = _rewrite(new, _find_last, _last_rewrite, notes, sum_only=True)
+    except TigaError as exc:   # an optimisation never stops a call: run it as staged
+        return program, [f"layer rewrites skipped ({exc})"]
+    # a field read as both source and destination (positions) yields the same product twice
+    return (cse(new) if notes else program), notes
 
 
 __all__ = ["hoist_linear_projections"]
