@@ -135,7 +135,18 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
 
 
 def walked_csr(graph, walk: str) -> tuple:
-    """(row_ptr, col_idx, edge_perm or None) of the CSR the kernel walks."""
+    """(row_ptr, col_idx, edge_perm or None) of the CSR the kernel walks (the relation's
+    arrays are frozen, so the contiguous views are kept per relation)."""
+    per_graph = _WALKS.get(graph)
+    found = per_graph.get(("csr-arrays", walk)) if per_graph is not None else None
+    if found is None:
+        found = _walked_csr(graph, walk)
+        with _CHUNK_LOCK:
+            _WALKS.setdefault(graph, {})[("csr-arrays", walk)] = found
+    return found
+
+
+def _walked_csr(graph, walk: str) -> tuple:
     graph.ensure_valid()
     if walk == "src":
         graph_t, perm = graph.transpose()   # built once per relation and cached on it
