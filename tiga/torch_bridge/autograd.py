@@ -15,6 +15,7 @@ from ..core.errors import TigaError, UnsupportedError
 from ..core.eval import eval_program
 from ..core.passes import dce
 from ..core.prims.graph import propagate_p
+from ..core.program import Eqn, GraphProgram
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
 from .dlpack import is_torch, to_numpy, to_torch
@@ -88,14 +89,36 @@ def stage_call_torch(call) -> tuple:
         # concrete sizes: VJP rules that build shapes (mean, online_softmax) cannot yet
         # trace over the symbolic sizes N, S, E
         program, args = local.staged_program(symbolic=False)
-    program, notes = hoist_linear_projections(program)
     n_caps = len(args) - len(call.values())
     # gradients go back to these objects
     originals = [views.original(a) for a in args[:n_caps]] + call.values()
+    program = _share_repeated_tensors(program, originals)
+    program, notes = hoist_linear_projections(program)
     names = [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
         [f"{r}.{n}" for r, n, _ in call.field_items()] + [f"{k}" for k, _ in call.param_items()]
     np_args = [to_numpy(a, n) if is_torch(a) else a for a, n in zip(args, names)]
     return program, np_args, originals, notes
+
+
+def _share_repeated_tensors(program, originals):
+    """Read a torch tensor passed in several places (positions as source and destination
+    field) through its first binder, so that products of it are computed once (CSE); the
+    other binders go unused, and their cotangents are zeros."""
+    first, rename = {}, {}
+    for v, o in zip(program.in_binders, originals):
+        if is_torch(o):
+            keep = first.setdefault(id(o), v)
+            if keep is not v and keep.type == v.type:
+                rename[id(v)] = keep
+    if not rename:
+        return program
+
+    def sub(a):
+        return rename.get(id(a), a)
+
+    eqns = [Eqn(e.primitive, tuple(sub(a) for a in e.inputs), e.params, e.outputs)
+            for e in program.eqns]
+    return GraphProgram(program.in_binders, eqns, tuple(sub(a) for a in program.outs))
 
 
 def _numpy_call(call):
