@@ -30,6 +30,35 @@ MAX_ROW_ELEMENTS = 1 << 16   # stack buffers per value; larger rows belong to a 
 MAX_CONST_BYTES = 1 << 20    # literal arrays embedded as module constants
 
 
+# Let LLVM fuse a*b+c into one FMA (float32/float64 only). Off: the max/min VJPs find the
+# selected edge by recomputing messages and comparing them with the forward's result, which
+# needs every kernel to round messages identically (contraction depends on each kernel's
+# surrounding code), and it measured no faster here (the edge loop is load-bound).
+CONTRACT = False
+
+
+def _contract(ty, flags):
+    elem = getattr(ty, "element", ty)
+    if CONTRACT and isinstance(elem, (ir.FloatType, ir.DoubleType)) and "contract" not in flags:
+        return tuple(flags) + ("contract",)
+    return flags
+
+
+class ContractingBuilder(ir.IRBuilder):
+    """IRBuilder whose float add/sub/mul carry `contract`: a message `x * w` folded into a
+    sum becomes one fused multiply-add per element (half the floating-point work, and one
+    rounding instead of two)."""
+
+    def fadd(self, lhs, rhs, name="", flags=()):
+        return super().fadd(lhs, rhs, name, _contract(lhs.type, flags))
+
+    def fsub(self, lhs, rhs, name="", flags=()):
+        return super().fsub(lhs, rhs, name, _contract(lhs.type, flags))
+
+    def fmul(self, lhs, rhs, name="", flags=()):
+        return super().fmul(lhs, rhs, name, _contract(lhs.type, flags))
+
+
 class Emitter:
     """Builds one LLVM function: `b` emits at the current point; the `entry` block holds only
     the allocas and branches to `start` (added by finish()), so inserting an alloca never
@@ -40,7 +69,7 @@ class Emitter:
         self.fn = fn
         self.entry = fn.append_basic_block("entry")
         self.start = fn.append_basic_block("start")
-        self.b = ir.IRBuilder(self.start)
+        self.b = ContractingBuilder(self.start)
         self._globals = 0
         self._decls: dict = {}
 
