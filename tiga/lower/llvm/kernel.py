@@ -1,4 +1,4 @@
-"""lower/llvm: one fused kernel per `propagate` over CSR (LLVM IR text + signature).
+"""lower/llvm: one fused kernel per `propagate` over a relation (LLVM IR text + signature).
 
     void kernel(i64 row_begin, i64 row_end, ptr argv)
 
@@ -11,7 +11,10 @@ row's edges, evaluates the edge function per edge with every row value held in a
 stack buffer (or a register), folds it into the state, finalises, applies `update` and
 stores the row. No (num_edges, F) message array exists. reduce_by="src" walks the
 transposed CSR (rows are sources); "edge" stores each message at its edge id; "all" folds
-every edge into one state and must run as one call over all rows.
+every edge into one state and must run as one call over all rows. Sums over float32/float64
+keep EDGE_UNROLL accumulators per row (merged at the row's end). Next to the kernel,
+`<kernel>_drive` claims row chunks with an atomic counter, so each thread of a parallel call
+enters native code once (emit_chunk_driver).
 """
 from __future__ import annotations
 
