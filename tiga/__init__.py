@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 
 from . import autodiff as _autodiff  # noqa: F401  (registers VJP rules)
 from . import core as _core  # noqa: F401  (registers primitives)
+from . import nn
 from .api import grad, jit, value_and_grad, vjp
 from .core.check import check_program
 from .core.config import config
@@ -28,7 +29,6 @@ from .core.pprint import pp_program
 from .core.program import ClosedProgram, GraphProgram
 from .core.reducers import Reducer, max, mean, min, online_softmax, prod, sum
 from .core.types import GraphType, TensorType
-from . import nn
 from .trace import math
 from .trace.control import repeat, while_loop
 from .trace.message_passing import MessagePassing, propagate

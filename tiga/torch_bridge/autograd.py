@@ -73,7 +73,7 @@ def explain_call_torch(call):
             "into one partial sum per row chunk (per thread), added once. " if edge_params
             else "no parameter is read per edge (linear layers run per entity), so "
                  "parameter gradients are entity-level products, not per-edge folds. ")
-        + explanation.vjp_route)
+        + "Generic lowering of the VJP program: " + explanation.vjp_route)
     return explanation
 
 
