@@ -14,12 +14,16 @@ from typing import Any
 import numpy as np
 
 from . import graph_build as gb
+from . import graph_geometry as geo
 from . import graph_validate as gv
 from .dtypes import DType, as_dtype, int32, int64
 from .errors import GraphValidationError
 from .types import Dim, GraphType
 
-KINDS = ("csr", "dense", "triangular", "cu_seqlens", "cat", "stencil")
+KINDS = ("csr", "dense", "triangular", "cu_seqlens", "cat", "stencil", "radius", "knn")
+GEOMETRIC_KINDS = ("radius", "knn")
+# tiga.trace registers how radius/knn stage on traced coordinates (core cannot import trace)
+geometry_hooks: dict[str, Callable | None] = {"traced": None, "bind": None}
 
 
 class Graph:
@@ -191,6 +195,70 @@ class Graph:
                    params={"shape": shape, "offsets": offsets, "periodic": periodic})
 
     @classmethod
+    def radius(cls, positions: Any, cutoff: float, *, query: Any = None, loop: bool = False,
+               max_neighbors: int | None = None) -> Graph:
+        """Destination i (a query point, or a point of `positions` when query is None) reads
+        every source j with `|p_j - q_i| <= cutoff` (inclusive), in ascending j. `loop=False`
+        drops (i, i) when query is None. `max_neighbors` keeps each row's nearest ones (ties
+        by smaller index); explain() reports how many rows were truncated."""
+        if _traced(positions, query):
+            return geometry_hooks["bind"]("radius", positions, query, cutoff=float(
+                geo.read_cutoff(cutoff)), loop=geo.read_flag(loop, "loop"),
+                max_neighbors=geo.read_max_neighbors(max_neighbors))
+        pos = geo.read_positions(positions, "positions")
+        q = geo.read_query(query, pos)
+        params = {"cutoff": geo.read_cutoff(cutoff), "loop": geo.read_flag(loop, "loop"),
+                  "max_neighbors": geo.read_max_neighbors(max_neighbors)}
+        return cls._geometric("radius", pos, q, positions, query, params, None)
+
+    @classmethod
+    def knn(cls, positions: Any, k: int, *, query: Any = None, loop: bool = False) -> Graph:
+        """Destination i reads its k nearest sources, nearest first, ties by smaller source
+        index (exact). `loop=False` drops (i, i) when query is None."""
+        if _traced(positions, query):
+            loop = geo.read_flag(loop, "loop")
+            return geometry_hooks["bind"]("knn", positions, query, k=k, loop=loop)
+        pos = geo.read_positions(positions, "positions")
+        q = geo.read_query(query, pos)
+        loop = geo.read_flag(loop, "loop")
+        k = geo.read_k(k, geo.candidates_per_row(len(pos), q is None, loop))
+        n = len(pos) if q is None else len(q)
+        return cls._geometric("knn", pos, q, positions, query, {"k": k, "loop": loop}, n * k)
+
+    @classmethod
+    def _geometric(cls, kind, pos, q, pos_in, query_in, params, num_edges) -> Graph:
+        pos.flags.writeable = False
+        if q is not None:
+            q.flags.writeable = False
+        params = dict(params, positions=pos, query=q, dims=pos.shape[1],
+                      inputs=(_differentiable(pos_in, pos),
+                              None if q is None else _differentiable(query_in, q)))
+        n = len(pos) if q is None else len(q)
+        return cls(kind=kind, num_src=len(pos), num_dst=n, num_edges=num_edges,
+                   params=params, device=gv.input_device(pos_in))
+
+    @property
+    def positions(self):
+        """Source coordinates of a geometric relation (None for other kinds)."""
+        return self.params.get("positions")
+
+    @property
+    def query_positions(self):
+        """Destination coordinates of a geometric relation (the sources when query=None)."""
+        if self.kind not in GEOMETRIC_KINDS:
+            return None
+        q = self.params.get("query")
+        return self.params["positions"] if q is None else q
+
+    @property
+    def truncated_rows(self) -> int | None:
+        """Rows of a radius relation that max_neighbors truncated (resolves the relation)."""
+        if self.kind != "radius" or self.params.get("max_neighbors") is None:
+            return None if self.kind != "radius" else 0
+        self.resolve_csr()
+        return self.params["_truncated"]
+
+    @classmethod
     def cat(cls, graphs: Sequence[Graph]) -> Graph:
         """Disjoint blocks: source and destination ids are offset independently; edge order is
         block order, then each part's own edge order. Materialises CSR."""
@@ -226,7 +294,11 @@ class Graph:
     def resolve_csr(self) -> tuple:
         """(row_ptr int64, col_idx in the index dtype), materialised once and cached."""
         if self._csr is None:
-            self._csr = gb.freeze(*_implicit_csr(self.kind, self.params))
+            if self.kind in GEOMETRIC_KINDS:
+                self._csr = gb.freeze(*_geometric_csr(self.kind, self.params))
+                self.num_edges = len(self._csr[1])
+            else:
+                self._csr = gb.freeze(*_implicit_csr(self.kind, self.params))
         return self._csr
 
     def degrees(self, by: str = "dst") -> np.ndarray:
@@ -256,12 +328,13 @@ class Graph:
 
     def type(self, symbolic: bool = False) -> GraphType:
         """The relation's GraphType; symbolic sizes (N, S, E) let one kernel serve every size."""
+        dims = self.params.get("dims") if self.kind in GEOMETRIC_KINDS else None
         if not symbolic:
-            return GraphType(self.kind, self.num_src, self.num_dst, self.num_edges,
-                             self.index_dtype, None)
+            e = Dim("E") if self.num_edges is None else self.num_edges
+            return GraphType(self.kind, self.num_src, self.num_dst, e, self.index_dtype, dims)
         n = Dim("N")
         s = n if self.num_src == self.num_dst else Dim("S")
-        return GraphType(self.kind, s, n, Dim("E"), self.index_dtype, None)
+        return GraphType(self.kind, s, n, Dim("E"), self.index_dtype, dims)
 
     def __repr__(self) -> str:
         return (f"Graph(kind={self.kind!r}, num_src={self.num_src}, num_dst={self.num_dst}, "
@@ -278,6 +351,32 @@ def _implicit_csr(kind: str, params: dict) -> tuple:
     if kind == "stencil":
         return gb.stencil_csr(params["shape"], params["offsets"], params["periodic"])
     raise GraphValidationError(f"kind: {kind!r} has no implicit CSR form")
+
+
+def _geometric_csr(kind: str, params: dict) -> tuple:
+    pos, q = params["positions"], params["query"]
+    if kind == "knn":
+        return geo.knn_csr(pos, q, params["k"], params["loop"])
+    row_ptr, col_idx, truncated = geo.radius_csr(pos, q, params["cutoff"], params["loop"],
+                                                 params["max_neighbors"])
+    params["_truncated"] = truncated
+    return row_ptr, col_idx
+
+
+def _traced(*values) -> bool:
+    hook = geometry_hooks["traced"]
+    return hook is not None and any(hook(v) for v in values if v is not None)
+
+
+def _differentiable(given: Any, checked: np.ndarray) -> Any:
+    """What the hidden position field of a propagate reads: the caller's own object when it
+    can carry gradients (torch tensor, tg.Tensor), else the checked numpy array."""
+    if hasattr(given, "requires_grad") and getattr(given, "dtype", None) is not None and \
+            str(given.dtype).endswith(str(checked.dtype)):
+        return given
+    if type(given).__name__ == "Tensor" and type(given).__module__.startswith("tiga"):
+        return given
+    return checked
 
 
 def _read_graphs(graphs: Any) -> tuple:

@@ -9,6 +9,7 @@ from ..core.prims.graph import propagate_p, role_size, row_type
 from ..core.program import ClosedProgram, GraphProgram, Var
 from ..core.reducers import Reducer, ReducerMessage
 from ..core.types import GraphType
+from . import geometry
 from .staging import leaf_aval, leaf_value, trace_flat
 from .tracer import Tracer, bind, current_builder
 
@@ -22,14 +23,19 @@ hooks: dict[str, Callable | None] = {"execute": None, "explain": None, "referenc
 class FieldView:
     """`src.x`, `dst.h`, `edge.w`: the rows of one role's fields seen by one edge."""
 
-    def __init__(self, role: str, fields: dict):
+    def __init__(self, role: str, fields: dict, lazy: dict | None = None):
         object.__setattr__(self, "_role", role)
         object.__setattr__(self, "_fields", fields)
+        # computed attributes (edge.displacement / edge.distance of geometric relations)
+        object.__setattr__(self, "_lazy", lazy or {})
 
     def __getattr__(self, name: str):
         fields = object.__getattribute__(self, "_fields")
         if name in fields:
             return fields[name]
+        lazy = object.__getattribute__(self, "_lazy")
+        if name in lazy:
+            return lazy[name]()
         if name.startswith("__"):
             raise AttributeError(name)
         role = object.__getattribute__(self, "_role")
@@ -70,6 +76,10 @@ class PropagateCall:
         self.graph, self.edge_fn, self.reducer = graph, edge_fn, reducer
         self.update, self.reduce_by = update, reduce_by
         self.fields = {"src": dict(src or {}), "dst": dict(dst or {}), "edge": dict(edge or {})}
+        hidden = geometry.hidden_fields(graph)
+        if hidden is not None:   # a geometric relation: its coordinates are field operands
+            for role, extra in hidden.items():
+                self.fields[role].update(extra)
         self.params = dict(params)
         for role, fields in self.fields.items():
             for name in fields:
@@ -174,8 +184,9 @@ class PropagateCall:
         def fn(*args):
             views = self._views(items, args[:len(rows)])
             kw = _accepted(self.edge_fn, dict(zip(names, args[len(rows):])))
+            lazy = geometry.edge_geometry(views["src"], views["dst"])
             out = self.edge_fn(FieldView("src", views["src"]), FieldView("dst", views["dst"]),
-                               FieldView("edge", views["edge"]), **kw)
+                               FieldView("edge", views["edge"], lazy), **kw)
             parts = self._message_parts(out)
             n_out[0] = len(parts) // self.reducer.arity
             return parts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...core.errors import UnsupportedError
 from ...core.passes import cse, dce
+from ...core.prims.geometry import knn_p, radius_p
 from ...core.prims.graph import degrees_p, edge_ids_p, map_rows_p, propagate_p, row_type
 from ...core.program import ClosedProgram
 from ...core.reducers import max as max_reducer
@@ -273,3 +274,7 @@ vjp_rules[propagate_p] = propagate_vjp_rule
 vjp_rules[map_rows_p] = map_rows_vjp_rule
 vjp_rules[edge_ids_p] = NONDIFF
 vjp_rules[degrees_p] = NONDIFF
+# topology selection is discrete; coordinates get gradients through the hidden position
+# fields of the propagates that read the relation
+vjp_rules[radius_p] = NONDIFF
+vjp_rules[knn_p] = NONDIFF
