@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -328,3 +330,36 @@ def test_edge_fields_in_the_first_layer_are_left_per_edge():
     torch.testing.assert_close(y, ref, rtol=2e-5, atol=2e-5)
     for g, r in zip(torch.autograd.grad(y.sum(), (x, a)), torch.autograd.grad(ref.sum(), (x, a))):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), src_w=st.integers(1, 6), dst_w=st.integers(0, 3),
+       hidden=st.integers(1, 9), out=st.integers(1, 4),
+       reducer=st.sampled_from(["sum", "mean"]), bias=st.booleans())
+def test_rewrites_match_torch_on_random_mlps(seed, src_w, dst_w, hidden, out, reducer, bias):
+    """Random widths put the layers on both sides of every rewrite threshold (contraction
+    below MIN_CONTRACTION, out < in and out >= in layouts, with and without biases). Max is
+    left out: the relation repeats edges, and tied maxima route gradients differently in
+    torch (shared) and Tiga (first edge); test_rewritten_layers_... covers it."""
+    torch.manual_seed(seed)
+    graph, src, dst = relation(seed % 7)
+    module = nn.Sequential(nn.Linear(src_w + dst_w, hidden, bias=bias), nn.Tanh(),
+                           nn.Linear(hidden, out, bias=bias)).double()
+    traced = tg.nn.trace(module)
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(N, src_w, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(N, max(dst_w, 1), dtype=torch.float64, generator=g, requires_grad=True)
+
+    def edge(s, d, e):
+        return traced(s.a, d.b) if dst_w else traced(s.a)
+
+    y = tg.propagate(graph, edge, getattr(tg, reducer)(), src={"a": a},
+                     dst={"b": b} if dst_w else {})
+    feats = torch.cat((a[src], b[dst]), -1) if dst_w else a[src]
+    ref = _torch_reduce(module(feats), dst, reducer)
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
+    variables = [a, *module.parameters()] + ([b] if dst_w else [])
+    ct = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    for gy, gr in zip(torch.autograd.grad(y, variables, ct),
+                      torch.autograd.grad(ref, variables, ct)):
+        torch.testing.assert_close(gy, gr, rtol=1e-9, atol=1e-9)
