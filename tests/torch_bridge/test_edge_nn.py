@@ -363,3 +363,33 @@ def test_rewrites_match_torch_on_random_mlps(seed, src_w, dst_w, hidden, out, re
     for gy, gr in zip(torch.autograd.grad(y, variables, ct),
                       torch.autograd.grad(ref, variables, ct)):
         torch.testing.assert_close(gy, gr, rtol=1e-9, atol=1e-9)
+
+
+def test_no_edge_by_hidden_array_in_forward_or_backward():
+    """Tiga's arrays are numpy (visible to tracemalloc): a whole step must stay well below
+    one (num_edges, hidden) float32 array, the tape a gather-MLP-scatter keeps."""
+    import tracemalloc
+
+    n, degree, hidden = 2000, 96, 32
+    rng = np.random.default_rng(0)
+    row_ptr = np.arange(0, n * degree + 1, degree)
+    graph = tg.Graph.from_csr(row_ptr, rng.integers(0, n, n * degree), num_src=n)
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3 + F, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+    program = EdgeNN(module)
+    pos = torch.rand(n, 3, requires_grad=True)
+    x = torch.randn(n, F, requires_grad=True)
+
+    def step():
+        y = program(graph=graph, src={"pos": pos, "x": x}, dst={"pos": pos})
+        y.square().mean().backward()
+
+    step()  # compiles
+    tracemalloc.start()
+    try:
+        step()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    tape = graph.num_edges * hidden * 4
+    assert peak < tape / 4, f"peak {peak} B vs one (E, hidden) array {tape} B"
