@@ -22,6 +22,7 @@ from ..core.types import GraphType
 from .cache import CACHE
 from .explain import Explanation
 from .llvm_propagate import Fallback, plan_propagate, run_propagate
+from . import llvm_attention  # noqa: F401  (registers the tiled attention planner)
 from .routes import describe_program
 
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"

@@ -22,6 +22,7 @@ from ...trace.staging import inline_program, trace_flat
 from ...trace.tracer import bind
 from ..registry import NONDIFF, vjp_rules
 from ..vjp import backward_pass, differentiable, vjp_program
+from .attention import attention_vjp, match_attention
 
 SEG_ROLE = {"dst": "dst", "src": "src", "all": "param", "edge": "edge"}
 _NO_EDGE = 2 ** 62  # larger than any edge id: "no extremal edge yet"
@@ -189,6 +190,12 @@ def propagate_vjp_rule(ct_outs, outs, graph, *fields, edge_fn, reducer, roles, n
         outs = bind(propagate_p, graph, *fields, edge_fn=edge_fn, reducer=reducer, roles=roles,
                     names=names, reduce_by=reduce_by, update=None)
         ct_outs, extra = _update_vjp(update, fields, roles, outs, ct_outs)
+    pattern = match_attention(edge_fn, roles, reducer) if reduce_by == "dst" else None
+    if pattern is not None:
+        # dot-product attention: the FlashAttention-2-style canonical propagates (lse saved
+        # by the streaming forward, probabilities recomputed blockwise, no per-edge array)
+        cts = attention_vjp(pattern, graph, fields, outs[0], ct_outs[0])
+        return (None,) + tuple(_add(a, b) for a, b in zip(cts, extra))
     ctx = _Ctx(graph, fields, roles, edge_fn, reduce_by)
     aux, ct_fn = _plan(reducer.name if reduce_by != "edge" else "sum", ctx, outs, ct_outs)
     cts = _field_cotangents(ctx, aux, ct_fn)

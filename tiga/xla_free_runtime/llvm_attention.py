@@ -1,0 +1,243 @@
+"""runtime: the tiled streaming route of dot-product attention (forward and fused VJP).
+
+A planner in `llvm_propagate.SPECIALISED_PLANNERS` claims
+
+- the forward: an online_softmax propagate whose edge function is attention
+  (`autodiff.rules.attention.match_attention`) over a dense, triangular or cu_seqlens
+  relation;
+- the canonical propagates of its VJP (row max, row mass, dq, (dk, dv)), recognised by the
+  structure of their edge programs.
+
+Every relation it claims selects, for destination row i, the contiguous source range
+[lo_i, hi_i), with lo and hi nondecreasing in i; that O(N) pair of arrays is all the walk
+needs. The work runs in tiles: a block of destination rows against a block of source rows
+for all heads at once, with running (max, mass, accumulator) per row and head; no N x N
+score or probability array exists, only one tile. The block products run on
+`lower.llvm.attention` (batched BLAS products per tile); threads take whole row blocks.
+
+The forward keeps its per-row (max, mass) for the output it produced; the VJP's row max and
+row mass propagates, which read that output, are answered from it without recomputing.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+
+from ..autodiff.rules.attention import (CANONICAL, canonical_program, kind_of,
+                                        match_attention)
+from ..core.prims.graph import row_type
+from ..lower.llvm import attention as tiles
+from .threads import num_threads, run_jobs
+
+KINDS = ("dense", "triangular", "cu_seqlens")
+_RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SAVED: dict = {}          # id(forward output) -> (weakref to it, top, mass)
+_SAVED_LOCK = threading.Lock()
+STATS = {"blocks_skipped": 0, "blocks_total": 0, "saved_hits": 0}
+
+
+def row_ranges(graph) -> tuple:
+    """(lo, hi) int64 arrays: destination row i reads sources lo[i] <= j < hi[i]."""
+    found = _RANGES.get(graph)
+    if found is not None:
+        return found
+    graph.ensure_valid()
+    n, p, i64 = graph.num_dst, graph.params, np.int64
+    if graph.kind == "dense":
+        lo, hi = np.zeros(n, i64), np.full(n, graph.num_src, i64)
+    elif graph.kind == "triangular":
+        lo, hi = np.zeros(n, i64), np.arange(1, n + 1, dtype=i64)
+    else:
+        cu = np.asarray(p["cu_seqlens"], dtype=i64)
+        lens = np.diff(cu)
+        lo = np.repeat(cu[:-1], lens)
+        hi = np.arange(1, n + 1, dtype=i64) if p["causal"] else np.repeat(cu[1:], lens)
+    _RANGES[graph] = found = (lo, hi)
+    return found
+
+
+def _planner(eqn, graph, compile):
+    if getattr(graph, "kind", None) not in KINDS:
+        return None
+    p = eqn.params
+    if p["update"] is not None:
+        return None
+    kind = kind_of(p["names"])
+    if kind is not None:
+        if kind == "dscale" or p["reduce_by"] != CANONICAL[kind][3]:
+            return None
+        types = [row_type(a.type) if r != "param" else a.type.strong()
+                 for a, r in zip(eqn.inputs[1:], CANONICAL[kind][1])]
+        if canonical_program(kind, types).structure_key() != p["edge_fn"].structure_key():
+            return None
+        if eqn.inputs[1].type.dtype.name not in ("float32", "float64"):
+            return None
+        return AttentionPlan(kind, None)
+    if p["reduce_by"] != "dst" or p["reducer"].name != "online_softmax":
+        return None
+    pat = match_attention(p["edge_fn"], p["roles"], p["reducer"])
+    if pat is None:
+        return None
+    return AttentionPlan("forward", pat)
+
+
+def _heads(x: np.ndarray) -> np.ndarray:
+    """(N, H, D) -> (H, N, D) view; (N, D) -> (1, N, D); (N, H) -> (H, N); (N,) -> (1, N)."""
+    x = np.asarray(x)
+    if x.ndim == 3:
+        return x.transpose(1, 0, 2)
+    if x.ndim == 2:
+        return x.T
+    return x[None]
+
+
+def _rows_heads(x: np.ndarray, heads: bool) -> np.ndarray:
+    """A per-(row, head) array in (H, N) layout for both head conventions."""
+    x = np.asarray(x)
+    return x.T if heads else x[None]
+
+
+class AttentionPlan:
+    """One claimed propagate: the forward or one canonical VJP propagate."""
+
+    def __init__(self, kind: str, pattern):
+        self.kind, self.pattern = kind, pattern
+
+    # ---- run --------------------------------------------------------------------------
+    def run(self, eqn, graph, values):
+        lo, hi = row_ranges(graph)
+        if self.kind == "forward":
+            return self._forward(eqn, graph, values, lo, hi)
+        if self.kind in ("rowmax", "mass"):
+            q, k, scale, y = values[:4]
+            saved = _lookup(y)
+            if saved is None:
+                heads = np.asarray(q).ndim == 3
+                top, mass = self._stats(eqn, graph, q, k, float(scale), heads, lo, hi)
+            else:
+                top, mass = saved
+            out = top if self.kind == "rowmax" else mass
+            return [np.asarray(out, dtype=eqn.outputs[0].type.dtype.np).copy()]
+        q, k, v, scale, do, lse, delta = values
+        heads = np.asarray(q).ndim == 3
+        if self.kind == "dq":
+            return [self._dq(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)]
+        return self._dkdv(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)
+
+    def _forward(self, eqn, graph, values, lo, hi):
+        pat = self.pattern
+        q, k, v = (np.asarray(values[i]) for i in (pat.q, pat.k, pat.v))
+        scale = 1.0 if pat.scale is None else (
+            pat.scale[1] if pat.scale[0] == "lit" else float(values[pat.scale[1]]))
+        dtype = eqn.outputs[0].type.dtype.np
+        n = graph.num_dst
+        out = np.empty((n,) + v.shape[1:], dtype)
+        nh = q.shape[1] if pat.heads else 1
+        top = np.empty((nh, n), dtype)
+        mass = np.empty((nh, n), dtype)
+        prune = eqn.params["reducer"].prune_threshold
+        skipped = tiles.forward(_heads(q), _heads(k), _heads(v), _heads(out), top, mass,
+                                lo, hi, scale, prune, _jobs)
+        STATS["blocks_skipped"] = skipped[0]
+        STATS["blocks_total"] = skipped[1]
+        top_r, mass_r = (top.T, mass.T) if pat.heads else (top[0], mass[0])
+        _save(out, top_r, mass_r)
+        return [out]
+
+    def _stats(self, eqn, graph, q, k, scale, heads, lo, hi):
+        q, k = np.asarray(q), np.asarray(k)
+        n = graph.num_dst
+        nh = q.shape[1] if heads else 1
+        dtype = q.dtype
+        top = np.empty((nh, n), dtype)
+        mass = np.empty((nh, n), dtype)
+        kh = _heads(k)
+        # values are not needed for the statistics: a zero-width value array
+        v0 = np.zeros((kh.shape[0], kh.shape[1], 0), dtype)
+        o0 = np.zeros((nh, n, 0), dtype)
+        tiles.forward(_heads(q), kh, v0, o0, top, mass, lo, hi, scale, None, _jobs)
+        return (top.T, mass.T) if heads else (top[0], mass[0])
+
+    def _dq(self, eqn, graph, q, k, v, scale, do, lse, delta, heads, lo, hi):
+        q = np.asarray(q)
+        dq = np.empty(q.shape, eqn.outputs[0].type.dtype.np)
+        tiles.backward_dq(_heads(q), _heads(k), _heads(v), _heads(do),
+                          _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dq),
+                          lo, hi, scale, _jobs)
+        return dq
+
+    def _dkdv(self, eqn, graph, q, k, v, scale, do, lse, delta, heads, lo, hi):
+        k, v = np.asarray(k), np.asarray(v)
+        dk = np.empty(k.shape, eqn.outputs[0].type.dtype.np)
+        dv = np.empty(v.shape, eqn.outputs[1].type.dtype.np)
+        tiles.backward_dkdv(_heads(q), _heads(k), _heads(v), _heads(do),
+                            _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dk),
+                            _heads(dv), lo, hi, scale, _jobs)
+        return [dk, dv]
+
+    # ---- explain ----------------------------------------------------------------------
+    def describe(self, ex, eqn, graph, where):
+        p = eqn.params
+        what = {"forward": f"propagate[{p['reducer'].pp_param()}] by dst",
+                "rowmax": "attention VJP row max", "mass": "attention VJP row mass",
+                "dq": "attention VJP dq (by dst)", "dkdv": "attention VJP dk, dv (by src)"}
+        ex.routes.append(("cpu-tiled", f"{where}{what[self.kind]}",
+                          "tiled streaming attention"))
+        ex.traversal.append(
+            f"{what[self.kind]} over {graph.kind} relation: dot-product attention recognised; "
+            f"blocks of {tiles.BLOCK_M} destination rows x {tiles.BLOCK_N} source rows, all "
+            "heads per tile, running (max, mass, accumulator) per row and head; each row reads "
+            "one contiguous source range (lo, hi), no N x N score or probability array")
+        ex.schedule = (f"tiled streaming attention: {num_threads()} thread(s) take whole row "
+                       "blocks; each tile's two products are batched BLAS matrix products over the "
+                       "heads (numpy), the softmax update vectorised numpy on the tile")
+        nh = eqn.inputs[1].type.shape[1] if len(eqn.inputs[1].type.shape) == 3 else 1
+        isz = eqn.inputs[1].type.dtype.np.itemsize
+        ex.materialized.append(("per-row source ranges (lo, hi)", 16 * graph.num_dst,
+                                "computed once per relation"))
+        if self.kind == "forward":
+            ex.materialized.append(("per-row max and mass (log-sum-exp) kept for the VJP",
+                                    2 * isz * nh * graph.num_dst, "FlashAttention-2 style"))
+            prune = p["reducer"].prune_threshold
+            if prune is not None:
+                ex.routes.append(("cpu-tiled", f"{where}prune_threshold={prune}",
+                                  f"APPROXIMATE result: key blocks whose scores fall more "
+                                  f"than {prune} below the running max skip their value "
+                                  f"loads; last call skipped {STATS['blocks_skipped']} of "
+                                  f"{STATS['blocks_total']} blocks"))
+        ex.cache_lines.append(f"{what[self.kind]}: tiled attention (no per-call compile)")
+
+
+def _jobs(fn, jobs):
+    run_jobs(lambda a, b, argv: fn(a, b), [(a, b, None) for a, b in jobs], num_threads())
+
+
+def _save(out, top, mass):
+    key = id(out)
+
+    def drop(_ref, key=key):
+        with _SAVED_LOCK:
+            _SAVED.pop(key, None)
+
+    with _SAVED_LOCK:
+        _SAVED[key] = (weakref.ref(out, drop), top, mass)
+
+
+def _lookup(y):
+    with _SAVED_LOCK:
+        found = _SAVED.get(id(y))
+    if found is None or found[0]() is not y:
+        return None
+    STATS["saved_hits"] += 1
+    return found[1], found[2]
+
+
+def _register() -> None:
+    from .llvm_propagate import SPECIALISED_PLANNERS
+    if _planner not in SPECIALISED_PLANNERS:
+        SPECIALISED_PLANNERS.append(_planner)
+
+
+_register()
