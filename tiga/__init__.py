@@ -33,6 +33,7 @@ from .trace import math
 from .trace.control import repeat, while_loop
 from .trace.message_passing import MessagePassing, propagate
 from .trace.staging import make_program
+from .xla_free_runtime import llvm_generated as _llvm_generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.explain import Explanation
 from .xla_free_runtime.tensor import Tensor, asarray, from_dlpack
 

@@ -37,6 +37,8 @@ def bind_dims(binders, values) -> dict:
     for v, x in zip(binders, values):
         t = v.type
         if isinstance(t, GraphType):
+            if x.num_edges is None:   # a generated relation: the interpreter walks its CSR
+                x.resolve_csr()
             pairs = [(t.num_src, x.num_src), (t.num_dst, x.num_dst), (t.num_edges, x.num_edges)]
         else:
             pairs = list(zip(t.shape, np.shape(x)))

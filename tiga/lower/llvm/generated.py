@@ -1,0 +1,378 @@
+"""lower/llvm: fused propagate kernels over generated relations (radius, knn).
+
+    void kernel(i64 t_begin, i64 t_end, ptr argv)
+
+No edge list exists. Per call the runtime passes a cell directory of the source points
+(points sorted by cell, cell start offsets, sorted coordinates; core/graph_geometry.py) and
+the order in which destination rows are visited (by cell, for locality). For each visited
+row the kernel
+
+- radius: walks the 3^d cells around the row's cell (one index range per run of cells along
+  the last axis), applies the exact predicate `sqrt(sum (p - q)^2) <= cutoff` in the
+  coordinates' dtype, and folds every accepted source straight into the reducer state;
+- radius with max_neighbors: keeps the row's nearest `max_neighbors` accepted sources in a
+  bounded sorted state (ties by smaller index), counts rows that had more (one atomic add),
+  then folds the kept ones nearest first;
+- knn: keeps a bounded sorted top-k state (distance, then smaller index) and visits cells
+  in growing Chebyshev shells until the k-th distance is below the distance from the query
+  to the unvisited cells (or no cell is left), then folds the k sources nearest first.
+
+With more than FAST_DIMS coordinate dims the directory is a single range over all sources
+(a tiled scan; still exact, O(N*M) work). The edge function itself, the reducer folds, the
+finalize and `update` come from the generic kernel (kernel.py) by subclassing; positions
+reach the edge function as its hidden fields, read by the source's original index.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ...core.dtypes import as_dtype, int64
+from .emitter import Emitter
+from .kernel import KernelSchedule, _KernelBuilder, _signature, emit_chunk_driver
+from .values import F64, I64, PTR, CodegenUnsupported, i64, storage_type
+from .walks import Walk
+
+# geo_f (float64): cutoff, inv_width, width, lo[d]; geo_i (int64): num_src, dims[d]
+GEO_SLOTS = ("geo_f", "geo_i", "cell_start", "sorted_idx", "sorted_pos", "row_order", "qpos",
+             "stats")
+MAX_TOPK = 4096            # bounded state lives on the stack
+GAP_SAFETY = 1.0 - 1e-5    # distances are rounded in the coordinates' dtype (float32 too)
+
+
+@dataclass(frozen=True)
+class GeoSpec:
+    kind: str            # "radius" | "knn"
+    mode: str            # "cells" (d <= FAST_DIMS) | "scan" (tiled scan over all sources)
+    dims: int
+    k: int               # knn k, or radius max_neighbors (0: no bound)
+    exclude_self: bool   # loop=False with query=None: skip source == destination
+    pos_dtype: str
+
+    def descriptor(self) -> tuple:
+        return ("generated", self.kind, self.mode, self.dims, self.k, self.exclude_self,
+                self.pos_dtype)
+
+    @classmethod
+    def from_descriptor(cls, d: tuple) -> GeoSpec:
+        return cls(*d[1:])
+
+
+class _NoWalk(Walk):
+    gathers = False
+    contiguous = False
+    hierarchy = "cell-directory"
+
+
+def codegen_generated(params: dict, in_types: list, spec: GeoSpec, *,
+                      symbol: str = "tiga_generated") -> tuple:
+    """LLVM IR text and signature of the fused kernel of a propagate (reduce_by='dst') over
+    a radius/knn relation."""
+    if params["reduce_by"] != "dst":
+        raise CodegenUnsupported("a generated-relation walk grouped by anything but dst")
+    if spec.k > MAX_TOPK:
+        raise CodegenUnsupported(f"a bounded neighbour state of {spec.k} > {MAX_TOPK}")
+    if spec.pos_dtype not in ("float32", "float64"):
+        raise CodegenUnsupported(f"coordinates of dtype {spec.pos_dtype}")
+    base = _signature(params, list(in_types), int64, KernelSchedule(), symbol)
+    sig = dataclasses.replace(base, slots=GEO_SLOTS + base.slots[2:],
+                              relation=spec.descriptor())
+    module = ir.Module(name=symbol)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), name=symbol)
+    ctx = Emitter(module, fn)
+    _GeoBuilder(ctx, params, base, sig, spec).emit(*fn.args)
+    ctx.b.ret_void()
+    ctx.finish()
+    emit_chunk_driver(module, fn)
+    return str(module), sig
+
+
+class _GeoBuilder(_KernelBuilder):
+    def __init__(self, ctx, params, base_sig, sig, spec: GeoSpec):
+        super().__init__(ctx, params, base_sig)
+        self.sig, self.spec = sig, spec
+        self.walk = _NoWalk()
+        self.pdt = as_dtype(spec.pos_dtype)
+        self.pty = storage_type(self.pdt)
+        if params["reducer"].arity and not self.reds:
+            raise CodegenUnsupported("a generated relation with no reducer")
+
+    # ---- plain IR helpers (no contraction: distances must round like numpy's) ----------
+
+    def _ld(self, slot, idx, ty):
+        return self.b.load(self.b.gep(self.ptr[slot], [idx], source_etype=ty), typ=ty)
+
+    def _st(self, ptr, idx, ty, val):
+        self.b.store(val, self.b.gep(ptr, [idx], source_etype=ty))
+
+    def _imax(self, a, b):
+        return self.b.select(self.b.icmp_signed(">", a, b), a, b)
+
+    def _imin(self, a, b):
+        return self.b.select(self.b.icmp_signed("<", a, b), a, b)
+
+    def _fmin(self, a, b):
+        return self.b.select(self.b.fcmp_ordered("<", a, b), a, b)
+
+    # ---- entry -------------------------------------------------------------------------
+
+    def emit(self, begin, end, argv) -> None:
+        self._load_args(argv)
+        b, d = self.b, self.spec.dims
+        self.cutoff = self._ld("geo_f", i64(0), F64)
+        if self.pty != F64:
+            self.cutoff = b.fptrunc(self.cutoff, self.pty)
+        self.inv_w = self._ld("geo_f", i64(1), F64)
+        self.width = self._ld("geo_f", i64(2), F64)
+        self.lo = [self._ld("geo_f", i64(3 + k), F64) for k in range(d)]
+        self.num_src = self._ld("geo_i", i64(0), I64)
+        self.dims = [self._ld("geo_i", i64(1 + k), I64) for k in range(d)]
+        self.sqrt = self.ctx.intrinsic("llvm.sqrt", self.pty)
+        self.floor = self.ctx.intrinsic("llvm.floor", F64)
+        self.ctx.loop(begin, end, self._geo_row, name="row")
+
+    # ---- one destination row ------------------------------------------------------------
+
+    def _geo_row(self, t) -> None:
+        b, d, spec = self.b, self.spec.dims, self.spec
+        r = self._ld("row_order", t, I64)
+        rows = self._row_vals(r)
+        q = [self._ld("qpos", b.add(b.mul(r, i64(d)), i64(k)), self.pty) for k in range(d)]
+        states = [red.init(self.ctx) for red in self.reds]
+        count = self.ctx.alloca(I64, 1)
+        b.store(i64(0), count)
+
+        def fold(idx):
+            self._fold(i64(0), rows, states, idx)
+            b.store(b.add(b.load(count, typ=I64), i64(1)), count)
+
+        cells = self._cells(q) if spec.mode == "cells" else None
+        if spec.kind == "radius" and spec.k == 0:
+            def accept(tpos):
+                idx, d2 = self._candidate(tpos, q)
+                with b.if_then(self._keep(idx, d2, r)):
+                    fold(idx)
+            self._visit(cells, i64(1), accept, ring=False)
+        else:
+            self._top_k(cells, q, r, fold)
+        outs = self._finish(states, b.load(count, typ=I64), rows)
+        self._store_row(outs, r)
+
+    def _candidate(self, tpos, q):
+        """(source index, squared distance in the coordinates' dtype) of sorted point tpos."""
+        b, d = self.b, self.spec.dims
+        idx = self._ld("sorted_idx", tpos, I64)
+        base = b.mul(tpos, i64(d))
+        d2 = None
+        for k in range(d):
+            p = self._ld("sorted_pos", b.add(base, i64(k)), self.pty)
+            diff = ir.IRBuilder.fsub(b, p, q[k])
+            sq = ir.IRBuilder.fmul(b, diff, diff)
+            d2 = sq if d2 is None else ir.IRBuilder.fadd(b, d2, sq)
+        return idx, d2
+
+    def _not_self(self, idx, r):
+        if not self.spec.exclude_self:
+            return None
+        return self.b.icmp_signed("!=", idx, r)
+
+    def _keep(self, idx, d2, r):
+        b = self.b
+        ok = b.fcmp_ordered("<=", b.call(self.sqrt, [d2]), self.cutoff)
+        other = self._not_self(idx, r)
+        return ok if other is None else b.and_(ok, other)
+
+    # ---- the directory walk ------------------------------------------------------------
+
+    def _cells(self, q) -> list:
+        """Per axis: (unclamped position in cell units (f64), clamped cell coordinate)."""
+        b, out = self.b, []
+        for k in range(self.spec.dims):
+            qk = q[k] if self.pty == F64 else b.fpext(q[k], F64)
+            u = ir.IRBuilder.fmul(b, ir.IRBuilder.fsub(b, qk, self.lo[k]), self.inv_w)
+            f = b.call(self.floor, [u])
+            top = b.sitofp(b.sub(self.dims[k], i64(1)), F64)
+            f = b.select(b.fcmp_ordered(">", f, ir.Constant(F64, 0.0)), f, ir.Constant(F64, 0.0))
+            f = self._fmin(f, top)
+            out.append((u, b.fptosi(f, I64)))
+        return out
+
+    def _visit(self, cells, s, body, ring: bool) -> None:
+        """Call body(tpos) for every sorted point in the cells at Chebyshev distance <= s
+        (ring=False) or exactly s (ring=True) around the row's cell; scan mode: all points."""
+        b = self.b
+        if cells is None:
+            self.ctx.loop(i64(0), self.num_src, body, name="scan")
+            return
+        d = self.spec.dims
+
+        def outer(axis, prefix, on_ring):
+            if axis == d - 1:
+                self._last_axis(prefix, on_ring, cells[-1][1], s, body, ring)
+                return
+            c = cells[axis][1]
+            lo = self._imax(b.sub(c, s), i64(0))
+            hi = b.add(self._imin(b.add(c, s), b.sub(self.dims[axis], i64(1))), i64(1))
+
+            def step(x):
+                lin = b.add(b.mul(prefix, self.dims[axis]), x)
+                edge = b.icmp_signed("==", self._iabs(b.sub(x, c)), s)
+                outer(axis + 1, lin, b.or_(on_ring, edge))
+
+            self.ctx.loop(lo, hi, step, name=f"cell{axis}")
+
+        outer(0, i64(0), b.icmp_signed("==", s, i64(0)))
+
+    def _iabs(self, x):
+        return self.b.select(self.b.icmp_signed("<", x, i64(0)), self.b.neg(x), x)
+
+    def _last_axis(self, prefix, on_ring, c, s, body, ring: bool) -> None:
+        b = self.b
+        dz = self.dims[-1]
+        row0 = b.mul(prefix, dz)
+        z0 = self._imax(b.sub(c, s), i64(0))
+        z1 = self._imin(b.add(c, s), b.sub(dz, i64(1)))
+        if not ring:
+            self._range(b.add(row0, z0), b.add(row0, z1), body)
+            return
+        # on the ring's boundary in an outer axis: the whole run; else its two end cells
+        za, zb = b.sub(c, s), b.add(c, s)
+        ok_a = b.or_(on_ring, b.icmp_signed(">=", za, i64(0)))
+        ok_b = b.and_(b.not_(on_ring), b.icmp_signed("<", zb, dz))
+        a_lo = b.select(on_ring, z0, self._imax(za, i64(0)))
+        a_hi = b.select(on_ring, z1, self._imax(za, i64(0)))
+        self._range(b.add(row0, a_lo), b.add(row0, a_hi), body, ok_a)
+        zb_c = self._imin(zb, b.sub(dz, i64(1)))
+        self._range(b.add(row0, zb_c), b.add(row0, zb_c), body, ok_b)
+
+    def _range(self, cell_a, cell_b, body, valid=None) -> None:
+        """Points of cells cell_a..cell_b (inclusive, consecutive in the directory)."""
+        b = self.b
+        t0 = self._ld("cell_start", cell_a, I64)
+        t1 = self._ld("cell_start", b.add(cell_b, i64(1)), I64)
+        if valid is not None:
+            t1 = b.select(valid, t1, t0)
+        self.ctx.loop(t0, t1, body, name="cand")
+
+    # ---- bounded sorted state (knn, radius with max_neighbors) --------------------------
+
+    def _top_k(self, cells, q, r, fold) -> None:
+        b, ctx, spec = self.b, self.ctx, self.spec
+        k = spec.k
+        best_d = ctx.alloca(self.pty, k)
+        best_i = ctx.alloca(I64, k)
+        nbest = ctx.alloca(I64, 1)
+        accepted = ctx.alloca(I64, 1)
+        b.store(i64(0), nbest)
+        b.store(i64(0), accepted)
+
+        def offer(tpos):
+            idx, d2 = self._candidate(tpos, q)
+            if spec.kind == "radius":
+                ok = self._keep(idx, d2, r)
+            else:
+                ok = self._not_self(idx, r)
+            if ok is None:
+                self._insert(best_d, best_i, nbest, d2, idx)
+                return
+            with b.if_then(ok):
+                if spec.kind == "radius":
+                    b.store(b.add(b.load(accepted, typ=I64), i64(1)), accepted)
+                self._insert(best_d, best_i, nbest, d2, idx)
+
+        if spec.kind == "radius" or cells is None:
+            self._visit(cells, i64(1), offer, ring=False)
+        else:
+            self._shells(cells, offer, best_d, nbest)
+        if spec.kind == "radius":
+            over = b.icmp_signed(">", b.load(accepted, typ=I64), i64(k))
+            with b.if_then(over):
+                b.atomic_rmw("add", self.ptr["stats"], i64(1), "monotonic")
+        n = b.load(nbest, typ=I64)
+        ctx.loop(i64(0), n, lambda j: fold(self.b.load(
+            self.b.gep(best_i, [j], source_etype=I64), typ=I64)), name="kept")
+
+    def _less(self, da, ia, db, ib):
+        b = self.b
+        return b.or_(b.fcmp_ordered("<", da, db),
+                     b.and_(b.fcmp_ordered("==", da, db), b.icmp_signed("<", ia, ib)))
+
+    def _insert(self, best_d, best_i, nbest, d2, idx) -> None:
+        """Insert (d2, idx) into the ascending state of at most k entries."""
+        b, k, fn = self.b, self.spec.k, self.ctx.fn
+        n = b.load(nbest, typ=I64)
+        full = b.icmp_signed("==", n, i64(k))
+        last = i64(k - 1)
+        ld = b.load(b.gep(best_d, [last], source_etype=self.pty), typ=self.pty)
+        li = b.load(b.gep(best_i, [last], source_etype=I64), typ=I64)
+        go = b.or_(b.not_(full), self._less(d2, idx, ld, li))
+        with b.if_then(go):
+            b.store(b.select(full, n, b.add(n, i64(1))), nbest)
+            start = b.select(full, last, n)
+            pre = b.block
+            head = fn.append_basic_block("shift.head")
+            move = fn.append_basic_block("shift.move")
+            done = fn.append_basic_block("shift.done")
+            b.branch(head)
+            b.position_at_end(head)
+            p = b.phi(I64, name="slot")
+            p.add_incoming(start, pre)
+            prev = b.sub(p, i64(1))
+            prev_c = self._imax(prev, i64(0))
+            pd = b.load(b.gep(best_d, [prev_c], source_etype=self.pty), typ=self.pty)
+            pi = b.load(b.gep(best_i, [prev_c], source_etype=I64), typ=I64)
+            shift = b.and_(b.icmp_signed(">", p, i64(0)), self._less(d2, idx, pd, pi))
+            b.cbranch(shift, move, done)
+            b.position_at_end(move)
+            self._st(best_d, p, self.pty, pd)
+            self._st(best_i, p, I64, pi)
+            p.add_incoming(prev, move)
+            b.branch(head)
+            b.position_at_end(done)
+            self._st(best_d, p, self.pty, d2)
+            self._st(best_i, p, I64, idx)
+
+    def _shells(self, cells, offer, best_d, nbest) -> None:
+        """Rings s = 0, 1, ... until the k-th distance is below the gap to unvisited cells."""
+        b, fn, k = self.b, self.ctx.fn, self.spec.k
+        s_ptr = self.ctx.alloca(I64, 1)
+        b.store(i64(0), s_ptr)
+        head = fn.append_basic_block("shell")
+        done = fn.append_basic_block("shell.done")
+        b.branch(head)
+        b.position_at_end(head)
+        s = b.load(s_ptr, typ=I64)
+        self._visit(cells, s, offer, ring=True)
+        gap, covered = self._gap(cells, s)
+        kth = b.load(b.gep(best_d, [i64(k - 1)], source_etype=self.pty), typ=self.pty)
+        kth = kth if self.pty == F64 else b.fpext(kth, F64)
+        safe = ir.IRBuilder.fmul(b, gap, ir.Constant(F64, GAP_SAFETY))
+        bound = b.and_(b.fcmp_ordered(">", safe, ir.Constant(F64, 0.0)),
+                       b.fcmp_ordered("<", kth, ir.IRBuilder.fmul(b, safe, safe)))
+        full = b.icmp_signed("==", b.load(nbest, typ=I64), i64(k))
+        stop = b.or_(covered, b.and_(full, bound))
+        b.store(b.add(s, i64(1)), s_ptr)
+        b.cbranch(stop, done, head)
+        b.position_at_end(done)
+
+    def _gap(self, cells, s):
+        """(distance from the query to the cells outside the ring-s block (f64, inf when
+        none), whether the block covers the whole grid)."""
+        b = self.b
+        inf = ir.Constant(F64, float("inf"))
+        gap, covered = inf, ir.Constant(ir.IntType(1), 1)
+        for k, (u, c) in enumerate(cells):
+            low, high = b.sub(c, s), b.add(c, s)
+            at_lo = b.icmp_signed("<=", low, i64(0))
+            at_hi = b.icmp_signed(">=", high, b.sub(self.dims[k], i64(1)))
+            g_lo = ir.IRBuilder.fsub(b, u, b.sitofp(low, F64))
+            g_hi = ir.IRBuilder.fsub(b, b.sitofp(b.add(high, i64(1)), F64), u)
+            gap = self._fmin(gap, b.select(at_lo, inf, g_lo))
+            gap = self._fmin(gap, b.select(at_hi, inf, g_hi))
+            covered = b.and_(covered, b.and_(at_lo, at_hi))
+        return ir.IRBuilder.fmul(b, gap, self.width), covered
+
+
+__all__ = ["codegen_generated", "GeoSpec", "GEO_SLOTS", "MAX_TOPK"]
