@@ -393,3 +393,37 @@ def test_no_edge_by_hidden_array_in_forward_or_backward():
         tracemalloc.stop()
     tape = graph.num_edges * hidden * 4
     assert peak < tape / 4, f"peak {peak} B vs one (E, hidden) array {tape} B"
+
+
+class DisplacementNN(EdgeNN):
+    def edge(self, src, dst, edge):
+        return self.mlp(edge.displacement, src.x)
+
+
+def test_gradcheck_through_radius_displacement_float64():
+    """Positions held by a tg.Graph.radius relation receive gradients through
+    edge.displacement (the topology is fixed: no pair lies near the cutoff)."""
+    cutoff = 0.45
+    for seed in range(100):
+        g = torch.Generator().manual_seed(seed)
+        pos = torch.rand(14, 3, dtype=torch.float64, generator=g)
+        d = torch.cdist(pos, pos)
+        if ((d - cutoff).abs() > 1e-3).all():
+            break
+    pos.requires_grad_()
+    x = torch.randn(14, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 2)).double()
+    program = DisplacementNN(module)
+
+    def f(pos, x, *params):
+        return program(graph=tg.Graph.radius(pos, cutoff=cutoff), src={"x": x})
+
+    y = f(pos, x)
+    mask = (torch.cdist(pos, pos) <= cutoff) & ~torch.eye(14, dtype=torch.bool)
+    dst, src = mask.nonzero(as_tuple=True)
+    ref = _torch_reduce(module(torch.cat((pos[src] - pos[dst], x[src]), -1)), dst, "sum",
+                        n=14)
+    torch.testing.assert_close(y, ref)
+    assert torch.autograd.gradcheck(f, (pos, x, *module.parameters()), eps=1e-6, atol=1e-6,
+                                    rtol=1e-5)
