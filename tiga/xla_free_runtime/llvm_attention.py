@@ -83,14 +83,10 @@ def _planner(eqn, graph, compile):
     return AttentionPlan("forward", pat)
 
 
-def _heads(x: np.ndarray) -> np.ndarray:
-    """(N, H, D) -> (H, N, D) view; (N, D) -> (1, N, D); (N, H) -> (H, N); (N,) -> (1, N)."""
+def _heads(x: np.ndarray, heads: bool = True) -> np.ndarray:
+    """A field (N, H, D) -> (H, N, D) view; a single-head field (N, D) -> (1, N, D)."""
     x = np.asarray(x)
-    if x.ndim == 3:
-        return x.transpose(1, 0, 2)
-    if x.ndim == 2:
-        return x.T
-    return x[None]
+    return x.transpose(1, 0, 2) if heads else x[None]
 
 
 def _rows_heads(x: np.ndarray, heads: bool) -> np.ndarray:
@@ -138,8 +134,9 @@ class AttentionPlan:
         top = np.empty((nh, n), dtype)
         mass = np.empty((nh, n), dtype)
         prune = eqn.params["reducer"].prune_threshold
-        skipped = tiles.forward(_heads(q), _heads(k), _heads(v), _heads(out), top, mass,
-                                lo, hi, scale, prune, _jobs)
+        h = pat.heads
+        skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
+                                top, mass, lo, hi, scale, prune, _jobs)
         STATS["blocks_skipped"] = skipped[0]
         STATS["blocks_total"] = skipped[1]
         top_r, mass_r = (top.T, mass.T) if pat.heads else (top[0], mass[0])
@@ -153,18 +150,18 @@ class AttentionPlan:
         dtype = q.dtype
         top = np.empty((nh, n), dtype)
         mass = np.empty((nh, n), dtype)
-        kh = _heads(k)
+        kh = _heads(k, heads)
         # values are not needed for the statistics: a zero-width value array
         v0 = np.zeros((kh.shape[0], kh.shape[1], 0), dtype)
         o0 = np.zeros((nh, n, 0), dtype)
-        tiles.forward(_heads(q), kh, v0, o0, top, mass, lo, hi, scale, None, _jobs)
+        tiles.forward(_heads(q, heads), kh, v0, o0, top, mass, lo, hi, scale, None, _jobs)
         return (top.T, mass.T) if heads else (top[0], mass[0])
 
     def _dq(self, eqn, graph, q, k, v, scale, do, lse, delta, heads, lo, hi):
         q = np.asarray(q)
         dq = np.empty(q.shape, eqn.outputs[0].type.dtype.np)
-        tiles.backward_dq(_heads(q), _heads(k), _heads(v), _heads(do),
-                          _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dq),
+        tiles.backward_dq(_heads(q, heads), _heads(k, heads), _heads(v, heads), _heads(do, heads),
+                          _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dq, heads),
                           lo, hi, scale, _jobs)
         return dq
 
@@ -172,9 +169,9 @@ class AttentionPlan:
         k, v = np.asarray(k), np.asarray(v)
         dk = np.empty(k.shape, eqn.outputs[0].type.dtype.np)
         dv = np.empty(v.shape, eqn.outputs[1].type.dtype.np)
-        tiles.backward_dkdv(_heads(q), _heads(k), _heads(v), _heads(do),
-                            _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dk),
-                            _heads(dv), lo, hi, scale, _jobs)
+        tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads), _heads(do, heads),
+                            _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dk, heads),
+                            _heads(dv, heads), lo, hi, scale, _jobs)
         return [dk, dv]
 
     # ---- explain ----------------------------------------------------------------------
