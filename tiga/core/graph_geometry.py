@@ -116,15 +116,30 @@ def cell_width(positions: np.ndarray, minimum: float, per_cell: float = 1.0) -> 
     n, d = positions.shape
     if n == 0:
         return max(minimum, 1.0)
-    extent = (positions.max(axis=0).astype(np.float64) - positions.min(axis=0)).max()
+    extents = _extents(positions)
+    extent = extents.max()
     w = minimum * WIDTH_MARGIN
     if extent > 0:
         target = extent * (per_cell / n) ** (1.0 / d)
         w = max(w, target * WIDTH_MARGIN)
         # cap the cell count: prod over axes of (extent / w + 1) <= MAX_CELLS_PER_POINT * n
-        while np.prod(np.floor(_extents(positions) / w) + 1.0) > MAX_CELLS_PER_POINT * n + 8:
+        while np.prod(np.floor(extents / w) + 1.0) > MAX_CELLS_PER_POINT * n + 8:
             w *= 1.25
     return float(w)
+
+
+def squared_cutoff(cutoff: float, dtype) -> float:
+    """The largest v of `dtype` with sqrt(v) <= cutoff (in dtype): `d2 <= v` is exactly the
+    predicate `sqrt(d2) <= cutoff` (sqrt is correctly rounded and monotonic)."""
+    t = np.dtype(dtype).type
+    c = t(cutoff)
+    v = t(c * c)
+    inf, zero = t(np.inf), t(0)
+    while v > 0 and np.sqrt(v) > c:
+        v = np.nextafter(v, zero)
+    while np.isfinite(v) and np.sqrt(np.nextafter(v, inf)) <= c:
+        v = np.nextafter(v, inf)
+    return float(v)
 
 
 def _extents(positions: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ the generic kernel, which explain() reports as the materialised CSR.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 
@@ -26,15 +27,27 @@ from ..core import graph_geometry as geo
 from ..core.errors import CompilationError
 from ..lower import CPU_LLVM_AVAILABLE
 from .cache import CACHE, full_key
-from .llvm_propagate import SPECIALISED_PLANNERS, Fallback, _check_field, _np_dtype
+from .llvm_propagate import (
+    SPECIALISED_PLANNERS,
+    Fallback,
+    _address,
+    _check_field,
+    _np_dtype,
+)
 from .threads import num_threads, row_chunks, run_chunks
 
 if CPU_LLVM_AVAILABLE:
     from ..lower.llvm import CodegenUnsupported
-    from ..lower.llvm.generated import GeoSpec, codegen_generated
+    from ..lower.llvm.generated import (
+        DIRECTORY_SLOTS,
+        GeoSpec,
+        codegen_directory,
+        codegen_generated,
+    )
 
 GEOMETRIC = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
+RADIUS_REACH = 2                # radius cells about cutoff/2 wide, 2 cells walked each side
 _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
@@ -111,38 +124,74 @@ def directory_arrays(graph, spec: GeoSpec) -> dict:
     p = graph.params
     pos = p["positions"]
     q = graph.query_positions
-    d = spec.dims
-    if spec.mode == "scan":
-        width, lo = 1.0, np.zeros(d)
+    d, n = spec.dims, len(pos)
+    cutoff = float(p.get("cutoff", 0.0))
+    sq = geo.squared_cutoff(cutoff, pos.dtype) if spec.kind == "radius" else 0.0
+    if spec.mode == "scan" or n == 0:
+        width, reach, lo = 1.0, 1, np.zeros(d)
         dims = np.ones(d, np.int64)
-        cell_start = np.array([0, len(pos)], np.int64)
-        order = np.arange(len(pos), dtype=np.int64)
-        sorted_pos = pos
+        cells = {"cell_start": np.array([0, n], np.int64),
+                 "sorted_idx": np.arange(n, dtype=np.int64), "sorted_pos": pos}
         row_order = np.arange(len(q), dtype=np.int64)
     else:
+        lo = pos.min(axis=0).astype(np.float64)
+        extents = pos.max(axis=0).astype(np.float64) - lo
         if spec.kind == "radius":
-            width = geo.cell_width(pos, p["cutoff"])
+            width = _width(extents, n, cutoff / RADIUS_REACH, 0.5)
+            reach = int(np.ceil(cutoff * geo.WIDTH_MARGIN / width))
         else:
-            extent = float(geo._extents(pos).max()) if len(pos) else 0.0
-            width = geo.cell_width(pos, (extent or 1.0) * 1e-9,
-                                   per_cell=max(1.0, spec.k * KNN_POINTS_PER_CELL))
-        dirx = geo.directory(pos, width)
-        lo, dims, cell_start, order = (dirx["lo"], dirx["dims"], dirx["cell_start"],
-                                       dirx["order"])
-        sorted_pos = np.ascontiguousarray(pos[order])
+            width = _width(extents, n, (float(extents.max()) or 1.0) * 1e-9,
+                           max(1.0, spec.k * KNN_POINTS_PER_CELL))
+            reach = 1
+        dims = (np.floor(extents / width) + 1).astype(np.int64)
+        geo_f = _geo_f(cutoff, width, sq, lo)
+        geo_i = np.concatenate([[n], dims, [int(np.prod(dims)), reach]]).astype(np.int64)
+        cells = build_directory(pos, geo_f, geo_i)
         if p["query"] is None:
-            row_order = order
+            row_order = cells["sorted_idx"]
         else:
-            lin = geo.linear_cell(geo.cell_coords(q, lo, 1.0 / width, dims), dims)
-            row_order = np.argsort(lin, kind="stable").astype(np.int64)
-    cutoff = p.get("cutoff", 0.0)
+            row_order = build_directory(np.ascontiguousarray(q), geo_f, geo_i)["sorted_idx"]
     arrays = {
-        "geo_f": np.concatenate([[cutoff, 1.0 / width, width], lo]).astype(np.float64),
-        "geo_i": np.concatenate([[len(pos)], dims]).astype(np.int64),
-        "cell_start": cell_start, "sorted_idx": order, "sorted_pos": sorted_pos,
-        "row_order": row_order, "qpos": np.ascontiguousarray(q),
+        "geo_f": _geo_f(cutoff, width, sq, lo),
+        "geo_i": np.concatenate([[n], dims, [int(np.prod(dims)), reach]]).astype(np.int64),
+        "cell_start": cells["cell_start"], "sorted_idx": cells["sorted_idx"],
+        "sorted_pos": cells["sorted_pos"], "row_order": row_order,
+        "qpos": np.ascontiguousarray(q),
     }
     p["_directory"] = (spec, arrays)
+    return arrays
+
+
+def _geo_f(cutoff, width, sq, lo) -> np.ndarray:
+    return np.concatenate([[cutoff, 1.0 / width, width, sq], lo]).astype(np.float64)
+
+
+def _width(extents: np.ndarray, n: int, minimum: float, per_cell: float) -> float:
+    """Cell width: at least `minimum`, about `per_cell` points per cell, and at most
+    geo.MAX_CELLS_PER_POINT cells per point."""
+    d = len(extents)
+    w = minimum * geo.WIDTH_MARGIN
+    extent = float(extents.max())
+    if extent > 0:
+        w = max(w, extent * (per_cell / n) ** (1.0 / d) * geo.WIDTH_MARGIN)
+        while np.prod(np.floor(extents / w) + 1.0) > geo.MAX_CELLS_PER_POINT * n + 8:
+            w *= 1.25
+    return float(w) if w > 0 else 1.0
+
+
+def build_directory(points: np.ndarray, geo_f: np.ndarray, geo_i: np.ndarray) -> dict:
+    """Counting sort of the points by cell with the compiled directory kernel (O(N))."""
+    n, d = points.shape
+    cells = int(geo_i[1 + d])
+    key = full_key(("generated-directory", d, points.dtype.name))
+    exe = CACHE.get(key, lambda symbol: codegen_directory(d, points.dtype.name, symbol=symbol))
+    arrays = {"points": points, "geo_f": geo_f, "geo_i": geo_i,
+              "cell_of": np.empty(n, np.int64), "cell_start": np.zeros(cells + 1, np.int64),
+              "cursor": np.empty(cells, np.int64), "sorted_idx": np.empty(n, np.int64),
+              "sorted_pos": np.empty_like(points)}
+    argv = (ctypes.c_void_p * len(DIRECTORY_SLOTS))(*[_address(arrays[s])
+                                                      for s in DIRECTORY_SLOTS])
+    exe.native(n, 0, argv)
     return arrays
 
 
@@ -151,9 +200,6 @@ class GeneratedPlan:
         self.exe, self.spec, self.key = exe, spec, key
 
     def run(self, eqn, graph, values: list) -> list:
-        from .llvm_propagate import _address  # noqa: PLC0415  (tiny helper, same layer)
-        import ctypes  # noqa: PLC0415
-
         sig = self.exe.signature
         arrays = dict(directory_arrays(graph, self.spec))
         stats = np.zeros(1, np.int64)

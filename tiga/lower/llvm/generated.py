@@ -35,7 +35,8 @@ from .kernel import KernelSchedule, _KernelBuilder, _signature, emit_chunk_drive
 from .values import F64, I64, PTR, CodegenUnsupported, i64, storage_type
 from .walks import Walk
 
-# geo_f (float64): cutoff, inv_width, width, lo[d]; geo_i (int64): num_src, dims[d]
+# geo_f (float64): cutoff, inv_width, width, squared cutoff, lo[d];
+# geo_i (int64): num_src, dims[d], number of cells, reach (cells walked each side, radius)
 GEO_SLOTS = ("geo_f", "geo_i", "cell_start", "sorted_idx", "sorted_pos", "row_order", "qpos",
              "stats")
 MAX_TOPK = 4096            # bounded state lives on the stack
@@ -126,10 +127,13 @@ class _GeoBuilder(_KernelBuilder):
             self.cutoff = b.fptrunc(self.cutoff, self.pty)
         self.inv_w = self._ld("geo_f", i64(1), F64)
         self.width = self._ld("geo_f", i64(2), F64)
-        self.lo = [self._ld("geo_f", i64(3 + k), F64) for k in range(d)]
+        self.sq_cutoff = self._ld("geo_f", i64(3), F64)
+        if self.pty != F64:
+            self.sq_cutoff = b.fptrunc(self.sq_cutoff, self.pty)
+        self.lo = [self._ld("geo_f", i64(4 + k), F64) for k in range(d)]
         self.num_src = self._ld("geo_i", i64(0), I64)
         self.dims = [self._ld("geo_i", i64(1 + k), I64) for k in range(d)]
-        self.sqrt = self.ctx.intrinsic("llvm.sqrt", self.pty)
+        self.reach = self._ld("geo_i", i64(2 + d), I64)
         self.floor = self.ctx.intrinsic("llvm.floor", F64)
         self.ctx.loop(begin, end, self._geo_row, name="row")
 
@@ -148,13 +152,15 @@ class _GeoBuilder(_KernelBuilder):
             self._fold(i64(0), rows, states, idx)
             b.store(b.add(b.load(count, typ=I64), i64(1)), count)
 
+        # with query=None rows are visited in directory order: row t is sorted point t
+        self.own = t
         cells = self._cells(q) if spec.mode == "cells" else None
         if spec.kind == "radius" and spec.k == 0:
             def accept(tpos):
-                idx, d2 = self._candidate(tpos, q)
-                with b.if_then(self._keep(idx, d2, r)):
-                    fold(idx)
-            self._visit(cells, i64(1), accept, ring=False)
+                d2 = self._d2(tpos, q)
+                with b.if_then(self._keep(tpos, d2)):
+                    fold(self._ld("sorted_idx", tpos, I64))
+            self._visit(cells, self.reach, accept, ring=False)
         else:
             self._top_k(cells, q, r, fold)
         outs = self._finish(states, b.load(count, typ=I64), rows)
@@ -162,8 +168,10 @@ class _GeoBuilder(_KernelBuilder):
 
     def _candidate(self, tpos, q):
         """(source index, squared distance in the coordinates' dtype) of sorted point tpos."""
+        return self._ld("sorted_idx", tpos, I64), self._d2(tpos, q)
+
+    def _d2(self, tpos, q):
         b, d = self.b, self.spec.dims
-        idx = self._ld("sorted_idx", tpos, I64)
         base = b.mul(tpos, i64(d))
         d2 = None
         for k in range(d):
@@ -171,17 +179,18 @@ class _GeoBuilder(_KernelBuilder):
             diff = ir.IRBuilder.fsub(b, p, q[k])
             sq = ir.IRBuilder.fmul(b, diff, diff)
             d2 = sq if d2 is None else ir.IRBuilder.fadd(b, d2, sq)
-        return idx, d2
+        return d2
 
-    def _not_self(self, idx, r):
+    def _not_self(self, tpos):
         if not self.spec.exclude_self:
             return None
-        return self.b.icmp_signed("!=", idx, r)
+        return self.b.icmp_signed("!=", tpos, self.own)
 
-    def _keep(self, idx, d2, r):
+    def _keep(self, tpos, d2):
+        """distance <= cutoff, as d2 <= the largest square whose sqrt is <= cutoff (exact)."""
         b = self.b
-        ok = b.fcmp_ordered("<=", b.call(self.sqrt, [d2]), self.cutoff)
-        other = self._not_self(idx, r)
+        ok = b.fcmp_ordered("<=", d2, self.sq_cutoff)
+        other = self._not_self(tpos)
         return ok if other is None else b.and_(ok, other)
 
     # ---- the directory walk ------------------------------------------------------------
@@ -271,9 +280,9 @@ class _GeoBuilder(_KernelBuilder):
         def offer(tpos):
             idx, d2 = self._candidate(tpos, q)
             if spec.kind == "radius":
-                ok = self._keep(idx, d2, r)
+                ok = self._keep(tpos, d2)
             else:
-                ok = self._not_self(idx, r)
+                ok = self._not_self(tpos)
             if ok is None:
                 self._insert(best_d, best_i, nbest, d2, idx)
                 return
@@ -283,7 +292,7 @@ class _GeoBuilder(_KernelBuilder):
                 self._insert(best_d, best_i, nbest, d2, idx)
 
         if spec.kind == "radius" or cells is None:
-            self._visit(cells, i64(1), offer, ring=False)
+            self._visit(cells, self.reach, offer, ring=False)
         else:
             self._shells(cells, offer, best_d, nbest)
         if spec.kind == "radius":
@@ -375,4 +384,82 @@ class _GeoBuilder(_KernelBuilder):
         return ir.IRBuilder.fmul(b, gap, self.width), covered
 
 
-__all__ = ["codegen_generated", "GeoSpec", "GEO_SLOTS", "MAX_TOPK"]
+DIRECTORY_SLOTS = ("points", "geo_f", "geo_i", "cell_of", "cell_start", "cursor", "sorted_idx",
+                   "sorted_pos")
+
+
+def codegen_directory(dims: int, pos_dtype: str, *, symbol: str = "tiga_directory") -> tuple:
+    """`void build(i64 n, i64 _, ptr argv)`: the cell directory of n points by counting sort
+    (stable: each cell lists its points in ascending index). cell_start (cells + 1 zeros on
+    entry) ends as the cell start offsets; cursor and cell_of are scratch."""
+    from .kernel import KernelSignature
+
+    sig = KernelSignature(symbol=symbol, walk="dst", reduce_by="dst", slots=DIRECTORY_SLOTS,
+                          roles=(), field_shapes=(), field_dtypes=(), out_shapes=(),
+                          out_dtypes=(), index_dtype="int64", parallel="single",
+                          relation=("directory", dims, pos_dtype))
+    module = ir.Module(name=symbol)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), name=symbol)
+    ctx = Emitter(module, fn)
+    n, _, argv = fn.args
+    b = ctx.b
+    pty = storage_type(as_dtype(pos_dtype))
+    ptr = {s_: b.load(b.gep(argv, [i64(j)], source_etype=PTR), typ=PTR)
+           for j, s_ in enumerate(DIRECTORY_SLOTS)}
+
+    def ld(slot, idx, ty):
+        return b.load(b.gep(ptr[slot], [idx], source_etype=ty), typ=ty)
+
+    def st(slot, idx, ty, v):
+        b.store(v, b.gep(ptr[slot], [idx], source_etype=ty))
+
+    inv_w = ld("geo_f", i64(1), F64)
+    lo = [ld("geo_f", i64(4 + k), F64) for k in range(dims)]
+    dim = [ld("geo_i", i64(1 + k), I64) for k in range(dims)]
+    cells = ld("geo_i", i64(1 + dims), I64)
+    floor = ctx.intrinsic("llvm.floor", F64)
+    zero = ir.Constant(F64, 0.0)
+
+    def cell_of(i):
+        lin = i64(0)
+        for k in range(dims):
+            x = ld("points", b.add(b.mul(i, i64(dims)), i64(k)), pty)
+            x = x if pty == F64 else b.fpext(x, F64)
+            f = b.call(floor, [b.fmul(b.fsub(x, lo[k]), inv_w)])
+            f = b.select(b.fcmp_ordered(">", f, zero), f, zero)
+            top = b.sitofp(b.sub(dim[k], i64(1)), F64)
+            f = b.select(b.fcmp_ordered("<", f, top), f, top)
+            lin = b.add(b.mul(lin, dim[k]), b.fptosi(f, I64))
+        return lin
+
+    def count(i):
+        c = cell_of(i)
+        st("cell_of", i, I64, c)
+        slot = b.add(c, i64(1))
+        st("cell_start", slot, I64, b.add(ld("cell_start", slot, I64), i64(1)))
+
+    def prefix(c):
+        nxt = b.add(c, i64(1))
+        total = b.add(ld("cell_start", nxt, I64), ld("cell_start", c, I64))
+        st("cell_start", nxt, I64, total)
+        st("cursor", c, I64, ld("cell_start", c, I64))
+
+    def scatter(i):
+        c = ld("cell_of", i, I64)
+        t = ld("cursor", c, I64)
+        st("cursor", c, I64, b.add(t, i64(1)))
+        st("sorted_idx", t, I64, i)
+        for k in range(dims):
+            v = ld("points", b.add(b.mul(i, i64(dims)), i64(k)), pty)
+            st("sorted_pos", b.add(b.mul(t, i64(dims)), i64(k)), pty, v)
+
+    ctx.loop(i64(0), n, count, name="count")
+    ctx.loop(i64(0), cells, prefix, name="prefix")
+    ctx.loop(i64(0), n, scatter, name="scatter")
+    b.ret_void()
+    ctx.finish()
+    return str(module), sig
+
+
+__all__ = ["codegen_generated", "codegen_directory", "GeoSpec", "GEO_SLOTS", "DIRECTORY_SLOTS",
+           "MAX_TOPK"]
