@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 # Examples run by `make demo`, in order; missing ones are skipped.
-DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py
+DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py examples/causal_attention.py
 
 # Stamps live inside the venv (so deleting it resets them) and are keyed on
 # pyproject.toml: a re-run only reinstalls when the dependencies changed.

@@ -19,10 +19,10 @@ from ..core.prims.control import run_scan, run_while, scan_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
+from . import llvm_attention  # noqa: F401  (registers the tiled attention planner)
 from .cache import CACHE
 from .explain import Explanation
 from .llvm_propagate import Fallback, plan_propagate, run_propagate
-from . import llvm_attention  # noqa: F401  (registers the tiled attention planner)
 from .routes import describe_program
 
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"

@@ -25,8 +25,7 @@ import weakref
 
 import numpy as np
 
-from ..autodiff.rules.attention import (CANONICAL, canonical_program, kind_of,
-                                        match_attention)
+from ..autodiff.rules.attention import CANONICAL, canonical_program, kind_of, match_attention
 from ..core.prims.graph import row_type
 from ..lower.llvm import attention as tiles
 from .threads import num_threads, run_jobs
@@ -207,8 +206,46 @@ class AttentionPlan:
         ex.cache_lines.append(f"{what[self.kind]}: tiled attention (no per-call compile)")
 
 
+def _blas_local_threads():
+    """numpy's OpenBLAS `openblas_set_num_threads_local`, or None. Tile products run on our
+    own threads (one row block each); a BLAS that also spawns threads per product
+    oversubscribes the cores (its spinning workers slow a tile product down tenfold)."""
+    if not _BLAS:
+        fn = None
+        try:
+            import ctypes
+            import glob
+            import os
+            libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+            for path in glob.glob(os.path.join(libs, "*openblas*.so*")):
+                lib = ctypes.CDLL(path)
+                if hasattr(lib, "openblas_set_num_threads_local"):
+                    fn = lib.openblas_set_num_threads_local
+                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                    break
+        except OSError:
+            fn = None
+        _BLAS.append(fn)
+    return _BLAS[0]
+
+
+_BLAS: list = []
+
+
 def _jobs(fn, jobs):
-    run_jobs(lambda a, b, argv: fn(a, b), [(a, b, None) for a, b in jobs], num_threads())
+    local = _blas_local_threads()
+
+    def one(a, b, argv):
+        if local is None:
+            fn(a, b)
+            return
+        before = local(1)
+        try:
+            fn(a, b)
+        finally:
+            local(before)
+
+    run_jobs(one, [(a, b, None) for a, b in jobs], num_threads())
 
 
 def _save(out, top, mass):
