@@ -47,7 +47,7 @@ if CPU_LLVM_AVAILABLE:
 
 GEOMETRIC = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
-RADIUS_REACH = 2                # radius cells about cutoff/2 wide, 2 cells walked each side
+RADIUS_REACH = 1
 _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
@@ -206,8 +206,15 @@ class GeneratedPlan:
         arrays["stats"] = stats
         sizes = {"src": graph.num_src, "dst": graph.num_dst, "param": None}
         names = eqn.params["names"]
+        permuted = self.spec.mode == "cells"
         for i, (x, r) in enumerate(zip(values, sig.roles)):
-            arrays[f"field:{i}"] = _check_field(x, i, sig, sizes[r], names[i])
+            f = _check_field(x, i, sig, sizes[r], names[i])
+            if r == "src" and permuted:   # the kernel reads source rows in directory order
+                if names[i] == "_tg_pos" and f.dtype == arrays["sorted_pos"].dtype:
+                    f = arrays["sorted_pos"]
+                else:
+                    f = np.take(f, arrays["sorted_idx"], axis=0)
+            arrays[f"field:{i}"] = f
         outs = [np.empty((graph.num_dst,) + tuple(s), _np_dtype(dt))
                 for s, dt in zip(sig.out_shapes, sig.out_dtypes)]
         for k, o in enumerate(outs):

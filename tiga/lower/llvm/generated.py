@@ -20,7 +20,9 @@ row the kernel
 With more than FAST_DIMS coordinate dims the directory is a single range over all sources
 (a tiled scan; still exact, O(N*M) work). The edge function itself, the reducer folds, the
 finalize and `update` come from the generic kernel (kernel.py) by subclassing; positions
-reach the edge function as its hidden fields, read by the source's original index.
+reach the edge function as its hidden fields. Source fields are passed in directory order
+(the runtime permutes them once per call, O(N*F)), so every source row an edge reads is
+near the previous one: the kernel indexes them by sorted position, never by a random id.
 """
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ from .walks import Walk
 GEO_SLOTS = ("geo_f", "geo_i", "cell_start", "sorted_idx", "sorted_pos", "row_order", "qpos",
              "stats")
 MAX_TOPK = 4096            # bounded state lives on the stack
-GAP_SAFETY = 1.0 - 1e-5    # distances are rounded in the coordinates' dtype (float32 too)
+GAP_SAFETY = 1.0 - 1e-5
+COMPACT_BLOCK = 64          # candidates tested branch-free between two buffer checks
+COMPACT_BUFFER = 512        # accepted sorted positions held before a fold    # distances are rounded in the coordinates' dtype (float32 too)
 
 
 @dataclass(frozen=True)
@@ -156,15 +160,50 @@ class _GeoBuilder(_KernelBuilder):
         self.own = t
         cells = self._cells(q) if spec.mode == "cells" else None
         if spec.kind == "radius" and spec.k == 0:
-            def accept(tpos):
-                d2 = self._d2(tpos, q)
-                with b.if_then(self._keep(tpos, d2)):
-                    fold(self._ld("sorted_idx", tpos, I64))
-            self._visit(cells, self.reach, accept, ring=False)
+            self._compacted(cells, q, fold)
         else:
             self._top_k(cells, q, r, fold)
         outs = self._finish(states, b.load(count, typ=I64), rows)
         self._store_row(outs, r)
+
+    def _compacted(self, cells, q, fold) -> None:
+        """Radius rows without a bound: the test is branch-free (accepted sorted positions
+        are appended to a stack buffer, COMPACT_BLOCK candidates at a time) and the buffer is
+        folded in one tight loop when it may overflow and at the row's end; a branch per
+        candidate would mispredict on about a third of them."""
+        b, ctx = self.b, self.ctx
+        buf = ctx.alloca(I64, COMPACT_BUFFER)
+        nbuf = ctx.alloca(I64, 1)
+        b.store(i64(0), nbuf)
+
+        def flush():
+            ctx.loop(i64(0), b.load(nbuf, typ=I64), lambda j: fold(b.load(
+                b.gep(buf, [j], source_etype=I64), typ=I64)), name="acc")
+            b.store(i64(0), nbuf)
+
+        def run(t0, t1):
+            blocks = b.sdiv(b.add(b.sub(t1, t0), i64(COMPACT_BLOCK - 1)), i64(COMPACT_BLOCK))
+
+            def block(j):
+                near_full = b.icmp_signed(">", b.load(nbuf, typ=I64),
+                                          i64(COMPACT_BUFFER - COMPACT_BLOCK))
+                with b.if_then(near_full, likely=False):
+                    flush()
+                start = b.add(t0, b.mul(j, i64(COMPACT_BLOCK)))
+                stop = self._imin(b.add(start, i64(COMPACT_BLOCK)), t1)
+
+                def test(tpos):
+                    keep = self._keep(tpos, self._d2(tpos, q))
+                    n = b.load(nbuf, typ=I64)
+                    b.store(tpos, b.gep(buf, [n], source_etype=I64))
+                    b.store(b.add(n, b.zext(keep, I64)), nbuf)
+
+                ctx.loop(start, stop, test, name="test")
+
+            ctx.loop(i64(0), blocks, block, name="block")
+
+        self._visit(cells, self.reach, None, ring=False, run=run)
+        flush()
 
     def _candidate(self, tpos, q):
         """(source index, squared distance in the coordinates' dtype) of sorted point tpos."""
@@ -208,12 +247,17 @@ class _GeoBuilder(_KernelBuilder):
             out.append((u, b.fptosi(f, I64)))
         return out
 
-    def _visit(self, cells, s, body, ring: bool) -> None:
+    def _visit(self, cells, s, body, ring: bool, run=None) -> None:
         """Call body(tpos) for every sorted point in the cells at Chebyshev distance <= s
-        (ring=False) or exactly s (ring=True) around the row's cell; scan mode: all points."""
+        (ring=False) or exactly s (ring=True) around the row's cell; scan mode: all points.
+        With `run`, call run(t0, t1) once per index range instead."""
         b = self.b
+        if run is None:
+            def run(t0, t1):
+                self.ctx.loop(t0, t1, body, name="cand")
+        self.run = run
         if cells is None:
-            self.ctx.loop(i64(0), self.num_src, body, name="scan")
+            run(i64(0), self.num_src)
             return
         d = self.spec.dims
 
@@ -263,7 +307,7 @@ class _GeoBuilder(_KernelBuilder):
         t1 = self._ld("cell_start", b.add(cell_b, i64(1)), I64)
         if valid is not None:
             t1 = b.select(valid, t1, t0)
-        self.ctx.loop(t0, t1, body, name="cand")
+        self.run(t0, t1)
 
     # ---- bounded sorted state (knn, radius with max_neighbors) --------------------------
 
@@ -272,6 +316,7 @@ class _GeoBuilder(_KernelBuilder):
         k = spec.k
         best_d = ctx.alloca(self.pty, k)
         best_i = ctx.alloca(I64, k)
+        best_t = ctx.alloca(I64, k)
         nbest = ctx.alloca(I64, 1)
         accepted = ctx.alloca(I64, 1)
         b.store(i64(0), nbest)
@@ -284,12 +329,12 @@ class _GeoBuilder(_KernelBuilder):
             else:
                 ok = self._not_self(tpos)
             if ok is None:
-                self._insert(best_d, best_i, nbest, d2, idx)
+                self._insert(best_d, best_i, best_t, nbest, d2, idx, tpos)
                 return
             with b.if_then(ok):
                 if spec.kind == "radius":
                     b.store(b.add(b.load(accepted, typ=I64), i64(1)), accepted)
-                self._insert(best_d, best_i, nbest, d2, idx)
+                self._insert(best_d, best_i, best_t, nbest, d2, idx, tpos)
 
         if spec.kind == "radius" or cells is None:
             self._visit(cells, self.reach, offer, ring=False)
@@ -301,14 +346,14 @@ class _GeoBuilder(_KernelBuilder):
                 b.atomic_rmw("add", self.ptr["stats"], i64(1), "monotonic")
         n = b.load(nbest, typ=I64)
         ctx.loop(i64(0), n, lambda j: fold(self.b.load(
-            self.b.gep(best_i, [j], source_etype=I64), typ=I64)), name="kept")
+            self.b.gep(best_t, [j], source_etype=I64), typ=I64)), name="kept")
 
     def _less(self, da, ia, db, ib):
         b = self.b
         return b.or_(b.fcmp_ordered("<", da, db),
                      b.and_(b.fcmp_ordered("==", da, db), b.icmp_signed("<", ia, ib)))
 
-    def _insert(self, best_d, best_i, nbest, d2, idx) -> None:
+    def _insert(self, best_d, best_i, best_t, nbest, d2, idx, tpos) -> None:
         """Insert (d2, idx) into the ascending state of at most k entries."""
         b, k, fn = self.b, self.spec.k, self.ctx.fn
         n = b.load(nbest, typ=I64)
@@ -332,16 +377,19 @@ class _GeoBuilder(_KernelBuilder):
             prev_c = self._imax(prev, i64(0))
             pd = b.load(b.gep(best_d, [prev_c], source_etype=self.pty), typ=self.pty)
             pi = b.load(b.gep(best_i, [prev_c], source_etype=I64), typ=I64)
+            pt = b.load(b.gep(best_t, [prev_c], source_etype=I64), typ=I64)
             shift = b.and_(b.icmp_signed(">", p, i64(0)), self._less(d2, idx, pd, pi))
             b.cbranch(shift, move, done)
             b.position_at_end(move)
             self._st(best_d, p, self.pty, pd)
             self._st(best_i, p, I64, pi)
+            self._st(best_t, p, I64, pt)
             p.add_incoming(prev, move)
             b.branch(head)
             b.position_at_end(done)
             self._st(best_d, p, self.pty, d2)
             self._st(best_i, p, I64, idx)
+            self._st(best_t, p, I64, tpos)
 
     def _shells(self, cells, offer, best_d, nbest) -> None:
         """Rings s = 0, 1, ... until the k-th distance is below the gap to unvisited cells."""
