@@ -34,7 +34,7 @@ KINDS = ("dense", "triangular", "cu_seqlens")
 _RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SAVED: dict = {}          # id(forward output) -> (weakref to it, top, mass)
 _SAVED_LOCK = threading.Lock()
-STATS = {"blocks_skipped": 0, "blocks_total": 0, "saved_hits": 0}
+STATS = {"blocks_skipped": 0, "blocks_total": 0, "saved_hits": 0, "dq_fused": 0}
 
 
 def row_ranges(graph) -> tuple:
@@ -118,8 +118,11 @@ class AttentionPlan:
         q, k, v, scale, do, lse, delta = values
         heads = np.asarray(q).ndim == 3
         if self.kind == "dq":
-            return [self._dq(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)]
-        return self._dkdv(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)
+            dq = _take_dq(values)
+            if dq is None:
+                dq = self._dq(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)
+            return [np.asarray(dq, eqn.outputs[0].type.dtype.np)]
+        return self._dkdv(eqn, graph, values, heads, lo, hi)
 
     def _forward(self, eqn, graph, values, lo, hi):
         pat = self.pattern
@@ -164,13 +167,20 @@ class AttentionPlan:
                           lo, hi, scale, _jobs)
         return dq
 
-    def _dkdv(self, eqn, graph, q, k, v, scale, do, lse, delta, heads, lo, hi):
-        k, v = np.asarray(k), np.asarray(v)
+    def _dkdv(self, eqn, graph, values, heads, lo, hi):
+        q, k, v, scale, do, lse, delta = (np.asarray(x) for x in values)
         dk = np.empty(k.shape, eqn.outputs[0].type.dtype.np)
         dv = np.empty(v.shape, eqn.outputs[1].type.dtype.np)
-        tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads), _heads(do, heads),
-                            _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dk, heads),
-                            _heads(dv, heads), lo, hi, scale, _jobs)
+        # dkdvq: dq comes out of the same pass (per-thread partial sums, added once) and
+        # waits for the dq propagate over these very operands
+        dq = np.zeros(q.shape, q.dtype) if self.kind == "dkdvq" else None
+        tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads),
+                            _heads(do, heads), _rows_heads(lse, heads),
+                            _rows_heads(delta, heads), _heads(dk, heads), _heads(dv, heads),
+                            lo, hi, float(scale), _jobs,
+                            dq=None if dq is None else _heads(dq, heads))
+        if dq is not None:
+            _keep_dq(values, dq)
         return [dk, dv]
 
     # ---- explain ----------------------------------------------------------------------
@@ -178,7 +188,8 @@ class AttentionPlan:
         p = eqn.params
         what = {"forward": f"propagate[{p['reducer'].pp_param()}] by dst",
                 "rowmax": "attention VJP row max", "mass": "attention VJP row mass",
-                "dq": "attention VJP dq (by dst)", "dkdv": "attention VJP dk, dv (by src)"}
+                "dq": "attention VJP dq (by dst)", "dkdv": "attention VJP dk, dv (by src)",
+                "dkdvq": "attention VJP dk, dv, dq in one pass (by src)"}
         ex.routes.append(("cpu-tiled", f"{where}{what[self.kind]}",
                           "tiled streaming attention"))
         ex.traversal.append(
@@ -257,6 +268,29 @@ def _save(out, top, mass):
 
     with _SAVED_LOCK:
         _SAVED[key] = (weakref.ref(out, drop), top, mass)
+
+
+_DQ: dict = {}      # the dq a dkdvq pass produced, until the dq propagate takes it
+
+
+def _keep_dq(values, dq):
+    refs = tuple(weakref.ref(x) for x in values if isinstance(x, np.ndarray))
+    with _SAVED_LOCK:
+        _DQ.clear()          # at most one pending: the dq propagate follows immediately
+        _DQ[tuple(id(x) for x in values)] = (refs, dq)
+
+
+def _take_dq(values):
+    key = tuple(id(x) for x in values)
+    with _SAVED_LOCK:
+        found = _DQ.pop(key, None)
+    if found is None:
+        return None
+    arrays = [x for x in values if isinstance(x, np.ndarray)]
+    if len(arrays) != len(found[0]) or any(r() is not x for r, x in zip(found[0], arrays)):
+        return None
+    STATS["dq_fused"] += 1
+    return found[1]
 
 
 def _lookup(y):

@@ -166,6 +166,10 @@ CANONICAL = {
     "dq": (edge_dq, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer, "dst"),
     "dkdv": (edge_dkdv, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer,
              "src"),
+    # the same propagate, announcing that the dq propagate over the same operands follows:
+    # the streaming route produces dq in the same pass over key blocks and keeps it for that
+    "dkdvq": (edge_dkdv, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer,
+              "src"),
     "dscale": (edge_dscale, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer,
                "all"),
 }
@@ -228,12 +232,12 @@ def attention_vjp(pat: AttentionPattern, graph, fields, y, ct):
     grads = [q, k, v, scale, ct, lse, delta]
     out = [None] * len(fields)
     want = [differentiable(_typeof(f)) for f in fields]
-    if want[pat.q]:
-        out[pat.q] = _bind("dq", graph, grads)[0]
     if want[pat.k] or want[pat.v]:
-        dk, dv = _bind("dkdv", graph, grads)
+        dk, dv = _bind("dkdvq" if want[pat.q] else "dkdv", graph, grads)
         out[pat.k] = dk if want[pat.k] else None
         out[pat.v] = dv if want[pat.v] else None
+    if want[pat.q]:
+        out[pat.q] = _bind("dq", graph, grads)[0]
     if pat.scale is not None and pat.scale[0] == "param" and want[pat.scale[1]]:
         ds = _bind("dscale", graph, grads)[0]
         out[pat.scale[1]] = m.convert(ds, _typeof(fields[pat.scale[1]]).dtype)

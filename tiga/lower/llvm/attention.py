@@ -11,6 +11,8 @@ N x N array. Rows with an empty range finalize to 0 (max 0, mass 0), the reducer
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 BLOCK_M = 128     # destination rows per tile
@@ -114,12 +116,18 @@ def backward_dq(q, k, v, do, lse, delta, dq, lo, hi, scale, jobs) -> None:
     jobs(run, _row_blocks(lo, hi, q.shape[1]))
 
 
-def backward_dkdv(q, k, v, do, lse, delta, dk, dv, lo, hi, scale, jobs) -> None:
+def backward_dkdv(q, k, v, do, lse, delta, dk, dv, lo, hi, scale, jobs, dq=None) -> None:
     """dv[h, j] = sum_i p_ij do_i and dk[h, j] = scale * sum_i ds_ij q_i over the rows whose
-    range holds j (a contiguous block of rows, since lo and hi are nondecreasing)."""
+    range holds j (a contiguous block of rows, since lo and hi are nondecreasing).
+
+    With `dq` (zeros, (H, N, D)), dq[h, i] = scale * sum_j ds_ij k_j comes out of the same
+    pass: each thread adds into its own partial (O(N) per thread), the partials are added once.
+    """
     dtype = dk.dtype
     sc = dtype.type(scale)
     n_src = k.shape[1]
+    partials: dict = {}
+    lock = threading.Lock()
 
     def run(j0, j1):
         kb = np.ascontiguousarray(k[:, j0:j1])
@@ -128,6 +136,13 @@ def backward_dkdv(q, k, v, do, lse, delta, dk, dv, lo, hi, scale, jobs) -> None:
         r1 = int(np.searchsorted(lo, j1, side="left"))
         acc_k = np.zeros(kb.shape, dtype)
         acc_v = np.zeros(vb.shape, dtype)
+        acc_q = None
+        if dq is not None:
+            me = threading.get_ident()
+            with lock:
+                acc_q = partials.get(me)
+                if acc_q is None:
+                    acc_q = partials[me] = np.zeros(dq.shape, dtype)
         for i0, i1 in _blocks(r0, r1, BLOCK_M):
             qb = np.ascontiguousarray(q[:, i0:i1])
             dob = np.ascontiguousarray(do[:, i0:i1])
@@ -137,9 +152,15 @@ def backward_dkdv(q, k, v, do, lse, delta, dk, dv, lo, hi, scale, jobs) -> None:
             dp -= delta[:, i0:i1, None]
             dp *= p
             acc_k += np.matmul(dp.transpose(0, 2, 1), qb)
+            if acc_q is not None:
+                acc_q[:, i0:i1] += np.matmul(dp, kb)
         acc_k *= sc
         dk[:, j0:j1] = acc_k
         dv[:, j0:j1] = acc_v
 
     blocks = _blocks(0, n_src, BLOCK_N)
     jobs(run, blocks)
+    if dq is not None:
+        for part in partials.values():
+            dq += part
+        dq *= sc
