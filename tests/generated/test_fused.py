@@ -72,7 +72,7 @@ def test_fused_sum_matches_oracle(kind, kw, d, points):
     model = DistanceSum()
     y = np.asarray(model(graph=g, src={"x": x}))
     dist = pair_distances(pos, pos)
-    w = dense_weights(_rows(kind, pos, **kw), 140, lambda i, j: np.exp(-dist[i, j]))
+    w = dense_weights(_rows(kind, pos, **kw), 140, lambda i, j, dist=dist: np.exp(-dist[i, j]))
     np.testing.assert_allclose(y, w @ x, rtol=1e-12, atol=1e-12)
     text = _route(model)
     assert "fused " + kind in text and "no edge list" in text
@@ -109,7 +109,7 @@ def test_float32_coordinates():
                     (tg.Graph.knn(pos, 7), knn_rows(pos, 7))):
         y = np.asarray(DistanceSum()(graph=g, src={"x": x}))
         dist = pair_distances(pos, pos).astype(np.float64)
-        w = dense_weights(rows, 300, lambda i, j: np.exp(-dist[i, j]))
+        w = dense_weights(rows, 300, lambda i, j, dist=dist: np.exp(-dist[i, j]))
         np.testing.assert_allclose(y, w @ x, rtol=2e-5, atol=1e-5)
 
 
@@ -134,7 +134,7 @@ def test_new_coordinates_rebind_the_compiled_executable():
         pos = rng.random((256, 3))
         y = np.asarray(model(graph=tg.Graph.radius(pos, 0.2), src={"x": x}))
         dist = pair_distances(pos, pos)
-        w = dense_weights(radius_rows(pos, 0.2), 256, lambda i, j: np.exp(-dist[i, j]))
+        w = dense_weights(radius_rows(pos, 0.2), 256, lambda i, j, dist=dist: np.exp(-dist[i, j]))
         np.testing.assert_allclose(y, w @ x, rtol=1e-12)
     # other sizes and cutoffs reuse it too: the kernel depends on structure only
     model(graph=tg.Graph.radius(rng.random((500, 3)), 0.1), src={"x": rng.random((500, 4))})
@@ -197,7 +197,7 @@ def test_jit_keeps_radius_symbolic():
     p, x = rng.random((50, 2)), rng.random((50, 1))
     got = np.asarray(tg.jit(f)(p, x))
     dist = pair_distances(p, p)
-    w = dense_weights(radius_rows(p, 0.3), 50, lambda i, j: np.exp(-dist[i, j]))
+    w = dense_weights(radius_rows(p, 0.3), 50, lambda i, j, dist=dist: np.exp(-dist[i, j]))
     np.testing.assert_allclose(got, w @ x, rtol=1e-12)
 
 
@@ -214,5 +214,5 @@ def test_property_fused_equals_oracle(n, d, cutoff, seed, k):
                                                                       loop=True))):
         y = np.asarray(model(graph=g, src={"x": x}))
         dist = pair_distances(pos, pos)
-        w = dense_weights(rows, n, lambda i, j: np.exp(-dist[i, j]))
+        w = dense_weights(rows, n, lambda i, j, dist=dist: np.exp(-dist[i, j]))
         np.testing.assert_allclose(y, w @ x, rtol=1e-12, atol=1e-12)

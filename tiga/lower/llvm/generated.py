@@ -42,9 +42,9 @@ from .walks import Walk
 GEO_SLOTS = ("geo_f", "geo_i", "cell_start", "sorted_idx", "sorted_pos", "row_order", "qpos",
              "stats")
 MAX_TOPK = 4096            # bounded state lives on the stack
-GAP_SAFETY = 1.0 - 1e-5
+GAP_SAFETY = 1.0 - 1e-5    # distances are rounded in the coordinates' dtype (float32 too)
 COMPACT_BLOCK = 64          # candidates tested branch-free between two buffer checks
-COMPACT_BUFFER = 512        # accepted sorted positions held before a fold    # distances are rounded in the coordinates' dtype (float32 too)
+COMPACT_BUFFER = 512        # accepted sorted positions held before a fold
 
 
 @dataclass(frozen=True)
