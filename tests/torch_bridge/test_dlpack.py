@@ -90,3 +90,16 @@ def test_non_contiguous_field_is_correct_and_its_copy_is_explained():
     assert "contiguous copy of src.x" in text and "(1, 3)" in text
     text = str(Double().explain(graph=graph, src={"x": x.contiguous()}))
     assert "contiguous copy" not in text
+
+
+def test_from_dlpack_imports_bfloat16_without_a_copy():
+    pytest.importorskip("ml_dtypes")
+    base = torch.randn(4, 6).to(torch.bfloat16)
+    for t in (base, base.T, base[:, 1::2]):
+        a = tg.from_dlpack(t)
+        assert a.dtype == tg.bfloat16 and a.shape == tuple(t.shape)
+        # same bits as torch's own float32 rounding of them (the oracle: torch)
+        np.testing.assert_array_equal(a.numpy().astype(np.float32), t.float().numpy())
+        assert np.shares_memory(a.numpy().view(np.int16), base.view(torch.int16).numpy())
+    base[0, 0] = 3.0
+    assert float(tg.from_dlpack(base).numpy()[0, 0]) == 3.0

@@ -1,9 +1,11 @@
 """runtime: tg.Tensor, a typed value over one storage tier; asarray and DLPack import."""
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
-from ..core.dtypes import as_dtype
+from ..core.dtypes import as_dtype, bfloat16
 from ..core.errors import StorageError, UnsupportedError
 from ..core.types import TensorType
 from ..trace.array_ops import ArrayOps
@@ -105,12 +107,30 @@ def from_dlpack(x) -> Tensor:
     """Zero-copy import from any DLPack producer on the CPU."""
     if hasattr(x, "detach") and callable(x.detach):
         x = x.detach()  # torch refuses to export tensors that require grad
+    bf16 = _is_bfloat16(x)
+    if bf16:
+        # numpy's DLPack import rejects bfloat16: import the same bits as int16 (torch's
+        # view(dtype) shares storage) and reinterpret them as ml_dtypes' bfloat16, no copy
+        x = x.view(_int16_like(x))
     try:
         arr = np.from_dlpack(x)
     except (BufferError, TypeError, RuntimeError) as exc:
         raise StorageError(f"from_dlpack: cannot import {type(x).__name__} without a copy "
                            f"({exc}); pass tg.asarray(np.asarray(x)) to copy") from exc
+    if bf16:
+        arr = arr.view(bfloat16.np)
     return _wrap(arr)
+
+
+def _is_bfloat16(x) -> bool:
+    """A torch-like bfloat16 tensor (recognised by its dtype's name: no torch import here)."""
+    return str(getattr(x, "dtype", "")).rsplit(".", 1)[-1] == "bfloat16" and \
+        callable(getattr(x, "view", None))
+
+
+def _int16_like(x):
+    # the producer's own int16 dtype object (torch.int16), found without importing torch
+    return getattr(importlib.import_module(type(x.dtype).__module__), "int16")
 
 
 set_concrete_wrapper(_wrap)
