@@ -48,6 +48,7 @@ if CPU_LLVM_AVAILABLE:
 GEOMETRIC = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
 RADIUS_REACH = 1
+KNN_ESTIMATE_FACTOR = 1.5       # prefilter radius: about 1.5 k sources at mean density
 _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
@@ -140,7 +141,9 @@ def directory_arrays(graph, spec: GeoSpec) -> dict:
             width = _width(extents, n, cutoff / RADIUS_REACH, 0.5)
             reach = int(np.ceil(cutoff * geo.WIDTH_MARGIN / width))
         else:
-            width = _width(extents, n, (float(extents.max()) or 1.0) * 1e-9,
+            cutoff = _knn_estimate(extents, n, spec.k, d)
+            sq = geo.squared_cutoff(cutoff, pos.dtype) if cutoff > 0 else 0.0
+            width = _width(extents, n, max(cutoff, (float(extents.max()) or 1.0) * 1e-9),
                            max(1.0, spec.k * KNN_POINTS_PER_CELL))
             reach = 1
         dims = (np.floor(extents / width) + 1).astype(np.int64)
@@ -160,6 +163,16 @@ def directory_arrays(graph, spec: GeoSpec) -> dict:
     }
     p["_directory"] = (spec, arrays)
     return arrays
+
+
+def _knn_estimate(extents: np.ndarray, n: int, k: int, d: int) -> float:
+    """A distance that holds about KNN_ESTIMATE_FACTOR * k sources at the mean density of
+    the bounding box (0 when the box is flat): the prefilter radius of the knn kernel."""
+    volume = float(np.prod(extents))
+    if volume <= 0 or n == 0:
+        return 0.0
+    ball = {1: 2.0, 2: np.pi, 3: 4.0 * np.pi / 3.0}[d]
+    return float((KNN_ESTIMATE_FACTOR * k * volume / (n * ball)) ** (1.0 / d))
 
 
 def _geo_f(cutoff, width, sq, lo) -> np.ndarray:

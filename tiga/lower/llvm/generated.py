@@ -170,7 +170,8 @@ class _GeoBuilder(_KernelBuilder):
         """Radius rows without a bound: the test is branch-free (accepted sorted positions
         are appended to a stack buffer, COMPACT_BLOCK candidates at a time) and the buffer is
         folded in one tight loop when it may overflow and at the row's end; a branch per
-        candidate would mispredict on about a third of them."""
+        candidate would mispredict on about a third of them. (The kNN prefilter uses it
+        too: then `fold` inserts into the top-k state.)"""
         b, ctx = self.b, self.ctx
         buf = ctx.alloca(I64, COMPACT_BUFFER)
         nbuf = ctx.alloca(I64, 1)
@@ -339,7 +340,25 @@ class _GeoBuilder(_KernelBuilder):
         if spec.kind == "radius" or cells is None:
             self._visit(cells, self.reach, offer, ring=False)
         else:
-            self._shells(cells, offer, best_d, nbest)
+            # prefilter: sources within the estimated k-th distance (geo_f cutoff slot) of
+            # the cells around the row, tested branch-free; exact when k were found and the
+            # k-th is closer than every unvisited cell, else the row redoes it by shells
+            def insert(tpos):
+                self._insert(best_d, best_i, best_t, nbest, self._d2(tpos, q),
+                             self._ld("sorted_idx", tpos, I64), tpos)
+
+            self._compacted(cells, q, insert)
+            gap, covered = self._gap(cells, self.reach)
+            kth = b.load(b.gep(best_d, [i64(k - 1)], source_etype=self.pty), typ=self.pty)
+            kth = kth if self.pty == F64 else b.fpext(kth, F64)
+            safe = ir.IRBuilder.fmul(b, gap, ir.Constant(F64, GAP_SAFETY))
+            bound = b.or_(covered, b.and_(b.fcmp_ordered(">", safe, ir.Constant(F64, 0.0)),
+                                          b.fcmp_ordered("<", kth,
+                                                         ir.IRBuilder.fmul(b, safe, safe))))
+            done = b.and_(b.icmp_signed("==", b.load(nbest, typ=I64), i64(k)), bound)
+            with b.if_then(b.not_(done), likely=False):
+                b.store(i64(0), nbest)
+                self._shells(cells, offer, best_d, nbest)
         if spec.kind == "radius":
             over = b.icmp_signed(">", b.load(accepted, typ=I64), i64(k))
             with b.if_then(over):
