@@ -16,11 +16,13 @@ from ..core.eval import eval_program
 from ..core.passes import dce
 from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram
+from ..trace import call_cache
+from ..trace.rewrites import hoist_linear_projections, simplify_edge_functions
+from ..trace.staging import leaf_value
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
 from .dlpack import is_torch, to_numpy, to_torch
-from .hoist import hoist_linear_projections
-from .rewrite import simplify_edge_functions
+from .nn import TracedModule
 
 ROUTES = ("auto", "reference")
 
@@ -34,14 +36,84 @@ def run_call_torch(call, route: str = "auto"):
     """
     if route not in ROUTES:
         raise TigaError(f"route: expected one of {ROUTES}, found {route!r}")
-    program, np_args, originals, _ = stage_call_torch(call)
-    run = _Run(program, np_args, originals, route)
+    program, np_args, originals, vjps = _prepare(call)
+    run = _Run(program, np_args, originals, route, vjps)
     if not any(run.wrt):
         outs = run.forward()
     else:
         inputs = [o for o, w in zip(originals, run.wrt) if w]
         outs = _PropagateFunction.apply(run, *inputs)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+STATS = {"stagings": 0}   # traces of a call's functions by the bridge (tests count them)
+
+
+def _prepare(call) -> tuple:
+    """(program, host operands, the caller's objects, VJP programs by requires-grad
+    pattern) for a call on torch tensors; staged, rewritten and cached once per signature.
+
+    The signature (call_cache's: functions, traced-module structure and parameter
+    identities, relation type, field and param types, plus here the concrete sizes and
+    which arguments are the same tensor) fixes the program; the captured parameters are
+    program inputs, re-read on every call, so an optimizer step is seen without a retrace.
+    """
+    values = call.values()
+    extra = ("torch", call.graph.type(), _aliasing(values))
+    fresh = {}
+
+    def build():
+        program, _, originals, _ = stage_call_torch(call)
+        STATS["stagings"] += 1
+        caps = tuple(originals[:len(originals) - len(values)])
+        fresh["caps"] = caps
+        return (program, {}), (caps if _persistent(caps, call) else None)
+
+    (program, vjps), held = call_cache.reuse(call, extra, build)
+    caps = fresh.get("caps", held)
+    originals = list(caps) + values
+    names = [f"captured value {i}" for i in range(len(caps))] + ["graph"] + \
+        [f"{r}.{n}" for r, n, _ in call.field_items()] + [k for k, _ in call.param_items()]
+    np_args = [to_numpy(a, n) if is_torch(a) else leaf_value(a)
+               for a, n in zip(originals, names)]
+    return program, np_args, originals, vjps
+
+
+def _aliasing(values) -> tuple:
+    """Which arguments are the same torch tensor (the staged program reads them once)."""
+    first: dict = {}
+    return tuple(first.setdefault(id(v), i) if is_torch(v) else i
+                 for i, v in enumerate(values))
+
+
+def _persistent(caps, call) -> bool:
+    """Every captured tensor is one the cache key pins: a parameter or buffer of a
+    tg.nn.trace module, or a tensor held by the edge/update function's owner or closure.
+    Tensors made while tracing (`w * 2`) would be stale on a reuse: such calls restage."""
+    known = set()
+    for fn in (call.edge_fn, call.update):
+        for obj in _held_objects(fn):
+            if is_torch(obj):
+                known.add(id(obj))
+            elif isinstance(obj, TracedModule):
+                known.update(id(t) for t in obj.module.parameters())
+                known.update(id(t) for t in obj.module.buffers())
+    return all(id(c) in known for c in caps)
+
+
+def _held_objects(fn) -> list:
+    if fn is None:
+        return []
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        return list(getattr(owner, "__dict__", {}).values())
+    out = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            out.append(cell.cell_contents)
+        except ValueError:
+            pass
+    return out
 
 
 def explain_call_torch(call):
@@ -168,15 +240,15 @@ def _runner(route: str):
 class _Run:
     """One call's program, host operands and the torch inputs gradients flow back to."""
 
-    def __init__(self, program, np_args, originals, route):
+    def __init__(self, program, np_args, originals, route, vjps=None):
         self.program, self.args, self.route = program, np_args, route
+        self.vjps = {} if vjps is None else vjps   # shared by calls of one signature
         grad_on = torch.is_grad_enabled()
         self.wrt = [grad_on and is_torch(o) and o.requires_grad for o in originals]
         self.inputs = [o for o, w in zip(originals, self.wrt) if w]
         torch_in = [o for o in originals if is_torch(o)]
         self.device = torch_in[0].device if torch_in else torch.device("cpu")
         self.out_specs: list = []  # (shape, numpy dtype) per output; cotangents match them
-        self._vjp = None           # traced on the first backward, reused with retain_graph
 
     def forward(self) -> list:
         outs = _runner(self.route)(self.program, self.args)
@@ -190,14 +262,16 @@ class _Run:
         for g, (shape, dtype) in zip(grad_outs, self.out_specs):
             cts.append(np.zeros(shape, dtype) if g is None
                        else np.asarray(to_numpy(g, "output cotangent"), dtype))
-        if self._vjp is None:
+        key = tuple(self.wrt)
+        vjp = self.vjps.get(key)
+        if vjp is None:   # derived once per signature and requires-grad pattern
             full = vjp_program(self.program, self.wrt)
             # only the cotangents: the primal outputs are already known, and a sum-like
             # reducer's VJP does not read them, so their recomputation is dead code
             n_out = len(self.out_specs)
-            self._vjp = simplify_edge_functions(
+            vjp = self.vjps[key] = simplify_edge_functions(
                 dce(full, keep_outputs=range(n_out, len(full.outs))))
-        grads = _runner(self.route)(self._vjp, list(self.args) + cts)
+        grads = _runner(self.route)(vjp, list(self.args) + cts)
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]
 

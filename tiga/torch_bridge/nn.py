@@ -19,13 +19,15 @@ SUPPORTED = ("Sequential", "Linear", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", 
 def _linear(x, layer: nn.Linear):
     # Compiled per-edge loops run fastest with the longer axis of W innermost (contiguous,
     # vectorised), in the product and in its gradient's outer product: a narrow output
-    # (out < in) contracts x with the rows of W as stored (out, in); otherwise x @ W^T with
-    # W^T taken by torch (a differentiable view, so the gradient still reaches W).
+    # (out < in) contracts x with the rows of W as stored (out, in); otherwise x @ W^T. The
+    # transpose is traced (not taken by torch), so the captured value is the Parameter
+    # itself (a cached call re-reads it) and the rewrites move the transpose out of the
+    # edge loop (once per call).
     if layer.out_features < layer.in_features:
         nd = m._typeof(x).ndim
         y = m.dot_general(x, layer.weight, (((nd - 1,), (1,)), ((), ())))
     else:
-        y = m.matmul(x, layer.weight.t())
+        y = m.matmul(x, m.transpose(layer.weight))
     return y if layer.bias is None else m.add(y, layer.bias)
 
 
@@ -97,6 +99,17 @@ class TracedModule:
 
     def parameters(self):
         return self.module.parameters()
+
+    def __tiga_fingerprint__(self) -> tuple:
+        """What a staged call depends on (the call cache's key): each layer's identity,
+        mode and hyperparameters, and the identity, shape and dtype of its tensors. Values
+        are not in it: parameters are program inputs, read on every call."""
+        return tuple(
+            (id(layer), layer.training, layer.extra_repr(),
+             tuple((n, id(t), tuple(t.shape), t.dtype) for n, t in
+                   list(layer.named_parameters(recurse=False))
+                   + list(layer.named_buffers(recurse=False))))
+            for _, layer in self.layers)
 
     def __call__(self, *inputs):
         if not inputs:

@@ -37,6 +37,9 @@ STATS = {"hits": 0, "misses": 0, "uncacheable": 0}
 
 
 def _value_print(v):
+    fingerprint = getattr(type(v), "__tiga_fingerprint__", None)
+    if fingerprint is not None:   # e.g. tg.nn.trace modules: layer structure, parameter ids
+        return ("fingerprint", id(v), fingerprint(v))
     if isinstance(v, float):
         return ("float", repr(v))    # -0.0 and nan stay distinct from 0.0 and each other
     if isinstance(v, _SIMPLE):
@@ -92,6 +95,8 @@ def _type_key(v):
     from their shape and dtype directly (leaf_aval maps the dtype by name, ~10 µs)."""
     if type(v) is np.ndarray:
         return ("ndarray", v.shape, v.dtype)
+    if hasattr(v, "__dlpack__") and hasattr(v, "dtype") and not hasattr(v, "__tiga_type__"):
+        return ("foreign", type(v).__name__, tuple(v.shape), str(v.dtype))   # torch tensors
     return leaf_aval(v)
 
 
@@ -151,6 +156,44 @@ def staged_program(call) -> tuple:
             while len(_ENTRIES) > MAX_ENTRIES:
                 _ENTRIES.popitem(last=False)
     return program, args
+
+
+def reuse(call, extra_key, build) -> tuple:
+    """(payload, held objects): what `build()` staged for this call's signature (plus
+    `extra_key`), built once. For callers that stage differently from `staged_program` (the
+    torch bridge caches its rewritten program and the parameters it captured).
+
+    `build()` returns (payload, held): `held` are the objects the payload reads by identity
+    (captured parameters), kept as weak references; the entry dies with any of them. `held`
+    None means the staging cannot be reused (it captured values made during the trace).
+    """
+    try:
+        found = _call_key(call) if hasattr(call.graph, "resolve_csr") else None
+    except (TypeError, AttributeError, ValueError):
+        found = None
+    if found is None:
+        STATS["uncacheable"] += 1
+        return build()
+    key, objs = found
+    key = ("reuse", key, extra_key)
+    with _LOCK:
+        entry = _ENTRIES.get(key)
+        if entry is not None and _alive(entry[1], objs):
+            held = tuple(r() for r in entry[3])
+            if all(h is not None for h in held):
+                _ENTRIES.move_to_end(key)
+                STATS["hits"] += 1
+                return entry[2], held
+    payload, held = build()
+    with _LOCK:
+        STATS["misses"] += 1
+        if held is not None:
+            _ENTRIES[key] = (None, tuple(_ref(o) for o in objs), payload,
+                             tuple(weakref.ref(h) for h in held))
+            _ENTRIES.move_to_end(key)
+            while len(_ENTRIES) > MAX_ENTRIES:
+                _ENTRIES.popitem(last=False)
+    return payload, held
 
 
 def clear() -> None:

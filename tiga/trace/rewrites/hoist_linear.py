@@ -1,5 +1,8 @@
-"""torch_bridge: move an edge MLP's linear layers from edges to entities (exact rewrites).
+"""trace/rewrites: move an edge MLP's linear layers from edges to entities (exact rewrites).
 
+0. Parameter-only work. An edge-function equation that reads only parameters (a weight's
+   transpose, a product of two weights) gives the same value on every edge: it runs once
+   per call on the whole arrays and its result enters the edge function as a parameter.
 1. First layer. An edge function that starts `[p_src - p_dst; x_src] W + b` computes, on
    every edge, a product that is linear in per-entity rows: it equals
    `Z_src[src] + Z_dst[dst]` with `Z_src = [p; x] W + b` and `Z_dst = -p W_p`, two
@@ -23,14 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.errors import TigaError
-from ..core.passes import cse, dce
-from ..core.prims.graph import degrees_p, propagate_p, row_type
-from ..core.program import ClosedProgram, GraphProgram, Lit
-from ..core.types import TensorType
-from ..trace import math as m
-from ..trace.staging import trace_flat
-from ..trace.tracer import bind
+from ...core.errors import TigaError
+from ...core.passes import cse, dce
+from ...core.prims.graph import degrees_p, propagate_p, row_type
+from ...core.program import ClosedProgram, GraphProgram, Lit
+from ...core.types import TensorType
+from .. import math as m
+from ..staging import trace_flat
+from ..tracer import bind
 
 MIN_CONTRACTION = 4   # below this, a per-edge product is as cheap as gathering hidden rows
 
@@ -285,6 +288,74 @@ def _last_rewrite(eqn, plan: _LastLayer, ins, notes):
     return [m.reshape(y, tuple(out_t.shape))]
 
 
+# ---- rewrite 0: parameter-only work leaves the edge loop -------------------------------
+
+@dataclass(frozen=True)
+class _Invariant:
+    moved: tuple      # edge equations that read only parameters (and literals)
+    exported: tuple   # their outputs still read per edge: new parameter operands
+
+
+def _find_invariant(edge: GraphProgram, roles):
+    inv = {id(v) for v, r in zip(edge.in_binders, roles) if r == "param"}
+    moved = []
+    for e in edge.eqns:
+        vars_in = [a for a in e.inputs if not isinstance(a, Lit)]
+        if vars_in and all(id(a) in inv for a in vars_in) and not _has_region(e):
+            moved.append(e)
+            inv.update(id(o) for o in e.outputs)
+    if not moved:
+        return None
+    made = {id(o) for e in moved for o in e.outputs}
+    moved_ids = {id(e) for e in moved}
+    read_outside = {id(a) for e in edge.eqns if id(e) not in moved_ids for a in e.inputs}
+    read_outside |= {id(a) for a in edge.outs}
+    # an equation with any output still read per edge exports all of them (one value each)
+    exported = tuple(o for e in moved if any(id(x) in read_outside for x in e.outputs)
+                     for o in e.outputs)
+    if not any(id(o) in made for o in exported):
+        return None
+    return _Invariant(tuple(moved), exported)
+
+
+def _has_region(e) -> bool:
+    return any(isinstance(v, ClosedProgram) for v in e.params.values())
+
+
+def _invariant_rewrite(eqn, plan: _Invariant, ins, notes):
+    params = eqn.params
+    edge = params["edge_fn"].program
+    roles, names = list(params["roles"]), list(params["names"])
+    graph, operands = ins[0], ins[1:]
+    env = {id(b): o for b, o in zip(edge.in_binders, operands)}
+
+    def top(a):
+        return a.value if isinstance(a, Lit) else env[id(a)]
+
+    for e in plan.moved:   # once per call, on the whole parameter arrays
+        outs = bind(e.primitive, *[top(a) for a in e.inputs], **e.params)
+        for v, o in zip(e.outputs, outs if isinstance(outs, (list, tuple)) else [outs]):
+            env[id(v)] = o
+    values = list(operands) + [env[id(v)] for v in plan.exported]
+    at = {id(v): len(operands) + k for k, v in enumerate(plan.exported)}
+
+    def replace(e, read, rows):
+        if all(id(o) in at for o in e.outputs):
+            return [rows[at[id(o)]] for o in e.outputs]
+        return None
+
+    all_roles = roles + ["param"] * len(plan.exported)
+    fn, kept = _edge_rewrite(edge, values, all_roles, replace)
+    all_names = names + [f"hoisted{k}" for k in range(len(plan.exported))]
+    notes.append(f"moved {len(plan.moved)} parameter-only operation(s) of the edge function "
+                 f"({', '.join(sorted({e.primitive.name for e in plan.moved}))}) out of the "
+                 "edge loop: computed once per call")
+    return bind(propagate_p, graph, *[values[i] for i in kept], edge_fn=fn,
+                reducer=params["reducer"], roles=tuple(all_roles[i] for i in kept),
+                names=tuple(all_names[i] for i in kept), reduce_by=params["reduce_by"],
+                update=None)
+
+
 # ---- shared machinery ------------------------------------------------------------------
 
 def _edge_rewrite(edge, values, roles, replace, outs=None):
@@ -318,12 +389,14 @@ def _edge_rewrite(edge, values, roles, replace, outs=None):
     return ClosedProgram(prog), kept
 
 
-def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False):
+def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False,
+             any_axis=False):
     plans = {}
     for eqn in program.eqns:
         p = eqn.params if eqn.primitive is propagate_p else None
-        if p is None or p["update"] is not None or p["reduce_by"] not in ("dst", "src") \
-                or p["edge_fn"].consts:
+        # an update function's binders follow the operand list: leave such calls alone
+        if p is None or p["update"] is not None or p["edge_fn"].consts or \
+                (p["reduce_by"] not in ("dst", "src") and not any_axis):
             continue
         if sum_only and not (p["reducer"].builtin and p["reducer"].name == "sum"):
             continue
@@ -356,9 +429,12 @@ def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False):
 
 def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]:
     """(program, notes): first layers moved to entity rows, last layers after the sum."""
+    if not any(e.primitive is propagate_p for e in program.eqns):
+        return program, []
     notes: list = []
     try:
-        new = _rewrite(program, _find_first, _first_rewrite, notes)
+        new = _rewrite(program, _find_invariant, _invariant_rewrite, notes, any_axis=True)
+        new = _rewrite(new, _find_first, _first_rewrite, notes)
         new = _rewrite(new, _find_last, _last_rewrite, notes, sum_only=True)
     except TigaError as exc:   # an optimisation never stops a call: run it as staged
         return program, [f"layer rewrites skipped ({exc})"]

@@ -1,4 +1,4 @@
-"""torch_bridge: algebraic clean-up of derived edge functions before they are compiled.
+"""trace/rewrites: algebraic clean-up of derived edge functions before they are compiled.
 
 The VJP of `x @ W` yields the weight cotangent as `transpose(ct^T x)`: per edge, an outer
 product written in one layout and copied into the other with a strided transpose. Emitting
@@ -7,11 +7,11 @@ the contiguous feature axis, which LLVM vectorises.
 """
 from __future__ import annotations
 
-from ..core.passes import dce
-from ..core.prims.graph import propagate_p
-from ..core.prims.linalg import dot_general_p
-from ..core.prims.shape import transpose_p
-from ..core.program import ClosedProgram, Eqn, GraphProgram
+from ...core.passes import dce
+from ...core.prims.graph import propagate_p
+from ...core.prims.linalg import dot_general_p
+from ...core.prims.shape import transpose_p
+from ...core.program import ClosedProgram, Eqn, GraphProgram
 
 
 def swap_transposed_products(program: GraphProgram) -> GraphProgram:

@@ -1,0 +1,12 @@
+"""trace/rewrites: exact GraphProgram -> GraphProgram rewrites of staged message-passing
+calls, applied before autodiff (so the VJP is derived from the rewritten program).
+
+- hoist_linear: parameter-only edge work and an edge MLP's first/last linear layers move out
+  of the edge loop (per entity, once per call).
+- edge_products: derived (VJP) edge functions emit outer products in the layout they are
+  used in (no per-edge transpose).
+"""
+from .edge_products import simplify_edge_functions, swap_transposed_products
+from .hoist_linear import hoist_linear_projections
+
+__all__ = ["hoist_linear_projections", "simplify_edge_functions", "swap_transposed_products"]
