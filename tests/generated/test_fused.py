@@ -216,3 +216,23 @@ def test_property_fused_equals_oracle(n, d, cutoff, seed, k):
         dist = pair_distances(pos, pos)
         w = dense_weights(rows, n, lambda i, j, dist=dist: np.exp(-dist[i, j]))
         np.testing.assert_allclose(y, w @ x, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 5, 12])
+def test_knn_sparse_outliers_take_the_shell_walk(k):
+    """A dense cluster sets the density estimate; far outliers have fewer than k sources
+    within the prefilter distance, so their rows must fall back to growing shells."""
+    rng = np.random.default_rng(k)
+    pos = np.concatenate([0.5 + 0.01 * rng.random((300, 3)), rng.random((25, 3)) * 4.0 - 2.0])
+    x = rng.random((325, 2))
+    for g, rows in ((tg.Graph.knn(pos, k), knn_rows(pos, k)),
+                    (tg.Graph.knn(pos, k, query=rng.random((40, 3)) * 6 - 3), None)):
+        if rows is None:
+            rows = knn_rows(pos, k, query=g.params["query"])
+            q = g.params["query"]
+        else:
+            q = pos
+        y = np.asarray(DistanceSum()(graph=g, src={"x": x}))
+        dist = pair_distances(pos, q)
+        w = dense_weights(rows, 325, lambda i, j, dist=dist: np.exp(-dist[i, j]))
+        np.testing.assert_allclose(y, w @ x, rtol=1e-12, atol=1e-12)
