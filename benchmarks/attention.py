@@ -85,6 +85,51 @@ def child(cfg: dict) -> None:
     H.child_report(timing)
 
 
+def interleaved(n: int, rounds: int, grad: bool) -> dict:
+    """tiga and SDPA alternating in one process (same load, same moment): per-round ratios."""
+    import time
+
+    import torch
+
+    import tiga as tg
+
+    class CausalAttention(tg.MessagePassing):
+        reducer = tg.online_softmax()
+
+        def edge(self, src, dst, edge, scale):
+            return self.reducer((dst.query * src.key).sum(dim=-1) * scale, src.value)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(HEADS, n, WIDTH).permute(1, 0, 2).requires_grad_(grad)
+               for _ in range(3))
+    ct = torch.randn(n, HEADS, WIDTH)
+    graph, program = tg.Graph.triangular(n), CausalAttention()
+
+    def run(peer):
+        with torch.set_grad_enabled(grad):
+            if peer == "tiga":
+                y = program(graph=graph, src={"key": k, "value": v}, dst={"query": q},
+                            scale=WIDTH ** -0.5)
+            else:
+                y = torch.nn.functional.scaled_dot_product_attention(
+                    *(x.transpose(0, 1)[None] for x in (q, k, v)), is_causal=True)[0]
+                y = y.transpose(0, 1)
+            if grad:
+                torch.autograd.grad(y, (q, k, v), ct)
+
+    times = {"tiga": [], "sdpa": []}
+    for peer in times:
+        run(peer)
+    for _ in range(rounds):
+        for peer in times:
+            t0 = time.perf_counter()
+            run(peer)
+            times[peer].append((time.perf_counter() - t0) * 1e3)
+    ratios = [a / b for a, b in zip(times["tiga"], times["sdpa"])]
+    return {"n": n, "mode": "fwd+bwd" if grad else "fwd", "times_ms": times,
+            "ratios": ratios, "median_ratio": statistics.median(ratios)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
@@ -96,7 +141,18 @@ def main() -> None:
     ap.add_argument("--child")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                   "attention.json"))
+    ap.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
+                    help="only run tiga and SDPA alternately in this process, ROUNDS pairs")
     args = ap.parse_args()
+    if args.interleaved:
+        for n in args.sizes:
+            for mode in args.modes:
+                r = interleaved(n, args.interleaved, mode == "fwd+bwd")
+                print(f"N={n} {r['mode']}: tiga {[round(t) for t in r['times_ms']['tiga']]} ms, "
+                      f"sdpa {[round(t) for t in r['times_ms']['sdpa']]} ms, tiga/sdpa per "
+                      f"pair {[round(x, 2) for x in r['ratios']]} (median "
+                      f"{r['median_ratio']:.2f})")
+        return
     if args.child:
         child(json.loads(args.child))
         return

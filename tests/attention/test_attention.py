@@ -272,3 +272,32 @@ def test_gradient_of_one_input(argnum):
     ref = oracle(*ts, allowed_mask(graph), 0.5)
     expected = torch.autograd.grad(ref, ts[argnum], torch.tensor(ct))[0]
     np.testing.assert_allclose(np.asarray(g), expected.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_cross_attention_dense_rectangular():
+    """dense(num_src, num_dst) with num_src != num_dst: queries and keys differ in count."""
+    rng = np.random.default_rng(11)
+    n_src, n_dst = 150, 70
+    graph = tg.Graph.dense(n_src, n_dst)
+    q = rng.standard_normal((n_dst, 2, 8))
+    k, v = rng.standard_normal((2, n_src, 2, 8))
+    program = Attention()
+    ex = routes(program, graph, q, k, v, 0.4)
+    assert any(w == "tiled streaming attention" for _, _, w in ex.routes), str(ex)
+    check(program, graph, q, k, v, 0.4, 1e-10, 1e-12)
+
+
+def test_float32_torch_autograd_dense_and_cu_seqlens():
+    for graph in (tg.Graph.dense(97), tg.Graph.cu_seqlens(np.array([0, 30, 31, 97]))):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(97, 3, 16).requires_grad_() for _ in range(3))
+        program = Attention()
+        y = program(graph=graph, src={"key": k, "value": v}, dst={"query": q}, scale=0.25)
+        ct = torch.randn_like(y)
+        grads = torch.autograd.grad(y, (q, k, v), ct)
+        ref_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
+        ref = oracle(*ref_in, allowed_mask(graph), 0.25)
+        expected = torch.autograd.grad(ref, ref_in, ct.double())
+        torch.testing.assert_close(y.double(), ref, rtol=2e-4, atol=2e-5)
+        for a, b in zip(grads, expected):
+            torch.testing.assert_close(a.double(), b, rtol=3e-4, atol=3e-5)
