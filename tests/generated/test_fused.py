@@ -236,3 +236,26 @@ def test_knn_sparse_outliers_take_the_shell_walk(k):
         dist = pair_distances(pos, q)
         w = dense_weights(rows, 325, lambda i, j, dist=dist: np.exp(-dist[i, j]))
         np.testing.assert_allclose(y, w @ x, rtol=1e-12, atol=1e-12)
+
+
+def test_traced_relations_run_the_fused_kernel(monkeypatch):
+    """radius on traced coordinates (inside tg.grad) is planned once the relation exists:
+    the forward propagate takes the fused generated-relation kernel, not the interpreter."""
+    from tiga.xla_free_runtime import llvm_generated as lg
+
+    runs = []
+    original = lg.GeneratedPlan.run
+    monkeypatch.setattr(lg.GeneratedPlan, "run",
+                        lambda self, *a: runs.append(self.spec.kind) or original(self, *a))
+    rng = np.random.default_rng(3)
+    pos, x = rng.random((80, 2)), rng.random((80, 1))
+
+    def loss(p, x):
+        g = tg.Graph.radius(p, 0.2)
+        return tg.math.sum(DistanceSum()(graph=g, src={"x": x}))
+
+    value, _ = tg.value_and_grad(loss)(pos, x)
+    dist = pair_distances(pos, pos)
+    w = dense_weights(radius_rows(pos, 0.2), 80, lambda i, j: np.exp(-dist[i, j]))
+    np.testing.assert_allclose(float(np.asarray(value)), float((w @ x).sum()), rtol=1e-12)
+    assert "radius" in runs

@@ -25,6 +25,7 @@ from .explain import Explanation
 from .llvm_propagate import Fallback, plan_propagate, run_propagate
 from .routes import describe_program
 
+GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
 
 
@@ -77,6 +78,10 @@ def _run(program: GraphProgram, args: list) -> list:
     for eqn in program.eqns:
         vals = [read(a) for a in eqn.inputs]
         route = routes.get(id(eqn))
+        if isinstance(route, Fallback) and getattr(vals[0], "kind", None) in GENERATED:
+            # a relation generated inside the program (radius/knn on traced coordinates)
+            # is known only now: plan its propagate on the concrete relation
+            route = plan_propagate(eqn, vals[0])
         if route is not None and not isinstance(route, Fallback):
             outs = run_propagate(route, eqn, vals[0], vals[1:])
         elif eqn.primitive is scan_p:
