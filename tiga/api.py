@@ -12,6 +12,7 @@ from .core.types import GraphType, TensorType
 from .lower.pipeline import ir_text, module_name
 from .trace import call_cache, message_passing
 from .trace.pytree import tree_flatten, tree_unflatten
+from .trace.rewrites import hoist_linear_projections, simplify_edge_functions
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
 from .xla_free_runtime.executor import execute, explain_program
@@ -56,6 +57,7 @@ class Jitted:
         else:
             self.misses += 1
             program, caps, out_tree = trace_args(self.fn, args, self.static)
+            program = hoist_linear_projections(program)[0]   # exact edge-loop rewrites
             self._cache[key] = (program, out_tree)
         program, out_tree = self._cache[key]
         return program, out_tree, leaves
@@ -139,6 +141,8 @@ class _Traced:
             return out_leaves + aux_leaves
 
         self.program, self.caps, _ = trace_flat(flat, [leaf_aval(x) for x in leaves])
+        # before autodiff: the VJP is derived from the rewritten (edge-loop-lean) program
+        self.program = hoist_linear_projections(self.program)[0]
         self.out_tree, self.aux_tree, self.n_out = out_tree[0]
         self.wrt = [False] * len(self.caps) + [self._differentiated(i) for i in range(len(leaves))]
 
@@ -205,7 +209,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         _check_argnums(nums, args)
         traced = _Traced(fn, args, nums, has_aux)
         seeds = _cotangent_seeds(traced, traced.program.out_types, scalar_only=True)
-        vjp = vjp_program(traced.program, traced.wrt)
+        vjp = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
         res = run_program(vjp, traced.args() + seeds)
         outs, grads = res[:len(seeds)], res[len(seeds):]
         value, aux = traced.split(outs)
@@ -232,7 +236,7 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     traced = _Traced(fn, primals, nums, has_aux)
     outs = run_program(traced.program, traced.args())
     value, aux = traced.split(outs)
-    program = vjp_program(traced.program, traced.wrt)
+    program = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
     out_types = traced.program.out_types
 
     def vjp_fn(ct):
@@ -290,7 +294,10 @@ def _explain_call(call):
 
         return explain_call_torch(call)
     program, args = staged
-    return explain_program(program, [leaf_value(a) for a in args])
+    program, notes = hoist_linear_projections(program)   # what the run executes
+    explanation = explain_program(program, [leaf_value(a) for a in args])
+    explanation.traversal.extend(notes)
+    return explanation
 
 
 def _reference_call(call):

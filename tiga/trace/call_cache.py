@@ -25,6 +25,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .rewrites import hoist_linear_projections
 from .staging import leaf_aval, leaf_value
 
 MAX_ENTRIES = 128
@@ -133,7 +134,7 @@ def staged_program(call) -> tuple:
         found = None
     if found is None:
         STATS["uncacheable"] += 1
-        return call.staged_program()
+        return _staged_and_rewritten(call)
     key, objs = found
     with _LOCK:
         entry = _ENTRIES.get(key)
@@ -147,7 +148,7 @@ def staged_program(call) -> tuple:
         if not _sizes_ok(call):
             call.check_sizes(call.graph.type())   # raises the ShapeError naming the field
         return program, [leaf_value(v) for v in call.values()]
-    program, args = call.staged_program()
+    program, args = _staged_and_rewritten(call)
     with _LOCK:
         STATS["misses"] += 1
         if len(args) == len(call.values()):      # no captured arrays (they lead the args)
@@ -156,6 +157,12 @@ def staged_program(call) -> tuple:
             while len(_ENTRIES) > MAX_ENTRIES:
                 _ENTRIES.popitem(last=False)
     return program, args
+
+
+def _staged_and_rewritten(call) -> tuple:
+    """The staged call after the exact edge-loop rewrites (trace/rewrites), once per entry."""
+    program, args = call.staged_program()
+    return hoist_linear_projections(program)[0], args
 
 
 def reuse(call, extra_key, build) -> tuple:

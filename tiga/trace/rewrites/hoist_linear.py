@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...core.errors import TigaError
 from ...core.passes import cse, dce
 from ...core.prims.graph import degrees_p, propagate_p, row_type
-from ...core.program import ClosedProgram, GraphProgram, Lit
+from ...core.program import ClosedProgram, Eqn, GraphProgram, Lit
 from ...core.types import TensorType
 from .. import math as m
 from ..staging import trace_flat
@@ -186,7 +188,10 @@ def _first_rewrite(eqn, plan: _FirstLayer, ins, notes):
         z[role] = part if role not in z else m.add(z[role], part)
     z_roles = sorted(z)
     if plan.bias is not None:   # every edge reads exactly one row of each Z: add b once
-        z[z_roles[0]] = m.add(z[z_roles[0]], operands[plan.bias])
+        role = z_roles[0]
+        deg = bind(degrees_p, graph, by=role)
+        ones = m.convert(m.equal(deg, deg), m._typeof(z[role]).dtype)   # integers: no NaN
+        z[role] = m.add(z[role], _rows_times(ones, operands[plan.bias]))
     values = list(operands) + [z[r] for r in z_roles]
     n_orig = len(operands)
 
@@ -278,8 +283,7 @@ def _last_rewrite(eqn, plan: _LastLayer, ins, notes):
     if plan.bias is not None:
         bias = operands[plan.bias]
         deg = bind(degrees_p, graph, by=params["reduce_by"])
-        deg = m.convert(m.reshape(deg, (-1, 1)), m._typeof(y).dtype)
-        y = m.add(y, m.multiply(deg, m.reshape(bias, (1, -1))))
+        y = m.add(y, _rows_times(m.convert(deg, m._typeof(y).dtype), bias))
     out_t = eqn.outputs[0].type
     notes.append(
         f"moved the last Linear ({width} -> {int(m._typeof(y).shape[1])}) after the sum: the "
@@ -358,6 +362,17 @@ def _invariant_rewrite(eqn, plan: _Invariant, ins, notes):
 
 # ---- shared machinery ------------------------------------------------------------------
 
+def _rows_times(column, row):
+    """`column[:, None] * row[None, :]` as an outer product (dot_general contracting
+    nothing): the result takes the relation's size from `column` (possibly symbolic, N)
+    without a reshape or broadcast to it."""
+    return m.dot_general(column, row, (((), ()), ((), ())))
+
+
+class _NotClosed(TigaError):
+    """A rewrite would turn array literals into captures; the program stays as staged."""
+
+
 def _edge_rewrite(edge, values, roles, replace, outs=None):
     """Re-trace `edge` over the rows of `values` with some equations replaced; returns the
     closed edge function (unused operands dropped) and the kept operand indices."""
@@ -381,7 +396,8 @@ def _edge_rewrite(edge, values, roles, replace, outs=None):
     types = [row_type(m._typeof(v)) if r != "param" else m._typeof(v).strong()
              for v, r in zip(values, roles)]
     prog, caps, _ = trace_flat(fn, types)
-    assert not caps, "the rewritten edge function is closed"
+    if caps:
+        raise _NotClosed("the rewritten edge function would capture array constants")
     prog = dce(prog)   # operands of replaced equations die here
     read = {id(a) for e in prog.eqns for a in e.inputs} | {id(a) for a in prog.outs}
     kept = [i for i, v in enumerate(prog.in_binders) if id(v) in read]
@@ -423,8 +439,28 @@ def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False,
         return [read(a) for a in program.outs]
 
     new, caps, _ = trace_flat(run, program.in_types, top=False)
-    assert not caps, "the rewritten program is closed"
-    return new
+    return _literals_back(new, caps, program)
+
+
+def _literals_back(new: GraphProgram, caps, old: GraphProgram) -> GraphProgram:
+    """A relation closed over by a jitted function is a literal of `old`; the re-trace
+    returns it as a capture, and what ran eagerly on it (its degrees) as captured arrays.
+    Bind them as literals again (values of the constant relation)."""
+    if not caps:
+        return new
+    lits = {id(a.value): a for e in old.eqns for a in e.inputs if isinstance(a, Lit)}
+    sub = {}
+    for b, c in zip(new.in_binders, caps):
+        if id(c) in lits:
+            sub[id(b)] = lits[id(c)]
+        elif hasattr(c, "__tiga_type__") or isinstance(c, np.ndarray):
+            sub[id(b)] = Lit(np.asarray(c), b.type)
+        else:
+            raise _NotClosed(f"the rewritten program would capture a {type(c).__name__}")
+    n = len(caps)
+    eqns = [Eqn(e.primitive, tuple(sub.get(id(a), a) for a in e.inputs), e.params, e.outputs)
+            for e in new.eqns]
+    return GraphProgram(new.in_binders[n:], eqns, tuple(sub.get(id(a), a) for a in new.outs))
 
 
 def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]:
@@ -436,10 +472,17 @@ def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]
         new = _rewrite(program, _find_invariant, _invariant_rewrite, notes, any_axis=True)
         new = _rewrite(new, _find_first, _first_rewrite, notes)
         new = _rewrite(new, _find_last, _last_rewrite, notes, sum_only=True)
+    except _NotClosed:
+        return program, []
     except TigaError as exc:   # an optimisation never stops a call: run it as staged
         return program, [f"layer rewrites skipped ({exc})"]
     # a field read as both source and destination (positions) yields the same product twice
-    return (cse(new) if notes else program), notes
+    if not notes:
+        return program, notes
+    # cse keys literals by their bytes: a constant relation (a literal graph) has none
+    plain = all(isinstance(a.value, np.ndarray) for e in new.eqns for a in e.inputs
+                if isinstance(a, Lit))
+    return (cse(new) if plain else new), notes
 
 
 __all__ = ["hoist_linear_projections"]
