@@ -25,7 +25,10 @@ from .domain import Computation, ComputationOp
 # relation kind -> coordinate producer. cat is a block-diagonal union that Graph.cat
 # materialises as CSR, so it walks stored rows like compressed-row.
 HIERARCHY_OF_KIND = {"csr": "compressed-row", "dense": "dense", "triangular": "triangular",
-                     "cu_seqlens": "cu-seqlens", "stencil": "stencil", "cat": "cat"}
+                     "cu_seqlens": "cu-seqlens", "stencil": "stencil", "cat": "cat",
+                     # generated relations (DESIGN.md): points sorted by cell + exact test;
+                     # top-k state over growing shells
+                     "radius": "cell-directory", "knn": "knn-shells"}
 HIERARCHIES = tuple(HIERARCHY_OF_KIND.values())
 ORDERINGS = ("destination-major", "source-major")
 
