@@ -183,7 +183,9 @@ class _GeoBuilder(_KernelBuilder):
             b.store(i64(0), nbuf)
 
         def run(t0, t1):
-            blocks = b.sdiv(b.add(b.sub(t1, t0), i64(COMPACT_BLOCK - 1)), i64(COMPACT_BLOCK))
+            # (t1 >= t0, and COMPACT_BLOCK is a power of two: a shift, not a division)
+            blocks = b.ashr(b.add(b.sub(t1, t0), i64(COMPACT_BLOCK - 1)),
+                            i64(COMPACT_BLOCK.bit_length() - 1))
 
             def block(j):
                 near_full = b.icmp_signed(">", b.load(nbuf, typ=I64),
