@@ -34,7 +34,7 @@ from llvmlite import ir
 from ...core.dtypes import as_dtype, int64
 from .emitter import Emitter
 from .kernel import KernelSchedule, _KernelBuilder, _signature, emit_chunk_driver
-from .values import F64, I64, PTR, CodegenUnsupported, i64, storage_type
+from .values import F64, I8, I64, PTR, CodegenUnsupported, i64, storage_type
 from .walks import Walk
 
 # geo_f (float64): cutoff, inv_width, width, squared cutoff, lo[d];
@@ -176,6 +176,7 @@ class _GeoBuilder(_KernelBuilder):
         buf = ctx.alloca(I64, COMPACT_BUFFER)
         nbuf = ctx.alloca(I64, 1)
         b.store(i64(0), nbuf)
+        flags = ctx.alloca(I8, COMPACT_BLOCK)
 
         def flush():
             ctx.loop(i64(0), b.load(nbuf, typ=I64), lambda j: fold(b.load(
@@ -195,13 +196,21 @@ class _GeoBuilder(_KernelBuilder):
                 start = b.add(t0, b.mul(j, i64(COMPACT_BLOCK)))
                 stop = self._imin(b.add(start, i64(COMPACT_BLOCK)), t1)
 
+                # two passes: the test alone has no loop-carried dependency (LLVM
+                # vectorises it), the compaction is a short scalar loop over its flags
                 def test(tpos):
                     keep = self._keep(tpos, self._d2(tpos, q))
+                    b.store(b.zext(keep, I8), b.gep(flags, [b.sub(tpos, start)],
+                                                    source_etype=I8))
+
+                def compact(j):
                     n = b.load(nbuf, typ=I64)
-                    b.store(tpos, b.gep(buf, [n], source_etype=I64))
+                    b.store(b.add(start, j), b.gep(buf, [n], source_etype=I64))
+                    keep = b.load(b.gep(flags, [j], source_etype=I8), typ=I8)
                     b.store(b.add(n, b.zext(keep, I64)), nbuf)
 
                 ctx.loop(start, stop, test, name="test")
+                ctx.loop(i64(0), b.sub(stop, start), compact, name="compact")
 
             ctx.loop(i64(0), blocks, block, name="block")
 
