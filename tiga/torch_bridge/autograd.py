@@ -59,6 +59,10 @@ def _prepare(call) -> tuple:
     program inputs, re-read on every call, so an optimizer step is seen without a retrace.
     """
     values = call.values()
+    if hasattr(call.graph, "resolve_csr"):
+        # a generated relation (radius, knn) knows its edge count once resolved (cached on
+        # it; the run needs it anyway): key on the resolved type, not on `E` then `3048`
+        call.graph.resolve_csr()
     extra = ("torch", call.graph.type(), _aliasing(values))
     fresh = {}
 
