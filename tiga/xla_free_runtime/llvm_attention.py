@@ -34,7 +34,8 @@ KINDS = ("dense", "triangular", "cu_seqlens")
 _RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SAVED: dict = {}          # id(forward output) -> (weakref to it, top, mass)
 _SAVED_LOCK = threading.Lock()
-STATS = {"blocks_skipped": 0, "blocks_total": 0, "saved_hits": 0, "dq_fused": 0}
+STATS = {"blocks_skipped": 0, "blocks_total": 0, "saved_hits": 0, "dq_fused": 0,
+         "native_calls": 0}
 
 
 def row_ranges(graph) -> tuple:
@@ -137,6 +138,13 @@ class AttentionPlan:
         mass = np.empty((nh, n), dtype)
         prune = eqn.params["reducer"].prune_threshold
         h = pat.heads
+        if prune is None and _native_ok(q, k, v, dtype):
+            _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top, mass,
+                            lo, hi, scale)
+            STATS["native_calls"] += 1
+            top_r, mass_r = (top.T, mass.T) if pat.heads else (top[0], mass[0])
+            _save(out, top_r, mass_r)
+            return [out]
         skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
                                 top, mass, lo, hi, scale, prune, _jobs)
         STATS["blocks_skipped"] = skipped[0]
@@ -215,6 +223,75 @@ class AttentionPlan:
                                   f"loads; last call skipped {STATS['blocks_skipped']} of "
                                   f"{STATS['blocks_total']} blocks"))
         ex.cache_lines.append(f"{what[self.kind]}: tiled attention (no per-call compile)")
+
+
+def _native_ok(q, k, v, dtype) -> bool:
+    """The LLVM forward kernel: float32, head width a multiple of 16, values as wide."""
+    from ..lower import CPU_LLVM_AVAILABLE
+    return (CPU_LLVM_AVAILABLE and NATIVE_FORWARD and dtype == np.float32
+            and q.dtype == k.dtype == v.dtype == np.float32 and q.shape[-1] % tiles.W == 0
+            and v.shape[-1] == q.shape[-1] and q.shape[-1] <= 256)
+
+
+NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
+
+
+def _native_kernel(width: int):
+    from ..lower.llvm import KernelSignature
+    from .cache import CACHE, full_key
+    key = full_key(("attention-forward-f32", width, tiles.RB, tiles.GB, tiles.KB))
+
+    def build(symbol):
+        sig = KernelSignature(symbol=symbol, walk="dst", reduce_by="dst", slots=(), roles=(),
+                              field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
+                              index_dtype="int64", parallel="rows", relation=("attention",))
+        return tiles.forward_ir(symbol, width), sig
+
+    return CACHE.get(key, build)
+
+
+def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
+    """Pack head-major tiles (any input strides), run the LLVM kernel, normalise."""
+    import ctypes
+    nh, n, width = q.shape
+    s = k.shape[1]
+    exe = _native_kernel(width)
+    rows = tiles.RB * tiles.GB
+    npad = -(-max(n, 1) // rows) * rows
+    kpad = -(-max(s, 1) // tiles.W) * tiles.W
+    f32 = np.float32
+    qp = np.zeros((nh, npad, width), f32)
+    np.multiply(q, f32(scale), out=qp[:, :n])
+    kt = np.zeros((nh, width, kpad), f32)
+    kt[:, :, :s] = k.transpose(0, 2, 1)
+    vp = np.zeros((nh, kpad, width), f32)
+    vp[:, :s] = v
+    acc = np.zeros((nh, npad, width), f32)
+    m = np.full((nh, npad), -np.inf, f32)
+    ell = np.zeros((nh, npad), f32)
+    lop = np.zeros(npad, np.int64)
+    hip = np.zeros(npad, np.int64)
+    lop[:n], hip[:n] = lo, hi
+    empty = hip <= lop
+    glo = np.where(empty, np.iinfo(np.int64).max, lop).reshape(-1, tiles.RB).min(1)
+    ghi = np.where(empty, 0, hip).reshape(-1, tiles.RB).max(1)
+    glo = np.where(ghi > 0, glo, 0) // tiles.W * tiles.W
+    blo = np.tile(glo.reshape(-1, tiles.GB).min(1), nh)
+    bhi = np.tile(ghi.reshape(-1, tiles.GB).max(1), nh)
+    qblocks = npad // rows
+    prm = np.array([npad, kpad, npad // tiles.RB, qblocks], np.int64)
+    arrays = [qp, kt, vp, acc, m, ell, lop, hip, prm, glo, ghi, blo, bhi]
+    argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
+                                              for a in arrays])
+    jobs = nh * qblocks
+    step = max(1, jobs // (8 * num_threads()))
+    run_jobs(exe.native, [(a, min(a + step, jobs), argv) for a in range(0, jobs, step)],
+             num_threads())
+    ell, m, acc = ell[:, :n], m[:, :n], acc[:, :n]
+    nonempty = ell > 0
+    np.divide(acc, np.where(nonempty, ell, 1)[:, :, None], out=out)
+    top[...] = np.where(nonempty, m, 0)
+    mass[...] = ell
 
 
 def _blas_local_threads():
