@@ -179,7 +179,7 @@ def backward_dkdv(q, k, v, do, lse, delta, dk, dv, lo, hi, scale, jobs, dq=None)
 # query rows reloads its running state (max, mass, unnormalised accumulator) from the output
 # arrays, walks its keys 16 at a time and stores the state back, so the key block's packed
 # K^T and V tiles stay in cache while 16 row groups pass over them. Per 16 keys: the scores
-# are a loop over d (4 per trip) with RB x 2 <16 x float> partial sums in registers; the
+# are a loop over d (4 per trip) with RB x 2 {V} partial sums in registers; the
 # softmax update uses a polynomial exp (exact 0 for -inf); P @ V is a loop over the 16 keys
 # (2 per trip) with the RB x D/16 output vectors in registers. Rows whose range excludes a key
 # mask it to -inf. argv: q (H, Npad, D) pre-scaled, kt (H, D, Kpad), v (H, Kpad, D), out
@@ -189,17 +189,19 @@ W = 16       # float32 lanes
 RB = 4       # query rows per register tile
 GB = 16      # row groups per job (64 query rows)
 KB = 256     # keys per key block
+V = "<16 x float>"
 
 
 
 def _splat(name, scalar, ty="float"):
     return [f"  {name}.i = insertelement <16 x {ty}> undef, {ty} {scalar}, i32 0",
-            f"  {name} = shufflevector <16 x {ty}> {name}.i, <16 x {ty}> undef, <16 x i32> zeroinitializer"]
+            f"  {name} = shufflevector <16 x {ty}> {name}.i, <16 x {ty}> undef, "
+            "<16 x i32> zeroinitializer"]
 
 
 def _fconst(x):
     import struct
-    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", float(np.float32(x))))[0]
+    return f"0x{struct.unpack('<Q', struct.pack('<d', float(np.float32(x))))[0]:016X}"
 
 
 def _vconst(x):
@@ -207,27 +209,31 @@ def _vconst(x):
     return "<" + ", ".join(f"float {c}" for _ in range(W)) + ">"
 
 
+def _fma(out, a, b, c):
+    return f"  {out} = call {V} @llvm.fma.v16f32({V} {a}, {V} {b}, {V} {c})"
+
+
 def _vexp(out, x, tag):
-    """out = exp(x) for <16 x float>, x may be -inf (gives 0)."""
+    """out = exp(x) for <16 x float> x; x = -inf (or below -87) gives exactly 0."""
     L = []
-    L.append(f"  {tag}.a = call <16 x float> @llvm.maxnum.v16f32(<16 x float> {x}, <16 x float> {_vconst(-87.0)})")
-    L.append(f"  {tag}.b = call <16 x float> @llvm.minnum.v16f32(<16 x float> {tag}.a, <16 x float> {_vconst(88.0)})")
-    L.append(f"  {tag}.t = fmul <16 x float> {tag}.b, {_vconst(1.4426950408889634)}")
-    L.append(f"  {tag}.n = call <16 x float> @llvm.rint.v16f32(<16 x float> {tag}.t)")
-    L.append(f"  {tag}.r0 = call <16 x float> @llvm.fma.v16f32(<16 x float> {tag}.n, <16 x float> {_vconst(-0.693359375)}, <16 x float> {tag}.b)")
-    L.append(f"  {tag}.r = call <16 x float> @llvm.fma.v16f32(<16 x float> {tag}.n, <16 x float> {_vconst(2.12194440e-4)}, <16 x float> {tag}.r0)")
+    L.append(f"  {tag}.a = call {V} @llvm.maxnum.v16f32({V} {x}, {V} {_vconst(-87.0)})")
+    L.append(f"  {tag}.b = call {V} @llvm.minnum.v16f32({V} {tag}.a, {V} {_vconst(88.0)})")
+    L.append(f"  {tag}.t = fmul {V} {tag}.b, {_vconst(1.4426950408889634)}")
+    L.append(f"  {tag}.n = call {V} @llvm.rint.v16f32({V} {tag}.t)")
+    L.append(_fma(f"{tag}.r0", f"{tag}.n", _vconst(-0.693359375), f"{tag}.b"))
+    L.append(_fma(f"{tag}.r", f"{tag}.n", _vconst(2.12194440e-4), f"{tag}.r0"))
     coefs = [1 / 5040, 1 / 720, 1 / 120, 1 / 24, 1 / 6, 0.5, 1.0, 1.0]
     prev = _vconst(coefs[0])
     for i, c in enumerate(coefs[1:]):
-        L.append(f"  {tag}.p{i} = call <16 x float> @llvm.fma.v16f32(<16 x float> {prev}, <16 x float> {tag}.r, <16 x float> {_vconst(c)})")
+        L.append(_fma(f"{tag}.p{i}", prev, f"{tag}.r", _vconst(c)))
         prev = f"{tag}.p{i}"
-    L.append(f"  {tag}.ni = fptosi <16 x float> {tag}.n to <16 x i32>")
+    L.append(f"  {tag}.ni = fptosi {V} {tag}.n to <16 x i32>")
     L.append(f"  {tag}.nb = add <16 x i32> {tag}.ni, <" + ", ".join(["i32 127"] * W) + ">")
     L.append(f"  {tag}.ns = shl <16 x i32> {tag}.nb, <" + ", ".join(["i32 23"] * W) + ">")
-    L.append(f"  {tag}.s = bitcast <16 x i32> {tag}.ns to <16 x float>")
-    L.append(f"  {tag}.v = fmul <16 x float> {prev}, {tag}.s")
-    L.append(f"  {tag}.lo = fcmp olt <16 x float> {x}, {_vconst(-87.0)}")
-    L.append(f"  {out} = select <16 x i1> {tag}.lo, <16 x float> zeroinitializer, <16 x float> {tag}.v")
+    L.append(f"  {tag}.s = bitcast <16 x i32> {tag}.ns to {V}")
+    L.append(f"  {tag}.v = fmul {V} {prev}, {tag}.s")
+    L.append(f"  {tag}.lo = fcmp olt {V} {x}, {_vconst(-87.0)}")
+    L.append(f"  {out} = select <16 x i1> {tag}.lo, {V} zeroinitializer, {V} {tag}.v")
     return L
 
 
@@ -238,12 +244,12 @@ def forward_ir(symbol: str, D: int) -> str:
     NEG = "0xFFF0000000000000"
     L = []
     A = L.append
-    A("declare <16 x float> @llvm.maxnum.v16f32(<16 x float>, <16 x float>)")
-    A("declare <16 x float> @llvm.minnum.v16f32(<16 x float>, <16 x float>)")
-    A("declare <16 x float> @llvm.rint.v16f32(<16 x float>)")
-    A("declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)")
-    A("declare float @llvm.vector.reduce.fmax.v16f32(<16 x float>)")
-    A("declare float @llvm.vector.reduce.fadd.v16f32(float, <16 x float>)")
+    A(f"declare {V} @llvm.maxnum.v16f32({V}, {V})")
+    A(f"declare {V} @llvm.minnum.v16f32({V}, {V})")
+    A(f"declare {V} @llvm.rint.v16f32({V})")
+    A(f"declare {V} @llvm.fma.v16f32({V}, {V}, {V})")
+    A(f"declare float @llvm.vector.reduce.fmax.v16f32({V})")
+    A(f"declare float @llvm.vector.reduce.fadd.v16f32(float, {V})")
     A("declare float @llvm.maxnum.f32(float, float)")
     A("declare i64 @llvm.smax.i64(i64, i64)")
     A(f"define void @{symbol}(i64 %begin, i64 %end, i8** %argv) {{")
@@ -306,7 +312,7 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %hi{r}.t = trunc i64 %hi{r} to i32")
         L.extend(_splat(f"%lov{r}", f"%lo{r}.t", "i32"))
         L.extend(_splat(f"%hiv{r}", f"%hi{r}.t", "i32"))
-    A(f"  %qh = mul i64 %h, %npad")
+    A("  %qh = mul i64 %h, %npad")
     for r in range(RB):
         A(f"  %qrow{r} = add i64 %qh, %row{r}")
         A(f"  %qoff{r} = mul i64 %qrow{r}, {D}")
@@ -317,10 +323,10 @@ def forward_ir(symbol: str, D: int) -> str:
         for c in range(C):
             A(f"  %yo{r}_{c} = add i64 %qoff{r}, {c * W}")
             A(f"  %yp{r}_{c} = getelementptr float, float* %out, i64 %yo{r}_{c}")
-            A(f"  %ypv{r}_{c} = bitcast float* %yp{r}_{c} to <16 x float>*")
-            A(f"  %o{r}_{c}.in = load <16 x float>, <16 x float>* %ypv{r}_{c}, align 4")
+            A(f"  %ypv{r}_{c} = bitcast float* %yp{r}_{c} to {V}*")
+            A(f"  %o{r}_{c}.in = load {V}, {V}* %ypv{r}_{c}, align 4")
     A(f"  %kth = mul i64 %h, {D}")
-    A(f"  %vh = mul i64 %h, %kpad")
+    A("  %vh = mul i64 %h, %kpad")
     A("  br label %k.head")
     A("k.head:")
     A("  %j = phi i64 [ %kstart, %grp.body ], [ %j.next, %pv.done ]")
@@ -328,7 +334,7 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %m{r} = phi float [ %m{r}.in, %grp.body ], [ %mn{r}, %pv.done ]")
         A(f"  %l{r} = phi float [ %l{r}.in, %grp.body ], [ %ln{r}, %pv.done ]")
         for c in range(C):
-            A(f"  %o{r}_{c} = phi <16 x float> [ %o{r}_{c}.in, %grp.body ], [ %on{r}_{c}, %pv.done ]")
+            A(f"  %o{r}_{c} = phi {V} [ %o{r}_{c}.in, %grp.body ], [ %on{r}_{c}, %pv.done ]")
     A("  %k.more = icmp slt i64 %j, %kmax")
     A("  br i1 %k.more, label %k.body, label %k.exit")
     A("k.body:")
@@ -341,7 +347,7 @@ def forward_ir(symbol: str, D: int) -> str:
     A("  %d = phi i64 [ 0, %k.body ], [ %d.next, %qk.loop ]")
     for r in range(RB):
         for p in range(2):
-            A(f"  %pa{r}_{p} = phi <16 x float> [ zeroinitializer, %k.body ], [ %pn{r}_{p}, %qk.loop ]")
+            A(f"  %pa{r}_{p} = phi {V} [ zeroinitializer, %k.body ], [ %pn{r}_{p}, %qk.loop ]")
     cur = {(r, p): f"%pa{r}_{p}" for r in range(RB) for p in range(2)}
     for dd in range(4):
         A(f"  %dd{dd} = add i64 %d, {dd}")
@@ -349,8 +355,8 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %ktoff{dd}.a = mul i64 %ktrow{dd}, %kpad")
         A(f"  %ktoff{dd} = add i64 %ktoff{dd}.a, %j")
         A(f"  %ktp{dd} = getelementptr float, float* %kt, i64 %ktoff{dd}")
-        A(f"  %ktpv{dd} = bitcast float* %ktp{dd} to <16 x float>*")
-        A(f"  %kt{dd} = load <16 x float>, <16 x float>* %ktpv{dd}, align 4")
+        A(f"  %ktpv{dd} = bitcast float* %ktp{dd} to {V}*")
+        A(f"  %kt{dd} = load {V}, {V}* %ktpv{dd}, align 4")
         for r in range(RB):
             A(f"  %qo{r}_{dd} = add i64 %qoff{r}, %dd{dd}")
             A(f"  %qp{r}_{dd} = getelementptr float, float* %q, i64 %qo{r}_{dd}")
@@ -358,41 +364,42 @@ def forward_ir(symbol: str, D: int) -> str:
             L.extend(_splat(f"%qb{r}_{dd}", f"%qs{r}_{dd}"))
             p = dd % 2
             nm = f"%pn{r}_{p}" if dd >= 2 else f"%pt{r}_{p}"
-            A(f"  {nm} = call <16 x float> @llvm.fma.v16f32(<16 x float> %qb{r}_{dd}, <16 x float> %kt{dd}, <16 x float> {cur[(r, p)]})")
+            A(_fma(nm, f"%qb{r}_{dd}", f"%kt{dd}", cur[(r, p)]))
             cur[(r, p)] = nm
     A("  %d.next = add i64 %d, 4")
     A(f"  %d.more = icmp slt i64 %d.next, {D}")
     A("  br i1 %d.more, label %qk.loop, label %qk.done")
     A("qk.done:")
     for r in range(RB):
-        A(f"  %sp{r} = fadd <16 x float> %pn{r}_0, %pn{r}_1")
+        A(f"  %sp{r} = fadd {V} %pn{r}_0, %pn{r}_1")
         A(f"  %okl{r} = icmp sge <16 x i32> %lanes, %lov{r}")
         A(f"  %okh{r} = icmp slt <16 x i32> %lanes, %hiv{r}")
         A(f"  %ok{r} = and <16 x i1> %okl{r}, %okh{r}")
-        A(f"  %S{r} = select <16 x i1> %ok{r}, <16 x float> %sp{r}, <16 x float> " + "<" + ", ".join([f"float {NEG}"] * W) + ">")
-        A(f"  %mx{r} = call nnan float @llvm.vector.reduce.fmax.v16f32(<16 x float> %S{r})")
+        A(f"  %S{r} = select <16 x i1> %ok{r}, {V} %sp{r}, {V} "
+          + "<" + ", ".join([f"float {NEG}"] * W) + ">")
+        A(f"  %mx{r} = call nnan float @llvm.vector.reduce.fmax.v16f32({V} %S{r})")
         A(f"  %mn{r} = call float @llvm.maxnum.f32(float %m{r}, float %mx{r})")
         A(f"  %isinf{r} = fcmp oeq float %mn{r}, {NEG}")
         A(f"  %ms{r} = select i1 %isinf{r}, float 0.0, float %mn{r}")
         L.extend(_splat(f"%msv{r}", f"%ms{r}"))
-        A(f"  %sd{r} = fsub <16 x float> %S{r}, %msv{r}")
+        A(f"  %sd{r} = fsub {V} %S{r}, %msv{r}")
         L.extend(_vexp(f"%P{r}", f"%sd{r}", f"%e{r}"))
         A(f"  %ad{r} = fsub float %m{r}, %ms{r}")
         L.extend(_splat(f"%adv{r}", f"%ad{r}"))
         L.extend(_vexp(f"%alv{r}", f"%adv{r}", f"%ea{r}"))
-        A(f"  %al{r} = extractelement <16 x float> %alv{r}, i32 0")
-        A(f"  %ps{r} = call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, <16 x float> %P{r})")
+        A(f"  %al{r} = extractelement {V} %alv{r}, i32 0")
+        A(f"  %ps{r} = call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V} %P{r})")
         A(f"  %lsc{r} = fmul float %l{r}, %al{r}")
         A(f"  %ln{r} = fadd float %lsc{r}, %ps{r}")
         for c in range(C):
-            A(f"  %oa{r}_{c} = fmul <16 x float> %o{r}_{c}, %alv{r}")
+            A(f"  %oa{r}_{c} = fmul {V} %o{r}_{c}, %alv{r}")
     A("  br label %pv.loop")
     # ---- P @ V: a loop over the 16 keys (2 per trip), the output rows in phis
     A("pv.loop:")
     A("  %t = phi i32 [ 0, %qk.done ], [ %t.next, %pv.loop ]")
     for r in range(RB):
         for c in range(C):
-            A(f"  %ov{r}_{c} = phi <16 x float> [ %oa{r}_{c}, %qk.done ], [ %on{r}_{c}, %pv.loop ]")
+            A(f"  %ov{r}_{c} = phi {V} [ %oa{r}_{c}, %qk.done ], [ %on{r}_{c}, %pv.loop ]")
     cur = {(r, c): f"%ov{r}_{c}" for r in range(RB) for c in range(C)}
     A("  %t64 = zext i32 %t to i64")
     for tt in range(2):
@@ -404,14 +411,14 @@ def forward_ir(symbol: str, D: int) -> str:
         for c in range(C):
             A(f"  %vo{tt}_{c} = add i64 %voff{tt}, {c * W}")
             A(f"  %vp{tt}_{c} = getelementptr float, float* %v, i64 %vo{tt}_{c}")
-            A(f"  %vpv{tt}_{c} = bitcast float* %vp{tt}_{c} to <16 x float>*")
-            A(f"  %V{tt}_{c} = load <16 x float>, <16 x float>* %vpv{tt}_{c}, align 4")
+            A(f"  %vpv{tt}_{c} = bitcast float* %vp{tt}_{c} to {V}*")
+            A(f"  %V{tt}_{c} = load {V}, {V}* %vpv{tt}_{c}, align 4")
         for r in range(RB):
-            A(f"  %pe{r}_{tt} = extractelement <16 x float> %P{r}, i32 %tt{tt}")
+            A(f"  %pe{r}_{tt} = extractelement {V} %P{r}, i32 %tt{tt}")
             L.extend(_splat(f"%pb{r}_{tt}", f"%pe{r}_{tt}"))
             for c in range(C):
                 nm = f"%on{r}_{c}" if tt == 1 else f"%om{r}_{c}"
-                A(f"  {nm} = call <16 x float> @llvm.fma.v16f32(<16 x float> %pb{r}_{tt}, <16 x float> %V{tt}_{c}, <16 x float> {cur[(r, c)]})")
+                A(_fma(nm, f"%pb{r}_{tt}", f"%V{tt}_{c}", cur[(r, c)]))
                 cur[(r, c)] = nm
     A("  %t.next = add i32 %t, 2")
     A(f"  %t.more = icmp slt i32 %t.next, {W}")
@@ -424,7 +431,7 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  store float %m{r}, float* %tp{r}")
         A(f"  store float %l{r}, float* %mp{r}")
         for c in range(C):
-            A(f"  store <16 x float> %o{r}_{c}, <16 x float>* %ypv{r}_{c}, align 4")
+            A(f"  store {V} %o{r}_{c}, {V}* %ypv{r}_{c}, align 4")
     A("  br label %grp.end")
     A("grp.end:")
     A("  %gi.next = add i64 %gi, 1")
