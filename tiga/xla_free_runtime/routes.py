@@ -19,7 +19,9 @@ WALK = {"dst": "destination rows walk their CSR edges (compressed-row, destinati
         "src": "source rows walk the transposed CSR (built once per relation and cached; "
                "no atomics)",
         "edge": "destination rows walk their CSR edges; each message is stored at its edge id",
-        "all": "one state folds every edge (a single call over all rows)"}
+        "all": "one state folds every edge (a sum without update: one partial state per "
+               "row chunk, chunks shared by the threads, partials added once; other "
+               "reducers: a single call over all rows)"}
 
 
 def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
@@ -157,8 +159,9 @@ def _schedule(graph, reduce_by: str) -> str:
             "sums: 4 accumulators merged per row), reducer state in registers/stack buffers, "
             "feature loops vectorised by LLVM (512-bit on AVX-512), gathered rows prefetched "
             "16 edges ahead")
-    if reduce_by == "all":
-        return base + "; one call over all rows"
+    if reduce_by == "all":   # llvm_propagate: "partial_sums" for sums, else one call
+        return base + ("; sums: row chunks balanced by edge count, one partial state each, "
+                       "added once; other reducers: one call over all rows")
     threads = num_threads()
     if graph is None:
         return base + f"; row chunks balanced by edge count on {threads} thread(s)"
