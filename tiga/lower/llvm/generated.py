@@ -9,7 +9,11 @@ row the kernel
 
 - radius: walks the 3^d cells around the row's cell (one index range per run of cells along
   the last axis), applies the exact predicate `sqrt(sum (p - q)^2) <= cutoff` in the
-  coordinates' dtype, and folds every accepted source straight into the reducer state;
+  coordinates' dtype (as `d2 <= v*`, v* the largest square whose sqrt is <= cutoff) without
+  branches, and folds every accepted source straight into the reducer state (a row's
+  accepted sorted positions pass through a small stack buffer, never an edge list);
+- knn rows first take the sources within an estimated k-th distance (same branch-free test)
+  into the top-k state below, and stop there when that provably is the answer;
 - radius with max_neighbors: keeps the row's nearest `max_neighbors` accepted sources in a
   bounded sorted state (ties by smaller index), counts rows that had more (one atomic add),
   then folds the kept ones nearest first;
