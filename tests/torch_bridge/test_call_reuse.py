@@ -14,6 +14,7 @@ from torch import nn  # noqa: E402
 
 import tiga as tg  # noqa: E402
 from tiga.torch_bridge import autograd as bridge  # noqa: E402
+from tiga.xla_free_runtime.cache import CACHE  # noqa: E402
 
 N, F, HIDDEN = 20, 4, 16
 
@@ -90,9 +91,11 @@ def test_warm_training_steps_do_not_retrace_and_see_optimizer_steps(deep, vjp_co
         opt.step()   # in place: the next call must see the new weights
         if step == 0:
             stagings, vjps = bridge.STATS["stagings"], vjp_counter[0]
+            builds = CACHE.stats.as_dict()["misses"]
         else:
             assert bridge.STATS["stagings"] == stagings, "a warm call traced again"
             assert vjp_counter[0] == vjps, "a warm backward derived its VJP again"
+            assert CACHE.stats.as_dict()["misses"] == builds, "a warm call compiled again"
 
 
 def test_signature_changes_restage():
