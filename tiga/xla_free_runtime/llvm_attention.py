@@ -12,8 +12,9 @@ Every relation it claims selects, for destination row i, the contiguous source r
 [lo_i, hi_i), with lo and hi nondecreasing in i; that O(N) pair of arrays is all the walk
 needs. The work runs in tiles: a block of destination rows against a block of source rows
 for all heads at once, with running (max, mass, accumulator) per row and head; no N x N
-score or probability array exists, only one tile. The block products run on
-`lower.llvm.attention` (batched BLAS products per tile); threads take whole row blocks.
+score or probability array exists, only one tile. `lower.llvm.attention` holds the tiles: an
+LLVM micro-kernel for the float32 forward, numpy/BLAS tiles for the rest (float64, other head
+widths, pruning, the backward); threads take whole row blocks.
 
 The forward keeps its per-row (max, mass) for the output it produced; the VJP's row max and
 row mass propagates, which read that output, are answered from it without recomputing.
@@ -205,9 +206,16 @@ class AttentionPlan:
             f"blocks of {tiles.BLOCK_M} destination rows x {tiles.BLOCK_N} source rows, all "
             "heads per tile, running (max, mass, accumulator) per row and head; each row reads "
             "one contiguous source range (lo, hi), no N x N score or probability array")
+        native = self.kind == "forward" and p["reducer"].prune_threshold is None and \
+            _native_ok(*(_avals(eqn, i) for i in (self.pattern.q, self.pattern.k,
+                                                 self.pattern.v)), _avals(eqn, None))
         ex.schedule = (f"tiled streaming attention: {num_threads()} thread(s) take whole row "
-                       "blocks; each tile's two products are batched BLAS matrix products over the "
-                       "heads (numpy), the softmax update vectorised numpy on the tile")
+                       "blocks; " + (
+                           "LLVM micro-kernel (float32): 4 query rows x 16 keys per register "
+                           "tile, <16 x float> accumulators, polynomial exp, 256-key blocks "
+                           "kept in cache" if native else
+                           "each tile's two products are batched BLAS matrix products over "
+                           "the heads (numpy), the softmax update vectorised numpy on the tile"))
         nh = eqn.inputs[1].type.shape[1] if len(eqn.inputs[1].type.shape) == 3 else 1
         isz = eqn.inputs[1].type.dtype.np.itemsize
         ex.materialized.append(("per-row source ranges (lo, hi)", 16 * graph.num_dst,
@@ -223,6 +231,19 @@ class AttentionPlan:
                                   f"loads; last call skipped {STATS['blocks_skipped']} of "
                                   f"{STATS['blocks_total']} blocks"))
         ex.cache_lines.append(f"{what[self.kind]}: tiled attention (no per-call compile)")
+
+
+class _Aval:
+    """Shape and dtype of an equation operand (what _native_ok reads), without its value."""
+
+    def __init__(self, t):
+        self.shape, self.dtype = tuple(t.shape), t.dtype.np
+
+
+def _avals(eqn, i):
+    if i is None:
+        return eqn.outputs[0].type.dtype.np
+    return _Aval(eqn.inputs[1 + i].type)
 
 
 def _native_ok(q, k, v, dtype) -> bool:

@@ -9,11 +9,10 @@ only where it crosses a range boundary.
 Memory: one BLOCK_M x BLOCK_N tile per head and thread plus O(N) per-row statistics; never an
 N x N array. Rows with an empty range finalize to 0 (max 0, mass 0), the reducer convention.
 
-Status: the tile products are numpy batched matrix products (OpenBLAS sgemm/dgemm, one BLAS
-thread per tile job) and the softmax update is vectorised numpy on the tile. No LLVM code is
-generated here yet: a register-blocked LLVM micro-kernel (<16 x float> accumulators, packed
-tiles, a polynomial exp) that fuses the tile's two products with the softmax update is what
-would close the remaining gap to torch's CPU flash kernel (benchmarks/RESULTS.md).
+Two implementations share the tiling: `forward_ir` generates the float32 forward as an LLVM
+register-blocked micro-kernel (below); the numpy tile functions (batched OpenBLAS products,
+one BLAS thread per tile job, vectorised numpy softmax update) run float64, head widths that
+are not a multiple of 16, pruning, and the backward (dq, dk, dv), which has no LLVM kernel yet.
 """
 from __future__ import annotations
 
