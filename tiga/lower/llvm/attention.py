@@ -384,9 +384,13 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %sd{r} = fsub {V} %S{r}, %msv{r}")
         L.extend(_vexp(f"%P{r}", f"%sd{r}", f"%e{r}"))
         A(f"  %ad{r} = fsub float %m{r}, %ms{r}")
-        L.extend(_splat(f"%adv{r}", f"%ad{r}"))
-        L.extend(_vexp(f"%alv{r}", f"%adv{r}", f"%ea{r}"))
-        A(f"  %al{r} = extractelement {V} %alv{r}, i32 0")
+        prev_ad = "zeroinitializer" if r == 0 else f"%adv{r - 1}"
+        A(f"  %adv{r} = insertelement {V} {prev_ad}, float %ad{r}, i32 {r}")
+    # the rows' rescale factors exp(m_old - m_new) in one vector exp (unused lanes: exp(0))
+    L.extend(_vexp("%alpha", f"%adv{RB - 1}", "%ea"))
+    for r in range(RB):
+        A(f"  %al{r} = extractelement {V} %alpha, i32 {r}")
+        L.extend(_splat(f"%alv{r}", f"%al{r}"))
         A(f"  %ps{r} = call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V} %P{r})")
         A(f"  %lsc{r} = fmul float %l{r}, %al{r}")
         A(f"  %ln{r} = fadd float %lsc{r}, %ps{r}")
