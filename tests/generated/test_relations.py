@@ -128,3 +128,20 @@ def test_stencil_matches_explicit_csr():
     got = np.asarray(tg.propagate(g, fn, tg.sum(), src={"x": x}))
     want = np.asarray(tg.propagate(explicit, fn, tg.sum(), src={"x": x}))
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_traced_knn_checks_k_when_tracing():
+    pos = np.random.default_rng(0).random((12, 2))
+
+    def f(p):
+        g = tg.Graph.knn(p, 12)       # 11 candidates without self loops
+        return tg.math.sum(tg.propagate(g, lambda s, d, e: e.distance, tg.sum()))
+
+    with pytest.raises(tg.GraphValidationError, match=r"^k: is 12"):
+        tg.grad(f)(pos)
+
+
+def test_tensor_positions_are_accepted():
+    pos = np.random.default_rng(1).random((40, 3))
+    g = tg.Graph.radius(tg.asarray(pos), 0.3)
+    _same_rows(csr_rows(g), radius_rows(pos, 0.3))

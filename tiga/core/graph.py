@@ -217,6 +217,9 @@ class Graph:
         index (exact). `loop=False` drops (i, i) when query is None."""
         if _traced(positions, query):
             loop = geo.read_flag(loop, "loop")
+            num_src = positions.aval.shape[0] if hasattr(positions, "aval") else len(positions)
+            if isinstance(num_src, int):   # k is checked now when the size is concrete
+                k = geo.read_k(k, geo.candidates_per_row(num_src, query is None, loop))
             return geometry_hooks["bind"]("knn", positions, query, k=k, loop=loop)
         pos = geo.read_positions(positions, "positions")
         q = geo.read_query(query, pos)
