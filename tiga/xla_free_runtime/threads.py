@@ -1,8 +1,12 @@
 """runtime: the kernel thread pool and destination-row chunks balanced by edge count.
 
 Kernels are called through ctypes, which releases the GIL, so a plain thread pool runs
-row chunks in parallel. Each call waits only on its own futures, so several Python threads
-may launch kernels at once. TIGA_NUM_THREADS (default: all cores) sets the pool size.
+row chunks in parallel. A kernel with a chunk loop (`<kernel>_drive`) is entered once per
+thread: the caller and threads-1 pool workers claim chunks with an atomic counter inside
+native code, so no chunk waits for the GIL. Other callables pull chunks from a shared Python
+iterator. Each call waits only on its own helpers (and always for all of them, since they read
+the caller's arrays), so several Python threads may launch kernels at once. TIGA_NUM_THREADS
+(default: all cores) sets the pool size.
 """
 from __future__ import annotations
 
