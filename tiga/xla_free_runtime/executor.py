@@ -22,6 +22,7 @@ from ..core.types import GraphType
 from . import llvm_attention  # noqa: F401  (registers the tiled attention planner)
 from .cache import CACHE
 from .explain import Explanation
+from .llvm_generated import generated_relations
 from .llvm_propagate import Fallback, plan_propagate, run_propagate
 from .routes import describe_program
 
@@ -39,6 +40,9 @@ def _graph_of(eqn, env_or_args):
 def plan_routes(program: GraphProgram, args: list) -> dict:
     """{id(eqn): Executable | Fallback} for every top-level propagate."""
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    # radius/knn generated inside the program: planned from their static parameters (the
+    # fused kernel depends on them only), so strict mode sees the route that will run
+    known.update(generated_relations(program))
     routes = {}
     for eqn in program.eqns:
         if eqn.primitive is propagate_p:

@@ -11,9 +11,16 @@ relation's static description (kind, traversal, dims, k, self-loop rule), never 
 number of points or the coordinates, so new coordinates of the same dims and dtype rebind
 the cached executable (explain() reports the cache hit).
 
-Anything else over a generated relation (grouped by source, as in the VJP's source
-cotangents; edge fields; unsupported edge functions) resolves the relation to CSR and takes
-the generic kernel, which explain() reports as the materialised CSR.
+A propagate grouped by source over a symmetric relation (radius over one point set without
+max_neighbors: j in N(i) iff i in N(j)) takes the same fused walk with the roles swapped
+(rows are the sources), so the VJP's source and coordinate cotangents build no transposed
+CSR. kNN, truncated radius and radius with a query set are asymmetric: their source-grouped
+propagates, and propagates with edge fields or unsupported edge functions, resolve the
+relation to CSR (transposed where needed) and take the generic kernel, which explain()
+reports as the materialised CSR.
+
+Relations generated inside a traced program are planned before the call from their static
+parameters (GeneratedType), so strict mode and explain() see the route that will run.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import weakref
 import numpy as np
 
 from ..core import graph_geometry as geo
+from ..core.dtypes import int64
 from ..core.errors import CompilationError
 from ..lower import CPU_LLVM_AVAILABLE
 from .cache import CACHE, full_key
@@ -53,64 +61,106 @@ _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def _spec(eqn, graph) -> GeoSpec | None:
+def _spec(eqn, graph) -> GeoSpec:
     p = graph.params
     d = int(p["dims"])
-    pos = p["positions"]
     same = p["query"] is None
     k = p["k"] if graph.kind == "knn" else (p["max_neighbors"] or 0)
     return GeoSpec(kind=graph.kind, mode="cells" if d <= geo.FAST_DIMS else "scan", dims=d,
                    k=int(k), exclude_self=bool(same and not p["loop"]),
-                   pos_dtype=pos.dtype.name)
+                   pos_dtype=np.dtype(p["positions"].dtype).name)
 
 
-def _hidden(eqn) -> tuple | None:
-    roles, names = eqn.params["roles"], eqn.params["names"]
-    try:
-        return (list(zip(roles, names)).index(("src", "_tg_pos")),
-                list(zip(roles, names)).index(("dst", "_tg_qpos")))
-    except ValueError:
-        return None
+def symmetric(graph) -> bool:
+    """j in N(i) iff i in N(j): radius over one point set without max_neighbors (the test
+    (p_j - p_i)^2 rounds like (p_i - p_j)^2, and loop=False drops both diagonals alike).
+    kNN and truncated radius are not, nor is a query set different from the sources."""
+    p = graph.params
+    return graph.kind == "radius" and p["query"] is None and not p["max_neighbors"]
 
 
-def _key(eqn, spec: GeoSpec) -> str:
+def swapped(params: dict) -> dict:
+    """A reduce_by='src' propagate over a symmetric relation as a destination-grouped one
+    with the roles exchanged: rows are the sources, their neighbours the destinations. The
+    edge function takes its operands by position, so only the labels change."""
+    flip = {"src": "dst", "dst": "src"}
+    return dict(params, roles=tuple(flip.get(r, r) for r in params["roles"]), reduce_by="dst")
+
+
+class GeneratedType:
+    """A radius/knn relation generated inside a traced program, before the call: its kind
+    and generating parameters are static (the producing equation's params), its
+    coordinates are not. Enough to plan (and compile) the fused kernel, for strict mode
+    and explain(); the call re-plans on the concrete relation (same cache key)."""
+
+    edge_perm = None
+    index_dtype = int64
+
+    def __init__(self, gtype, gen_eqn):
+        ep = gen_eqn.params
+        pos_t = gen_eqn.inputs[0].type
+        self.kind, self.type = gtype.kind, gtype
+        self.num_src, self.num_dst = gtype.num_src, gtype.num_dst
+        self.params = {"dims": int(pos_t.shape[1]), "loop": bool(ep["loop"]),
+                       "query": None if len(gen_eqn.inputs) == 1 else "traced",
+                       "k": ep.get("k"), "max_neighbors": ep.get("max_neighbors"),
+                       "positions": np.empty((0, int(pos_t.shape[1])), pos_t.dtype.np)}
+
+
+def generated_relations(program) -> dict:
+    """{id(graph var): GeneratedType} for the radius/knn relations `program` generates."""
+    from ..core.prims.geometry import knn_p, radius_p
+
+    return {id(e.outputs[0]): GeneratedType(e.outputs[0].type, e) for e in program.eqns
+            if e.primitive in (radius_p, knn_p)}
+
+
+def _key(eqn, spec: GeoSpec, params: dict) -> str:
     per_eqn = _KEYS.get(eqn)
     if per_eqn is None:
         per_eqn = _KEYS.setdefault(eqn, {})
-    key = per_eqn.get(spec)
+    variant = (spec, params["roles"])
+    key = per_eqn.get(variant)
     if key is None:
-        p = eqn.params
+        p = params
         fields = tuple((tuple(a.type.shape) if r == "param" else tuple(a.type.shape[1:]),
                         a.type.dtype.name) for a, r in zip(eqn.inputs[1:], p["roles"]))
         update = p["update"].structure_key() if p["update"] is not None else None
-        key = per_eqn[spec] = full_key((
+        key = per_eqn[variant] = full_key((
             "generated-propagate", p["edge_fn"].structure_key(), repr(p["reducer"]._key()),
             p["roles"], update, fields, spec.descriptor()))
     return key
+
+
+def _materialise(graph) -> None:
+    if not isinstance(graph, GeneratedType):
+        graph.resolve_csr()     # the generic kernel walks the materialised relation
 
 
 def plan_generated(eqn, graph, compile: bool):
     if getattr(graph, "kind", None) not in GEOMETRIC or not CPU_LLVM_AVAILABLE:
         return None
     p = eqn.params
-    if p["reduce_by"] != "dst" or "edge" in p["roles"] or _hidden(eqn) is None:
-        graph.resolve_csr()     # the generic kernel walks the materialised relation
+    swap = p["reduce_by"] == "src" and symmetric(graph)
+    if (p["reduce_by"] != "dst" and not swap) or "edge" in p["roles"]:
+        _materialise(graph)     # kNN / truncated radius / query: transposed where needed
         return None
+    params = swapped(p) if swap else p
     spec = _spec(eqn, graph)
-    key = _key(eqn, spec)
+    key = _key(eqn, spec, params)
     in_types = [a.type for a in eqn.inputs]
 
     def build(symbol):
-        return codegen_generated(p, in_types, spec, symbol=symbol)
+        return codegen_generated(params, in_types, spec, symbol=symbol)
 
     try:
         if not compile:
             if CACHE.status(key) == "miss":
                 build("probe")
-            return GeneratedPlan(None, spec, key)
-        return GeneratedPlan(CACHE.get(key, build), spec, key)
+            return GeneratedPlan(None, spec, key, swap)
+        return GeneratedPlan(CACHE.get(key, build), spec, key, swap)
     except CodegenUnsupported:
-        graph.resolve_csr()
+        _materialise(graph)
         return None
     except CompilationError as exc:
         return Fallback(f"LLVM compilation of the generated-relation kernel failed ({exc}); "
@@ -209,8 +259,9 @@ def build_directory(points: np.ndarray, geo_f: np.ndarray, geo_i: np.ndarray) ->
 
 
 class GeneratedPlan:
-    def __init__(self, exe, spec: GeoSpec, key: str):
+    def __init__(self, exe, spec: GeoSpec, key: str, swap: bool = False):
         self.exe, self.spec, self.key = exe, spec, key
+        self.swap = swap    # a reduce_by='src' propagate over a symmetric relation
 
     def run(self, eqn, graph, values: list) -> list:
         sig = self.exe.signature
@@ -245,7 +296,8 @@ class GeneratedPlan:
     def describe(self, ex, eqn, graph, where: str) -> None:
         p, spec = eqn.params, self.spec
         red = p["reducer"].pp_param()
-        ex.routes.append(("cpu-llvm", f"{where}propagate[{red}] by dst",
+        by = p["reduce_by"]
+        ex.routes.append(("cpu-llvm", f"{where}propagate[{red}] by {by}",
                           f"compiles (fused {spec.kind} traversal, no edge list)"))
         if spec.mode == "scan":
             walk = (f"tiled scan over all sources ({spec.dims}-D coordinates: above "
@@ -258,29 +310,54 @@ class GeneratedPlan:
             walk = ("knn-shells (cell directory; each row keeps a sorted top-k state, ties "
                     "by smaller source index, and visits cells in growing shells until the "
                     "k-th distance bounds the next shell)")
+        if self.swap:
+            walk = ("the relation is symmetric (radius, query=None, no max_neighbors), so "
+                    "source rows take the same fused walk with the roles swapped (no "
+                    "transposed CSR): " + walk)
         fold = "folds accepted sources straight into the reducer state"
         if spec.k:
             fold = f"keeps the nearest {spec.k} in a bounded sorted state, then folds them"
-        ex.traversal.append(f"propagate[{red}] over {graph.kind} relation, grouped by dst: "
+        ex.traversal.append(f"propagate[{red}] over {graph.kind} relation, grouped by {by}: "
                             f"{walk}; {fold}")
-        ex.traversal.append("vjp over this relation: destination-grouped cotangent "
-                            "propagates take this fused walk; source-grouped ones (source "
-                            "and coordinate cotangents) walk the materialised transposed CSR")
+        if symmetric(graph):
+            vjp = ("vjp over this relation: cotangent propagates grouped by destination and "
+                   "by source (source-field and coordinate cotangents) all take this fused "
+                   "walk (symmetric relation: roles swapped), no CSR")
+        else:
+            why = ("knn is not symmetric" if spec.kind == "knn" else
+                   "max_neighbors truncation makes it asymmetric" if spec.k else
+                   "a query set makes it asymmetric")
+            vjp = ("vjp over this relation: destination-grouped cotangent propagates take "
+                   "this fused walk; source-grouped ones (source and coordinate cotangents) "
+                   f"walk the CSR transposed where needed ({why})")
+        if vjp not in ex.traversal:
+            ex.traversal.append(vjp)
+        typed = isinstance(graph, GeneratedType)
         if spec.kind == "radius" and spec.k:
-            t = graph.params.get("_truncated")
+            t = None if typed else graph.params.get("_truncated")
             ex.traversal.append(f"max_neighbors={spec.k}: " + (
                 "not run yet" if t is None else f"{t} row(s) truncated in the last call"))
         ex.schedule = ("cpu-llvm fused generated-relation kernel: rows visited in cell order, "
                        f"row chunks on {num_threads()} thread(s); reducer state in stack "
                        "buffers")
-        n, m = graph.num_dst, graph.num_src
-        itemsize = graph.params["positions"].dtype.itemsize
-        nbytes = 8 * (m + n) + m * spec.dims * itemsize
-        if spec.mode == "cells":
-            nbytes += 8 * (int(np.prod(directory_arrays(graph, spec)["geo_i"][1:])) + 1)
-        ex.materialized.append(("cell directory (sorted source ids and coordinates, cell "
-                                "starts, row order)", nbytes,
-                                "rebuilt per call from the coordinates; O(N), no edge list"))
+        if typed:
+            entry = (
+                f"cell directory of the {graph.kind} relation generated in the program "
+                "(sorted source ids and coordinates, cell starts, row order)", 0,
+                "built per call from the traced coordinates; O(N), no edge list (size "
+                "known at the call)")
+            if entry not in ex.materialized:    # one directory per relation and call
+                ex.materialized.append(entry)
+        else:
+            n, m = graph.num_dst, graph.num_src
+            itemsize = graph.params["positions"].dtype.itemsize
+            nbytes = 8 * (m + n) + m * spec.dims * itemsize
+            if spec.mode == "cells":
+                nbytes += 8 * (int(np.prod(directory_arrays(graph, spec)["geo_i"][1:])) + 1)
+            ex.materialized.append(("cell directory (sorted source ids and coordinates, "
+                                    "cell starts, row order)", nbytes,
+                                    "rebuilt per call from the coordinates; O(N), no edge "
+                                    "list"))
         status = CACHE.status(self.key)
         ex.cache_lines.append({"memory": "hit (memory; executable rebound to this call's "
                                          "coordinates)",
@@ -290,4 +367,5 @@ class GeneratedPlan:
 
 SPECIALISED_PLANNERS.append(plan_generated)
 
-__all__ = ["plan_generated", "GeneratedPlan", "directory_arrays"]
+__all__ = ["plan_generated", "GeneratedPlan", "GeneratedType", "directory_arrays",
+           "generated_relations", "symmetric"]

@@ -12,6 +12,7 @@ from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from .explain import Explanation
+from .llvm_generated import GeneratedType, generated_relations
 from .llvm_propagate import Fallback, chunk_row_ptr, plan_propagate
 from .threads import num_threads, row_chunks
 
@@ -26,6 +27,7 @@ WALK = {"dst": "destination rows walk their CSR edges (compressed-row, destinati
 
 def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    known.update(generated_relations(program))   # radius/knn generated in the program
     ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
                      program=str(program))
     compiled = fallen = 0
@@ -39,7 +41,15 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
             _explain_reference(ex, eqn, graph, plan.reason, where)
         else:
             compiled += 1
-            _explain_compiled(ex, eqn, graph, cache.status(plan), where)
+            typed = isinstance(graph, GeneratedType)   # concrete only at the call
+            _explain_compiled(ex, eqn, None if typed else graph, cache.status(plan), where)
+            if typed:
+                ex.materialized.append((
+                    f"CSR of the {graph.kind} relation generated in the program"
+                    + (" and its transpose" if eqn.params["reduce_by"] == "src" else ""),
+                    0, "resolved at the call (this propagate needs edge ids or is "
+                    "asymmetric and grouped by source: transposed where needed); size "
+                    "known then"))
     others = sorted({e.primitive.name for e in program.eqns
                      if e.primitive not in (propagate_p, scan_p, while_loop_p)})
     loops = sorted({e.primitive.name for e in program.eqns
@@ -50,7 +60,8 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
     ex.vjp_route = ("the VJP program is lowered the same way: source cotangents are a "
-                    "propagate grouped by source (compiled over the transposed CSR), edge "
+                    "propagate grouped by source (compiled over the transposed CSR; over a "
+                    "symmetric radius relation the fused cell walk with roles swapped), edge "
                     "cotangents per edge, parameter cotangents one fold over all edges")
     stats = cache.stats.as_dict()
     ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
@@ -81,6 +92,7 @@ def _propagates(program: GraphProgram, graphs: dict, where: str):
             binders = closed.program.in_binders[len(closed.consts):]
             inner = {id(v): graph_of(a) for v, a in zip(binders, operands)
                      if isinstance(v.type, GraphType)}
+            inner.update(generated_relations(closed.program))
             yield from _propagates(closed.program, inner, f"{where}{label}: ")
 
 
