@@ -230,7 +230,13 @@ class AttentionPlan:
                                   f"than {prune} below the running max skip their value "
                                   f"loads; last call skipped {STATS['blocks_skipped']} of "
                                   f"{STATS['blocks_total']} blocks"))
-        ex.cache_lines.append(f"{what[self.kind]}: tiled attention (no per-call compile)")
+        if native:
+            from .cache import CACHE
+            width = eqn.inputs[1 + self.pattern.q].type.shape[-1]
+            ex.cache_lines.append(f"{what[self.kind]}: LLVM forward kernel (width {width}) "
+                                  f"{CACHE.status(_native_key(width))}")
+        else:
+            ex.cache_lines.append(f"{what[self.kind]}: numpy tiles (nothing to compile)")
 
 
 class _Aval:
@@ -257,10 +263,15 @@ def _native_ok(q, k, v, dtype) -> bool:
 NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 
 
+def _native_key(width: int) -> str:
+    from .cache import full_key
+    return full_key(("attention-forward-f32", width, tiles.RB, tiles.GB, tiles.KB))
+
+
 def _native_kernel(width: int):
     from ..lower.llvm import KernelSignature
-    from .cache import CACHE, full_key
-    key = full_key(("attention-forward-f32", width, tiles.RB, tiles.GB, tiles.KB))
+    from .cache import CACHE
+    key = _native_key(width)
 
     def build(symbol):
         sig = KernelSignature(symbol=symbol, walk="dst", reduce_by="dst", slots=(), roles=(),
