@@ -11,6 +11,9 @@ installed; up to 32768), PyG radius/knn (only if torch_cluster imports: it does 
 here, recorded as skipped). Each configuration runs in a fresh process (_harness.py).
 
 Usage: python benchmarks/radius_knn.py [--quick] [--threads 2] [--rounds 1]
+       [--peers tiga ...] [--sizes 8192 32768 ...]
+The summary prints Tiga's ns/point per size and its largest/smallest ratio over
+N = 8192 ... 131072 (flat = linear scaling), for radius and kNN.
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ import _harness as H  # noqa: E402
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DEGREE, K, SEED = 32, 16, 0
 RADIUS_SIZES = (8192, 32768, 131072)
-KNN_SIZES = (1024, 4096, 16384, 65536, 131072)
+KNN_SIZES = (1024, 4096, 8192, 16384, 32768, 65536, 131072)
+FLAT_RANGE = (8192, 131072)      # per-point time judged over these sizes
 ALL_PAIRS_MAX = 32768
 PEERS = {"radius": ("tiga", "ckdtree", "torch_allpairs", "pyg"),
          "knn": ("tiga", "ckdtree", "torch_cdist_topk", "faiss_flat", "pyg")}
@@ -222,6 +226,9 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--tasks", nargs="*", default=["radius", "knn"])
+    ap.add_argument("--peers", nargs="*", default=None,
+                    help="only these peers (e.g. --peers tiga for a per-point sweep)")
+    ap.add_argument("--sizes", nargs="*", type=int, default=None, help="override the sizes")
     ap.add_argument("--child", default=None)
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
@@ -231,10 +238,14 @@ def build_jobs(a) -> list:
     jobs = []
     for task in a.tasks:
         sizes = RADIUS_SIZES if task == "radius" else KNN_SIZES
-        if a.quick:
+        if a.sizes:
+            sizes = tuple(a.sizes)
+        elif a.quick:
             sizes = sizes[:1]
         for n in sizes:
             for peer in PEERS[task]:
+                if a.peers is not None and peer not in a.peers:
+                    continue
                 spec = {"kind": "run", "task": task, "peer": peer, "n": n,
                         "threads": a.threads, "warmup": 1 if a.quick else 2,
                         "repeat": 3 if a.quick else 7, "budget_s": 5 if a.quick else 20}
@@ -250,10 +261,11 @@ def _mib(b):
 
 def summary(results: list, machine: dict) -> str:
     by = {r["label"]: r for r in results}
+    sizes_run = sorted({int(r["label"].rsplit("/", 1)[1]) for r in results})
     lines = [f"machine: {machine.get('cpu_model', '?')}, threads={machine.get('threads_used')}, "
              f"load at start {machine.get('loadavg_at_start')}"]
     for task in ("radius", "knn"):
-        sizes = RADIUS_SIZES if task == "radius" else KNN_SIZES
+        sizes = sizes_run
         lines.append(f"\n{task}: median ms (peak RSS delta MiB / numpy-traced peak MiB) "
                      "[rel err]; ratios = peer / tiga")
         for n in sizes:
@@ -279,7 +291,20 @@ def summary(results: list, machine: dict) -> str:
             per_point = (f" | tiga {1e6 * t['median_ms'] / n:.0f} ns/point"
                          if t.get("status") == "ok" else "")
             lines.append(f"  n={n}: " + "; ".join(cells) + per_point)
+        lines += _flatness(by, task, sizes)
     return "\n".join(lines)
+
+
+def _flatness(by: dict, task: str, sizes) -> list:
+    """Tiga's ns/point over FLAT_RANGE: linear scaling keeps it flat (ratio near 1)."""
+    pts = [(n, 1e6 * by[f"{task}/tiga/{n}"]["median_ms"] / n) for n in sizes
+           if FLAT_RANGE[0] <= n <= FLAT_RANGE[1]
+           and by.get(f"{task}/tiga/{n}", {}).get("status") == "ok"]
+    if len(pts) < 2:
+        return []
+    row = ", ".join(f"{n}: {v:.0f}" for n, v in pts)
+    return [f"  tiga ns/point {row}; largest/smallest size ratio "
+            f"{pts[-1][1] / pts[0][1]:.2f} (1.0 = linear)"]
 
 
 def _ratio(a, b):
