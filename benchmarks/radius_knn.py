@@ -266,6 +266,8 @@ def summary(results: list, machine: dict) -> str:
              f"load at start {machine.get('loadavg_at_start')}"]
     for task in ("radius", "knn"):
         sizes = sizes_run
+        if not any(f"{task}/tiga/{n}" in by for n in sizes):
+            continue
         lines.append(f"\n{task}: median ms (peak RSS delta MiB / numpy-traced peak MiB) "
                      "[rel err]; ratios = peer / tiga")
         for n in sizes:
