@@ -1,5 +1,5 @@
 # Tiga developer entry points. Needs only Python >= 3.10, a C toolchain and PyPI.
-#   make demo   install and run the examples
+#   make demo   install (+ CPU torch, pinned) and run the examples
 #   make test   install test deps (+ CPU torch) and run the suite with xdist
 #   make bench  install bench deps (+ CPU torch) and run the stored-CSR benchmark (--quick)
 PY ?= python3
@@ -18,6 +18,7 @@ DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py examples/causal_at
 INSTALL_STAMP := $(VENV)/.tiga-install.stamp
 TEST_STAMP := $(VENV)/.tiga-test.stamp
 LINT_STAMP := $(VENV)/.tiga-lint.stamp
+DEMO_STAMP := $(VENV)/.tiga-demo.stamp
 BENCH_STAMP := $(VENV)/.tiga-bench.stamp
 BENCH_ARGS ?= --quick
 
@@ -45,13 +46,18 @@ $(BENCH_STAMP): pyproject.toml | $(VPY)
 	$(PIP) install -q "torch_geometric==2.8.1" || echo "torch_geometric not installable: PyG peer skipped"
 	@touch $@ $(INSTALL_STAMP)
 
+# The EdgeNN and attention examples check Tiga against their explicit torch references.
+$(DEMO_STAMP): pyproject.toml | $(VPY)
+	$(PIP) install -q -e ".[torch]"
+	@touch $@ $(INSTALL_STAMP)
+
 $(LINT_STAMP): pyproject.toml | $(VPY)
 	$(PIP) install -q ruff
 	@touch $@
 
 install: $(INSTALL_STAMP)
 
-demo: install
+demo: $(DEMO_STAMP)
 	@for ex in $(DEMO_EXAMPLES); do \
 		if [ -f "$$ex" ]; then \
 			echo "== $$ex"; \
@@ -72,7 +78,7 @@ lint: $(LINT_STAMP)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
-	rm -f $(INSTALL_STAMP) $(TEST_STAMP) $(LINT_STAMP) $(BENCH_STAMP)
+	rm -f $(INSTALL_STAMP) $(TEST_STAMP) $(LINT_STAMP) $(BENCH_STAMP) $(DEMO_STAMP)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
