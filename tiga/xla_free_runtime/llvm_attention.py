@@ -12,9 +12,9 @@ Every relation it claims selects, for destination row i, the contiguous source r
 [lo_i, hi_i), with lo and hi nondecreasing in i; that O(N) pair of arrays is all the walk
 needs. The work runs in tiles: a block of destination rows against a block of source rows
 for all heads at once, with running (max, mass, accumulator) per row and head; no N x N
-score or probability array exists, only one tile. `lower.llvm.attention` holds the tiles: an
-LLVM micro-kernel for the float32 forward, numpy/BLAS tiles for the rest (float64, other head
-widths, pruning, the backward); threads take whole row blocks.
+score or probability array exists, only one tile. `lower.llvm.attention` generates the LLVM
+micro-kernel of the float32 forward; `attention_tiles` holds the numpy/BLAS tiles for the rest
+(float64, other head widths, pruning, the backward); threads take whole row blocks.
 
 The forward keeps its per-row (max, mass) for the output it produced; the VJP's row max and
 row mass propagates, which read that output, are answered from it without recomputing.
@@ -28,7 +28,8 @@ import numpy as np
 
 from ..autodiff.rules.attention import CANONICAL, canonical_program, kind_of, match_attention
 from ..core.prims.graph import row_type
-from ..lower.llvm import attention as tiles
+from ..lower.llvm import attention as kernel
+from . import attention_tiles as tiles
 from .threads import num_threads, run_jobs
 
 KINDS = ("dense", "triangular", "cu_seqlens")
@@ -256,7 +257,7 @@ def _native_ok(q, k, v, dtype) -> bool:
     """The LLVM forward kernel: float32, head width a multiple of 16, values as wide."""
     from ..lower import CPU_LLVM_AVAILABLE
     return (CPU_LLVM_AVAILABLE and NATIVE_FORWARD and dtype == np.float32
-            and q.dtype == k.dtype == v.dtype == np.float32 and q.shape[-1] % tiles.W == 0
+            and q.dtype == k.dtype == v.dtype == np.float32 and q.shape[-1] % kernel.W == 0
             and v.shape[-1] == q.shape[-1] and q.shape[-1] <= 256)
 
 
@@ -265,7 +266,7 @@ NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 
 def _native_key(width: int) -> str:
     from .cache import full_key
-    return full_key(("attention-forward-f32", width, tiles.RB, tiles.GB, tiles.KB))
+    return full_key(("attention-forward-f32", width, kernel.RB, kernel.GB, kernel.KB))
 
 
 def _native_kernel(width: int):
@@ -277,7 +278,7 @@ def _native_kernel(width: int):
         sig = KernelSignature(symbol=symbol, walk="dst", reduce_by="dst", slots=(), roles=(),
                               field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
                               index_dtype="int64", parallel="rows", relation=("attention",))
-        return tiles.forward_ir(symbol, width), sig
+        return kernel.forward_ir(symbol, width), sig
 
     return CACHE.get(key, build)
 
@@ -288,9 +289,9 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     nh, n, width = q.shape
     s = k.shape[1]
     exe = _native_kernel(width)
-    rows = tiles.RB * tiles.GB
+    rows = kernel.RB * kernel.GB
     npad = -(-max(n, 1) // rows) * rows
-    kpad = -(-max(s, 1) // tiles.W) * tiles.W
+    kpad = -(-max(s, 1) // kernel.W) * kernel.W
     f32 = np.float32
     qp = np.zeros((nh, npad, width), f32)
     np.multiply(q, f32(scale), out=qp[:, :n])
@@ -305,13 +306,13 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     hip = np.zeros(npad, np.int64)
     lop[:n], hip[:n] = lo, hi
     empty = hip <= lop
-    glo = np.where(empty, np.iinfo(np.int64).max, lop).reshape(-1, tiles.RB).min(1)
-    ghi = np.where(empty, 0, hip).reshape(-1, tiles.RB).max(1)
-    glo = np.where(ghi > 0, glo, 0) // tiles.W * tiles.W
-    blo = np.tile(glo.reshape(-1, tiles.GB).min(1), nh)
-    bhi = np.tile(ghi.reshape(-1, tiles.GB).max(1), nh)
+    glo = np.where(empty, np.iinfo(np.int64).max, lop).reshape(-1, kernel.RB).min(1)
+    ghi = np.where(empty, 0, hip).reshape(-1, kernel.RB).max(1)
+    glo = np.where(ghi > 0, glo, 0) // kernel.W * kernel.W
+    blo = np.tile(glo.reshape(-1, kernel.GB).min(1), nh)
+    bhi = np.tile(ghi.reshape(-1, kernel.GB).max(1), nh)
     qblocks = npad // rows
-    prm = np.array([npad, kpad, npad // tiles.RB, qblocks], np.int64)
+    prm = np.array([npad, kpad, npad // kernel.RB, qblocks], np.int64)
     arrays = [qp, kt, vp, acc, m, ell, lop, hip, prm, glo, ghi, blo, bhi]
     argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
                                               for a in arrays])
