@@ -293,12 +293,23 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     npad = -(-max(n, 1) // rows) * rows
     kpad = -(-max(s, 1) // kernel.W) * kernel.W
     f32 = np.float32
-    qp = np.zeros((nh, npad, width), f32)
-    np.multiply(q, f32(scale), out=qp[:, :n])
-    kt = np.zeros((nh, width, kpad), f32)
-    kt[:, :, :s] = k.transpose(0, 2, 1)
-    vp = np.zeros((nh, kpad, width), f32)
-    vp[:, :s] = v
+    qp = np.empty((nh, npad, width), f32)
+    kt = np.empty((nh, width, kpad), f32)
+    vp = np.empty((nh, kpad, width), f32)
+    sc = f32(scale)
+
+    def pack(h0, h1, _argv):
+        # numpy copies release the GIL: heads pack on the pool. Only the padding is zeroed;
+        # K^T is packed 16 keys at a time (a whole strided transpose is several times slower)
+        qp[h0:h1, n:] = 0
+        np.multiply(q[h0:h1], sc, out=qp[h0:h1, :n])
+        kt[h0:h1, :, s:] = 0
+        for j in range(0, s, kernel.W):
+            kt[h0:h1, :, j:j + kernel.W] = k[h0:h1, j:j + kernel.W].transpose(0, 2, 1)
+        vp[h0:h1, s:] = 0
+        vp[h0:h1, :s] = v[h0:h1]
+
+    run_jobs(pack, _head_jobs(nh), num_threads())
     acc = np.zeros((nh, npad, width), f32)
     m = np.full((nh, npad), -np.inf, f32)
     ell = np.zeros((nh, npad), f32)
@@ -322,9 +333,20 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
              num_threads())
     ell, m, acc = ell[:, :n], m[:, :n], acc[:, :n]
     nonempty = ell > 0
-    np.divide(acc, np.where(nonempty, ell, 1)[:, :, None], out=out)
+
+    def finish(h0, h1, _argv):
+        np.divide(acc[h0:h1], np.where(nonempty[h0:h1], ell[h0:h1], 1)[:, :, None],
+                  out=out[h0:h1])
+
+    run_jobs(finish, _head_jobs(nh), num_threads())
     top[...] = np.where(nonempty, m, 0)
     mass[...] = ell
+
+
+def _head_jobs(nh: int) -> list:
+    parts = min(nh, 2 * num_threads())
+    cuts = [nh * i // parts for i in range(parts + 1)]
+    return [(a, b, None) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def _blas_local_threads():
