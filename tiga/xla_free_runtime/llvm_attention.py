@@ -305,7 +305,8 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
         np.multiply(q[h0:h1], sc, out=qp[h0:h1, :n])
         kt[h0:h1, :, s:] = 0
         for j in range(0, s, kernel.W):
-            kt[h0:h1, :, j:j + kernel.W] = k[h0:h1, j:j + kernel.W].transpose(0, 2, 1)
+            j1 = min(j + kernel.W, s)
+            kt[h0:h1, :, j:j1] = k[h0:h1, j:j1].transpose(0, 2, 1)
         vp[h0:h1, s:] = 0
         vp[h0:h1, :s] = v[h0:h1]
 
