@@ -123,10 +123,9 @@ def test_gradients_match_finite_differences(recorder, kind, kw, reducer, d):
                                    rtol=1e-5, atol=1e-6)
     src_runs = [r for r in recorder["fused"] if r[1] == "src"]
     if (kind, kw.get("max_neighbors")) == ("radius", None):
-        # the symmetric relation: every propagate (forward, dst and src cotangents) fused;
-        # (mean's cotangent divides by the in-degrees, which still resolve the relation)
-        assert recorder["transpose"] == []
-        assert recorder["csr"] == [] or reducer == "mean"
+        # the symmetric relation: every propagate (forward, dst and src cotangents) and
+        # mean's in-degrees take the fused walk
+        assert recorder["csr"] == [] and recorder["transpose"] == []
         assert src_runs and all(swap for _, _, swap in src_runs)
     else:
         # asymmetric: source-grouped cotangents walk the transposed CSR
@@ -193,3 +192,24 @@ def test_explain_describes_relations_generated_in_jit_and_grad(kind, kw):
     forward = str(tg.jit(loss).lower(pos, x, h).compile().explain())
     assert f"compiles (fused {kind} traversal, no edge list)" in forward
     assert "cell directory of the" in forward
+
+
+@pytest.mark.parametrize("kind, kw", [("radius", {"cutoff": 0.2}),
+                                      ("radius", {"cutoff": 0.2, "loop": True}),
+                                      ("radius", {"cutoff": 0.2, "max_neighbors": 4}),
+                                      ("knn", {"k": 7})])
+@pytest.mark.parametrize("by", ["dst", "src"])
+def test_fused_degrees_match_the_oracle(recorder, kind, kw, by):
+    rng = np.random.default_rng(9)
+    pos = np.round(rng.random((150, 3)) * 10) / 10     # lattice: pairs exactly at the cutoff
+    got = lg.fused_degrees(_make(kind, pos, kw), by)
+    rows = _rows(kind, pos, kw)
+    if by == "dst":
+        want = np.array([len(r) for r in rows])
+    else:
+        want = np.bincount(np.concatenate(rows), minlength=150)
+    if by == "src" and (kind == "knn" or kw.get("max_neighbors")):
+        assert got is None        # asymmetric: only the transposed relation knows them
+        return
+    np.testing.assert_array_equal(got, want)
+    assert recorder["csr"] == []

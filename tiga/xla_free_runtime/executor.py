@@ -16,13 +16,13 @@ from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError
 from ..core.primitive import impl_rules
 from ..core.prims.control import run_scan, run_while, scan_p, while_loop_p
-from ..core.prims.graph import propagate_p
+from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from . import llvm_attention  # noqa: F401  (registers the tiled attention planner)
 from .cache import CACHE
 from .explain import Explanation
-from .llvm_generated import generated_relations
+from .llvm_generated import fused_degrees, generated_relations
 from .llvm_propagate import Fallback, plan_propagate, run_propagate
 from .routes import describe_program
 
@@ -92,6 +92,9 @@ def _run(program: GraphProgram, args: list) -> list:
             outs = _scan(vals, **eqn.params)
         elif eqn.primitive is while_loop_p:
             outs = _while(vals, **eqn.params)
+        elif eqn.primitive is degrees_p and getattr(vals[0], "kind", None) in GENERATED and (
+                deg := fused_degrees(vals[0], eqn.params["by"])) is not None:
+            outs = [deg]        # counted by the fused walk: the relation stays unmaterialised
         else:
             rule = impl_rules.get(eqn.primitive)
             if rule is None:

@@ -33,7 +33,10 @@ import numpy as np
 from ..core import graph_geometry as geo
 from ..core.dtypes import int64
 from ..core.errors import CompilationError
+from ..core.reducers import sum as sum_reducer
 from ..lower import CPU_LLVM_AVAILABLE
+from ..trace import math as tm
+from ..trace.message_passing import propagate
 from .cache import CACHE, full_key
 from .llvm_propagate import (
     SPECIALISED_PLANNERS,
@@ -322,7 +325,8 @@ class GeneratedPlan:
         if symmetric(graph):
             vjp = ("vjp over this relation: cotangent propagates grouped by destination and "
                    "by source (source-field and coordinate cotangents) all take this fused "
-                   "walk (symmetric relation: roles swapped), no CSR")
+                   "walk (symmetric relation: roles swapped), no CSR; mean's degrees are "
+                   "counted by the same walk")
         else:
             why = ("knn is not symmetric" if spec.kind == "knn" else
                    "max_neighbors truncation makes it asymmetric" if spec.k else
@@ -365,7 +369,52 @@ class GeneratedPlan:
                                "miss": "miss (compiled on the first call)"}[status])
 
 
+def _count_edge(src, dst, edge):
+    return tm.ones_like(edge.distance)
+
+
+_COUNT_EQNS: dict = {}
+
+
+def _count_eqn(dims: int, dtype: np.dtype):
+    """A propagate equation summing ones over a radius relation (staged once per coordinate
+    dims and dtype; the relation itself is supplied at the call)."""
+    key = (dims, dtype.str)
+    eqn = _COUNT_EQNS.get(key)
+    if eqn is None:
+        from ..core.graph import Graph
+        from ..core.prims.graph import propagate_p
+        from ..trace.staging import make_program
+
+        prog = make_program(lambda p: propagate(Graph.radius(p, 1.0), _count_edge,
+                                                sum_reducer()))(np.zeros((2, dims), dtype))
+        eqn = _COUNT_EQNS.setdefault(key, next(e for e in prog.eqns
+                                               if e.primitive is propagate_p))
+    return eqn
+
+
+def fused_degrees(graph, by: str) -> np.ndarray | None:
+    """Degrees of a radius/knn relation without materialising it: every knn row has
+    exactly k sources; a radius row's count is a fused sum of ones (out-degrees of a
+    symmetric relation are the in-degrees). None where only the CSR knows them (out-degrees
+    of an asymmetric relation; a count kernel that does not compile)."""
+    if getattr(graph, "kind", None) not in GEOMETRIC or not CPU_LLVM_AVAILABLE:
+        return None
+    if by == "src" and not symmetric(graph):
+        return None
+    n = graph.num_dst if by == "dst" else graph.num_src
+    if graph.kind == "knn":
+        return np.full(n, int(graph.params["k"]), np.int64)
+    pos = graph.params["positions"]
+    eqn = _count_eqn(pos.shape[1], pos.dtype)
+    plan = plan_generated(eqn, graph, True)
+    if not isinstance(plan, GeneratedPlan):
+        return None
+    counts = plan.run(eqn, graph, [pos, np.ascontiguousarray(graph.query_positions)])[0]
+    return np.rint(counts).astype(np.int64)
+
+
 SPECIALISED_PLANNERS.append(plan_generated)
 
 __all__ = ["plan_generated", "GeneratedPlan", "GeneratedType", "directory_arrays",
-           "generated_relations", "symmetric"]
+           "generated_relations", "symmetric", "fused_degrees"]
