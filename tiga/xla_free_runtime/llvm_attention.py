@@ -212,7 +212,7 @@ class AttentionPlan:
                                                  self.pattern.v)), _avals(eqn, None))
         ex.schedule = (f"tiled streaming attention: {num_threads()} thread(s) take whole row "
                        "blocks; " + (
-                           "LLVM micro-kernel (float32): 4 query rows x 16 keys per register "
+                           f"LLVM micro-kernel (float32): {kernel.RB} query rows x {kernel.KS} keys per register "
                            "tile, <16 x float> accumulators, polynomial exp, 256-key blocks "
                            "kept in cache" if native else
                            "each tile's two products are batched BLAS matrix products over "
@@ -266,7 +266,8 @@ NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 
 def _native_key(width: int) -> str:
     from .cache import full_key
-    return full_key(("attention-forward-f32", width, kernel.RB, kernel.GB, kernel.KB))
+    return full_key(("attention-forward-f32", width, kernel.RB, kernel.GB, kernel.KB,
+                     kernel.NV))
 
 
 def _native_kernel(width: int):
@@ -291,7 +292,7 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     exe = _native_kernel(width)
     rows = kernel.RB * kernel.GB
     npad = -(-max(n, 1) // rows) * rows
-    kpad = -(-max(s, 1) // kernel.W) * kernel.W
+    kpad = -(-max(s, 1) // kernel.KS) * kernel.KS
     f32 = np.float32
     qp = np.empty((nh, npad, width), f32)
     kt = np.empty((nh, width, kpad), f32)
@@ -320,7 +321,7 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     empty = hip <= lop
     glo = np.where(empty, np.iinfo(np.int64).max, lop).reshape(-1, kernel.RB).min(1)
     ghi = np.where(empty, 0, hip).reshape(-1, kernel.RB).max(1)
-    glo = np.where(ghi > 0, glo, 0) // kernel.W * kernel.W
+    glo = np.where(ghi > 0, glo, 0) // kernel.KS * kernel.KS
     blo = np.tile(glo.reshape(-1, kernel.GB).min(1), nh)
     bhi = np.tile(ghi.reshape(-1, kernel.GB).max(1), nh)
     qblocks = npad // rows

@@ -26,6 +26,8 @@ W = 16       # float32 lanes
 RB = 4       # query rows per register tile
 GB = 16      # row groups per job (64 query rows)
 KB = 256     # keys per key block
+NV = 2       # <16 x float> score vectors per row and step: KS = NV * W keys per step
+KS = NV * W
 V = "<16 x float>"
 
 
@@ -177,50 +179,67 @@ def forward_ir(symbol: str, D: int) -> str:
     A("k.body:")
     A("  %j32 = trunc i64 %j to i32")
     L.extend(_splat("%jv", "%j32", "i32"))
-    A("  %lanes = add <16 x i32> %jv, <" + ", ".join(f"i32 {t}" for t in range(W)) + ">")
+    for u in range(NV):
+        A(f"  %lanes{u} = add <16 x i32> %jv, <"
+          + ", ".join(f"i32 {u * W + t}" for t in range(W)) + ">")
     A("  br label %qk.loop")
-    # ---- scores: a loop over d (4 per trip), RB x 2 partial sums in phis
+    # ---- scores: a loop over d (4 per trip), RB x NV (x 2 partial sums when NV = 1) in phis
+    P = 2 if NV == 1 else 1
+    acc_ids = [(r, u, p) for r in range(RB) for u in range(NV) for p in range(P)]
     A("qk.loop:")
     A("  %d = phi i64 [ 0, %k.body ], [ %d.next, %qk.loop ]")
-    for r in range(RB):
-        for p in range(2):
-            A(f"  %pa{r}_{p} = phi {V} [ zeroinitializer, %k.body ], [ %pn{r}_{p}, %qk.loop ]")
-    cur = {(r, p): f"%pa{r}_{p}" for r in range(RB) for p in range(2)}
+    for r, u, p in acc_ids:
+        A(f"  %pa{r}_{u}_{p} = phi {V} [ zeroinitializer, %k.body ], "
+          f"[ %pn{r}_{u}_{p}, %qk.loop ]")
+    cur = {i: "%pa{}_{}_{}".format(*i) for i in acc_ids}
     for dd in range(4):
         A(f"  %dd{dd} = add i64 %d, {dd}")
         A(f"  %ktrow{dd} = add i64 %kth, %dd{dd}")
         A(f"  %ktoff{dd}.a = mul i64 %ktrow{dd}, %kpad")
         A(f"  %ktoff{dd} = add i64 %ktoff{dd}.a, %j")
-        A(f"  %ktp{dd} = getelementptr float, float* %kt, i64 %ktoff{dd}")
-        A(f"  %ktpv{dd} = bitcast float* %ktp{dd} to {V}*")
-        A(f"  %kt{dd} = load {V}, {V}* %ktpv{dd}, align 4")
+        for u in range(NV):
+            A(f"  %ktoff{dd}_{u} = add i64 %ktoff{dd}, {u * W}")
+            A(f"  %ktp{dd}_{u} = getelementptr float, float* %kt, i64 %ktoff{dd}_{u}")
+            A(f"  %ktpv{dd}_{u} = bitcast float* %ktp{dd}_{u} to {V}*")
+            A(f"  %kt{dd}_{u} = load {V}, {V}* %ktpv{dd}_{u}, align 4")
         for r in range(RB):
             A(f"  %qo{r}_{dd} = add i64 %qoff{r}, %dd{dd}")
             A(f"  %qp{r}_{dd} = getelementptr float, float* %q, i64 %qo{r}_{dd}")
             A(f"  %qs{r}_{dd} = load float, float* %qp{r}_{dd}")
             L.extend(_splat(f"%qb{r}_{dd}", f"%qs{r}_{dd}"))
-            p = dd % 2
-            nm = f"%pn{r}_{p}" if dd >= 2 else f"%pt{r}_{p}"
-            A(_fma(nm, f"%qb{r}_{dd}", f"%kt{dd}", cur[(r, p)]))
-            cur[(r, p)] = nm
+            p = dd % P
+            for u in range(NV):
+                last = dd >= 4 - P
+                nm = f"%pn{r}_{u}_{p}" if last else f"%pt{r}_{u}_{p}_{dd}"
+                A(_fma(nm, f"%qb{r}_{dd}", f"%kt{dd}_{u}", cur[(r, u, p)]))
+                cur[(r, u, p)] = nm
     A("  %d.next = add i64 %d, 4")
     A(f"  %d.more = icmp slt i64 %d.next, {D}")
     A("  br i1 %d.more, label %qk.loop, label %qk.done")
     A("qk.done:")
     for r in range(RB):
-        A(f"  %sp{r} = fadd {V} %pn{r}_0, %pn{r}_1")
-        A(f"  %okl{r} = icmp sge <16 x i32> %lanes, %lov{r}")
-        A(f"  %okh{r} = icmp slt <16 x i32> %lanes, %hiv{r}")
-        A(f"  %ok{r} = and <16 x i1> %okl{r}, %okh{r}")
-        A(f"  %S{r} = select <16 x i1> %ok{r}, {V} %sp{r}, {V} "
-          + "<" + ", ".join([f"float {NEG}"] * W) + ">")
-        A(f"  %mx{r} = call nnan float @llvm.vector.reduce.fmax.v16f32({V} %S{r})")
+        for u in range(NV):
+            if P == 2:
+                A(f"  %sp{r}_{u} = fadd {V} %pn{r}_{u}_0, %pn{r}_{u}_1")
+            else:
+                A(f"  %sp{r}_{u} = fadd {V} %pn{r}_{u}_0, zeroinitializer")
+            A(f"  %okl{r}_{u} = icmp sge <16 x i32> %lanes{u}, %lov{r}")
+            A(f"  %okh{r}_{u} = icmp slt <16 x i32> %lanes{u}, %hiv{r}")
+            A(f"  %ok{r}_{u} = and <16 x i1> %okl{r}_{u}, %okh{r}_{u}")
+            A(f"  %S{r}_{u} = select <16 x i1> %ok{r}_{u}, {V} %sp{r}_{u}, {V} "
+              + "<" + ", ".join([f"float {NEG}"] * W) + ">")
+        top_v = f"%S{r}_0"
+        for u in range(1, NV):
+            A(f"  %Sm{r}_{u} = call {V} @llvm.maxnum.v16f32({V} {top_v}, {V} %S{r}_{u})")
+            top_v = f"%Sm{r}_{u}"
+        A(f"  %mx{r} = call nnan float @llvm.vector.reduce.fmax.v16f32({V} {top_v})")
         A(f"  %mn{r} = call float @llvm.maxnum.f32(float %m{r}, float %mx{r})")
         A(f"  %isinf{r} = fcmp oeq float %mn{r}, {NEG}")
         A(f"  %ms{r} = select i1 %isinf{r}, float 0.0, float %mn{r}")
         L.extend(_splat(f"%msv{r}", f"%ms{r}"))
-        A(f"  %sd{r} = fsub {V} %S{r}, %msv{r}")
-        L.extend(_vexp(f"%P{r}", f"%sd{r}", f"%e{r}"))
+        for u in range(NV):
+            A(f"  %sd{r}_{u} = fsub {V} %S{r}_{u}, %msv{r}")
+            L.extend(_vexp(f"%P{r}_{u}", f"%sd{r}_{u}", f"%e{r}_{u}"))
         A(f"  %ad{r} = fsub float %m{r}, %ms{r}")
         prev_ad = "zeroinitializer" if r == 0 else f"%adv{r - 1}"
         A(f"  %adv{r} = insertelement {V} {prev_ad}, float %ad{r}, i32 {r}")
@@ -229,7 +248,11 @@ def forward_ir(symbol: str, D: int) -> str:
     for r in range(RB):
         A(f"  %al{r} = extractelement {V} %alpha, i32 {r}")
         L.extend(_splat(f"%alv{r}", f"%al{r}"))
-        A(f"  %ps{r} = call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V} %P{r})")
+        tot = f"%P{r}_0"
+        for u in range(1, NV):
+            A(f"  %Ps{r}_{u} = fadd {V} {tot}, %P{r}_{u}")
+            tot = f"%Ps{r}_{u}"
+        A(f"  %ps{r} = call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V} {tot})")
         A(f"  %lsc{r} = fmul float %l{r}, %al{r}")
         A(f"  %ln{r} = fadd float %lsc{r}, %ps{r}")
         for c in range(C):
@@ -243,29 +266,31 @@ def forward_ir(symbol: str, D: int) -> str:
             A(f"  %ov{r}_{c} = phi {V} [ %oa{r}_{c}, %qk.done ], [ %on{r}_{c}, %pv.loop ]")
     cur = {(r, c): f"%ov{r}_{c}" for r in range(RB) for c in range(C)}
     A("  %t64 = zext i32 %t to i64")
-    for tt in range(2):
-        A(f"  %tt{tt} = add i32 %t, {tt}")
-        A(f"  %tt{tt}.w = add i64 %t64, {tt}")
-        A(f"  %vrow{tt}.a = add i64 %vh, %j")
-        A(f"  %vrow{tt} = add i64 %vrow{tt}.a, %tt{tt}.w")
-        A(f"  %voff{tt} = mul i64 %vrow{tt}, {D}")
+    steps = [(u, tt) for u in range(NV) for tt in range(2)]
+    for i, (u, tt) in enumerate(steps):
+        x = f"{u}_{tt}"
+        A(f"  %tt{x} = add i32 %t, {tt}")
+        A(f"  %tt{x}.w = add i64 %t64, {u * W + tt}")
+        A(f"  %vrow{x}.a = add i64 %vh, %j")
+        A(f"  %vrow{x} = add i64 %vrow{x}.a, %tt{x}.w")
+        A(f"  %voff{x} = mul i64 %vrow{x}, {D}")
         for c in range(C):
-            A(f"  %vo{tt}_{c} = add i64 %voff{tt}, {c * W}")
-            A(f"  %vp{tt}_{c} = getelementptr float, float* %v, i64 %vo{tt}_{c}")
-            A(f"  %vpv{tt}_{c} = bitcast float* %vp{tt}_{c} to {V}*")
-            A(f"  %V{tt}_{c} = load {V}, {V}* %vpv{tt}_{c}, align 4")
+            A(f"  %vo{x}_{c} = add i64 %voff{x}, {c * W}")
+            A(f"  %vp{x}_{c} = getelementptr float, float* %v, i64 %vo{x}_{c}")
+            A(f"  %vpv{x}_{c} = bitcast float* %vp{x}_{c} to {V}*")
+            A(f"  %V{x}_{c} = load {V}, {V}* %vpv{x}_{c}, align 4")
         for r in range(RB):
-            A(f"  %pe{r}_{tt} = extractelement {V} %P{r}, i32 %tt{tt}")
-            L.extend(_splat(f"%pb{r}_{tt}", f"%pe{r}_{tt}"))
+            A(f"  %pe{r}_{x} = extractelement {V} %P{r}_{u}, i32 %tt{x}")
+            L.extend(_splat(f"%pb{r}_{x}", f"%pe{r}_{x}"))
             for c in range(C):
-                nm = f"%on{r}_{c}" if tt == 1 else f"%om{r}_{c}"
-                A(_fma(nm, f"%pb{r}_{tt}", f"%V{tt}_{c}", cur[(r, c)]))
+                nm = f"%on{r}_{c}" if i == len(steps) - 1 else f"%om{r}_{c}_{x}"
+                A(_fma(nm, f"%pb{r}_{x}", f"%V{x}_{c}", cur[(r, c)]))
                 cur[(r, c)] = nm
     A("  %t.next = add i32 %t, 2")
     A(f"  %t.more = icmp slt i32 %t.next, {W}")
     A("  br i1 %t.more, label %pv.loop, label %pv.done")
     A("pv.done:")
-    A(f"  %j.next = add i64 %j, {W}")
+    A(f"  %j.next = add i64 %j, {KS}")
     A("  br label %k.head")
     A("k.exit:")
     for r in range(RB):
