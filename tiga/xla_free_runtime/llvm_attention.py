@@ -212,9 +212,9 @@ class AttentionPlan:
                                                  self.pattern.v)), _avals(eqn, None))
         ex.schedule = (f"tiled streaming attention: {num_threads()} thread(s) take whole row "
                        "blocks; " + (
-                           f"LLVM micro-kernel (float32): {kernel.RB} query rows x {kernel.KS} keys per register "
-                           "tile, <16 x float> accumulators, polynomial exp, 256-key blocks "
-                           "kept in cache" if native else
+                           f"LLVM micro-kernel (float32): {kernel.RB} query rows x {kernel.KS} "
+                           "keys per register tile, <16 x float> accumulators, polynomial "
+                           "exp, 256-key blocks kept in cache" if native else
                            "each tile's two products are batched BLAS matrix products over "
                            "the heads (numpy), the softmax update vectorised numpy on the tile"))
         nh = eqn.inputs[1].type.shape[1] if len(eqn.inputs[1].type.shape) == 3 else 1
