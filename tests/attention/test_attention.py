@@ -322,3 +322,19 @@ def test_llvm_forward_kernel_matches_numpy_tiles_and_oracle(kind, n, monkeypatch
     ref = oracle(*ts, allowed_mask(graph), 0.3).numpy()
     np.testing.assert_allclose(y, ref, rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(y, y_np, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["triangular", "cu_full"])
+def test_llvm_forward_kernel_several_key_blocks_and_jobs(kind):
+    """N = 613, width 64, 3 heads: several 256-key blocks, row groups and jobs per head, a
+    partial last group and key step; the kernel agrees with the float64 oracle."""
+    n = 613
+    graph = relation(kind, n)
+    q, k, v = fields(n, 3, 64, np.float32, seed=7, amp=2.0)
+    before = llvm_attention.STATS["native_calls"]
+    y = np.asarray(Attention()(graph=graph, src={"key": k, "value": v}, dst={"query": q},
+                               scale=0.125))
+    assert llvm_attention.STATS["native_calls"] == before + 1
+    ts = [torch.tensor(x, dtype=torch.float64) for x in (q, k, v)]
+    ref = oracle(*ts, allowed_mask(graph), 0.125).numpy()
+    np.testing.assert_allclose(y, ref, rtol=2e-4, atol=2e-5)

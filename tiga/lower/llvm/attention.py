@@ -12,21 +12,24 @@ import numpy as np
 # ---- LLVM micro-kernel: float32 forward ------------------------------------------------
 #
 # `forward_ir(symbol, D)` is a kernel `void(i64 begin, i64 end, i8** argv)` over jobs
-# (head, block of GB * RB = 64 query rows). For each key block of KB keys, each group of RB = 4
-# query rows reloads its running state (max, mass, unnormalised accumulator) from the output
-# arrays, walks its keys 16 at a time and stores the state back, so the key block's packed
-# K^T and V tiles stay in cache while 16 row groups pass over them. Per 16 keys: the scores
-# are a loop over d (4 per trip) with RB x 2 {V} partial sums in registers; the
-# softmax update uses a polynomial exp (exact 0 for -inf); P @ V is a loop over the 16 keys
-# (2 per trip) with the RB x D/16 output vectors in registers. Rows whose range excludes a key
-# mask it to -inf. argv: q (H, Npad, D) pre-scaled, kt (H, D, Kpad), v (H, Kpad, D), out
-# (H, Npad, D), top/mass (H, Npad), lo/hi (Npad,), params [Npad, Kpad, Npad/4, Npad/64],
-# glo/ghi per row group (16-aligned key range), blo/bhi per job.
+# (head, block of GB * RB query rows). For each key block of KB keys, each group of RB query
+# rows reloads its running state (max, mass, unnormalised accumulator) from the output
+# arrays, walks its keys KS = NV * 16 at a time and stores the state back, so the key block's
+# packed K^T and V tiles stay in cache while GB row groups pass over them. Per KS keys: the
+# scores are a loop over d (4 per trip) with RB x NV <16 x float> sums in registers (6 x 4:
+# 24 accumulators, 4 K^T loads and 6 q broadcasts per 24 FMAs); the softmax update takes one
+# max, one mass reduction and one rescale per row and step and a polynomial exp (exact 0 for
+# -inf); P @ V is a loop over the KS keys with the RB x D/16 output vectors in registers.
+# Rows whose range excludes a key mask it to -inf. argv: q (H, Npad, D) pre-scaled, kt
+# (H, D, Kpad), v (H, Kpad, D), out (H, Npad, D), top/mass (H, Npad), lo/hi (Npad,),
+# params [Npad, Kpad, Npad/RB, Npad/(RB*GB)], glo/ghi per row group (KS-aligned key range),
+# blo/bhi per job. Measured (benchmarks/attention.py): 6 x 64 beat 4 x 16, 4 x 32, 4 x 64
+# and 8 x 64 (spills).
 W = 16       # float32 lanes
-RB = 4       # query rows per register tile
-GB = 16      # row groups per job (64 query rows)
+RB = 6       # query rows per register tile
+GB = 8       # row groups per job (48 query rows)
 KB = 256     # keys per key block
-NV = 2       # <16 x float> score vectors per row and step: KS = NV * W keys per step
+NV = 4       # <16 x float> score vectors per row and step: KS = NV * W keys per step
 KS = NV * W
 V = "<16 x float>"
 
@@ -258,7 +261,7 @@ def forward_ir(symbol: str, D: int) -> str:
         for c in range(C):
             A(f"  %oa{r}_{c} = fmul {V} %o{r}_{c}, %alv{r}")
     A("  br label %pv.loop")
-    # ---- P @ V: a loop over the 16 keys (2 per trip), the output rows in phis
+    # ---- P @ V: a loop over the KS keys (2 x NV per trip), the output rows in phis
     A("pv.loop:")
     A("  %t = phi i32 [ 0, %qk.done ], [ %t.next, %pv.loop ]")
     for r in range(RB):
