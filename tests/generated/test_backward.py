@@ -213,3 +213,29 @@ def test_fused_degrees_match_the_oracle(recorder, kind, kw, by):
         return
     np.testing.assert_array_equal(got, want)
     assert recorder["csr"] == []
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.uint8])
+def test_strict_refuses_exactly_when_explain_reports_a_fallback(monkeypatch, dtype):
+    """Planning relations generated in the program from their type does not hide real
+    fallbacks: strict mode still refuses a propagate whose fields do not compile, before
+    running, and explain() (no call yet) names the same route."""
+    rng = np.random.default_rng(4)
+    pos, x = rng.random((40, 3)), (rng.random((40, 2)) * 4).astype(dtype)
+
+    def f(p, x):
+        g = tg.Graph.radius(p, 0.3)
+        return tg.propagate(g, lambda s, d, e: s.x * s.x, tg.sum(), src={"x": x})
+
+    ex = tg.jit(f).lower(pos, x).compile().explain()
+    falls = [r for r in ex.routes if r[0] == "reference"]
+    monkeypatch.setattr(tg.config, "strict", True)
+    if falls:
+        with pytest.raises(tg.UnsupportedError, match="strict mode"):
+            tg.jit(f)(pos, x)
+    else:
+        got = np.asarray(tg.jit(f)(pos, x))
+        rows = radius_rows(pos, 0.3)
+        want = np.array([(x[r].astype(np.float64) ** 2).sum(axis=0) for r in rows])
+        np.testing.assert_allclose(got, want.astype(got.dtype), rtol=1e-12)
+    assert bool(falls) == (dtype == np.uint8)      # unsigned fields are not compiled

@@ -38,7 +38,8 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
             plan.describe(ex, eqn, graph, where)
         elif isinstance(plan, Fallback):
             fallen += 1
-            _explain_reference(ex, eqn, graph, plan.reason, where)
+            typed = isinstance(graph, GeneratedType)   # edge count known only at the call
+            _explain_reference(ex, eqn, None if typed else graph, plan.reason, where)
         else:
             compiled += 1
             typed = isinstance(graph, GeneratedType)   # concrete only at the call
