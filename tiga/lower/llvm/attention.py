@@ -31,6 +31,7 @@ GB = 8       # row groups per job (48 query rows)
 KB = 256     # keys per key block
 NV = 4       # <16 x float> score vectors per row and step: KS = NV * W keys per step
 KS = NV * W
+PV_UNROLL = 4   # keys per trip of the P @ V loop
 V = "<16 x float>"
 
 
@@ -96,6 +97,10 @@ def forward_ir(symbol: str, D: int) -> str:
     A("declare i64 @llvm.smax.i64(i64, i64)")
     A(f"define void @{symbol}(i64 %begin, i64 %end, i8** %argv) {{")
     A("entry:")
+    # the step's probabilities, RB x KS: P @ V broadcasts them from here (as register values
+    # the RB x NV vectors spill, and a variable lane extract copies the spilled vector first)
+    A(f"  %pbuf = alloca [{RB * KS} x float], align 64")
+    A(f"  %pbuf0 = getelementptr [{RB * KS} x float], [{RB * KS} x float]* %pbuf, i64 0, i64 0")
     names = ["q", "kt", "v", "out", "top", "mass", "lo", "hi", "prm", "glo", "ghi", "blo", "bhi"]
     for i, nm in enumerate(names):
         A(f"  %{nm}.pp = getelementptr i8*, i8** %argv, i64 {i}")
@@ -243,6 +248,9 @@ def forward_ir(symbol: str, D: int) -> str:
         for u in range(NV):
             A(f"  %sd{r}_{u} = fsub {V} %S{r}_{u}, %msv{r}")
             L.extend(_vexp(f"%P{r}_{u}", f"%sd{r}_{u}", f"%e{r}_{u}"))
+            A(f"  %pst{r}_{u} = getelementptr float, float* %pbuf0, i64 {r * KS + u * W}")
+            A(f"  %pstv{r}_{u} = bitcast float* %pst{r}_{u} to {V}*")
+            A(f"  store {V} %P{r}_{u}, {V}* %pstv{r}_{u}, align 64")
         A(f"  %ad{r} = fsub float %m{r}, %ms{r}")
         prev_ad = "zeroinitializer" if r == 0 else f"%adv{r - 1}"
         A(f"  %adv{r} = insertelement {V} {prev_ad}, float %ad{r}, i32 {r}")
@@ -269,11 +277,10 @@ def forward_ir(symbol: str, D: int) -> str:
             A(f"  %ov{r}_{c} = phi {V} [ %oa{r}_{c}, %qk.done ], [ %on{r}_{c}, %pv.loop ]")
     cur = {(r, c): f"%ov{r}_{c}" for r in range(RB) for c in range(C)}
     A("  %t64 = zext i32 %t to i64")
-    steps = [(u, tt) for u in range(NV) for tt in range(2)]
+    steps = [(0, tt) for tt in range(PV_UNROLL)]
     for i, (u, tt) in enumerate(steps):
         x = f"{u}_{tt}"
-        A(f"  %tt{x} = add i32 %t, {tt}")
-        A(f"  %tt{x}.w = add i64 %t64, {u * W + tt}")
+        A(f"  %tt{x}.w = add i64 %t64, {tt}")
         A(f"  %vrow{x}.a = add i64 %vh, %j")
         A(f"  %vrow{x} = add i64 %vrow{x}.a, %tt{x}.w")
         A(f"  %voff{x} = mul i64 %vrow{x}, {D}")
@@ -283,14 +290,16 @@ def forward_ir(symbol: str, D: int) -> str:
             A(f"  %vpv{x}_{c} = bitcast float* %vp{x}_{c} to {V}*")
             A(f"  %V{x}_{c} = load {V}, {V}* %vpv{x}_{c}, align 4")
         for r in range(RB):
-            A(f"  %pe{r}_{x} = extractelement {V} %P{r}_{u}, i32 %tt{x}")
+            A(f"  %pi{r}_{x} = add i64 %tt{x}.w, {r * KS}")
+            A(f"  %pg{r}_{x} = getelementptr float, float* %pbuf0, i64 %pi{r}_{x}")
+            A(f"  %pe{r}_{x} = load float, float* %pg{r}_{x}")
             L.extend(_splat(f"%pb{r}_{x}", f"%pe{r}_{x}"))
             for c in range(C):
                 nm = f"%on{r}_{c}" if i == len(steps) - 1 else f"%om{r}_{c}_{x}"
                 A(_fma(nm, f"%pb{r}_{x}", f"%V{x}_{c}", cur[(r, c)]))
                 cur[(r, c)] = nm
-    A("  %t.next = add i32 %t, 2")
-    A(f"  %t.more = icmp slt i32 %t.next, {W}")
+    A(f"  %t.next = add i32 %t, {PV_UNROLL}")
+    A(f"  %t.more = icmp slt i32 %t.next, {KS}")
     A("  br i1 %t.more, label %pv.loop, label %pv.done")
     A("pv.done:")
     A(f"  %j.next = add i64 %j, {KS}")
