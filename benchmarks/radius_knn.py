@@ -12,6 +12,10 @@ here, recorded as skipped). Each configuration runs in a fresh process (_harness
 
 Usage: python benchmarks/radius_knn.py [--quick] [--threads 2] [--rounds 1]
        [--peers tiga ...] [--sizes 8192 32768 ...]
+--tasks radius_grad (opt-in): jit(grad) of sum(y^2) wrt (positions, x) over the radius
+workload (self loops in, weight r^2 - |d|^2), the symmetric relation (source cotangents by
+the fused walk, roles swapped) against the same relation stated with query=p (asymmetric:
+transposed CSR); the error is x's gradient against 2 W W x by cKDTree.
 The summary prints Tiga's ns/point per size and its largest/smallest ratio over
 N = 8192 ... 131072 (flat = linear scaling), for radius and kNN.
 """
@@ -36,7 +40,11 @@ KNN_SIZES = (1024, 4096, 8192, 16384, 32768, 65536, 131072)
 FLAT_RANGE = (8192, 131072)      # per-point time judged over these sizes
 ALL_PAIRS_MAX = 32768
 PEERS = {"radius": ("tiga", "ckdtree", "torch_allpairs", "pyg"),
-         "knn": ("tiga", "ckdtree", "torch_cdist_topk", "faiss_flat", "pyg")}
+         "knn": ("tiga", "ckdtree", "torch_cdist_topk", "faiss_flat", "pyg"),
+         # gradient of sum(y^2) wrt (positions, x) of the radius workload (opt-in task):
+         # symmetric relation (source cotangents by the fused walk, roles swapped) vs the
+         # same relation stated with query=p (asymmetric: transposed CSR)
+         "radius_grad": ("tiga", "tiga_transposed_csr")}
 
 
 def cutoff_for(n: int) -> float:
@@ -64,6 +72,17 @@ def oracle(task: str, pos, x, r):
         n = len(p)
         return (np.bincount(pairs[:, 0], w * x[pairs[:, 1]], minlength=n)
                 + np.bincount(pairs[:, 1], w * x[pairs[:, 0]], minlength=n))
+    if task == "radius_grad":      # d/dx sum((W x)^2) = 2 W^T W x, W symmetric
+        pairs = t.query_pairs(r * (1 + 1e-6), output_type="ndarray")
+        d2 = ((p[pairs[:, 0]] - p[pairs[:, 1]]) ** 2).sum(1)
+        keep = np.sqrt(d2) <= r
+        pairs, w = pairs[keep], r * r - d2[keep]
+
+        def apply(v):   # self loops included (weight r^2)
+            return (np.bincount(pairs[:, 0], w * v[pairs[:, 1]], minlength=len(p))
+                    + np.bincount(pairs[:, 1], w * v[pairs[:, 0]], minlength=len(p))
+                    + r * r * v)
+        return 2.0 * apply(apply(x))
     d, idx = t.query(p, k=K + 1)
     return (x[idx[:, 1:]] * d[:, 1:]).sum(1)
 
@@ -72,6 +91,8 @@ def oracle(task: str, pos, x, r):
 def peer_tiga(task, pos, x, r, threads):
     import tiga as tg
 
+    if task == "radius_grad":
+        return _tiga_grad(tg, x, r, symmetric=True)
     if task == "radius":
         def edge(src, dst, e):
             return src.x * (r - e.distance)
@@ -85,6 +106,28 @@ def peer_tiga(task, pos, x, r, threads):
         def call(p):
             return tg.propagate(tg.Graph.knn(p, K), edge, tg.sum(), src={"x": x})
     return call
+
+
+def _tiga_grad(tg, x, r, symmetric: bool):
+    def loss(p, x):
+        # the same relation both ways (self loops included: query=p has them); a smooth
+        # weight, since the distance has no derivative at the self loops
+        g = (tg.Graph.radius(p, r, loop=True) if symmetric
+             else tg.Graph.radius(p, r, query=p * 1.0))
+
+        def edge(src, dst, e):
+            return src.x * (r * r - tg.math.sum(tg.math.square(e.displacement), axis=-1))
+
+        return tg.math.sum(tg.math.square(tg.propagate(g, edge, tg.sum(), src={"x": x})))
+
+    grad = tg.jit(tg.grad(loss, argnums=(0, 1)))
+    return lambda p: grad(p, x)[1]
+
+
+def peer_tiga_transposed_csr(task, pos, x, r, threads):
+    import tiga as tg
+
+    return _tiga_grad(tg, x, r, symmetric=False) if task == "radius_grad" else None
 
 
 def peer_ckdtree(task, pos, x, r, threads):
@@ -175,7 +218,7 @@ def peer_pyg(task, pos, x, r, threads):
 
 PEER_FNS = {"tiga": peer_tiga, "ckdtree": peer_ckdtree, "torch_allpairs": peer_torch_allpairs,
             "torch_cdist_topk": peer_torch_cdist_topk, "faiss_flat": peer_faiss_flat,
-            "pyg": peer_pyg}
+            "pyg": peer_pyg, "tiga_transposed_csr": peer_tiga_transposed_csr}
 
 
 def child_run(spec: dict) -> dict:
@@ -237,7 +280,7 @@ def parse_args(argv=None):
 def build_jobs(a) -> list:
     jobs = []
     for task in a.tasks:
-        sizes = RADIUS_SIZES if task == "radius" else KNN_SIZES
+        sizes = KNN_SIZES if task == "knn" else RADIUS_SIZES
         if a.sizes:
             sizes = tuple(a.sizes)
         elif a.quick:
@@ -264,7 +307,7 @@ def summary(results: list, machine: dict) -> str:
     sizes_run = sorted({int(r["label"].rsplit("/", 1)[1]) for r in results})
     lines = [f"machine: {machine.get('cpu_model', '?')}, threads={machine.get('threads_used')}, "
              f"load at start {machine.get('loadavg_at_start')}"]
-    for task in ("radius", "knn"):
+    for task in ("radius", "knn", "radius_grad"):
         sizes = sizes_run
         if not any(f"{task}/tiga/{n}" in by for n in sizes):
             continue
