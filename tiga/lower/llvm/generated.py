@@ -27,6 +27,10 @@ finalize and `update` come from the generic kernel (kernel.py) by subclassing; p
 reach the edge function as its hidden fields. Source fields are passed in directory order
 (the runtime permutes them once per call, O(N*F)), so every source row an edge reads is
 near the previous one: the kernel indexes them by sorted position, never by a random id.
+
+Only destination-grouped walks are generated. A propagate grouped by source over a
+symmetric relation (radius over one point set, no max_neighbors) reaches this kernel with
+its src/dst roles exchanged (runtime/llvm_generated.py): its rows are then the sources.
 """
 from __future__ import annotations
 
