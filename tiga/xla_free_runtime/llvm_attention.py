@@ -266,7 +266,7 @@ NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 
 def _native_key(width: int) -> str:
     from .cache import full_key
-    return full_key(("attention-forward-f32", 2, width, kernel.RB, kernel.GB, kernel.KB,
+    return full_key(("attention-forward-f32", 3, width, kernel.RB, kernel.GB, kernel.KB,
                      kernel.NV, kernel.PV_UNROLL))
 
 

@@ -159,6 +159,13 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %hi{r}.t = trunc i64 %hi{r} to i32")
         L.extend(_splat(f"%lov{r}", f"%lo{r}.t", "i32"))
         L.extend(_splat(f"%hiv{r}", f"%hi{r}.t", "i32"))
+    # a step wholly inside every row's range needs no mask (padding rows: hi = 0, never)
+    mlo, mhi = "%lo0", "%hi0"
+    for r in range(1, RB):
+        A(f"  %mlo{r} = call i64 @llvm.smax.i64(i64 {mlo}, i64 %lo{r})")
+        A(f"  %mhi{r} = call i64 @llvm.smin.i64(i64 {mhi}, i64 %hi{r})")
+        mlo, mhi = f"%mlo{r}", f"%mhi{r}"
+    A(f"  %inhi = sub i64 {mhi}, {KS}")
     A("  %qh = mul i64 %h, %npad")
     for r in range(RB):
         A(f"  %qrow{r} = add i64 %qh, %row{r}")
@@ -223,19 +230,32 @@ def forward_ir(symbol: str, D: int) -> str:
                 cur[(r, u, p)] = nm
     A("  %d.next = add i64 %d, 4")
     A(f"  %d.more = icmp slt i64 %d.next, {D}")
-    A("  br i1 %d.more, label %qk.loop, label %qk.done")
-    A("qk.done:")
+    A("  br i1 %d.more, label %qk.loop, label %qk.exit")
+    A("qk.exit:")
     for r in range(RB):
         for u in range(NV):
             if P == 2:
                 A(f"  %sp{r}_{u} = fadd {V} %pn{r}_{u}_0, %pn{r}_{u}_1")
-            else:
-                A(f"  %sp{r}_{u} = fadd {V} %pn{r}_{u}_0, zeroinitializer")
+    A(f"  %in.a = icmp sge i64 %j, {mlo}")
+    A("  %in.b = icmp sle i64 %j, %inhi")
+    A("  %inner = and i1 %in.a, %in.b")
+    A("  br i1 %inner, label %qk.done, label %qk.mask")
+    A("qk.mask:")
+    for r in range(RB):
+        for u in range(NV):
+            sp = f"%sp{r}_{u}" if P == 2 else f"%pn{r}_{u}_0"
             A(f"  %okl{r}_{u} = icmp sge <16 x i32> %lanes{u}, %lov{r}")
             A(f"  %okh{r}_{u} = icmp slt <16 x i32> %lanes{u}, %hiv{r}")
             A(f"  %ok{r}_{u} = and <16 x i1> %okl{r}_{u}, %okh{r}_{u}")
-            A(f"  %S{r}_{u} = select <16 x i1> %ok{r}_{u}, {V} %sp{r}_{u}, {V} "
+            A(f"  %Sx{r}_{u} = select <16 x i1> %ok{r}_{u}, {V} {sp}, {V} "
               + "<" + ", ".join([f"float {NEG}"] * W) + ">")
+    A("  br label %qk.done")
+    A("qk.done:")
+    for r in range(RB):
+        for u in range(NV):
+            sp = f"%sp{r}_{u}" if P == 2 else f"%pn{r}_{u}_0"
+            A(f"  %S{r}_{u} = phi {V} [ {sp}, %qk.exit ], [ %Sx{r}_{u}, %qk.mask ]")
+    for r in range(RB):
         top_v = f"%S{r}_0"
         for u in range(1, NV):
             A(f"  %Sm{r}_{u} = call {V} @llvm.maxnum.v16f32({V} {top_v}, {V} %S{r}_{u})")
