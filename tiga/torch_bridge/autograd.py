@@ -140,9 +140,16 @@ def explain_call_torch(call):
             explanation.estimated_bytes += obj.numel() * obj.element_size()
     edge_params = any(r == "param" for e in program.eqns if e.primitive is propagate_p
                       for r in e.params["roles"])
+    reducers = sorted({e.params["reducer"].name for e in program.eqns
+                       if e.primitive is propagate_p})
+    reading = [r for r in reducers if r not in ("sum", "mean")]
+    primal = ("primal outputs are not recomputed (sum/mean VJPs do not read them)"
+              if not reading else
+              f"the VJP reads the forward output of {', '.join(reading)}, so the backward "
+              "recomputes that propagate once")
     explanation.vjp_route = (
         "torch.autograd backward runs Tiga's compiled VJP program (not a torch replay); "
-        "primal outputs are not recomputed. Edge functions (MLPs from tg.nn.trace "
+        f"{primal}. Edge functions (MLPs from tg.nn.trace "
         "included) are re-evaluated per edge inside the VJP kernels, so no "
         "(num_edges, hidden) activation tape exists; " + (
             "parameters still read per edge get their gradients folded over all edges "
