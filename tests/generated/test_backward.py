@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.core.graph import Graph
@@ -239,3 +241,27 @@ def test_strict_refuses_exactly_when_explain_reports_a_fallback(monkeypatch, dty
         want = np.array([(x[r].astype(np.float64) ** 2).sum(axis=0) for r in rows])
         np.testing.assert_allclose(got, want.astype(got.dtype), rtol=1e-12)
     assert bool(falls) == (dtype == np.uint8)      # unsigned fields are not compiled
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 50), d=st.integers(1, 3), cutoff=st.floats(0.05, 0.8),
+       seed=st.integers(0, 2 ** 16), loop=st.booleans())
+def test_property_swapped_source_cotangent_on_lattice_points(n, d, cutoff, seed, loop):
+    """Lattice coordinates (duplicates, many pairs exactly at the cutoff): the fused
+    roles-swapped walk must select exactly the transpose of the forward relation."""
+    rng = np.random.default_rng(seed)
+    pos = np.round(rng.random((n, d)) * 6) / 6
+    x = rng.random((n, 2))
+    g = tg.Graph.radius(pos, cutoff, loop=loop)
+
+    def loss(x):
+        y = tg.propagate(g, lambda s, dd, e: s.x * (2.0 - e.distance), tg.sum(), src={"x": x})
+        return tg.math.sum(y * y)
+
+    got = np.asarray(tg.grad(loss)(x))
+    dist = np.sqrt(((pos[:, None, :] - pos[None, :, :]) ** 2).sum(-1))
+    w = np.zeros((n, n))
+    for i, src in enumerate(radius_rows(pos, cutoff, loop=loop)):
+        w[i, src] = 2.0 - dist[i, src]
+    np.testing.assert_allclose(got, 2 * w.T @ (w @ x), rtol=1e-12, atol=1e-12)
+    assert g._csr is None
