@@ -324,13 +324,18 @@ def test_llvm_forward_kernel_matches_numpy_tiles_and_oracle(kind, n, monkeypatch
     np.testing.assert_allclose(y, y_np, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("head_major", [False, True])
 @pytest.mark.parametrize("kind", ["triangular", "cu_full"])
-def test_llvm_forward_kernel_several_key_blocks_and_jobs(kind):
+def test_llvm_forward_kernel_several_key_blocks_and_jobs(kind, head_major):
     """N = 613, width 64, 3 heads: several 256-key blocks, row groups and jobs per head, a
-    partial last group and key step; the kernel agrees with the float64 oracle."""
+    partial last group and key step; the kernel agrees with the float64 oracle. Head-major
+    storage ((H, N, D) viewed as (N, H, D)) is read in place, (N, H, D) storage packed."""
     n = 613
     graph = relation(kind, n)
     q, k, v = fields(n, 3, 64, np.float32, seed=7, amp=2.0)
+    if head_major:
+        q, k, v = (np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)
+                   for x in (q, k, v))
     before = llvm_attention.STATS["native_calls"]
     y = np.asarray(Attention()(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                                scale=0.125))

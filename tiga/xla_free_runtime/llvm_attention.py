@@ -266,7 +266,7 @@ NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 
 def _native_key(width: int) -> str:
     from .cache import full_key
-    return full_key(("attention-forward-f32", 3, width, kernel.RB, kernel.GB, kernel.KB,
+    return full_key(("attention-forward-f32", 4, width, kernel.RB, kernel.GB, kernel.KB,
                      kernel.NV, kernel.PV_UNROLL))
 
 
@@ -294,22 +294,23 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     npad = -(-max(n, 1) // rows) * rows
     kpad = -(-max(s, 1) // kernel.KS) * kernel.KS
     f32 = np.float32
-    qp = np.empty((nh, npad, width), f32)
+    # q and V are read in place when each head's rows are contiguous (head-major storage);
+    # head-interleaved (N, H, D) storage is packed: its rows lie H * D apart, and walking V
+    # rows 4 KiB apart measured slower than the copy
+    qp, vp = (x if _in_place(x) else np.empty(x.shape, f32) for x in (q, v))
     kt = np.empty((nh, width, kpad), f32)
-    vp = np.empty((nh, kpad, width), f32)
-    sc = f32(scale)
 
     def pack(h0, h1, _argv):
         # numpy copies release the GIL: heads pack on the pool. Only the padding is zeroed;
         # K^T is packed 16 keys at a time (a whole strided transpose is several times slower)
-        qp[h0:h1, n:] = 0
-        np.multiply(q[h0:h1], sc, out=qp[h0:h1, :n])
+        if qp is not q:
+            qp[h0:h1] = q[h0:h1]
+        if vp is not v:
+            vp[h0:h1] = v[h0:h1]
         kt[h0:h1, :, s:] = 0
         for j in range(0, s, kernel.W):
             j1 = min(j + kernel.W, s)
             kt[h0:h1, :, j:j1] = k[h0:h1, j:j1].transpose(0, 2, 1)
-        vp[h0:h1, s:] = 0
-        vp[h0:h1, :s] = v[h0:h1]
 
     run_jobs(pack, _head_jobs(nh), num_threads())
     acc = np.zeros((nh, npad, width), f32)
@@ -325,7 +326,10 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     blo = np.tile(glo.reshape(-1, kernel.GB).min(1), nh)
     bhi = np.tile(ghi.reshape(-1, kernel.GB).max(1), nh)
     qblocks = npad // rows
-    prm = np.array([npad, kpad, npad // kernel.RB, qblocks], np.int64)
+    scbits = int(np.array(scale, f32).view(np.uint32))
+    prm = np.array([npad, kpad, npad // kernel.RB, qblocks, n, s,
+                    qp.strides[0] // 4, qp.strides[1] // 4, vp.strides[0] // 4,
+                    vp.strides[1] // 4, scbits], np.int64)
     arrays = [qp, kt, vp, acc, m, ell, lop, hip, prm, glo, ghi, blo, bhi]
     argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
                                               for a in arrays])
@@ -343,6 +347,14 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     run_jobs(finish, _head_jobs(nh), num_threads())
     top[...] = np.where(nonempty, m, 0)
     mass[...] = ell
+
+
+def _in_place(x: np.ndarray) -> bool:
+    """Whether the kernel reads x (H, N, D) in place: float32, each head's rows contiguous,
+    a nonnegative head stride of whole elements."""
+    st = x.strides
+    return x.dtype == np.float32 and st[2] == 4 and st[1] == 4 * x.shape[2] and \
+        st[0] >= 0 and st[0] % 4 == 0
 
 
 def _head_jobs(nh: int) -> list:

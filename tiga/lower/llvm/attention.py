@@ -107,9 +107,15 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %{nm}.p = load i8*, i8** %{nm}.pp")
         ty = "i64" if nm in ("lo", "hi", "prm", "glo", "ghi", "blo", "bhi") else "float"
         A(f"  %{nm} = bitcast i8* %{nm}.p to {ty}*")
-    for i, nm in enumerate(["npad", "kpad", "groups", "qblocks"]):
+    for i, nm in enumerate(["npad", "kpad", "groups", "qblocks", "nq", "nk", "qhs", "qrs",
+                            "vhs", "vrs", "scbits"]):
         A(f"  %{nm}.g = getelementptr i64, i64* %prm, i64 {i}")
         A(f"  %{nm} = load i64, i64* %{nm}.g")
+    A("  %nq1 = sub i64 %nq, 1")
+    A("  %nk1 = sub i64 %nk, 1")
+    A("  %scbits.t = trunc i64 %scbits to i32")
+    A("  %scale = bitcast i32 %scbits.t to float")
+    L.extend(_splat("%scalev", "%scale"))
     A("  br label %job.head")
     A("job.head:")
     A("  %job = phi i64 [ %begin, %entry ], [ %job.next, %job.end ]")
@@ -170,6 +176,11 @@ def forward_ir(symbol: str, D: int) -> str:
     for r in range(RB):
         A(f"  %qrow{r} = add i64 %qh, %row{r}")
         A(f"  %qoff{r} = mul i64 %qrow{r}, {D}")
+        # q is read in place (head stride qhs, row stride qrs); padding rows read row nq - 1
+        A(f"  %qrc{r} = call i64 @llvm.smin.i64(i64 %row{r}, i64 %nq1)")
+        A(f"  %qsh{r} = mul i64 %h, %qhs")
+        A(f"  %qsr{r} = mul i64 %qrc{r}, %qrs")
+        A(f"  %qsrc{r} = add i64 %qsh{r}, %qsr{r}")
         A(f"  %tp{r} = getelementptr float, float* %top, i64 %qrow{r}")
         A(f"  %m{r}.in = load float, float* %tp{r}")
         A(f"  %mp{r} = getelementptr float, float* %mass, i64 %qrow{r}")
@@ -180,7 +191,7 @@ def forward_ir(symbol: str, D: int) -> str:
             A(f"  %ypv{r}_{c} = bitcast float* %yp{r}_{c} to {V}*")
             A(f"  %o{r}_{c}.in = load {V}, {V}* %ypv{r}_{c}, align 4")
     A(f"  %kth = mul i64 %h, {D}")
-    A("  %vh = mul i64 %h, %kpad")
+    A("  %vh = mul i64 %h, %vhs")
     A("  br label %k.head")
     A("k.head:")
     A("  %j = phi i64 [ %kstart, %grp.body ], [ %j.next, %pv.done ]")
@@ -218,7 +229,7 @@ def forward_ir(symbol: str, D: int) -> str:
             A(f"  %ktpv{dd}_{u} = bitcast float* %ktp{dd}_{u} to {V}*")
             A(f"  %kt{dd}_{u} = load {V}, {V}* %ktpv{dd}_{u}, align 4")
         for r in range(RB):
-            A(f"  %qo{r}_{dd} = add i64 %qoff{r}, %dd{dd}")
+            A(f"  %qo{r}_{dd} = add i64 %qsrc{r}, %dd{dd}")
             A(f"  %qp{r}_{dd} = getelementptr float, float* %q, i64 %qo{r}_{dd}")
             A(f"  %qs{r}_{dd} = load float, float* %qp{r}_{dd}")
             L.extend(_splat(f"%qb{r}_{dd}", f"%qs{r}_{dd}"))
@@ -234,8 +245,11 @@ def forward_ir(symbol: str, D: int) -> str:
     A("qk.exit:")
     for r in range(RB):
         for u in range(NV):
+            raw = f"%pn{r}_{u}_0"
             if P == 2:
-                A(f"  %sp{r}_{u} = fadd {V} %pn{r}_{u}_0, %pn{r}_{u}_1")
+                A(f"  %spr{r}_{u} = fadd {V} %pn{r}_{u}_0, %pn{r}_{u}_1")
+                raw = f"%spr{r}_{u}"
+            A(f"  %sp{r}_{u} = fmul {V} {raw}, %scalev")
     A(f"  %in.a = icmp sge i64 %j, {mlo}")
     A("  %in.b = icmp sle i64 %j, %inhi")
     A("  %inner = and i1 %in.a, %in.b")
@@ -243,7 +257,7 @@ def forward_ir(symbol: str, D: int) -> str:
     A("qk.mask:")
     for r in range(RB):
         for u in range(NV):
-            sp = f"%sp{r}_{u}" if P == 2 else f"%pn{r}_{u}_0"
+            sp = f"%sp{r}_{u}"
             A(f"  %okl{r}_{u} = icmp sge <16 x i32> %lanes{u}, %lov{r}")
             A(f"  %okh{r}_{u} = icmp slt <16 x i32> %lanes{u}, %hiv{r}")
             A(f"  %ok{r}_{u} = and <16 x i1> %okl{r}_{u}, %okh{r}_{u}")
@@ -253,7 +267,7 @@ def forward_ir(symbol: str, D: int) -> str:
     A("qk.done:")
     for r in range(RB):
         for u in range(NV):
-            sp = f"%sp{r}_{u}" if P == 2 else f"%pn{r}_{u}_0"
+            sp = f"%sp{r}_{u}"
             A(f"  %S{r}_{u} = phi {V} [ {sp}, %qk.exit ], [ %Sx{r}_{u}, %qk.mask ]")
     for r in range(RB):
         top_v = f"%S{r}_0"
@@ -301,9 +315,11 @@ def forward_ir(symbol: str, D: int) -> str:
     for i, (u, tt) in enumerate(steps):
         x = f"{u}_{tt}"
         A(f"  %tt{x}.w = add i64 %t64, {tt}")
-        A(f"  %vrow{x}.a = add i64 %vh, %j")
-        A(f"  %vrow{x} = add i64 %vrow{x}.a, %tt{x}.w")
-        A(f"  %voff{x} = mul i64 %vrow{x}, {D}")
+        # V is read in place; keys past the last (masked, p = 0) read key nk - 1
+        A(f"  %vkey{x}.a = add i64 %j, %tt{x}.w")
+        A(f"  %vkey{x} = call i64 @llvm.smin.i64(i64 %vkey{x}.a, i64 %nk1)")
+        A(f"  %vrow{x} = mul i64 %vkey{x}, %vrs")
+        A(f"  %voff{x} = add i64 %vrow{x}, %vh")
         for c in range(C):
             A(f"  %vo{x}_{c} = add i64 %voff{x}, {c * W}")
             A(f"  %vp{x}_{c} = getelementptr float, float* %v, i64 %vo{x}_{c}")
