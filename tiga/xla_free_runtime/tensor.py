@@ -130,7 +130,7 @@ def _is_bfloat16(x) -> bool:
 
 def _int16_like(x):
     # the producer's own int16 dtype object (torch.int16), found without importing torch
-    return getattr(importlib.import_module(type(x.dtype).__module__), "int16")
+    return importlib.import_module(type(x.dtype).__module__).int16
 
 
 set_concrete_wrapper(_wrap)
