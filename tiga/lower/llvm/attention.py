@@ -56,6 +56,12 @@ def _fma(out, a, b, c):
     return f"  {out} = call {V} @llvm.fma.v16f32({V} {a}, {V} {b}, {V} {c})"
 
 
+def _vptr(name, base, offset):
+    """`{name}v`: a <16 x float>* at float index `offset` of `base`."""
+    return [f"  {name} = getelementptr float, float* {base}, i64 {offset}",
+            f"  {name}v = bitcast float* {name} to {V}*"]
+
+
 def _vexp(out, x, tag):
     """out = exp(x) for <16 x float> x; x = -inf (or below -87) gives exactly 0."""
     L = []
@@ -187,9 +193,8 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %l{r}.in = load float, float* %mp{r}")
         for c in range(C):
             A(f"  %yo{r}_{c} = add i64 %qoff{r}, {c * W}")
-            A(f"  %yp{r}_{c} = getelementptr float, float* %out, i64 %yo{r}_{c}")
-            A(f"  %ypv{r}_{c} = bitcast float* %yp{r}_{c} to {V}*")
-            A(f"  %o{r}_{c}.in = load {V}, {V}* %ypv{r}_{c}, align 4")
+            L.extend(_vptr(f"%yp{r}_{c}", "%out", f"%yo{r}_{c}"))
+            A(f"  %o{r}_{c}.in = load {V}, {V}* %yp{r}_{c}v, align 4")
     A(f"  %kth = mul i64 %h, {D}")
     A("  %vh = mul i64 %h, %vhs")
     A("  br label %k.head")
@@ -225,9 +230,8 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %ktoff{dd} = add i64 %ktoff{dd}.a, %j")
         for u in range(NV):
             A(f"  %ktoff{dd}_{u} = add i64 %ktoff{dd}, {u * W}")
-            A(f"  %ktp{dd}_{u} = getelementptr float, float* %kt, i64 %ktoff{dd}_{u}")
-            A(f"  %ktpv{dd}_{u} = bitcast float* %ktp{dd}_{u} to {V}*")
-            A(f"  %kt{dd}_{u} = load {V}, {V}* %ktpv{dd}_{u}, align 4")
+            L.extend(_vptr(f"%ktp{dd}_{u}", "%kt", f"%ktoff{dd}_{u}"))
+            A(f"  %kt{dd}_{u} = load {V}, {V}* %ktp{dd}_{u}v, align 4")
         for r in range(RB):
             A(f"  %qo{r}_{dd} = add i64 %qsrc{r}, %dd{dd}")
             A(f"  %qp{r}_{dd} = getelementptr float, float* %q, i64 %qo{r}_{dd}")
@@ -282,9 +286,8 @@ def forward_ir(symbol: str, D: int) -> str:
         for u in range(NV):
             A(f"  %sd{r}_{u} = fsub {V} %S{r}_{u}, %msv{r}")
             L.extend(_vexp(f"%P{r}_{u}", f"%sd{r}_{u}", f"%e{r}_{u}"))
-            A(f"  %pst{r}_{u} = getelementptr float, float* %pbuf0, i64 {r * KS + u * W}")
-            A(f"  %pstv{r}_{u} = bitcast float* %pst{r}_{u} to {V}*")
-            A(f"  store {V} %P{r}_{u}, {V}* %pstv{r}_{u}, align 64")
+            L.extend(_vptr(f"%pst{r}_{u}", "%pbuf0", r * KS + u * W))
+            A(f"  store {V} %P{r}_{u}, {V}* %pst{r}_{u}v, align 64")
         A(f"  %ad{r} = fsub float %m{r}, %ms{r}")
         prev_ad = "zeroinitializer" if r == 0 else f"%adv{r - 1}"
         A(f"  %adv{r} = insertelement {V} {prev_ad}, float %ad{r}, i32 {r}")
@@ -322,9 +325,8 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %voff{x} = add i64 %vrow{x}, %vh")
         for c in range(C):
             A(f"  %vo{x}_{c} = add i64 %voff{x}, {c * W}")
-            A(f"  %vp{x}_{c} = getelementptr float, float* %v, i64 %vo{x}_{c}")
-            A(f"  %vpv{x}_{c} = bitcast float* %vp{x}_{c} to {V}*")
-            A(f"  %V{x}_{c} = load {V}, {V}* %vpv{x}_{c}, align 4")
+            L.extend(_vptr(f"%vp{x}_{c}", "%v", f"%vo{x}_{c}"))
+            A(f"  %V{x}_{c} = load {V}, {V}* %vp{x}_{c}v, align 4")
         for r in range(RB):
             A(f"  %pi{r}_{x} = add i64 %tt{x}.w, {r * KS}")
             A(f"  %pg{r}_{x} = getelementptr float, float* %pbuf0, i64 %pi{r}_{x}")
@@ -345,7 +347,7 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  store float %m{r}, float* %tp{r}")
         A(f"  store float %l{r}, float* %mp{r}")
         for c in range(C):
-            A(f"  store {V} %o{r}_{c}, {V}* %ypv{r}_{c}, align 4")
+            A(f"  store {V} %o{r}_{c}, {V}* %yp{r}_{c}v, align 4")
     A("  br label %grp.end")
     A("grp.end:")
     A("  %gi.next = add i64 %gi, 1")

@@ -67,7 +67,8 @@ class Walk:
         """Per-call values (loaded once in the kernel's entry)."""
 
     def edge_start(self, kb, r) -> ir.Value:
-        raise NotImplementedError
+        """First edge id of row r (every walk with row offsets defines it)."""
+        raise CodegenUnsupported(f"the {self.hierarchy} walk has no per-row edge offsets")
 
     def row(self, kb, r) -> tuple:
         """(e0, e1, first_src) of row r; first_src is None where col is loaded per edge."""
@@ -80,7 +81,8 @@ class Walk:
         return kb.b.add(first, kb.b.sub(p, e0), flags=["nsw"])
 
     def ahead_col(self, kb, q) -> ir.Value:
-        raise NotImplementedError
+        """Source of edge q, for the prefetch (only walks with gathers=True are asked)."""
+        raise CodegenUnsupported(f"the {self.hierarchy} walk has no gathered sources")
 
     def edges(self, kb, r, row, body) -> None:
         """The row's edge loop, calling body(p, col) (contiguous walks only)."""
