@@ -10,6 +10,7 @@ from ..core.errors import StorageError, UnsupportedError
 from ..core.types import TensorType
 from ..trace.array_ops import ArrayOps
 from ..trace.tracer import set_concrete_wrapper
+from .dlpack_export import bfloat16_capsule
 from .storage import HostStorage
 
 _DEVICES = ("cpu",)
@@ -47,8 +48,20 @@ class Tensor(ArrayOps):
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
-    def __dlpack__(self, *args, **kwargs):
-        return self.numpy().__dlpack__(*args, **kwargs)
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        arr = self.numpy()
+        if any(st < 0 for st in arr.strides):
+            # DLPack allows negative strides but torch aborts the process on them: hand out
+            # a contiguous copy unless the consumer forbade copies
+            if copy is False:
+                raise BufferError("__dlpack__: the array has negative strides and copy=False; "
+                                  "some consumers (torch) cannot import negative strides")
+            arr = np.ascontiguousarray(arr)
+        if arr.dtype == bfloat16.np:  # numpy cannot export bfloat16: build the capsule here
+            return bfloat16_capsule(arr, max_version, dl_device, copy)
+        kwargs = {k: v for k, v in (("max_version", max_version), ("dl_device", dl_device),
+                                    ("copy", copy)) if v is not None}
+        return arr.__dlpack__(stream=stream, **kwargs)
 
     def __dlpack_device__(self):
         return self.numpy().__dlpack_device__()
