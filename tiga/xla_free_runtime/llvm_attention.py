@@ -172,6 +172,13 @@ class AttentionPlan:
     def _dq(self, eqn, graph, q, k, v, scale, do, lse, delta, heads, lo, hi):
         q = np.asarray(q)
         dq = np.empty(q.shape, eqn.outputs[0].type.dtype.np)
+        ops = [np.asarray(x) for x in (q, k, v, do)]
+        if _bwd_native_ok(*ops, dq.dtype):
+            # dq alone (no dk, dv wanted): the fused kernel, its dk and dv dropped
+            _native_backward(*(_heads(x, heads) for x in ops), _rows_heads(lse, heads),
+                             _rows_heads(delta, heads), _heads(dq, heads), None, None,
+                             lo, hi, scale)
+            return dq
         tiles.backward_dq(_heads(q, heads), _heads(k, heads), _heads(v, heads), _heads(do, heads),
                           _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dq, heads),
                           lo, hi, scale, _jobs)
@@ -184,6 +191,15 @@ class AttentionPlan:
         # dkdvq: dq comes out of the same pass (per-thread partial sums, added once) and
         # waits for the dq propagate over these very operands
         dq = np.zeros(q.shape, q.dtype) if self.kind == "dkdvq" else None
+        if _bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype:
+            _native_backward(_heads(q, heads), _heads(k, heads), _heads(v, heads),
+                             _heads(do, heads), _rows_heads(lse, heads),
+                             _rows_heads(delta, heads), None if dq is None else
+                             _heads(dq, heads), _heads(dk, heads), _heads(dv, heads),
+                             lo, hi, float(scale))
+            if dq is not None:
+                _keep_dq(values, dq)
+            return [dk, dv]
         tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                             _heads(do, heads), _rows_heads(lse, heads),
                             _rows_heads(delta, heads), _heads(dk, heads), _heads(dv, heads),
@@ -473,6 +489,92 @@ def _lookup(y):
         return None
     STATS["saved_hits"] += 1
     return found[1], found[2]
+
+
+# ---- native float32 backward (lower.llvm.attention_backward) ------------------------------
+NATIVE_BACKWARD = True    # tests switch it off to compare with the numpy tiles
+
+
+def _bwd_native_ok(q, k, v, do, dtype) -> bool:
+    """The LLVM backward kernel: float32 throughout, head width a multiple of 16 (<= 256),
+    values as wide as queries."""
+    from ..lower import CPU_LLVM_AVAILABLE
+    from ..lower.llvm import attention_backward as bwd
+    return (CPU_LLVM_AVAILABLE and NATIVE_BACKWARD and dtype == np.float32
+            and all(x.dtype == np.float32 for x in (q, k, v, do))
+            and q.shape[-1] % bwd.W == 0 and q.shape[-1] <= 256
+            and v.shape[-1] == q.shape[-1] == k.shape[-1] == do.shape[-1])
+
+
+def _bwd_native_key(width: int) -> str:
+    from ..lower.llvm import attention_backward as bwd
+    from .cache import full_key
+    return full_key(("attention-backward-f32", 1, width, bwd.RB, bwd.BR, bwd.KB, bwd.KR))
+
+
+def _bwd_native_kernel(width: int):
+    from ..lower.llvm import KernelSignature
+    from ..lower.llvm import attention_backward as bwd
+    from .cache import CACHE
+
+    def build(symbol):
+        sig = KernelSignature(symbol=symbol, walk="src", reduce_by="src", slots=(), roles=(),
+                              field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
+                              index_dtype="int64", parallel="rows",
+                              relation=("attention-backward",))
+        return bwd.backward_ir(symbol, width), sig
+
+    return CACHE.get(_bwd_native_key(width), build)
+
+
+def _strided_ok(x: np.ndarray) -> bool:
+    """Whether the backward kernel reads x (H, N, D) in place: unit element stride, head and
+    row strides nonnegative whole elements."""
+    st = x.strides
+    return st[2] == 4 and all(s >= 0 and s % 4 == 0 for s in st[:2])
+
+
+def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None:
+    """dq, dk, dv (H, N, D) views, any of them None when not wanted) from the LLVM kernel.
+
+    q, k, v, do: (H, N, D) float32 views; lse, delta: (H, N). One job per head (a head's
+    outputs belong to one thread); the kernel writes padded head-major buffers, copied out."""
+    import ctypes
+
+    from ..lower.llvm import attention_backward as bwd
+    nh, n, width = q.shape
+    nk = k.shape[1]
+    f32, i64 = np.float32, np.int64
+    exe = _bwd_native_kernel(width)
+    ops = [x if _strided_ok(x) else np.ascontiguousarray(x) for x in (q, k, v, do)]
+    npad = n + bwd.BR
+    kblocks = -(-nk // bwd.KB)
+    kpad = max(kblocks, 1) * bwd.KB
+    lsep = np.zeros((nh, npad), f32)
+    dlp = np.zeros((nh, npad), f32)
+    lsep[:, :n] = lse
+    dlp[:, :n] = delta
+    dqp = np.zeros((nh, npad, width), f32)
+    dkp = np.zeros((nh, kpad, width), f32)
+    dvp = np.zeros((nh, kpad, width), f32)
+    lop = np.zeros(npad, i64)
+    hip = np.zeros(npad, i64)
+    lop[:n], hip[:n] = lo, hi
+    j0 = np.arange(kblocks, dtype=i64) * bwd.KB
+    # the rows that see key block [j0, j0 + KB): hi > j0 and lo < j0 + KB (lo, hi nondecreasing)
+    rbeg = np.searchsorted(np.asarray(hi, i64), j0, side="right").astype(i64)
+    rend = np.searchsorted(np.asarray(lo, i64), j0 + bwd.KB, side="left").astype(i64)
+    scbits = int(np.array(scale, f32).view(np.uint32))
+    prm = np.array([n, nk, npad, kpad, kblocks] + [s // 4 for x in ops for s in x.strides[:2]]
+                   + [scbits], i64)
+    arrays = ops + [lsep, dlp, dqp, dkp, dvp, lop, hip, prm, rbeg, rend]
+    argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
+                                              for a in arrays])
+    run_jobs(exe.native, [(h, h + 1, argv) for h in range(nh)], num_threads())
+    STATS["native_backward_calls"] = STATS.get("native_backward_calls", 0) + 1
+    for out, buf in ((dq, dqp[:, :n]), (dk, dkp[:, :nk]), (dv, dvp[:, :nk])):
+        if out is not None:
+            out[...] = buf
 
 
 def _register() -> None:

@@ -1,0 +1,412 @@
+"""lower: LLVM micro-kernel of the float32 attention backward (FlashAttention-2 style).
+
+`backward_ir(symbol, D)` is a kernel `void(i64 begin, i64 end, i8** argv)` over jobs = heads.
+A job owns its head's dq, dk and dv rows, so no two threads add into the same row and no
+per-thread partial sums are needed. Per head, the outer loop walks key blocks of KB keys;
+each key block is packed once (K^T and V^T as D x KB, K as KB x D, zero past the last key)
+and the inner loop walks the query rows that see the block (`rbeg`, `rend` per key block,
+from the runtime) in tiles of BR rows. Per group of RB rows of a tile:
+
+  S  = Q K^T          (RB x KB, registers; a loop over d)
+  P  = exp(S * scale - lse), 0 outside the row's range      -> pbuf
+  dP = dO V^T         (RB x KB, registers)
+  dS = P * (dP - delta) * scale                             -> dsbuf
+  dq[rows] += dS K    (RB x D in registers, a loop over the KB keys)
+
+and once per tile, for groups of KR keys with D in registers (loops over the tile's rows):
+
+  dv[keys] += P^T dO,  dk[keys] += dS^T Q.
+
+Every product is the same register tile: rows x (up to 4) <16 x float> accumulators, one
+scalar broadcast per row and 4 vector loads per step. The scale is folded into dS, so dq and
+dk need no final multiply. Memory: the packed key block, two BR x KB tiles (stack) and the
+outputs; never an N x N array.
+
+argv: q, k, v, do (read in place: head stride, row stride, unit element stride), lse, delta
+(H, Npad), dq (H, Npad, D), dk, dv (H, Kpad, D) (zeroed by the caller, padded so a tile's
+padding rows and keys write inside), lo, hi (Npad,), prm [n, nk, npad, kpad, kblocks,
+qhs, qrs, khs, krs, vhs, vrs, dhs, drs, scale bits], rbeg, rend (per key block). Padding rows
+(i >= n) have lo = hi = 0, so every key is masked for them; reads of rows and keys past the
+end are clamped to the last one (their probabilities are 0).
+"""
+from __future__ import annotations
+
+from .attention import W, _fma, _splat, _vexp, _vptr
+
+V = "<16 x float>"
+RB = 6        # query rows per register group
+BR = 48       # query rows per tile (RB groups)
+KB = 64       # keys per key block
+KR = 4        # keys per register group of the dk / dv products
+NK = KB // W  # <16 x float> vectors per row of a score tile
+
+
+class _Emitter:
+    def __init__(self):
+        self.lines = []
+        self.n = 0
+
+    def __call__(self, line):
+        self.lines.append(line)
+
+    def extend(self, lines):
+        self.lines.extend(lines)
+
+    def fresh(self, stem):
+        self.n += 1
+        return f"{stem}.{self.n}"
+
+
+def _fma_loop(E, tag, pre, acc_in, trip, unroll, x_ptr, y_ptr):
+    """acc[(a, c)] += x(a, t) * y(t, c) for t in [0, trip) (trip: an SSA i64 or constant, a
+    positive multiple of `unroll`). x_ptr(t) -> {a: float* SSA}, y_ptr(t) -> {c: vector* SSA}
+    emit their address arithmetic. Returns the accumulators after the loop (valid in
+    `{tag}.exit`, where emission continues)."""
+    keys = list(acc_in)
+    E(f"  br label %{tag}.loop")
+    E(f"{tag}.loop:")
+    E(f"  %{tag}.t = phi i64 [ 0, %{pre} ], [ %{tag}.tn, %{tag}.loop ]")
+    names = {key: f"%{tag}.a{key[0]}_{key[1]}" for key in keys}
+    for key in keys:
+        E(f"  {names[key]} = phi {V} [ {acc_in[key]}, %{pre} ], "
+          f"[ %{tag}.o{key[0]}_{key[1]}, %{tag}.loop ]")
+    cur = dict(names)
+    rows = sorted({a for a, _ in keys})
+    cols = sorted({c for _, c in keys})
+    for u in range(unroll):
+        t = f"%{tag}.t{u}"
+        E(f"  {t} = add i64 %{tag}.t, {u}")
+        yp = y_ptr(t)
+        ys = {}
+        for c in cols:
+            ys[c] = f"%{tag}.y{u}_{c}"
+            E(f"  {ys[c]} = load {V}, {V}* {yp[c]}, align 4")
+        xp = x_ptr(t)
+        for a in rows:
+            xs = f"%{tag}.x{u}_{a}"
+            E(f"  {xs} = load float, float* {xp[a]}")
+            E.extend(_splat(f"{xs}v", xs))
+            for c in cols:
+                last = u == unroll - 1
+                nm = f"%{tag}.o{a}_{c}" if last else f"%{tag}.m{u}_{a}_{c}"
+                E(_fma(nm, f"{xs}v", ys[c], cur[(a, c)]))
+                cur[(a, c)] = nm
+    E(f"  %{tag}.tn = add i64 %{tag}.t, {unroll}")
+    E(f"  %{tag}.more = icmp slt i64 %{tag}.tn, {trip}")
+    E(f"  br i1 %{tag}.more, label %{tag}.loop, label %{tag}.exit")
+    E(f"{tag}.exit:")
+    return cur
+
+
+def _gep(E, name, base, offset, ty="float"):
+    E(f"  {name} = getelementptr {ty}, {ty}* {base}, i64 {offset}")
+    return name
+
+
+def _vgep(E, name, base, offset):
+    E.extend(_vptr(name, base, offset))
+    return f"{name}v"
+
+
+def backward_ir(symbol: str, D: int) -> str:
+    """LLVM IR of the float32 attention backward for head width D (a multiple of 16)."""
+    assert D % W == 0
+    C = D // W
+    chunks = [list(range(c, min(c + 4, C))) for c in range(0, C, 4)]
+    E = _Emitter()
+    E(f"declare {V} @llvm.maxnum.v16f32({V}, {V})")
+    E(f"declare {V} @llvm.minnum.v16f32({V}, {V})")
+    E(f"declare {V} @llvm.rint.v16f32({V})")
+    E(f"declare {V} @llvm.fma.v16f32({V}, {V}, {V})")
+    E("declare i64 @llvm.smax.i64(i64, i64)")
+    E("declare i64 @llvm.smin.i64(i64, i64)")
+    E(f"define void @{symbol}(i64 %begin, i64 %end, i8** %argv) {{")
+    E("entry:")
+    for nm, size in (("ktb", D * KB), ("vtb", D * KB), ("kbb", KB * D), ("pbuf", BR * KB),
+                     ("dsbuf", BR * KB)):
+        E(f"  %{nm}.a = alloca [{size} x float], align 64")
+        E(f"  %{nm} = getelementptr [{size} x float], [{size} x float]* %{nm}.a, i64 0, i64 0")
+    names = ["q", "k", "v", "do", "lse", "delta", "dq", "dk", "dv", "lo", "hi", "prm",
+             "rbeg", "rend"]
+    ints = ("lo", "hi", "prm", "rbeg", "rend")
+    for i, nm in enumerate(names):
+        E(f"  %{nm}.pp = getelementptr i8*, i8** %argv, i64 {i}")
+        E(f"  %{nm}.p = load i8*, i8** %{nm}.pp")
+        E(f"  %{nm} = bitcast i8* %{nm}.p to {'i64' if nm in ints else 'float'}*")
+    for i, nm in enumerate(["n", "nk", "npad", "kpad", "kblocks", "qhs", "qrs", "khs", "krs",
+                            "vhs", "vrs", "dhs", "drs", "scbits"]):
+        E(f"  %{nm}.g = getelementptr i64, i64* %prm, i64 {i}")
+        E(f"  %{nm} = load i64, i64* %{nm}.g")
+    E("  %n1 = sub i64 %n, 1")
+    E("  %nk1 = sub i64 %nk, 1")
+    E("  %scbits.t = trunc i64 %scbits to i32")
+    E("  %scale = bitcast i32 %scbits.t to float")
+    E.extend(_splat("%scalev", "%scale"))
+    E("  br label %job.head")
+    E("job.head:")
+    E("  %h = phi i64 [ %begin, %entry ], [ %h.next, %kb.exit ]")
+    E("  %h.more = icmp slt i64 %h, %end")
+    E("  br i1 %h.more, label %job.body, label %exit")
+    E("job.body:")
+    for x in ("q", "k", "v", "d"):
+        E(f"  %{x}base = mul i64 %h, %{x}hs")
+    E("  %sbase = mul i64 %h, %npad")       # lse / delta
+    E("  %qrowbase = mul i64 %sbase, " + str(D))     # dq
+    E("  %kh = mul i64 %h, %kpad")
+    E(f"  %krowbase = mul i64 %kh, {D}")    # dk / dv
+    E("  br label %kb.head")
+    # ---- key blocks --------------------------------------------------------------------
+    E("kb.head:")
+    E("  %kb = phi i64 [ 0, %job.body ], [ %kb.next, %tile.exit ]")
+    E("  %kb.more = icmp slt i64 %kb, %kblocks")
+    E("  br i1 %kb.more, label %kb.body, label %kb.exit")
+    E("kb.exit:")
+    E("  %h.next = add i64 %h, 1")
+    E("  br label %job.head")
+    E("kb.body:")
+    E(f"  %j0 = mul i64 %kb, {KB}")
+    E("  %rb.g = getelementptr i64, i64* %rbeg, i64 %kb")
+    E("  %r0 = load i64, i64* %rb.g")
+    E("  %re.g = getelementptr i64, i64* %rend, i64 %kb")
+    E("  %r1 = load i64, i64* %re.g")
+    E("  %j032 = trunc i64 %j0 to i32")
+    E.extend(_splat("%j0v", "%j032", "i32"))
+    for u in range(NK):
+        E(f"  %lanes{u} = add <16 x i32> %j0v, <"
+          + ", ".join(f"i32 {u * W + t}" for t in range(W)) + ">")
+    E("  %jend = add i64 %j0, " + str(KB))
+    E("  %any = icmp slt i64 %r0, %r1")
+    E("  br i1 %any, label %pack.head, label %tile.exit")
+    # pack the key block: K^T, V^T (D x KB) and K (KB x D); keys past nk are zero
+    E("pack.head:")
+    E("  %jj = phi i64 [ 0, %kb.body ], [ %jj.next, %pack.head ]")
+    E("  %key = add i64 %j0, %jj")
+    E("  %kvalid = icmp slt i64 %key, %nk")
+    E("  %keyc = call i64 @llvm.smin.i64(i64 %key, i64 %nk1)")
+    E("  %krow.a = mul i64 %keyc, %krs")
+    E("  %krow = add i64 %krow.a, %kbase")
+    E("  %vrow.a = mul i64 %keyc, %vrs")
+    E("  %vrow = add i64 %vrow.a, %vbase")
+    E(f"  %kbrow = mul i64 %jj, {D}")
+    for c in range(C):
+        for src, row, tgt in (("k", "%krow", "ktb"), ("v", "%vrow", "vtb")):
+            E(f"  %pk{src}{c}.o = add i64 {row}, {c * W}")
+            p = _vgep(E, f"%pk{src}{c}.p", f"%{src}", f"%pk{src}{c}.o")
+            E(f"  %pk{src}{c}.l = load {V}, {V}* {p}, align 4")
+            E(f"  %pk{src}{c} = select i1 %kvalid, {V} %pk{src}{c}.l, {V} zeroinitializer")
+            for t in range(W):
+                d = c * W + t
+                E(f"  %pk{src}{c}_{t}.e = extractelement {V} %pk{src}{c}, i32 {t}")
+                E(f"  %pk{src}{c}_{t}.o = add i64 %jj, {d * KB}")
+                _gep(E, f"%pk{src}{c}_{t}.g", f"%{tgt}", f"%pk{src}{c}_{t}.o")
+                E(f"  store float %pk{src}{c}_{t}.e, float* %pk{src}{c}_{t}.g")
+        E(f"  %pkb{c}.o = add i64 %kbrow, {c * W}")
+        p = _vgep(E, f"%pkb{c}.p", "%kbb", f"%pkb{c}.o")
+        E(f"  store {V} %pkk{c}, {V}* {p}, align 4")
+    E("  %jj.next = add i64 %jj, 1")
+    E(f"  %jj.more = icmp slt i64 %jj.next, {KB}")
+    E("  br i1 %jj.more, label %pack.head, label %tile.head")
+    # ---- tiles of BR query rows ------------------------------------------------------------
+    E("tile.head:")
+    E("  %i0 = phi i64 [ %r0, %pack.head ], [ %i0.next, %dk.done ]")
+    E("  %tile.more = icmp slt i64 %i0, %r1")
+    E("  br i1 %tile.more, label %tile.body, label %tile.exit")
+    E("tile.exit:")
+    E("  %kb.next = add i64 %kb, 1")
+    E("  br label %kb.head")
+    E("tile.body:")
+    E("  %left = sub i64 %r1, %i0")
+    E(f"  %left.c = call i64 @llvm.smin.i64(i64 %left, i64 {BR})")
+    # rows of the tile that groups cover: a whole number of groups
+    E(f"  %left.g = add i64 %left.c, {RB - 1}")
+    E(f"  %ngroups = udiv i64 %left.g, {RB}")
+    E(f"  %trows = mul i64 %ngroups, {RB}")
+    E("  br label %grp.head")
+    E("grp.head:")
+    E(f"  %g = phi i64 [ 0, %tile.body ], [ %g.next, %dq{len(chunks) - 1}.exit ]")
+    E("  %g.more = icmp slt i64 %g, %ngroups")
+    E("  br i1 %g.more, label %grp.body, label %grp.exit")
+    E("grp.body:")
+    E(f"  %gr = mul i64 %g, {RB}")
+    E("  %grow = add i64 %i0, %gr")
+    for r in range(RB):
+        E(f"  %row{r} = add i64 %grow, {r}")
+        E(f"  %tr{r} = add i64 %gr, {r}")
+        E(f"  %lo{r}.g = getelementptr i64, i64* %lo, i64 %row{r}")
+        E(f"  %lo{r} = load i64, i64* %lo{r}.g")
+        E(f"  %hi{r}.g = getelementptr i64, i64* %hi, i64 %row{r}")
+        E(f"  %hi{r} = load i64, i64* %hi{r}.g")
+        E(f"  %lo{r}.t = trunc i64 %lo{r} to i32")
+        E(f"  %hi{r}.t = trunc i64 %hi{r} to i32")
+        E.extend(_splat(f"%lov{r}", f"%lo{r}.t", "i32"))
+        E.extend(_splat(f"%hiv{r}", f"%hi{r}.t", "i32"))
+        E(f"  %rowc{r} = call i64 @llvm.smin.i64(i64 %row{r}, i64 %n1)")
+        E(f"  %qr{r}.a = mul i64 %rowc{r}, %qrs")
+        E(f"  %qr{r} = add i64 %qr{r}.a, %qbase")
+        E(f"  %dr{r}.a = mul i64 %rowc{r}, %drs")
+        E(f"  %dr{r} = add i64 %dr{r}.a, %dbase")
+        E(f"  %st{r} = add i64 %sbase, %row{r}")
+        _gep(E, f"%lse{r}.g", "%lse", f"%st{r}")
+        E(f"  %lse{r} = load float, float* %lse{r}.g")
+        E(f"  %nlse{r} = fneg float %lse{r}")
+        E.extend(_splat(f"%nlsev{r}", f"%nlse{r}"))
+        _gep(E, f"%dl{r}.g", "%delta", f"%st{r}")
+        E(f"  %dl{r} = load float, float* %dl{r}.g")
+        E.extend(_splat(f"%dlv{r}", f"%dl{r}"))
+    mlo, mhi = "%lo0", "%hi0"
+    for r in range(1, RB):
+        E(f"  %mlo{r} = call i64 @llvm.smax.i64(i64 {mlo}, i64 %lo{r})")
+        E(f"  %mhi{r} = call i64 @llvm.smin.i64(i64 {mhi}, i64 %hi{r})")
+        mlo, mhi = f"%mlo{r}", f"%mhi{r}"
+    E(f"  %in.a = icmp sge i64 %j0, {mlo}")
+    E(f"  %in.b = icmp sle i64 %jend, {mhi}")
+    E("  %inner = and i1 %in.a, %in.b")
+    zero = {(r, u): "zeroinitializer" for r in range(RB) for u in range(NK)}
+
+    def row_scalars(base_name, array):
+        def f(t):
+            out = {}
+            for r in range(RB):
+                E(f"  {t}.{base_name}o{r} = add i64 %{base_name}r{r}, {t}")
+                out[r] = _gep(E, f"{t}.{base_name}g{r}", f"%{array}",
+                              f"{t}.{base_name}o{r}")
+            return out
+        return f
+
+    def key_rows(buf):
+        # row t of a D x KB packed block: the NK vectors of keys
+        def f(t):
+            E(f"  {t}.{buf}r = mul i64 {t}, {KB}")
+            out = {}
+            for u in range(NK):
+                E(f"  {t}.{buf}o{u} = add i64 {t}.{buf}r, {u * W}")
+                out[u] = _vgep(E, f"{t}.{buf}p{u}", f"%{buf}", f"{t}.{buf}o{u}")
+            return out
+        return f
+
+    # S = Q K^T -> P
+    s = _fma_loop(E, "qk", "grp.body", zero, D, 4, row_scalars("q", "q"), key_rows("ktb"))
+    for r in range(RB):
+        for u in range(NK):
+            E(_fma(f"%sx{r}_{u}", s[(r, u)], "%scalev", f"%nlsev{r}"))
+            E.extend(_vexp(f"%pe{r}_{u}", f"%sx{r}_{u}", f"%ex{r}_{u}"))
+            E(f"  %okl{r}_{u} = icmp sge <16 x i32> %lanes{u}, %lov{r}")
+            E(f"  %okh{r}_{u} = icmp slt <16 x i32> %lanes{u}, %hiv{r}")
+            E(f"  %ok{r}_{u}.m = and <16 x i1> %okl{r}_{u}, %okh{r}_{u}")
+            E(f"  %ok{r}_{u} = select i1 %inner, <16 x i1> <"
+              + ", ".join(["i1 true"] * W) + f">, <16 x i1> %ok{r}_{u}.m")
+            E(f"  %P{r}_{u} = select <16 x i1> %ok{r}_{u}, {V} %pe{r}_{u}, {V} zeroinitializer")
+            E(f"  %pbo{r}_{u}.a = mul i64 %tr{r}, {KB}")
+            E(f"  %pbo{r}_{u} = add i64 %pbo{r}_{u}.a, {u * W}")
+            p = _vgep(E, f"%pbp{r}_{u}", "%pbuf", f"%pbo{r}_{u}")
+            E(f"  store {V} %P{r}_{u}, {V}* {p}, align 4")
+    # dP = dO V^T -> dS = P (dP - delta) scale
+    dp = _fma_loop(E, "dv", "qk.exit", zero, D, 4, row_scalars("d", "do"), key_rows("vtb"))
+    for r in range(RB):
+        for u in range(NK):
+            E(f"  %dd{r}_{u} = fsub {V} {dp[(r, u)]}, %dlv{r}")
+            E(f"  %dsa{r}_{u} = fmul {V} %P{r}_{u}, %dd{r}_{u}")
+            E(f"  %ds{r}_{u} = fmul {V} %dsa{r}_{u}, %scalev")
+            p = _vgep(E, f"%dsp{r}_{u}", "%dsbuf", f"%pbo{r}_{u}")
+            E(f"  store {V} %ds{r}_{u}, {V}* {p}, align 4")
+    # dq[rows] += dS K, D in chunks of up to 4 vectors
+    pre = "dv.exit"
+    for ci, cols in enumerate(chunks):
+        acc = {}
+        ptrs = {}
+        for r in range(RB):
+            E(f"  %dqr{ci}_{r}.a = add i64 %sbase, %row{r}")
+            E(f"  %dqr{ci}_{r} = mul i64 %dqr{ci}_{r}.a, {D}")
+            for c in cols:
+                E(f"  %dqo{r}_{c} = add i64 %dqr{ci}_{r}, {c * W}")
+                ptrs[(r, c)] = _vgep(E, f"%dqp{r}_{c}", "%dq", f"%dqo{r}_{c}")
+                E(f"  %dqi{r}_{c} = load {V}, {V}* {ptrs[(r, c)]}, align 4")
+                acc[(r, c)] = f"%dqi{r}_{c}"
+
+        def ds_scalars(t):
+            out = {}
+            for r in range(RB):
+                E(f"  {t}.sb{r} = mul i64 %tr{r}, {KB}")
+                E(f"  {t}.so{r} = add i64 {t}.sb{r}, {t}")
+                out[r] = _gep(E, f"{t}.sg{r}", "%dsbuf", f"{t}.so{r}")
+            return out
+
+        def k_rows(t, cols=cols):
+            E(f"  {t}.kr = mul i64 {t}, {D}")
+            out = {}
+            for c in cols:
+                E(f"  {t}.ko{c} = add i64 {t}.kr, {c * W}")
+                out[c] = _vgep(E, f"{t}.kp{c}", "%kbb", f"{t}.ko{c}")
+            return out
+
+        tag = f"dq{ci}"
+        res = _fma_loop(E, tag, pre, acc, KB, 4, ds_scalars, k_rows)
+        for key, val in res.items():
+            E(f"  store {V} {val}, {V}* {ptrs[key]}, align 4")
+        pre = f"{tag}.exit"
+    E("  %g.next = add i64 %g, 1")
+    E("  br label %grp.head")
+    # ---- dv += P^T dO, dk += dS^T Q over the tile's rows, KR keys x D per register tile
+    E("grp.exit:")
+    E("  br label %kg.head")
+    E("kg.head:")
+    E(f"  %kg = phi i64 [ 0, %grp.exit ], [ %kg.next, %kgd.exit{len(chunks) - 1} ]")
+    E(f"  %kg.more = icmp slt i64 %kg, {KB // KR}")
+    E("  br i1 %kg.more, label %kg.body, label %dk.done")
+    E("kg.body:")
+    E(f"  %kj = mul i64 %kg, {KR}")
+    E("  %kjh = add i64 %kh, %j0")
+    pre = "kg.body"
+    for ci, cols in enumerate(chunks):
+        for which, buf, src, arr in (("v", "pbuf", "d", "do"), ("k", "dsbuf", "q", "q")):
+            out = f"%d{which}"
+            acc, ptrs = {}, {}
+            for a in range(KR):
+                E(f"  %o{which}{ci}_{a}.k = add i64 %kj, {a}")
+                E(f"  %o{which}{ci}_{a}.r = add i64 %kjh, %o{which}{ci}_{a}.k")
+                E(f"  %o{which}{ci}_{a}.b = mul i64 %o{which}{ci}_{a}.r, {D}")
+                for c in cols:
+                    x = f"{which}{a}_{c}"
+                    E(f"  %oo{x} = add i64 %o{which}{ci}_{a}.b, {c * W}")
+                    ptrs[(a, c)] = _vgep(E, f"%op{x}", out, f"%oo{x}")
+                    E(f"  %oi{x} = load {V}, {V}* {ptrs[(a, c)]}, align 4")
+                    acc[(a, c)] = f"%oi{x}"
+
+            def p_scalars(t, buf=buf, which=which):
+                E(f"  {t}.pr = mul i64 {t}, {KB}")
+                E(f"  {t}.pk = add i64 {t}.pr, %kj")
+                out = {}
+                for a in range(KR):
+                    E(f"  {t}.po{a} = add i64 {t}.pk, {a}")
+                    out[a] = _gep(E, f"{t}.pg{a}", f"%{buf}", f"{t}.po{a}")
+                return out
+
+            def src_rows(t, src=src, arr=arr, cols=cols):
+                E(f"  {t}.row = add i64 %i0, {t}")
+                E(f"  {t}.rowc = call i64 @llvm.smin.i64(i64 {t}.row, i64 %n1)")
+                E(f"  {t}.ro = mul i64 {t}.rowc, %{src}rs")
+                E(f"  {t}.rb = add i64 {t}.ro, %{src}base")
+                out = {}
+                for c in cols:
+                    E(f"  {t}.so{c} = add i64 {t}.rb, {c * W}")
+                    out[c] = _vgep(E, f"{t}.sp{c}", f"%{arr}", f"{t}.so{c}")
+                return out
+
+            tag = f"kg{which}{ci}"
+            res = _fma_loop(E, tag, pre, acc, "%trows", 2, p_scalars, src_rows)
+            for key, val in res.items():
+                E(f"  store {V} {val}, {V}* {ptrs[key]}, align 4")
+            pre = f"{tag}.exit"
+        E(f"  br label %kgd.exit{ci}")
+        E(f"kgd.exit{ci}:")
+        pre = f"kgd.exit{ci}"
+    E("  %kg.next = add i64 %kg, 1")
+    E("  br label %kg.head")
+    E("dk.done:")
+    E(f"  %i0.next = add i64 %i0, {BR}")
+    E("  br label %tile.head")
+    E("exit:")
+    E("  ret void")
+    E("}")
+    return "\n".join(E.lines) + "\n"
+
