@@ -15,9 +15,14 @@ from ..core.errors import TigaError, UnsupportedError
 from ..core.eval import eval_program
 from ..core.passes import dce
 from ..core.prims.graph import propagate_p
-from ..core.program import Eqn, GraphProgram
+from ..core.program import Eqn, GraphProgram, Var
+from ..core.types import GraphType
 from ..trace import call_cache
-from ..trace.rewrites import hoist_linear_projections, simplify_edge_functions
+from ..trace.rewrites import (
+    fuse_relation_walks,
+    hoist_linear_projections,
+    simplify_edge_functions,
+)
 from ..trace.staging import leaf_value
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
@@ -145,8 +150,9 @@ def explain_call_torch(call):
     reading = [r for r in reducers if r not in ("sum", "mean")]
     primal = ("primal outputs are not recomputed (sum/mean VJPs do not read them)"
               if not reading else
-              f"the VJP reads the forward output of {', '.join(reading)}, so the backward "
-              "recomputes that propagate once")
+              f"the VJP reads the forward output of {', '.join(reading)}: the backward "
+              "reads the output the forward returned (saved for backward) instead of "
+              "recomputing it")
     explanation.vjp_route = (
         "torch.autograd backward runs Tiga's compiled VJP program (not a torch replay); "
         f"{primal}. Edge functions (MLPs from tg.nn.trace "
@@ -260,11 +266,14 @@ class _Run:
         torch_in = [o for o in originals if is_torch(o)]
         self.device = torch_in[0].device if torch_in else torch.device("cpu")
         self.out_specs: list = []  # (shape, numpy dtype) per output; cotangents match them
+        self.outs: list = []       # the forward's outputs, read by the VJP program
 
     def forward(self) -> list:
         outs = _runner(self.route)(self.program, self.args)
         outs = [np.asarray(o, t.dtype.np) for o, t in zip(outs, self.program.out_types)]
         self.out_specs = [(o.shape, o.dtype) for o in outs]
+        if any(self.wrt):
+            self.outs = outs
         return [to_torch(o).to(self.device) for o in outs]
 
     def backward(self, grad_outs) -> list:
@@ -273,18 +282,59 @@ class _Run:
         for g, (shape, dtype) in zip(grad_outs, self.out_specs):
             cts.append(np.zeros(shape, dtype) if g is None
                        else np.asarray(to_numpy(g, "output cotangent"), dtype))
-        key = tuple(self.wrt)
+        kinds = {id(v): _relation_kind(a) for v, a in zip(self.program.in_binders, self.args)
+                 if isinstance(v.type, GraphType)}
+        key = (tuple(self.wrt), tuple(kinds.values()))
         vjp = self.vjps.get(key)
-        if vjp is None:   # derived once per signature and requires-grad pattern
-            full = vjp_program(self.program, self.wrt)
+        if vjp is None:   # derived once per signature, requires-grad pattern, relation kind
+            full = _reading_outputs(vjp_program(self.program, self.wrt), len(self.out_specs))
             # only the cotangents: the primal outputs are already known, and a sum-like
             # reducer's VJP does not read them, so their recomputation is dead code
             n_out = len(self.out_specs)
-            vjp = self.vjps[key] = simplify_edge_functions(
-                dce(full, keep_outputs=range(n_out, len(full.outs))))
-        grads = _runner(self.route)(vjp, list(self.args) + cts)
+            vjp = simplify_edge_functions(dce(full, keep_outputs=range(n_out, len(full.outs))))
+            # the VJP's walks over one radius/knn relation (recomputed forward aggregate,
+            # destination and source cotangents) become one walk; the VJP program's graph
+            # binders are the forward's, in the same positions
+            by_pos = {id(v): kinds.get(id(w)) for v, w in zip(vjp.in_binders,
+                                                             self.program.in_binders)}
+            vjp = self.vjps[key] = fuse_relation_walks(vjp, lambda v: by_pos.get(id(v)))
+        grads = _runner(self.route)(vjp, list(self.args) + cts + list(self.outs))
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]
+
+
+def _relation_kind(graph):
+    """How the VJP may merge walks over `graph`: "symmetric" (a source-grouped walk is the
+    destination-grouped one with roles exchanged), "directed", or None (leave them: only
+    radius/knn walks, whose traversal dominates, are merged)."""
+    if getattr(graph, "kind", None) not in ("radius", "knn"):
+        return None
+    from ..xla_free_runtime.llvm_generated import symmetric
+
+    return "symmetric" if symmetric(graph) else "directed"
+
+
+def _reading_outputs(full: GraphProgram, n_out: int) -> GraphProgram:
+    """The VJP program `(*ins, *cts) -> (*outs, *grads)` as `(*ins, *cts, *outs) -> (*outs,
+    *grads)`: the primal outputs the forward already computed become inputs, so a VJP that
+    reads them (online_softmax, max, ...) does not recompute their propagates. Exact: the
+    inputs are unchanged since the forward (torch checks the saved tensors' versions)."""
+    known: dict = {}
+    fresh = []
+    for a in full.outs[:n_out]:
+        b = Var(a.type)
+        fresh.append(b)      # an output that is a binder or repeated: a binder left unread
+        bound = any(a is x for x in full.in_binders)
+        if isinstance(a, Var) and id(a) not in known and not bound:
+            known[id(a)] = b
+
+    def sub(a):
+        return known.get(id(a), a) if isinstance(a, Var) else a
+
+    eqns = [Eqn(e.primitive, tuple(sub(a) for a in e.inputs), e.params, e.outputs)
+            for e in full.eqns]
+    return GraphProgram(tuple(full.in_binders) + tuple(fresh), tuple(eqns),
+                        tuple(sub(a) for a in full.outs))
 
 
 class _PropagateFunction(torch.autograd.Function):
@@ -294,15 +344,17 @@ class _PropagateFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, *inputs):
         ctx.run = run
-        # saved so that an in-place change to an input before backward raises torch's error
-        ctx.save_for_backward(*inputs)
         outs = run.forward()
+        # saved so that an in-place change to an input, or to an output the VJP reads,
+        # before backward raises torch's error
+        ctx.n_inputs = len(inputs)
+        ctx.save_for_backward(*inputs, *outs)
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grad_outs):
-        inputs = ctx.saved_tensors
+        inputs = ctx.saved_tensors[:ctx.n_inputs]
         with torch.no_grad():
             grads = ctx.run.backward(grad_outs)
         if torch.is_grad_enabled():  # create_graph=True: a second derivative may follow

@@ -357,7 +357,7 @@ class GeneratedPlan:
             itemsize = graph.params["positions"].dtype.itemsize
             nbytes = 8 * (m + n) + m * spec.dims * itemsize
             if spec.mode == "cells":
-                nbytes += 8 * (int(np.prod(directory_arrays(graph, spec)["geo_i"][1:])) + 1)
+                nbytes += 8 * (int(directory_arrays(graph, spec)["geo_i"][1 + spec.dims]) + 1)
             ex.materialized.append(("cell directory (sorted source ids and coordinates, "
                                     "cell starts, row order)", nbytes,
                                     "rebuilt per call from the coordinates; O(N), no edge "
@@ -405,13 +405,20 @@ def fused_degrees(graph, by: str) -> np.ndarray | None:
     n = graph.num_dst if by == "dst" else graph.num_src
     if graph.kind == "knn":
         return np.full(n, int(graph.params["k"]), np.int64)
+    # the relation's coordinates are frozen (like its directory): count once per relation;
+    # a forward and its VJP (and every step on the same positions) ask for the same counts
+    cached = graph.params.get("_degrees")
+    if cached is not None:
+        return cached.copy()
     pos = graph.params["positions"]
     eqn = _count_eqn(pos.shape[1], pos.dtype)
     plan = plan_generated(eqn, graph, True)
     if not isinstance(plan, GeneratedPlan):
         return None
     counts = plan.run(eqn, graph, [pos, np.ascontiguousarray(graph.query_positions)])[0]
-    return np.rint(counts).astype(np.int64)
+    degrees = np.rint(counts).astype(np.int64)
+    graph.params["_degrees"] = degrees
+    return degrees.copy()
 
 
 SPECIALISED_PLANNERS.append(plan_generated)

@@ -3,10 +3,13 @@ calls, applied before autodiff (so the VJP is derived from the rewritten program
 
 - hoist_linear: parameter-only edge work and an edge MLP's first/last linear layers move out
   of the edge loop (per entity, once per call).
+- fuse_walks: independent sum propagates over one relation share one walk (VJPs).
 - edge_products: derived (VJP) edge functions emit outer products in the layout they are
   used in (no per-edge transpose).
 """
 from .edge_products import simplify_edge_functions, swap_transposed_products
+from .fuse_walks import fuse_relation_walks
 from .hoist_linear import hoist_linear_projections
 
-__all__ = ["hoist_linear_projections", "simplify_edge_functions", "swap_transposed_products"]
+__all__ = ["hoist_linear_projections", "simplify_edge_functions", "swap_transposed_products",
+           "fuse_relation_walks"]
