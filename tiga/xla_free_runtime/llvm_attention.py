@@ -140,7 +140,8 @@ class AttentionPlan:
         mass = np.empty((nh, n), dtype)
         prune = eqn.params["reducer"].prune_threshold
         h = pat.heads
-        if prune is None and _native_ok(q, k, v, dtype):
+        # the kernel takes the row max of the raw scores (scale > 0)
+        if prune is None and _native_ok(q, k, v, dtype) and 0 < scale < np.inf:
             _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top, mass,
                             lo, hi, scale)
             STATS["native_calls"] += 1
@@ -282,7 +283,7 @@ NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 
 def _native_key(width: int) -> str:
     from .cache import full_key
-    return full_key(("attention-forward-f32", 4, width, kernel.RB, kernel.GB, kernel.KB,
+    return full_key(("attention-forward-f32", 5, width, kernel.RB, kernel.GB, kernel.KB,
                      kernel.NV, kernel.PV_UNROLL))
 
 
@@ -301,11 +302,13 @@ def _native_kernel(width: int):
 
 
 def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
-    """Pack head-major tiles (any input strides), run the LLVM kernel, normalise."""
+    """Run the LLVM kernel: its phase 0 packs K^T (any K strides), phase 1 writes the
+    normalised output (any strides) and the per-row top and mass. scale > 0."""
     import ctypes
     nh, n, width = q.shape
     s = k.shape[1]
     exe = _native_kernel(width)
+    threads = num_threads()
     rows = kernel.RB * kernel.GB
     npad = -(-max(n, 1) // rows) * rows
     kpad = -(-max(s, 1) // kernel.KS) * kernel.KS
@@ -314,25 +317,54 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     # head-interleaved (N, H, D) storage is packed: its rows lie H * D apart, and walking V
     # rows 4 KiB apart measured slower than the copy
     qp, vp = (x if _in_place(x) else np.empty(x.shape, f32) for x in (q, v))
-    scratch = _take_scratch((nh, width, kpad), (nh, npad, width))
-    kt, acc = scratch
+    kp = k if _unit_stride(k) else np.ascontiguousarray(k, f32)
+    op = out if _unit_stride(out) else np.empty(out.shape, f32)
+    if qp is not q or vp is not v:
+        def pack(h0, h1, _argv):
+            # numpy copies release the GIL: heads pack on the pool
+            if qp is not q:
+                qp[h0:h1] = q[h0:h1]
+            if vp is not v:
+                vp[h0:h1] = v[h0:h1]
 
-    def pack(h0, h1, _argv):
-        # numpy copies release the GIL: heads pack on the pool. Only the padding is zeroed;
-        # K^T is packed 16 keys at a time (a whole strided transpose is several times slower)
-        if qp is not q:
-            qp[h0:h1] = q[h0:h1]
-        if vp is not v:
-            vp[h0:h1] = v[h0:h1]
-        kt[h0:h1, :, s:] = 0
-        for j in range(0, s, kernel.W):
-            j1 = min(j + kernel.W, s)
-            kt[h0:h1, :, j:j1] = k[h0:h1, j:j1].transpose(0, 2, 1)
+        run_jobs(pack, _head_jobs(nh), threads)
+    scratch = _take_scratch((nh, kpad // kernel.KS, width, kernel.KS))
+    (kt,) = scratch
+    lop, hip, glo, ghi, blo, bhi = _group_ranges(lo, hi, n, npad)
+    qblocks = npad // rows
+    scbits = int(np.array(scale, f32).view(np.uint32))
+    prm = {"npad": npad, "kpad": kpad, "nks": kpad // kernel.KS, "qblocks": qblocks,
+           "nq": n, "nk": s, "qhs": qp.strides[0] // 4, "qrs": qp.strides[1] // 4,
+           "vhs": vp.strides[0] // 4, "vrs": vp.strides[1] // 4, "scbits": scbits,
+           "khs": kp.strides[0] // 4, "krs": kp.strides[1] // 4,
+           "ohs": op.strides[0] // 4, "ors": op.strides[1] // 4}
+    prms = [np.array([prm.get(nm, phase) for nm in kernel.PRM], np.int64) for phase in (0, 1)]
+    argvs = []
+    for p in prms:
+        arrays = [qp, kp, kt, vp, op, top, mass, lop, hip, p, glo, ghi, blo, bhi]
+        argvs.append((ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
+                                                       for a in arrays]))
+    # (no keys: no row reads kt, and phase 0 would read key -1)
+    for jobs, parts, argv in ((nh * (kpad // kernel.W) if s else 0, 4 * threads, argvs[0]),
+                              (nh * qblocks, 8 * threads, argvs[1])):
+        step = max(1, -(-jobs // parts))
+        run_jobs(exe.native, [(a, min(a + step, jobs), argv) for a in range(0, jobs, step)],
+                 threads)
+    if op is not out:
+        out[...] = op
+    _give_scratch(scratch)
 
-    run_jobs(pack, _head_jobs(nh), num_threads())
-    acc.fill(0)
-    m = np.full((nh, npad), -np.inf, f32)
-    ell = np.zeros((nh, npad), f32)
+
+_GROUPS: dict = {}      # (id(lo), id(hi), n, npad) -> (weakrefs to lo and hi, arrays)
+
+
+def _group_ranges(lo, hi, n, npad):
+    """Padded per-row ranges, per row group KS-aligned key ranges (glo, ghi) and per row
+    block key ranges (blo, bhi); kept per relation (row_ranges returns the same arrays)."""
+    key = (id(lo), id(hi), n, npad)
+    found = _GROUPS.get(key)
+    if found is not None and found[0]() is lo and found[1]() is hi:
+        return found[2]
     lop = np.zeros(npad, np.int64)
     hip = np.zeros(npad, np.int64)
     lop[:n], hip[:n] = lo, hi
@@ -340,36 +372,22 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     glo = np.where(empty, np.iinfo(np.int64).max, lop).reshape(-1, kernel.RB).min(1)
     ghi = np.where(empty, 0, hip).reshape(-1, kernel.RB).max(1)
     glo = np.where(ghi > 0, glo, 0) // kernel.KS * kernel.KS
-    blo = np.tile(glo.reshape(-1, kernel.GB).min(1), nh)
-    bhi = np.tile(ghi.reshape(-1, kernel.GB).max(1), nh)
-    qblocks = npad // rows
-    scbits = int(np.array(scale, f32).view(np.uint32))
-    prm = np.array([npad, kpad, npad // kernel.RB, qblocks, n, s,
-                    qp.strides[0] // 4, qp.strides[1] // 4, vp.strides[0] // 4,
-                    vp.strides[1] // 4, scbits], np.int64)
-    arrays = [qp, kt, vp, acc, m, ell, lop, hip, prm, glo, ghi, blo, bhi]
-    argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
-                                              for a in arrays])
-    jobs = nh * qblocks
-    step = max(1, jobs // (8 * num_threads()))
-    run_jobs(exe.native, [(a, min(a + step, jobs), argv) for a in range(0, jobs, step)],
-             num_threads())
-    ell, m, acc = ell[:, :n], m[:, :n], acc[:, :n]
-    nonempty = ell > 0
-
-    def finish(h0, h1, _argv):
-        np.divide(acc[h0:h1], np.where(nonempty[h0:h1], ell[h0:h1], 1)[:, :, None],
-                  out=out[h0:h1])
-
-    run_jobs(finish, _head_jobs(nh), num_threads())
-    top[...] = np.where(nonempty, m, 0)
-    mass[...] = ell
-    _give_scratch(scratch)
+    blo = glo.reshape(-1, kernel.GB).min(1)
+    bhi = ghi.reshape(-1, kernel.GB).max(1)
+    arrays = (lop, hip, glo, ghi, blo, bhi)
+    try:
+        refs = (weakref.ref(lo), weakref.ref(hi))
+    except TypeError:
+        return arrays
+    if len(_GROUPS) >= 8:
+        _GROUPS.pop(next(iter(_GROUPS)))
+    _GROUPS[key] = refs + (arrays,)
+    return arrays
 
 
-# Work arrays (packed K^T, the accumulator) are kept between calls: fresh multi-MiB
-# allocations come back from the OS as untouched pages, and their first-touch faults
-# (thousands per call) measured doubling the kernel's time at N = 1024.
+# Work arrays (packed K^T) are kept between calls: fresh multi-MiB allocations come back
+# from the OS as untouched pages, and their first-touch faults (thousands per call)
+# measured doubling the kernel's time at N = 1024.
 _SCRATCH: dict = {}
 _SCRATCH_LOCK = threading.Lock()
 
@@ -398,6 +416,12 @@ def _in_place(x: np.ndarray) -> bool:
     st = x.strides
     return x.dtype == np.float32 and st[2] == 4 and st[1] == 4 * x.shape[2] and \
         st[0] >= 0 and st[0] % 4 == 0
+
+
+def _unit_stride(x: np.ndarray) -> bool:
+    """Whether the kernel addresses x (H, N, D) float32 through its head and row strides."""
+    st = x.strides
+    return x.dtype == np.float32 and st[2] == 4 and all(a >= 0 and a % 4 == 0 for a in st[:2])
 
 
 def _head_jobs(nh: int) -> list:
