@@ -372,7 +372,8 @@ def forward_ir(symbol: str, D: int) -> str:
             if P == 2:
                 A(f"  %sp{r}_{u} = fadd {V} %pn{r}_{u}_0, %pn{r}_{u}_1")
             else:
-                A(f"  %sp{r}_{u} = fadd {V} %pn{r}_{u}_0, zeroinitializer")
+                # (a no-op cast: fadd x, 0 would cost an add, -0 + 0 being +0)
+                A(f"  %sp{r}_{u} = bitcast {V} %pn{r}_{u}_0 to {V}")
     A(f"  %in.a = icmp sge i64 %j, {mlo}")
     A("  %in.b = icmp sle i64 %j, %inhi")
     A("  %inner = and i1 %in.a, %in.b")
