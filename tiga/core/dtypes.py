@@ -71,6 +71,18 @@ def as_dtype(obj) -> DType:
         return obj
     if isinstance(obj, str) and obj in _BY_NAME:
         return _BY_NAME[obj]
+    if isinstance(obj, np.dtype):     # every result wraps its array's dtype: keep it cheap
+        found = _BY_NP.get(obj)
+        if found is None:
+            found = _BY_NP[obj] = _as_dtype_slow(obj)
+        return found
+    return _as_dtype_slow(obj)
+
+
+_BY_NP: dict = {}
+
+
+def _as_dtype_slow(obj) -> DType:
     name = str(obj).replace("torch.", "")
     if name in _BY_NAME:
         return _BY_NAME[name]

@@ -267,33 +267,78 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     """Run a compiled propagate on concrete field values; returns the output arrays."""
     if not isinstance(exe, Executable):       # a specialised plan runs itself
         return exe.run(eqn, graph, values)
+    bound = _bound(exe, graph)
+    sig = exe.signature
+    names = eqn.params["names"]
+    fields = [_check_field(x, i, sig, bound.sizes[i], names[i]) for i, x in enumerate(values)]
+    outs = [np.empty(shape, dtype) for shape, dtype in bound.outs]
+    addrs = list(bound.template)
+    for at, f in zip(bound.field_at, fields):
+        addrs[at] = _address(f)
+    for at, o in zip(bound.out_at, outs):
+        addrs[at] = _address(o)
+    argv = bound.argv_t(*addrs)
+    if sig.parallel == "single":
+        exe.native(0, bound.rows, argv)
+        return outs
+    threads = num_threads()
+    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, threads)
+    if sig.parallel == "partial_sums":
+        arrays = dict(bound.arrays)
+        for i, f in enumerate(fields):
+            arrays[f"field:{i}"] = f
+        return _partial_sums(exe, sig, arrays, outs, chunks, threads, bound.rows)
+    run_chunks(exe.native, chunks, argv, threads)
+    return outs
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A kernel bound to one relation: the walk's arrays, the argv slots they fill, the
+    sizes fields are checked against and the outputs' shapes (built once per pair)."""
+
+    arrays: dict
+    row_ptr: np.ndarray
+    rows: int
+    sizes: tuple
+    outs: tuple
+    template: tuple        # argv addresses; field and output slots are filled per call
+    field_at: tuple
+    out_at: tuple
+    argv_t: type
+
+
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> {key: _Bound}
+
+
+def _bound(exe: Executable, graph) -> _Bound:
+    per_graph = _BOUND.get(graph)
+    found = per_graph.get(exe.key) if per_graph is not None else None
+    if found is not None:
+        return found
     sig = exe.signature
     arrays, rp = walk_arrays(graph, sig)
     arrays = dict(arrays)
-    sizes = {"src": graph.num_src, "dst": graph.num_dst, "edge": graph.num_edges,
-             "param": None}
-    names = eqn.params["names"]
-    fields = [_check_field(x, i, sig, sizes[r], names[i])
-              for i, (x, r) in enumerate(zip(values, sig.roles))]
+    for slot in sig.slots:
+        if not slot.startswith(("out:", "field:")) and arrays.get(slot) is None:
+            raise UnsupportedError(f"compiled propagate needs {slot} but the relation has none")
+    role_size = {"src": graph.num_src, "dst": graph.num_dst, "edge": graph.num_edges,
+                 "param": None}
     lead = {"dst": (graph.num_dst,), "src": (graph.num_src,), "edge": (graph.num_edges,),
             "all": ()}[sig.reduce_by]
-    outs = [np.empty(lead + tuple(s), _np_dtype(d))
-            for s, d in zip(sig.out_shapes, sig.out_dtypes)]
-    for i, f in enumerate(fields):
-        arrays[f"field:{i}"] = f
-    for slot in sig.slots:
-        if not slot.startswith("out:") and arrays.get(slot) is None:
-            raise UnsupportedError(f"compiled propagate needs {slot} but the relation has none")
-    rows = len(rp) - 1
-    if sig.parallel == "single":
-        exe.native(0, rows, _argv(sig, arrays, outs))
-        return outs
-    threads = num_threads()
-    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), rp, threads)
-    if sig.parallel == "partial_sums":
-        return _partial_sums(exe, sig, arrays, outs, chunks, threads, rows)
-    run_chunks(exe.native, chunks, _argv(sig, arrays, outs), threads)
-    return outs
+    template = tuple(0 if s.startswith(("out:", "field:")) else _address(arrays[s])
+                     for s in sig.slots)
+    found = _Bound(arrays=arrays, row_ptr=rp, rows=len(rp) - 1,
+                   sizes=tuple(role_size[r] for r in sig.roles),
+                   outs=tuple((lead + tuple(s), _np_dtype(d))
+                              for s, d in zip(sig.out_shapes, sig.out_dtypes)),
+                   template=template,
+                   field_at=tuple(sig.slots.index(f"field:{i}") for i in range(len(sig.roles))),
+                   out_at=tuple(sig.slots.index(f"out:{k}") for k in range(len(sig.out_shapes))),
+                   argv_t=ctypes.c_void_p * len(sig.slots))
+    with _CHUNK_LOCK:
+        _BOUND.setdefault(graph, {})[exe.key] = found
+    return found
 
 
 def _address(a: np.ndarray) -> int:

@@ -26,6 +26,7 @@ from llvmlite import ir
 from ...core.dtypes import as_dtype
 from ...core.prims.graph import propagate_abstract_eval_rule
 from ...core.types import GraphType, TensorType
+from . import pool
 from .emitter import Emitter, check_row
 from .reducers import reducer_codegen
 from .values import I8, I64, PTR, CodegenUnsupported, Val, cast, i64, numel, storage_type
@@ -134,6 +135,8 @@ def emit_chunk_driver(module: ir.Module, kernel: ir.Function) -> ir.Function:
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
+    if pool.supported():
+        pool.emit_pool(module, kernel.name)
     return fn
 
 
