@@ -552,17 +552,19 @@ def _bwd_native_kernel(width: int):
 
 
 def _strided_ok(x: np.ndarray) -> bool:
-    """Whether the backward kernel reads x (H, N, D) in place: unit element stride, head and
-    row strides nonnegative whole elements."""
+    """Whether the backward kernel reads or writes x in place: float32, unit last stride, the
+    other strides nonnegative whole elements."""
     st = x.strides
-    return st[2] == 4 and all(s >= 0 and s % 4 == 0 for s in st[:2])
+    return x.dtype == np.float32 and (x.ndim < 3 or st[-1] == 4) and \
+        all(s >= 0 and s % 4 == 0 for s in st)
 
 
 def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None:
-    """dq, dk, dv (H, N, D) views, any of them None when not wanted) from the LLVM kernel.
+    """dq, dk, dv ((H, N, D) views, any of them None when not wanted) from the LLVM kernel.
 
     q, k, v, do: (H, N, D) float32 views; lse, delta: (H, N). One job per head (a head's
-    outputs belong to one thread); the kernel writes padded head-major buffers, copied out."""
+    outputs belong to one thread); the kernel reads and writes every operand through its
+    strides, so nothing is packed or copied here."""
     import ctypes
 
     from ..lower.llvm import attention_backward as bwd
@@ -570,35 +572,35 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
     nk = k.shape[1]
     f32, i64 = np.float32, np.int64
     exe = _bwd_native_kernel(width)
-    ops = [x if _strided_ok(x) else np.ascontiguousarray(x) for x in (q, k, v, do)]
-    npad = n + bwd.BR
-    kblocks = -(-nk // bwd.KB)
-    kpad = max(kblocks, 1) * bwd.KB
-    lsep = np.zeros((nh, npad), f32)
-    dlp = np.zeros((nh, npad), f32)
-    lsep[:, :n] = lse
-    dlp[:, :n] = delta
-    dqp = np.zeros((nh, npad, width), f32)
-    dkp = np.zeros((nh, kpad, width), f32)
-    dvp = np.zeros((nh, kpad, width), f32)
-    lop = np.zeros(npad, i64)
-    hip = np.zeros(npad, i64)
-    lop[:n], hip[:n] = lo, hi
+    ins = [x if _strided_ok(x) else np.ascontiguousarray(x, f32)
+           for x in (q, k, v, do, lse, delta)]
+    outs = []
+    for x, rows in ((dq, n), (dk, nk), (dv, nk)):
+        if x is None or not _strided_ok(x):
+            x = np.zeros((nh, rows, width), f32)
+        else:
+            x[...] = 0
+        outs.append(x)
+    kblocks = -(-nk // bwd.KB) if n else 0
     j0 = np.arange(kblocks, dtype=i64) * bwd.KB
     # the rows that see key block [j0, j0 + KB): hi > j0 and lo < j0 + KB (lo, hi nondecreasing)
     rbeg = np.searchsorted(np.asarray(hi, i64), j0, side="right").astype(i64)
     rend = np.searchsorted(np.asarray(lo, i64), j0 + bwd.KB, side="left").astype(i64)
+    lo, hi = (np.ascontiguousarray(x, i64) for x in (lo, hi))
     scbits = int(np.array(scale, f32).view(np.uint32))
-    prm = np.array([n, nk, npad, kpad, kblocks] + [s // 4 for x in ops for s in x.strides[:2]]
-                   + [scbits], i64)
-    arrays = ops + [lsep, dlp, dqp, dkp, dvp, lop, hip, prm, rbeg, rend]
+    st = [s // 4 for x in ins[:4] for s in x.strides[:2]]
+    st2 = [s // 4 for x in ins[4:] + outs for s in x.strides[:2]]
+    prm = np.array([n, nk, kblocks] + st + [scbits] + st2, i64)
+    assert len(prm) == len(bwd.PARAMS)
+    arrays = ins + outs + [lo, hi, prm, rbeg, rend]
     argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
                                               for a in arrays])
-    run_jobs(exe.native, [(h, h + 1, argv) for h in range(nh)], num_threads())
+    if kblocks:
+        run_jobs(exe.native, [(h, h + 1, argv) for h in range(nh)], num_threads())
     STATS["native_backward_calls"] = STATS.get("native_backward_calls", 0) + 1
-    for out, buf in ((dq, dqp[:, :n]), (dk, dkp[:, :nk]), (dv, dvp[:, :nk])):
-        if out is not None:
-            out[...] = buf
+    for want, got in zip((dq, dk, dv), outs):
+        if want is not None and want is not got:
+            want[...] = got
 
 
 def _register() -> None:

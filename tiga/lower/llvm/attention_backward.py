@@ -22,18 +22,20 @@ scalar broadcast per row and 4 vector loads per step. The scale is folded into d
 dk need no final multiply. Memory: the packed key block, two BR x KB tiles (stack) and the
 outputs; never an N x N array.
 
-argv: q, k, v, do (read in place: head stride, row stride, unit element stride), lse, delta
-(H, Npad), dq (H, Npad, D), dk, dv (H, Kpad, D) (zeroed by the caller, padded so a tile's
-padding rows and keys write inside), lo, hi (Npad,), prm [n, nk, npad, kpad, kblocks,
-qhs, qrs, khs, krs, vhs, vrs, dhs, drs, scale bits], rbeg, rend (per key block). Padding rows
-(i >= n) have lo = hi = 0, so every key is masked for them; reads of rows and keys past the
-end are clamped to the last one (their probabilities are 0).
+argv: q, k, v, do (H, N, D), lse, delta (H, N), dq (H, N, D), dk, dv (H, Nk, D) (zeroed by
+the caller), all read and written in place through (head, row) strides with unit element
+stride; lo, hi (N,); prm (`PARAMS`: sizes, strides in elements, the scale's bits); rbeg,
+rend (per key block). A tile's padding rows (i >= n) get hi = 0, so every key is masked for
+them; reads past the last row or key are clamped to it (their probabilities are 0) and
+padding rows and keys accumulate into a stack row, never past an output's end.
 """
 from __future__ import annotations
 
 from .attention import W, _fma, _splat, _vexp, _vptr
 
 V = "<16 x float>"
+PARAMS = ("n", "nk", "kblocks", "qhs", "qrs", "khs", "krs", "vhs", "vrs", "dhs", "drs",
+          "scbits", "lhs", "lrs", "ehs", "ers", "gqhs", "gqrs", "gkhs", "gkrs", "gvhs", "gvrs")
 RB = 6        # query rows per register group
 BR = 48       # query rows per tile (RB groups)
 KB = 64       # keys per key block
@@ -126,6 +128,12 @@ def backward_ir(symbol: str, D: int) -> str:
                      ("dsbuf", BR * KB)):
         E(f"  %{nm}.a = alloca [{size} x float], align 64")
         E(f"  %{nm} = getelementptr [{size} x float], [{size} x float]* %{nm}.a, i64 0, i64 0")
+    # padding rows and keys (past n, nk) add their zeros into this row instead of the outputs
+    E(f"  %dummy.a = alloca [{D} x float], align 64")
+    E(f"  %dummy = getelementptr [{D} x float], [{D} x float]* %dummy.a, i64 0, i64 0")
+    for c in range(C):
+        p = _vgep(E, f"%dz{c}", "%dummy", c * W)
+        E(f"  store {V} zeroinitializer, {V}* {p}, align 4")
     names = ["q", "k", "v", "do", "lse", "delta", "dq", "dk", "dv", "lo", "hi", "prm",
              "rbeg", "rend"]
     ints = ("lo", "hi", "prm", "rbeg", "rend")
@@ -133,8 +141,7 @@ def backward_ir(symbol: str, D: int) -> str:
         E(f"  %{nm}.pp = getelementptr i8*, i8** %argv, i64 {i}")
         E(f"  %{nm}.p = load i8*, i8** %{nm}.pp")
         E(f"  %{nm} = bitcast i8* %{nm}.p to {'i64' if nm in ints else 'float'}*")
-    for i, nm in enumerate(["n", "nk", "npad", "kpad", "kblocks", "qhs", "qrs", "khs", "krs",
-                            "vhs", "vrs", "dhs", "drs", "scbits"]):
+    for i, nm in enumerate(PARAMS):
         E(f"  %{nm}.g = getelementptr i64, i64* %prm, i64 {i}")
         E(f"  %{nm} = load i64, i64* %{nm}.g")
     E("  %n1 = sub i64 %n, 1")
@@ -150,10 +157,8 @@ def backward_ir(symbol: str, D: int) -> str:
     E("job.body:")
     for x in ("q", "k", "v", "d"):
         E(f"  %{x}base = mul i64 %h, %{x}hs")
-    E("  %sbase = mul i64 %h, %npad")       # lse / delta
-    E("  %qrowbase = mul i64 %sbase, " + str(D))     # dq
-    E("  %kh = mul i64 %h, %kpad")
-    E(f"  %krowbase = mul i64 %kh, {D}")    # dk / dv
+    for x in ("l", "e", "gq", "gk", "gv"):
+        E(f"  %{x}base = mul i64 %h, %{x}hs")
     E("  br label %kb.head")
     # ---- key blocks --------------------------------------------------------------------
     E("kb.head:")
@@ -232,25 +237,30 @@ def backward_ir(symbol: str, D: int) -> str:
     for r in range(RB):
         E(f"  %row{r} = add i64 %grow, {r}")
         E(f"  %tr{r} = add i64 %gr, {r}")
-        E(f"  %lo{r}.g = getelementptr i64, i64* %lo, i64 %row{r}")
+        E(f"  %rowc{r} = call i64 @llvm.smin.i64(i64 %row{r}, i64 %n1)")
+        E(f"  %valid{r} = icmp slt i64 %row{r}, %n")
+        E(f"  %lo{r}.g = getelementptr i64, i64* %lo, i64 %rowc{r}")
         E(f"  %lo{r} = load i64, i64* %lo{r}.g")
-        E(f"  %hi{r}.g = getelementptr i64, i64* %hi, i64 %row{r}")
-        E(f"  %hi{r} = load i64, i64* %hi{r}.g")
+        E(f"  %hi{r}.g = getelementptr i64, i64* %hi, i64 %rowc{r}")
+        E(f"  %hi{r}.l = load i64, i64* %hi{r}.g")
+        E(f"  %hi{r} = select i1 %valid{r}, i64 %hi{r}.l, i64 0")
         E(f"  %lo{r}.t = trunc i64 %lo{r} to i32")
         E(f"  %hi{r}.t = trunc i64 %hi{r} to i32")
         E.extend(_splat(f"%lov{r}", f"%lo{r}.t", "i32"))
         E.extend(_splat(f"%hiv{r}", f"%hi{r}.t", "i32"))
-        E(f"  %rowc{r} = call i64 @llvm.smin.i64(i64 %row{r}, i64 %n1)")
         E(f"  %qr{r}.a = mul i64 %rowc{r}, %qrs")
         E(f"  %qr{r} = add i64 %qr{r}.a, %qbase")
         E(f"  %dr{r}.a = mul i64 %rowc{r}, %drs")
         E(f"  %dr{r} = add i64 %dr{r}.a, %dbase")
-        E(f"  %st{r} = add i64 %sbase, %row{r}")
+        E(f"  %st{r}.a = mul i64 %rowc{r}, %lrs")
+        E(f"  %st{r} = add i64 %st{r}.a, %lbase")
+        E(f"  %se{r}.a = mul i64 %rowc{r}, %ers")
+        E(f"  %se{r} = add i64 %se{r}.a, %ebase")
         _gep(E, f"%lse{r}.g", "%lse", f"%st{r}")
         E(f"  %lse{r} = load float, float* %lse{r}.g")
         E(f"  %nlse{r} = fneg float %lse{r}")
         E.extend(_splat(f"%nlsev{r}", f"%nlse{r}"))
-        _gep(E, f"%dl{r}.g", "%delta", f"%st{r}")
+        _gep(E, f"%dl{r}.g", "%delta", f"%se{r}")
         E(f"  %dl{r} = load float, float* %dl{r}.g")
         E.extend(_splat(f"%dlv{r}", f"%dl{r}"))
     mlo, mhi = "%lo0", "%hi0"
@@ -315,11 +325,12 @@ def backward_ir(symbol: str, D: int) -> str:
         acc = {}
         ptrs = {}
         for r in range(RB):
-            E(f"  %dqr{ci}_{r}.a = add i64 %sbase, %row{r}")
-            E(f"  %dqr{ci}_{r} = mul i64 %dqr{ci}_{r}.a, {D}")
+            E(f"  %dqr{ci}_{r}.a = mul i64 %rowc{r}, %gqrs")
+            E(f"  %dqr{ci}_{r}.b = add i64 %dqr{ci}_{r}.a, %gqbase")
+            _gep(E, f"%dqr{ci}_{r}.p", "%dq", f"%dqr{ci}_{r}.b")
+            E(f"  %dqr{ci}_{r} = select i1 %valid{r}, float* %dqr{ci}_{r}.p, float* %dummy")
             for c in cols:
-                E(f"  %dqo{r}_{c} = add i64 %dqr{ci}_{r}, {c * W}")
-                ptrs[(r, c)] = _vgep(E, f"%dqp{r}_{c}", "%dq", f"%dqo{r}_{c}")
+                ptrs[(r, c)] = _vgep(E, f"%dqp{r}_{c}", f"%dqr{ci}_{r}", c * W)
                 E(f"  %dqi{r}_{c} = load {V}, {V}* {ptrs[(r, c)]}, align 4")
                 acc[(r, c)] = f"%dqi{r}_{c}"
 
@@ -355,20 +366,24 @@ def backward_ir(symbol: str, D: int) -> str:
     E("  br i1 %kg.more, label %kg.body, label %dk.done")
     E("kg.body:")
     E(f"  %kj = mul i64 %kg, {KR}")
-    E("  %kjh = add i64 %kh, %j0")
+    E("  %kjh = add i64 %j0, %kj")
     pre = "kg.body"
     for ci, cols in enumerate(chunks):
         for which, buf, src, arr in (("v", "pbuf", "d", "do"), ("k", "dsbuf", "q", "q")):
             out = f"%d{which}"
+            g = f"%g{which}"
             acc, ptrs = {}, {}
             for a in range(KR):
-                E(f"  %o{which}{ci}_{a}.k = add i64 %kj, {a}")
-                E(f"  %o{which}{ci}_{a}.r = add i64 %kjh, %o{which}{ci}_{a}.k")
-                E(f"  %o{which}{ci}_{a}.b = mul i64 %o{which}{ci}_{a}.r, {D}")
+                o = f"%acc{which}{ci}_{a}"
+                E(f"  {o}.k = add i64 %kjh, {a}")
+                E(f"  {o}.v = icmp slt i64 {o}.k, %nk")
+                E(f"  {o}.r = mul i64 {o}.k, {g}rs")
+                E(f"  {o}.b = add i64 {o}.r, {g}base")
+                _gep(E, f"{o}.p", out, f"{o}.b")
+                E(f"  {o} = select i1 {o}.v, float* {o}.p, float* %dummy")
                 for c in cols:
                     x = f"{which}{a}_{c}"
-                    E(f"  %oo{x} = add i64 %o{which}{ci}_{a}.b, {c * W}")
-                    ptrs[(a, c)] = _vgep(E, f"%op{x}", out, f"%oo{x}")
+                    ptrs[(a, c)] = _vgep(E, f"%op{x}", o, c * W)
                     E(f"  %oi{x} = load {V}, {V}* {ptrs[(a, c)]}, align 4")
                     acc[(a, c)] = f"%oi{x}"
 
