@@ -125,7 +125,7 @@ def backward_ir(symbol: str, D: int) -> str:
     E(f"define void @{symbol}(i64 %begin, i64 %end, i8** %argv) {{")
     E("entry:")
     for nm, size in (("ktb", D * KB), ("vtb", D * KB), ("kbb", KB * D), ("pbuf", BR * KB),
-                     ("dsbuf", BR * KB)):
+                     ("dsbuf", BR * KB), ("qtile", BR * D), ("dotile", BR * D)):
         E(f"  %{nm}.a = alloca [{size} x float], align 64")
         E(f"  %{nm} = getelementptr [{size} x float], [{size} x float]* %{nm}.a, i64 0, i64 0")
     # padding rows and keys (past n, nk) add their zeros into this row instead of the outputs
@@ -226,9 +226,29 @@ def backward_ir(symbol: str, D: int) -> str:
     E(f"  %left.g = add i64 %left.c, {RB - 1}")
     E(f"  %ngroups = udiv i64 %left.g, {RB}")
     E(f"  %trows = mul i64 %ngroups, {RB}")
-    E("  br label %grp.head")
+    # the tile's q and dO rows copied to the stack: rows of a (N, H, D) field lie H * D
+    # apart (4 KiB at H = 16, D = 64), and walking them conflicts in the L1 cache's sets
+    E("  br label %cp.head")
+    E("cp.head:")
+    E("  %ct = phi i64 [ 0, %tile.body ], [ %ct.next, %cp.head ]")
+    E("  %ct.row = add i64 %i0, %ct")
+    E("  %ct.rowc = call i64 @llvm.smin.i64(i64 %ct.row, i64 %n1)")
+    E(f"  %ct.dst = mul i64 %ct, {D}")
+    for src, arr, buf in (("q", "q", "qtile"), ("d", "do", "dotile")):
+        E(f"  %ct.{src}r = mul i64 %ct.rowc, %{src}rs")
+        E(f"  %ct.{src}b = add i64 %ct.{src}r, %{src}base")
+        for c in range(C):
+            E(f"  %ct.{src}o{c} = add i64 %ct.{src}b, {c * W}")
+            p = _vgep(E, f"%ct.{src}p{c}", f"%{arr}", f"%ct.{src}o{c}")
+            E(f"  %ct.{src}v{c} = load {V}, {V}* {p}, align 4")
+            E(f"  %ct.{src}d{c} = add i64 %ct.dst, {c * W}")
+            p = _vgep(E, f"%ct.{src}q{c}", f"%{buf}", f"%ct.{src}d{c}")
+            E(f"  store {V} %ct.{src}v{c}, {V}* {p}, align 64")
+    E("  %ct.next = add i64 %ct, 1")
+    E("  %ct.more = icmp slt i64 %ct.next, %trows")
+    E("  br i1 %ct.more, label %cp.head, label %grp.head")
     E("grp.head:")
-    E(f"  %g = phi i64 [ 0, %tile.body ], [ %g.next, %dq{len(chunks) - 1}.exit ]")
+    E(f"  %g = phi i64 [ 0, %cp.head ], [ %g.next, %dq{len(chunks) - 1}.exit ]")
     E("  %g.more = icmp slt i64 %g, %ngroups")
     E("  br i1 %g.more, label %grp.body, label %grp.exit")
     E("grp.body:")
@@ -248,10 +268,8 @@ def backward_ir(symbol: str, D: int) -> str:
         E(f"  %hi{r}.t = trunc i64 %hi{r} to i32")
         E.extend(_splat(f"%lov{r}", f"%lo{r}.t", "i32"))
         E.extend(_splat(f"%hiv{r}", f"%hi{r}.t", "i32"))
-        E(f"  %qr{r}.a = mul i64 %rowc{r}, %qrs")
-        E(f"  %qr{r} = add i64 %qr{r}.a, %qbase")
-        E(f"  %dr{r}.a = mul i64 %rowc{r}, %drs")
-        E(f"  %dr{r} = add i64 %dr{r}.a, %dbase")
+        E(f"  %qr{r} = mul i64 %tr{r}, {D}")     # the row in qtile and dotile
+        E(f"  %dr{r} = mul i64 %tr{r}, {D}")
         E(f"  %st{r}.a = mul i64 %rowc{r}, %lrs")
         E(f"  %st{r} = add i64 %st{r}.a, %lbase")
         E(f"  %se{r}.a = mul i64 %rowc{r}, %ers")
@@ -295,7 +313,7 @@ def backward_ir(symbol: str, D: int) -> str:
         return f
 
     # S = Q K^T -> P
-    s = _fma_loop(E, "qk", "grp.body", zero, D, 4, row_scalars("q", "q"), key_rows("ktb"))
+    s = _fma_loop(E, "qk", "grp.body", zero, D, 4, row_scalars("q", "qtile"), key_rows("ktb"))
     for r in range(RB):
         for u in range(NK):
             E(_fma(f"%sx{r}_{u}", s[(r, u)], "%scalev", f"%nlsev{r}"))
@@ -311,7 +329,7 @@ def backward_ir(symbol: str, D: int) -> str:
             p = _vgep(E, f"%pbp{r}_{u}", "%pbuf", f"%pbo{r}_{u}")
             E(f"  store {V} %P{r}_{u}, {V}* {p}, align 4")
     # dP = dO V^T -> dS = P (dP - delta) scale
-    dp = _fma_loop(E, "dv", "qk.exit", zero, D, 4, row_scalars("d", "do"), key_rows("vtb"))
+    dp = _fma_loop(E, "dv", "qk.exit", zero, D, 4, row_scalars("d", "dotile"), key_rows("vtb"))
     for r in range(RB):
         for u in range(NK):
             E(f"  %dd{r}_{u} = fsub {V} {dp[(r, u)]}, %dlv{r}")
@@ -369,7 +387,7 @@ def backward_ir(symbol: str, D: int) -> str:
     E("  %kjh = add i64 %j0, %kj")
     pre = "kg.body"
     for ci, cols in enumerate(chunks):
-        for which, buf, src, arr in (("v", "pbuf", "d", "do"), ("k", "dsbuf", "q", "q")):
+        for which, buf, arr in (("v", "pbuf", "dotile"), ("k", "dsbuf", "qtile")):
             out = f"%d{which}"
             g = f"%g{which}"
             acc, ptrs = {}, {}
@@ -396,11 +414,8 @@ def backward_ir(symbol: str, D: int) -> str:
                     out[a] = _gep(E, f"{t}.pg{a}", f"%{buf}", f"{t}.po{a}")
                 return out
 
-            def src_rows(t, src=src, arr=arr, cols=cols):
-                E(f"  {t}.row = add i64 %i0, {t}")
-                E(f"  {t}.rowc = call i64 @llvm.smin.i64(i64 {t}.row, i64 %n1)")
-                E(f"  {t}.ro = mul i64 {t}.rowc, %{src}rs")
-                E(f"  {t}.rb = add i64 {t}.ro, %{src}base")
+            def src_rows(t, arr=arr, cols=cols):
+                E(f"  {t}.rb = mul i64 {t}, {D}")
                 out = {}
                 for c in cols:
                     E(f"  {t}.so{c} = add i64 {t}.rb, {c * W}")
