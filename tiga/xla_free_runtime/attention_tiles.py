@@ -10,8 +10,9 @@ Memory: one BLOCK_M x BLOCK_N tile per head and thread plus O(N) per-row statist
 N x N array. Rows with an empty range finalize to 0 (max 0, mass 0), the reducer convention.
 
 These tiles (batched OpenBLAS products, one BLAS thread per tile job, vectorised numpy softmax
-update) run float64, head widths that are not a multiple of 16, pruning, and the backward
-(dq, dk, dv). The float32 forward has an LLVM micro-kernel instead (`lower.llvm.attention`).
+update) run float64, head widths that are not a multiple of 16, pruning, and their backward
+(dq, dk, dv). float32 with a head width multiple of 16 has LLVM micro-kernels instead
+(`lower.llvm.attention` forward, `lower.llvm.attention_backward` backward).
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ needs. The work runs in tiles: a block of destination rows against a block of so
 for all heads at once, with running (max, mass, accumulator) per row and head; no N x N
 score or probability array exists, only one tile. `lower.llvm.attention` generates the LLVM
 micro-kernel of the float32 forward; `attention_tiles` holds the numpy/BLAS tiles for the rest
-(float64, other head widths, pruning, the backward); threads take whole row blocks.
+(float64, other head widths, pruning); threads take whole row blocks. The float32 backward
+(dq, dk, dv in one pass per head) is `lower.llvm.attention_backward`.
 
 The forward keeps its per-row (max, mass) for the output it produced; the VJP's row max and
 row mass propagates, which read that output, are answered from it without recomputing.
@@ -227,7 +228,11 @@ class AttentionPlan:
         native = self.kind == "forward" and p["reducer"].prune_threshold is None and \
             _native_ok(*(_avals(eqn, i) for i in (self.pattern.q, self.pattern.k,
                                                  self.pattern.v)), _avals(eqn, None))
-        ex.schedule = (f"tiled streaming attention: {num_threads()} thread(s) take whole row "
+        # dq, (dk, dv) and dq alone: the LLVM backward kernel (dq alone drops its dk and dv)
+        bnative = self.kind in ("dq", "dkdv", "dkdvq") and _bwd_native_ok(
+            *(_avals(eqn, i) for i in (0, 1, 2, 4)), _avals(eqn, None))
+        ex.schedule = _bwd_schedule() if bnative else (
+            f"tiled streaming attention: {num_threads()} thread(s) take whole row "
                        "blocks; " + (
                            f"LLVM micro-kernel (float32): {kernel.RB} query rows x {kernel.KS} "
                            "keys per register tile, <16 x float> accumulators, polynomial "
@@ -248,7 +253,12 @@ class AttentionPlan:
                                   f"than {prune} below the running max skip their value "
                                   f"loads; last call skipped {STATS['blocks_skipped']} of "
                                   f"{STATS['blocks_total']} blocks"))
-        if native:
+        if bnative:
+            from .cache import CACHE
+            width = eqn.inputs[1].type.shape[-1]
+            ex.cache_lines.append(f"{what[self.kind]}: LLVM backward kernel (width {width}) "
+                                  f"{CACHE.status(_bwd_native_key(width))}")
+        elif native:
             from .cache import CACHE
             width = eqn.inputs[1 + self.pattern.q].type.shape[-1]
             ex.cache_lines.append(f"{what[self.kind]}: LLVM forward kernel (width {width}) "
@@ -528,6 +538,16 @@ def _bwd_native_ok(q, k, v, do, dtype) -> bool:
             and all(x.dtype == np.float32 for x in (q, k, v, do))
             and q.shape[-1] % bwd.W == 0 and q.shape[-1] <= 256
             and v.shape[-1] == q.shape[-1] == k.shape[-1] == do.shape[-1])
+
+
+def _bwd_schedule() -> str:
+    from ..lower.llvm import attention_backward as bwd
+    return (f"attention backward: LLVM micro-kernel (float32), one job per head on "
+            f"{num_threads()} thread(s) (a head's dq, dk, dv belong to one thread); per key "
+            f"block of {bwd.KB} keys, the query rows that see it in tiles of {bwd.BR}: S and "
+            f"P = exp(S * scale - lse) recomputed in registers ({bwd.RB} rows x {bwd.KB} keys "
+            "of <16 x float>), dS = P (dP - delta); dq += dS K, dv += P^T dO, dk += dS^T Q "
+            "as register-blocked FMA tiles, written in place through the operands' strides")
 
 
 def _bwd_native_key(width: int) -> str:
