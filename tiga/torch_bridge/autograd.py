@@ -21,6 +21,7 @@ from ..trace import call_cache
 from ..trace.rewrites import (
     fuse_relation_walks,
     hoist_linear_projections,
+    save_residuals,
     simplify_edge_functions,
 )
 from ..trace.staging import leaf_value
@@ -155,7 +156,10 @@ def explain_call_torch(call):
               "recomputing it")
     explanation.vjp_route = (
         "torch.autograd backward runs Tiga's compiled VJP program (not a torch replay); "
-        f"{primal}. Edge functions (MLPs from tg.nn.trace "
+        f"{primal}; forward intermediates the VJP would replay (hoisted entity rows, "
+        "propagate results, degrees) are returned by the forward and saved for backward; "
+        "the VJP's sum propagates over one radius/knn relation share one walk (source-"
+        "grouped ones too when the relation is symmetric). Edge functions (MLPs from tg.nn.trace "
         "included) are re-evaluated per edge inside the VJP kernels, so no "
         "(num_edges, hidden) activation tape exists; " + (
             "parameters still read per edge get their gradients folded over all edges "
@@ -267,14 +271,49 @@ class _Run:
         self.device = torch_in[0].device if torch_in else torch.device("cpu")
         self.out_specs: list = []  # (shape, numpy dtype) per output; cotangents match them
         self.outs: list = []       # the forward's outputs, read by the VJP program
+        self.residuals: list = []  # forward intermediates the VJP program reads
 
     def forward(self) -> list:
-        outs = _runner(self.route)(self.program, self.args)
+        program = self.program
+        if any(self.wrt):   # the forward also returns the values its VJP would recompute
+            program = self._derived()[0]
+        outs = _runner(self.route)(program, self.args)
+        n_out = len(self.program.outs)
+        outs, self.residuals = outs[:n_out], list(outs[n_out:])
         outs = [np.asarray(o, t.dtype.np) for o, t in zip(outs, self.program.out_types)]
         self.out_specs = [(o.shape, o.dtype) for o in outs]
         if any(self.wrt):
             self.outs = outs
         return [to_torch(o).to(self.device) for o in outs]
+
+    def _derived(self) -> tuple:
+        """(forward program returning its outputs then the residuals, VJP program taking
+        (*ins, *cts, *outs, *residuals)); derived once per signature, requires-grad pattern
+        and relation kinds."""
+        kinds = {id(v): _relation_kind(a) for v, a in zip(self.program.in_binders, self.args)
+                 if isinstance(v.type, GraphType)}
+        key = (tuple(self.wrt), tuple(kinds.values()))
+        hit = self.vjps.get(key)
+        if hit is not None:
+            return hit
+        n_out = len(self.program.outs)
+        full = _reading_outputs(vjp_program(self.program, self.wrt), n_out)
+        # only the cotangents: the primal outputs are already known, and a sum-like
+        # reducer's VJP does not read them, so their recomputation is dead code
+        vjp = simplify_edge_functions(dce(full, keep_outputs=range(n_out, len(full.outs))))
+        forward = self.program
+        # values the VJP replays from the forward (hoisted entity rows, a propagate whose
+        # result a rule reads) are returned by the forward and read, not recomputed
+        saved = save_residuals(forward, vjp)
+        if saved is not None:
+            forward, vjp = saved
+        # the VJP's walks over one radius/knn relation (destination and source cotangents)
+        # become one walk; the VJP program's graph binders are the forward's, in place
+        by_pos = {id(v): kinds.get(id(w)) for v, w in zip(vjp.in_binders,
+                                                         self.program.in_binders)}
+        vjp = fuse_relation_walks(vjp, lambda v: by_pos.get(id(v)))
+        hit = self.vjps[key] = (forward, vjp)
+        return hit
 
     def backward(self, grad_outs) -> list:
         """Gradients for `self.inputs` from output cotangents (None reads as zeros)."""
@@ -282,23 +321,9 @@ class _Run:
         for g, (shape, dtype) in zip(grad_outs, self.out_specs):
             cts.append(np.zeros(shape, dtype) if g is None
                        else np.asarray(to_numpy(g, "output cotangent"), dtype))
-        kinds = {id(v): _relation_kind(a) for v, a in zip(self.program.in_binders, self.args)
-                 if isinstance(v.type, GraphType)}
-        key = (tuple(self.wrt), tuple(kinds.values()))
-        vjp = self.vjps.get(key)
-        if vjp is None:   # derived once per signature, requires-grad pattern, relation kind
-            full = _reading_outputs(vjp_program(self.program, self.wrt), len(self.out_specs))
-            # only the cotangents: the primal outputs are already known, and a sum-like
-            # reducer's VJP does not read them, so their recomputation is dead code
-            n_out = len(self.out_specs)
-            vjp = simplify_edge_functions(dce(full, keep_outputs=range(n_out, len(full.outs))))
-            # the VJP's walks over one radius/knn relation (recomputed forward aggregate,
-            # destination and source cotangents) become one walk; the VJP program's graph
-            # binders are the forward's, in the same positions
-            by_pos = {id(v): kinds.get(id(w)) for v, w in zip(vjp.in_binders,
-                                                             self.program.in_binders)}
-            vjp = self.vjps[key] = fuse_relation_walks(vjp, lambda v: by_pos.get(id(v)))
-        grads = _runner(self.route)(vjp, list(self.args) + cts + list(self.outs))
+        vjp = self._derived()[1]
+        grads = _runner(self.route)(vjp, list(self.args) + cts + list(self.outs) +
+                                    list(self.residuals))
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]
 
