@@ -34,6 +34,7 @@ from .walks import walk_for
 
 DRIVER_SUFFIX = "_drive"    # the chunk-loop entry point next to every kernel
 PREFETCH_DISTANCE = 16   # edges ahead; covers the memory latency at a few ns per edge
+PREFETCH_LOCALITY = 3    # llvm.prefetch locality: 3 = all cache levels (prefetcht0)
 PREFETCH_MAX_BYTES = 512  # rows longer than this are prefetched on their first lines only
 CACHE_LINE = 64
 # Independent accumulators per row for reassociable folds (sum/mean over float32/float64 or
@@ -356,7 +357,8 @@ class _KernelBuilder:
     def _prefetch_at(self, ptr, off: int) -> None:
         b, i32 = self.b, ir.IntType(32)
         addr = ptr if off == 0 else b.gep(ptr, [i64(off)], source_etype=I8)
-        b.call(self.ctx.prefetch_fn(), [addr, ir.Constant(i32, 0), ir.Constant(i32, 3),
+        b.call(self.ctx.prefetch_fn(), [addr, ir.Constant(i32, 0),
+                                        ir.Constant(i32, PREFETCH_LOCALITY),
                                         ir.Constant(i32, 1)])
 
     def _misaligned(self, i: int):
