@@ -433,19 +433,23 @@ def forward_ir(symbol: str, D: int) -> str:
     A("  %tc.a = sub i64 %kmax, %j")
     A(f"  %tc = call i64 @llvm.smin.i64(i64 %tc.a, i64 {KS})")
     A(f"  %tc4 = sub i64 %tc, {PV_UNROLL - 1}")
+    # V rows through a pointer stepped by the row stride (a multiply per key would take
+    # an FMA port's slot)
+    A("  %vj.a = mul i64 %j, %vrs")
+    A("  %vj = add i64 %vj.a, %vh")
+    A("  %vrow0 = getelementptr float, float* %v, i64 %vj")
+    A(f"  %vstep = mul i64 %vrs, {PV_UNROLL}")
     A("  br label %pv.head")
 
-    def pv_body(label, tvar, count, src, dst_fmt):
+    def pv_body(label, tvar, ptr, count, src, dst_fmt):
         cur = dict(src)
         for tt in range(count):
             x = f"{label}{tt}"
             A(f"  %tt{x} = add i64 {tvar}, {tt}")
-            A(f"  %vkey{x} = add i64 %j, %tt{x}")
-            A(f"  %vrow{x} = mul i64 %vkey{x}, %vrs")
-            A(f"  %voff{x} = add i64 %vrow{x}, %vh")
+            A(f"  %vro{x} = mul i64 %vrs, {tt}")
+            A(f"  %vr{x} = getelementptr float, float* {ptr}, i64 %vro{x}")
             for c in range(C):
-                A(f"  %vo{x}_{c} = add i64 %voff{x}, {c * W}")
-                L.extend(_vptr(f"%vp{x}_{c}", "%v", f"%vo{x}_{c}"))
+                L.extend(_vptr(f"%vp{x}_{c}", f"%vr{x}", c * W))
                 A(f"  %V{x}_{c} = load {V}, {V}* %vp{x}_{c}v, align 4")
             for r in range(RB):
                 A(f"  %pi{r}_{x} = add i64 %tt{x}, {r * KS}")
@@ -459,27 +463,31 @@ def forward_ir(symbol: str, D: int) -> str:
 
     A("pv.head:")
     A("  %t = phi i64 [ 0, %qk.done ], [ %t.next, %pv.loop ]")
+    A("  %vq = phi float* [ %vrow0, %qk.done ], [ %vq.next, %pv.loop ]")
     for r in range(RB):
         for c in range(C):
             A(f"  %ov{r}_{c} = phi {V} [ %oa{r}_{c}, %qk.done ], [ %on{r}_{c}, %pv.loop ]")
     A("  %t.more = icmp slt i64 %t, %tc4")
     A("  br i1 %t.more, label %pv.loop, label %pv.tail")
     A("pv.loop:")
-    pv_body("u", "%t", PV_UNROLL, {(r, c): f"%ov{r}_{c}" for r in range(RB) for c in range(C)},
-            "%on{r}_{c}")
+    pv_body("u", "%t", "%vq", PV_UNROLL,
+            {(r, c): f"%ov{r}_{c}" for r in range(RB) for c in range(C)}, "%on{r}_{c}")
     A(f"  %t.next = add i64 %t, {PV_UNROLL}")
+    A("  %vq.next = getelementptr float, float* %vq, i64 %vstep")
     A("  br label %pv.head")
     A("pv.tail:")
     A("  %tq = phi i64 [ %t, %pv.head ], [ %tq.next, %pv.one ]")
+    A("  %vt = phi float* [ %vq, %pv.head ], [ %vt.next, %pv.one ]")
     for r in range(RB):
         for c in range(C):
             A(f"  %ot{r}_{c} = phi {V} [ %ov{r}_{c}, %pv.head ], [ %oq{r}_{c}, %pv.one ]")
     A("  %tq.more = icmp slt i64 %tq, %tc")
     A("  br i1 %tq.more, label %pv.one, label %pv.done")
     A("pv.one:")
-    pv_body("q", "%tq", 1, {(r, c): f"%ot{r}_{c}" for r in range(RB) for c in range(C)},
+    pv_body("q", "%tq", "%vt", 1, {(r, c): f"%ot{r}_{c}" for r in range(RB) for c in range(C)},
             "%oq{r}_{c}")
     A("  %tq.next = add i64 %tq, 1")
+    A("  %vt.next = getelementptr float, float* %vt, i64 %vrs")
     A("  br label %pv.tail")
     A("pv.done:")
     A(f"  %j.next = add i64 %j, {KS}")
