@@ -20,17 +20,19 @@ import numpy as np
 # contiguous 16 KiB block (a (H, D, Kpad) layout puts the tile's 64 rows Kpad * 4 bytes apart,
 # and at N = 4096 those rows all fall into the same few L1 sets).
 #
-# Phase 1, (head, block of GB * RB query rows): the block's running state (max, mass,
-# unnormalised accumulator) lives on the kernel's stack. For each key block of KB keys, each
-# group of RB query rows reloads its state, walks its keys KS = NV * 16 at a time and stores
-# it back, so the key block's K^T and V tiles stay in cache while GB row groups pass over
-# them; the job ends by writing out = acc / mass (strided, in place), top and mass. Per KS
-# keys: the raw scores are a loop over d (4 per trip) with RB x NV <16 x float> sums in
-# registers (6 x 4: 24 accumulators, 4 K^T loads and 6 q broadcasts per 24 FMAs); the softmax
-# update takes one max, one mass reduction and one rescale per row and step, and
-# p = exp(fma(s, scale, -max)) (scale > 0: the max of the scaled scores is scale times the
-# raw max); P @ V is a loop over the step's keys up to the group's last admissible one, with
-# the RB x D/16 output vectors in registers. Rows whose range excludes a key mask it to -inf.
+# Phase 1, (head, block of GB * RB query rows): the block's running state (reference max,
+# mass, unnormalised accumulator, lane-wise raw max) lives on the kernel's stack. For each
+# key block of KB keys, each group of RB query rows reloads its state, walks its keys
+# KS = NV * 16 at a time and stores it back, so the key block's K^T and V tiles stay in cache
+# while GB row groups pass over them; the job ends by writing out = acc / mass (strided, in
+# place), top (the true row max) and mass (rescaled to it). Per KS keys: the raw scores are
+# a loop over d (4 per trip) with RB x NV <16 x float> sums in registers (6 x 4: 24
+# accumulators, 4 K^T loads and 6 q broadcasts per 24 FMAs); p = exp(fma(s, scale, -m))
+# against the row's reference m, which moves (row max reduction, rescale of mass and
+# accumulator) only in steps where a score exceeds it by more than LAZY (scale > 0: the max
+# of the scaled scores is scale times the raw max); P @ V is a loop over the step's keys up
+# to the group's last admissible one, with the RB x D/16 output vectors in registers. Rows
+# whose range excludes a key mask it to -inf.
 # argv: q (strided), k (strided), kt, v (strided), out (strided), top/mass (H, Nq), lo/hi
 # (Npad,), prm, glo/ghi per row group (KS-aligned key range), blo/bhi per row block.
 # Measured (benchmarks/attention.py): 6 x 64 beat 4 x 16, 4 x 32, 4 x 64 and 8 x 64 (spills).
@@ -41,6 +43,7 @@ KB = 256     # keys per key block
 NV = 4       # <16 x float> score vectors per row and step: KS = NV * W keys per step
 KS = NV * W
 PV_UNROLL = 4   # keys per trip of the P @ V loop
+LAZY = 8.0      # p <= e^LAZY between moves of a row's reference max (measured 3-5% faster)
 V = "<16 x float>"
 PRM = ("npad", "kpad", "nks", "qblocks", "nq", "nk", "qhs", "qrs", "vhs", "vrs", "scbits",
        "khs", "krs", "ohs", "ors", "phase")
@@ -203,6 +206,8 @@ def forward_ir(symbol: str, D: int) -> str:
     A(f"  %mb0 = getelementptr [{ROWS} x float], [{ROWS} x float]* %mb, i64 0, i64 0")
     A(f"  %lb = alloca [{ROWS} x float], align 64")
     A(f"  %lb0 = getelementptr [{ROWS} x float], [{ROWS} x float]* %lb, i64 0, i64 0")
+    A(f"  %mv = alloca [{ROWS * W} x float], align 64")
+    A(f"  %mv0 = getelementptr [{ROWS * W} x float], [{ROWS * W} x float]* %mv, i64 0, i64 0")
     names = ["q", "k", "kt", "v", "out", "top", "mass", "lo", "hi", "prm", "glo", "ghi",
              "blo", "bhi"]
     for i, nm in enumerate(names):
@@ -218,6 +223,7 @@ def forward_ir(symbol: str, D: int) -> str:
     A("  %scbits.t = trunc i64 %scbits to i32")
     A("  %scale = bitcast i32 %scbits.t to float")
     L.extend(_splat("%scalev", "%scale"))
+    A("  %invscale = fdiv float 1.0, %scale")
     A("  %is.pack = icmp eq i64 %phase, 0")
     A("  br i1 %is.pack, label %pack.entry, label %main.entry")
     A("pack.entry:")
@@ -254,6 +260,8 @@ def forward_ir(symbol: str, D: int) -> str:
     A(f"  store float {NEG}, float* %imp")
     A("  %ilp = getelementptr float, float* %lb0, i64 %ii")
     A("  store float 0.0, float* %ilp")
+    L.extend(_vptr("%imv", "%mv0", "%iio"))
+    A(f"  store {V} <" + ", ".join([f"float {NEG}"] * W) + f">, {V}* %imvv, align 64")
     A("  br label %init.next")
     A("init.next:")
     A("  %ii.next = add i64 %ii, 1")
@@ -311,6 +319,8 @@ def forward_ir(symbol: str, D: int) -> str:
         A(f"  %m{r}.in = load float, float* %tp{r}")
         A(f"  %mp{r} = getelementptr float, float* %lb0, i64 %lr{r}")
         A(f"  %l{r}.in = load float, float* %mp{r}")
+        A(f"  %mvo{r}.i = mul i64 %lr{r}, {W}")
+        L.extend(_vptr(f"%mvp{r}", "%mv0", f"%mvo{r}.i"))
         for c in range(C):
             A(f"  %yo{r}_{c} = add i64 %so{r}, {c * W}")
             L.extend(_vptr(f"%yp{r}_{c}", "%st0", f"%yo{r}_{c}"))
@@ -393,25 +403,43 @@ def forward_ir(symbol: str, D: int) -> str:
         for u in range(NV):
             sp = f"%sp{r}_{u}"
             A(f"  %S{r}_{u} = phi {V} [ {sp}, %qk.exit ], [ %Sx{r}_{u}, %qk.mask ]")
+    # ---- softmax update. The rows' reference m (the max of the scores before a lazy
+    # step) moves only when a score exceeds it by more than LAZY: otherwise p = exp(s - m)
+    # <= e^LAZY, and the step skips the row max reductions, the rescale exp and the
+    # accumulator rescale. The true row max (for `top`) is a lane-wise running max in
+    # memory, reduced once per row at the end.
+    anyv, lane_max = None, []
     for r in range(RB):
         top_v = f"%S{r}_0"
         for u in range(1, NV):
             A(f"  %Sm{r}_{u} = call nnan {V} @llvm.maxnum.v16f32({V} {top_v}, {V} %S{r}_{u})")
             top_v = f"%Sm{r}_{u}"
-        A(f"  %mxr{r} = call nnan float @llvm.vector.reduce.fmax.v16f32({V} {top_v})")
+        lane_max.append(top_v)
+        A(f"  %mvo{r} = load {V}, {V}* %mvp{r}v, align 64")
+        A(f"  %mvn{r} = call nnan {V} @llvm.maxnum.v16f32({V} %mvo{r}, {V} {top_v})")
+        A(f"  store {V} %mvn{r}, {V}* %mvp{r}v, align 64")
+        # raw scores above (m + LAZY) / scale (m = -inf: any finite score)
+        A(f"  %thr{r}.a = fadd float %m{r}, {_fconst(LAZY)}")
+        A(f"  %thr{r} = fmul float %thr{r}.a, %invscale")
+        L.extend(_splat(f"%thrv{r}", f"%thr{r}"))
+        A(f"  %gt{r} = fcmp ogt {V} {top_v}, %thrv{r}")
+        if anyv is None:
+            anyv = f"%gt{r}"
+        else:
+            A(f"  %gto{r} = or <16 x i1> {anyv}, %gt{r}")
+            anyv = f"%gto{r}"
+    A(f"  %gtbits = bitcast <16 x i1> {anyv} to i16")
+    A("  %moved = icmp ne i16 %gtbits, 0")
+    A("  br i1 %moved, label %sm.move, label %sm.join")
+    A("sm.move:")
+    for r in range(RB):
+        A(f"  %mxr{r} = call nnan float @llvm.vector.reduce.fmax.v16f32({V} {lane_max[r]})")
         # scale > 0 (the runtime checks): max(scale * s) = scale * max(s), rounding included
         A(f"  %mx{r} = fmul float %mxr{r}, %scale")
-        A(f"  %mn{r} = call float @llvm.maxnum.f32(float %m{r}, float %mx{r})")
-        A(f"  %isinf{r} = fcmp oeq float %mn{r}, {NEG}")
-        A(f"  %ms{r} = select i1 %isinf{r}, float 0.0, float %mn{r}")
-        A(f"  %msn{r} = fneg float %ms{r}")
-        L.extend(_splat(f"%msv{r}", f"%msn{r}"))
-        for u in range(NV):
-            A(_fma(f"%sd{r}_{u}", f"%S{r}_{u}", "%scalev", f"%msv{r}"))
-            L.extend(_vexp(f"%P{r}_{u}", f"%sd{r}_{u}", f"%e{r}_{u}"))
-            L.extend(_vptr(f"%pst{r}_{u}", "%pbuf0", r * KS + u * W))
-            A(f"  store {V} %P{r}_{u}, {V}* %pst{r}_{u}v, align 64")
-        A(f"  %ad{r} = fsub float %m{r}, %ms{r}")
+        A(f"  %mm{r} = call float @llvm.maxnum.f32(float %m{r}, float %mx{r})")
+        A(f"  %isinf{r} = fcmp oeq float %mm{r}, {NEG}")
+        A(f"  %msm{r} = select i1 %isinf{r}, float 0.0, float %mm{r}")
+        A(f"  %ad{r} = fsub float %m{r}, %msm{r}")
         prev_ad = "zeroinitializer" if r == 0 else f"%adv{r - 1}"
         A(f"  %adv{r} = insertelement {V} {prev_ad}, float %ad{r}, i32 {r}")
     # the rows' rescale factors exp(m_old - m_new) in one vector exp (unused lanes: exp(0))
@@ -419,15 +447,32 @@ def forward_ir(symbol: str, D: int) -> str:
     for r in range(RB):
         A(f"  %al{r} = extractelement {V} %alpha, i32 {r}")
         L.extend(_splat(f"%alv{r}", f"%al{r}"))
+        A(f"  %lsm{r} = fmul float %l{r}, %al{r}")
+        for c in range(C):
+            A(f"  %oam{r}_{c} = fmul {V} %o{r}_{c}, %alv{r}")
+    A("  br label %sm.join")
+    A("sm.join:")
+    for r in range(RB):
+        A(f"  %mn{r} = phi float [ %m{r}, %qk.done ], [ %mm{r}, %sm.move ]")
+        A(f"  %lsc{r} = phi float [ %l{r}, %qk.done ], [ %lsm{r}, %sm.move ]")
+        for c in range(C):
+            A(f"  %oa{r}_{c} = phi {V} [ %o{r}_{c}, %qk.done ], [ %oam{r}_{c}, %sm.move ]")
+    for r in range(RB):
+        A(f"  %isinfj{r} = fcmp oeq float %mn{r}, {NEG}")
+        A(f"  %ms{r} = select i1 %isinfj{r}, float 0.0, float %mn{r}")
+        A(f"  %msn{r} = fneg float %ms{r}")
+        L.extend(_splat(f"%msv{r}", f"%msn{r}"))
+        for u in range(NV):
+            A(_fma(f"%sd{r}_{u}", f"%S{r}_{u}", "%scalev", f"%msv{r}"))
+            L.extend(_vexp(f"%P{r}_{u}", f"%sd{r}_{u}", f"%e{r}_{u}"))
+            L.extend(_vptr(f"%pst{r}_{u}", "%pbuf0", r * KS + u * W))
+            A(f"  store {V} %P{r}_{u}, {V}* %pst{r}_{u}v, align 64")
         tot = f"%P{r}_0"
         for u in range(1, NV):
             A(f"  %Ps{r}_{u} = fadd {V} {tot}, %P{r}_{u}")
             tot = f"%Ps{r}_{u}"
         A(f"  %ps{r} = call reassoc float @llvm.vector.reduce.fadd.v16f32(float 0.0, {V} {tot})")
-        A(f"  %lsc{r} = fmul float %l{r}, %al{r}")
         A(f"  %ln{r} = fadd float %lsc{r}, %ps{r}")
-        for c in range(C):
-            A(f"  %oa{r}_{c} = fmul {V} %o{r}_{c}, %alv{r}")
     # ---- P @ V over the step's keys below kmax (later keys have p = 0 in every row, and
     # may lie past the last key): PV_UNROLL keys per trip, then one at a time
     A("  %tc.a = sub i64 %kmax, %j")
@@ -462,11 +507,11 @@ def forward_ir(symbol: str, D: int) -> str:
                     cur[(r, c)] = nm
 
     A("pv.head:")
-    A("  %t = phi i64 [ 0, %qk.done ], [ %t.next, %pv.loop ]")
-    A("  %vq = phi float* [ %vrow0, %qk.done ], [ %vq.next, %pv.loop ]")
+    A("  %t = phi i64 [ 0, %sm.join ], [ %t.next, %pv.loop ]")
+    A("  %vq = phi float* [ %vrow0, %sm.join ], [ %vq.next, %pv.loop ]")
     for r in range(RB):
         for c in range(C):
-            A(f"  %ov{r}_{c} = phi {V} [ %oa{r}_{c}, %qk.done ], [ %on{r}_{c}, %pv.loop ]")
+            A(f"  %ov{r}_{c} = phi {V} [ %oa{r}_{c}, %sm.join ], [ %on{r}_{c}, %pv.loop ]")
     A("  %t.more = icmp slt i64 %t, %tc4")
     A("  br i1 %t.more, label %pv.loop, label %pv.tail")
     A("pv.loop:")
@@ -517,14 +562,26 @@ def forward_ir(symbol: str, D: int) -> str:
     A("  %fl = load float, float* %flp")
     A("  %fpos = fcmp ogt float %fl, 0.0")
     A("  %fdiv = select i1 %fpos, float %fl, float 1.0")
-    A("  %ftop = select i1 %fpos, float %fm, float 0.0")
+    # the true row max, and the mass rescaled to it from the reference
+    A(f"  %fmvo = mul i64 %fr, {W}")
+    L.extend(_vptr("%fmvp", "%mv0", "%fmvo"))
+    A(f"  %fmv = load {V}, {V}* %fmvpv, align 64")
+    A(f"  %fmxr = call nnan float @llvm.vector.reduce.fmax.v16f32({V} %fmv)")
+    A("  %fmx = fmul float %fmxr, %scale")
+    A("  %fdl.a = fsub float %fm, %fmx")
+    A("  %fdl = select i1 %fpos, float %fdl.a, float 0.0")
+    L.extend(_splat("%fdlv", "%fdl"))
+    L.extend(_vexp("%fcorv", "%fdlv", "%fe"))
+    A(f"  %fcor = extractelement {V} %fcorv, i32 0")
+    A("  %fmass = fmul float %fl, %fcor")
+    A("  %ftop = select i1 %fpos, float %fmx, float 0.0")
     L.extend(_splat("%fdv", "%fdiv"))
     A("  %ftm.a = mul i64 %h, %nq")
     A("  %ftm = add i64 %ftm.a, %frow")
     A("  %ftp = getelementptr float, float* %top, i64 %ftm")
     A("  store float %ftop, float* %ftp")
     A("  %fsp = getelementptr float, float* %mass, i64 %ftm")
-    A("  store float %fl, float* %fsp")
+    A("  store float %fmass, float* %fsp")
     A("  %fo.a = mul i64 %h, %ohs")
     A("  %fo.b = mul i64 %frow, %ors")
     A("  %fo = add i64 %fo.a, %fo.b")
