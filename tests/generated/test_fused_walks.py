@@ -104,7 +104,11 @@ def test_edge_mlp_vjp_walks_and_gradients(kind, monkeypatch):
         return out
 
     monkeypatch.setattr(autograd, "fuse_relation_walks", spy)
-    y = EdgeNN(mlp)(graph=graph, src={"x": x})
+    model = EdgeNN(mlp)
+    y = model(graph=graph, src={"x": x})
+    # the call resolved the relation (keyed on its edge count): the walks read that CSR
+    assert graph._csr is not None
+    assert "walk that CSR" in str(model.explain(graph=graph, src={"x": x}))
     variables = (pos, x, *mlp.parameters())
     grads = torch.autograd.grad(y.square().sum(), variables)
     walks = len(_propagates(seen[-1]))

@@ -128,10 +128,18 @@ def _held_objects(fn) -> list:
 
 def explain_call_torch(call):
     """`explain()` of a call on torch tensors: the route it would take, without running."""
+    if getattr(call.graph, "kind", None) in ("radius", "knn"):
+        call.graph.resolve_csr()   # as the call does (_prepare), so the routes are its own
     program, np_args, originals, notes = stage_call_torch(call)
     explanation = explain_program(program, np_args)
     for note in notes:
         explanation.traversal.append(note)
+    if getattr(call.graph, "kind", None) in ("radius", "knn"):
+        explanation.traversal.append(
+            f"the {call.graph.kind} relation's CSR is materialised (the call resolves it to "
+            "key on its edge count; searched once per relation), so its propagates walk "
+            "that CSR with the stored-CSR kernel instead of the cell directory: no "
+            "candidate distance tests per call")
     names = [f"captured value {i}" for i in range(len(originals) - len(call.values()))] + \
         ["graph"] + [f"{r}.{n}" for r, n, _ in call.field_items()] + \
         [k for k, _ in call.param_items()]

@@ -140,9 +140,20 @@ def _materialise(graph) -> None:
         graph.resolve_csr()     # the generic kernel walks the materialised relation
 
 
+def resolved(graph) -> bool:
+    """Whether this concrete relation already holds its materialised CSR (resolve_csr ran:
+    the torch bridge resolves a relation to key its calls on the edge count, an asymmetric
+    VJP for its transpose). Its propagates then walk that CSR with the stored-CSR kernel:
+    the edge list exists anyway, and reading a row's neighbours from it skips the cell
+    walk and the distance test of every candidate (several per accepted edge)."""
+    return not isinstance(graph, GeneratedType) and getattr(graph, "_csr", None) is not None
+
+
 def plan_generated(eqn, graph, compile: bool):
     if getattr(graph, "kind", None) not in GEOMETRIC or not CPU_LLVM_AVAILABLE:
         return None
+    if resolved(graph):
+        return None     # the generic stored-CSR kernel (transposed where grouped by src)
     p = eqn.params
     swap = p["reduce_by"] == "src" and symmetric(graph)
     if (p["reduce_by"] != "dst" and not swap) or "edge" in p["roles"]:
@@ -410,6 +421,8 @@ def fused_degrees(graph, by: str) -> np.ndarray | None:
     cached = graph.params.get("_degrees")
     if cached is not None:
         return cached.copy()
+    if resolved(graph):   # symmetric when by='src': out-degrees are the in-degrees
+        return np.diff(graph.resolve_csr()[0]).astype(np.int64)
     pos = graph.params["positions"]
     eqn = _count_eqn(pos.shape[1], pos.dtype)
     plan = plan_generated(eqn, graph, True)
@@ -424,4 +437,4 @@ def fused_degrees(graph, by: str) -> np.ndarray | None:
 SPECIALISED_PLANNERS.append(plan_generated)
 
 __all__ = ["plan_generated", "GeneratedPlan", "GeneratedType", "directory_arrays",
-           "generated_relations", "symmetric", "fused_degrees"]
+           "generated_relations", "symmetric", "fused_degrees", "resolved"]

@@ -99,7 +99,9 @@ def _normalised(eqn, by: str) -> tuple:
 
 def _merge(program: GraphProgram, group: list) -> GraphProgram:
     members = [program.eqns[i] for i in group]
-    by = members[0].params["reduce_by"]
+    # destination-grouped where any member is: a stored-CSR walk then needs no transpose
+    bys = [e.params["reduce_by"] for e in members]
+    by = "dst" if "dst" in bys else bys[0]
     graph = members[0].inputs[0]
     fields, roles, names, binder_of = [], [], [], {}
     consts, const_binders = [], []
