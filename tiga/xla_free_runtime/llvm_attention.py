@@ -389,9 +389,10 @@ def _group_ranges(lo, hi, n, npad):
         refs = (weakref.ref(lo), weakref.ref(hi))
     except TypeError:
         return arrays
-    if len(_GROUPS) >= 8:
-        _GROUPS.pop(next(iter(_GROUPS)))
-    _GROUPS[key] = refs + (arrays,)
+    with _SCRATCH_LOCK:
+        if len(_GROUPS) >= 8:
+            _GROUPS.pop(next(iter(_GROUPS)))
+        _GROUPS[key] = refs + (arrays,)
     return arrays
 
 
