@@ -265,8 +265,14 @@ def _check_argnums(nums, args):
 
 # ---- message-passing calls with concrete inputs -----------------------------------------
 
+def _has_torch(call) -> bool:
+    return _is_torch(call.graph) or any(_is_torch(v) for f in call.fields.values()
+                                        for v in f.values()) or \
+        any(_is_torch(v) for v in call.params.values())
+
+
 def _execute_call(call):
-    if any(_is_torch(v) for v in call.values()):
+    if _has_torch(call):
         return _torch_call(call, "auto")
     try:
         program, args = call_cache.staged_program(call)   # no retrace for a known signature

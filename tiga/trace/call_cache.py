@@ -77,7 +77,7 @@ def _cell_full(cell) -> bool:
     return True
 
 
-def _call_key(call):
+def _call_key(call, items=None):
     edge = _fn_key(call.edge_fn)
     if edge is None:
         return None
@@ -85,7 +85,8 @@ def _call_key(call):
     if update is None:
         return None
     gtype = call.graph.type(symbolic=True)
-    fields = tuple((role, name, _type_key(v)) for role, name, v in call.field_items())
+    fields = tuple((role, name, _type_key(v)) for role, name, v in
+                   (call.field_items() if items is None else items))
     params = tuple((k, _type_key(v)) for k, v in call.param_items())
     key = (edge[0], update[0], id(call.reducer), call.reduce_by, gtype, fields, params)
     return key, edge[1] + update[1] + (call.reducer,)
@@ -101,11 +102,11 @@ def _type_key(v):
     return leaf_aval(v)
 
 
-def _sizes_ok(call) -> bool:
+def _sizes_ok(call, items) -> bool:
     """Every field's leading axis matches its role's size (else check_sizes says why)."""
     g = call.graph
     want = {"src": g.num_src, "dst": g.num_dst, "edge": g.num_edges}
-    for role, _, v in call.field_items():
+    for role, _, v in items:
         shape = v.shape if type(v) is np.ndarray else leaf_aval(v).shape
         if not shape or shape[0] != want[role]:
             return False
@@ -126,10 +127,11 @@ def _ref(obj):
 
 def staged_program(call) -> tuple:
     """`call.staged_program()`, reused when this call's signature was staged before."""
+    items = call.field_items()     # (sorted per call: computed once here)
     try:
         if not hasattr(call.graph, "resolve_csr"):
             raise TypeError
-        found = _call_key(call)
+        found = _call_key(call, items)
     except (TypeError, AttributeError, ValueError):   # not a relation / unhashable: no reuse
         found = None
     if found is None:
@@ -145,9 +147,10 @@ def staged_program(call) -> tuple:
         else:
             program = None
     if program is not None:
-        if not _sizes_ok(call):
+        if not _sizes_ok(call, items):
             call.check_sizes(call.graph.type())   # raises the ShapeError naming the field
-        return program, [leaf_value(v) for v in call.values()]
+        return program, [call.graph] + [leaf_value(v) for _, _, v in items] + \
+            [leaf_value(v) for _, v in call.param_items()]
     program, args = _staged_and_rewritten(call)
     with _LOCK:
         STATS["misses"] += 1

@@ -396,7 +396,10 @@ def _bound(exe: Executable, graph, eqn) -> _Bound:
 
 
 def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]   # (arr.ctypes.data builds a helper object)
+    try:    # (a writable buffer's address without building the array interface dict)
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):   # read-only, empty or not contiguous
+        return a.__array_interface__["data"][0]
 
 
 def _argv(sig, arrays: dict, outs: list):

@@ -149,6 +149,7 @@ POOL_RUN_CTYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 _NATIVE: dict = {}
 _NATIVE_LOCK = threading.Lock()
+_PINNED: list = []
 _BOUNDS: dict = {}     # id(chunk list) -> (chunk list, int64 bounds): chunk lists are cached
 
 
@@ -207,6 +208,15 @@ def _native_state(worker: int, owner, helpers: int):
             break
         st["workers"] += 1
         st["owners"].append(owner)    # the module whose worker loop the thread runs
+        if owner.library is None and not _PINNED:
+            # MCJIT code: the engine must outlive interpreter shutdown, since the workers
+            # keep running its code until the process exits (a shared library is never
+            # unloaded by ctypes)
+            from . import llvm_jit
+            engine = llvm_jit._STATE.get("engine")
+            if engine is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(engine))
+                _PINNED.append(engine)
     return st
 
 
