@@ -355,14 +355,27 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
         argvs.append((ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
                                                        for a in arrays]))
     # (no keys: no row reads kt, and phase 0 would read key -1)
-    for jobs, parts, argv in ((nh * (kpad // kernel.W) if s else 0, 4 * threads, argvs[0]),
-                              (nh * qblocks, 8 * threads, argvs[1])):
-        step = max(1, -(-jobs // parts))
-        run_jobs(exe.native, [(a, min(a + step, jobs), argv) for a in range(0, jobs, step)],
-                 threads)
+    jobs = nh * (kpad // kernel.W) if s else 0
+    step = max(1, -(-jobs // (4 * threads)))
+    run_jobs(exe.native, [(a, min(a + step, jobs), argvs[0]) for a in range(0, jobs, step)],
+             threads)
+    run_jobs(exe.native, [(a, b, argvs[1]) for a, b in _cost_chunks(blo, bhi, nh, threads)],
+             threads)
     if op is not out:
         out[...] = op
     _give_scratch(scratch)
+
+
+def _cost_chunks(blo, bhi, nh: int, threads: int) -> list:
+    """Contiguous ranges of (head, row block) jobs of about equal work (a block's keys, plus
+    a fixed share): threads pull them in turn, so the last one bounds the idle tail (under
+    causal masking, equal job counts are unequal work)."""
+    cost = np.tile(np.maximum(bhi - blo, 0) + kernel.KS, nh)
+    cum = np.cumsum(cost)
+    parts = min(len(cost), 16 * threads)
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts, side="left") + 1
+    bounds = [0] + sorted(set(int(c) for c in cuts if 0 < c < len(cost))) + [len(cost)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 _GROUPS: dict = {}      # (id(lo), id(hi), n, npad) -> (weakrefs to lo and hi, arrays)
