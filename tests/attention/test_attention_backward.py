@@ -133,3 +133,17 @@ def test_explain_names_the_backward_route():
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     text = explain(q64, k64, v64)
     assert "LLVM backward kernel" not in text and "numpy tiles" in text, text
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_native_backward_one_head_split_in_key_block_parts(threads, monkeypatch):
+    """One head, N = 400: with several threads the head's key blocks are split into parts of
+    equal work, each adding into its own dq partial sum; with one thread a single job."""
+    monkeypatch.setenv("TIGA_NUM_THREADS", threads)
+    n = 400
+    graph = relation("triangular", n)
+    q, k, v = fields(n, 1, 48, np.float32, seed=11)
+    ct = np.random.default_rng(6).standard_normal(q.shape).astype(np.float32)
+    got = _grads(graph, q, k, v, 0.15, ct)
+    for name, a, b in zip("qkv", got, _expected(graph, q, k, v, 0.15, ct)):
+        np.testing.assert_allclose(a, b, rtol=3e-4, atol=3e-5, err_msg=f"d{name}")

@@ -596,9 +596,9 @@ def _strided_ok(x: np.ndarray) -> bool:
 def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None:
     """dq, dk, dv ((H, N, D) views, any of them None when not wanted) from the LLVM kernel.
 
-    q, k, v, do: (H, N, D) float32 views; lse, delta: (H, N). One job per head (a head's
-    outputs belong to one thread); the kernel reads and writes every operand through its
-    strides, so nothing is packed or copied here."""
+    q, k, v, do: (H, N, D) float32 views; lse, delta: (H, N). A job is a head, or with few
+    heads a part of a head's key blocks; the kernel reads and writes every operand through
+    its strides, so nothing is packed or copied here."""
     import ctypes
 
     from ..lower.llvm import attention_backward as bwd
@@ -608,30 +608,45 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
     exe = _bwd_native_kernel(width)
     ins = [x if _strided_ok(x) else np.ascontiguousarray(x, f32)
            for x in (q, k, v, do, lse, delta)]
-    outs = []
-    for x, rows in ((dq, n), (dk, nk), (dv, nk)):
-        if x is None or not _strided_ok(x):
-            x = np.zeros((nh, rows, width), f32)
-        else:
-            x[...] = 0
-        outs.append(x)
     kblocks = -(-nk // bwd.KB) if n else 0
     j0 = np.arange(kblocks, dtype=i64) * bwd.KB
     # the rows that see key block [j0, j0 + KB): hi > j0 and lo < j0 + KB (lo, hi nondecreasing)
     rbeg = np.searchsorted(np.asarray(hi, i64), j0, side="right").astype(i64)
     rend = np.searchsorted(np.asarray(lo, i64), j0 + bwd.KB, side="left").astype(i64)
+    threads = num_threads()
+    # fewer heads than a few per thread: each head's key blocks are split in parts of equal
+    # work (rows seen), each part adding into its own dq partial sum, summed afterwards
+    splits = 1 if nh >= 4 * threads else max(1, min(kblocks, -(-4 * threads // nh)))
+
+    def buffer(x, rows, parts=1):
+        if parts == 1 and x is not None and _strided_ok(x):
+            x[...] = 0
+            return x
+        return np.zeros((parts, nh, rows, width), f32)[0]   # .base: every part
+
+    outs = [buffer(dq, n, splits), buffer(dk, nk), buffer(dv, nk)]
+    work = np.maximum(rend - rbeg, 0) + 1
+    cuts = np.searchsorted(np.cumsum(work), np.arange(1, splits) * work.sum() / splits,
+                           side="right") if splits > 1 else np.zeros(0, i64)
+    bounds = [0] + [int(c) for c in cuts] + [kblocks]
+    parts = [(s, bounds[s], max(bounds[s], bounds[s + 1])) for s in range(splits)]
+    parts.sort(key=lambda p: -int(work[p[1]:p[2]].sum()))    # the heaviest first
+    dq_split = outs[0].base.strides[0] // 4 if splits > 1 else 0
+    jobs = np.array([(h, a, b, s * dq_split) for s, a, b in parts for h in range(nh)], i64)
     lo, hi = (np.ascontiguousarray(x, i64) for x in (lo, hi))
     scbits = int(np.array(scale, f32).view(np.uint32))
     st = [s // 4 for x in ins[:4] for s in x.strides[:2]]
     st2 = [s // 4 for x in ins[4:] + outs for s in x.strides[:2]]
     prm = np.array([n, nk, kblocks] + st + [scbits] + st2, i64)
     assert len(prm) == len(bwd.PARAMS)
-    arrays = ins + outs + [lo, hi, prm, rbeg, rend]
+    arrays = ins + outs + [lo, hi, prm, rbeg, rend, jobs]
     argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
                                               for a in arrays])
     if kblocks:
-        run_jobs(exe.native, [(h, h + 1, argv) for h in range(nh)], num_threads())
+        run_jobs(exe.native, [(j, j + 1, argv) for j in range(len(jobs))], threads)
     STATS["native_backward_calls"] = STATS.get("native_backward_calls", 0) + 1
+    if splits > 1:
+        outs[0] = outs[0].base.sum(axis=0)
     for want, got in zip((dq, dk, dv), outs):
         if want is not None and want is not got:
             want[...] = got

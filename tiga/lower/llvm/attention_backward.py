@@ -1,8 +1,10 @@
 """lower: LLVM micro-kernel of the float32 attention backward (FlashAttention-2 style).
 
-`backward_ir(symbol, D)` is a kernel `void(i64 begin, i64 end, i8** argv)` over jobs = heads.
-A job owns its head's dq, dk and dv rows, so no two threads add into the same row and no
-per-thread partial sums are needed. Per head, the outer loop walks key blocks of KB keys;
+`backward_ir(symbol, D)` is a kernel `void(i64 begin, i64 end, i8** argv)` over jobs: a head
+and a range of its key blocks. A job owns the dk and dv rows of its keys and adds into its
+own dq (the head's when the head is one job; a partial sum per job when the runtime splits
+heads, with fewer heads than threads), so no two threads add into the same row. The outer
+loop walks key blocks of KB keys;
 each key block is packed once (K^T and V^T as D x KB, K as KB x D, zero past the last key)
 and the inner loop walks the query rows that see the block (`rbeg`, `rend` per key block,
 from the runtime) in tiles of BR rows. Per group of RB rows of a tile:
@@ -25,7 +27,8 @@ outputs; never an N x N array.
 argv: q, k, v, do (H, N, D), lse, delta (H, N), dq (H, N, D), dk, dv (H, Nk, D) (zeroed by
 the caller), all read and written in place through (head, row) strides with unit element
 stride; lo, hi (N,); prm (`PARAMS`: sizes, strides in elements, the scale's bits); rbeg,
-rend (per key block). A tile's padding rows (i >= n) get hi = 0, so every key is masked for
+rend (per key block); jobs (4 per job: head, first and end key block, offset of its dq in
+elements). A tile's padding rows (i >= n) get hi = 0, so every key is masked for
 them; reads past the last row or key are clamped to it (their probabilities are 0) and
 padding rows and keys accumulate into a stack row, never past an output's end.
 """
@@ -135,8 +138,8 @@ def backward_ir(symbol: str, D: int) -> str:
         p = _vgep(E, f"%dz{c}", "%dummy", c * W)
         E(f"  store {V} zeroinitializer, {V}* {p}, align 4")
     names = ["q", "k", "v", "do", "lse", "delta", "dq", "dk", "dv", "lo", "hi", "prm",
-             "rbeg", "rend"]
-    ints = ("lo", "hi", "prm", "rbeg", "rend")
+             "rbeg", "rend", "jobs"]
+    ints = ("lo", "hi", "prm", "rbeg", "rend", "jobs")
     for i, nm in enumerate(names):
         E(f"  %{nm}.pp = getelementptr i8*, i8** %argv, i64 {i}")
         E(f"  %{nm}.p = load i8*, i8** %{nm}.pp")
@@ -151,22 +154,30 @@ def backward_ir(symbol: str, D: int) -> str:
     E.extend(_splat("%scalev", "%scale"))
     E("  br label %job.head")
     E("job.head:")
-    E("  %h = phi i64 [ %begin, %entry ], [ %h.next, %kb.exit ]")
-    E("  %h.more = icmp slt i64 %h, %end")
-    E("  br i1 %h.more, label %job.body, label %exit")
+    E("  %job = phi i64 [ %begin, %entry ], [ %job.next, %kb.exit ]")
+    E("  %job.more = icmp slt i64 %job, %end")
+    E("  br i1 %job.more, label %job.body, label %exit")
     E("job.body:")
+    # a job: (head, first key block, end key block, element offset of its dq)
+    for i, nm in enumerate(("h", "kbfirst", "kblast", "dqoff")):
+        E(f"  %{nm}.i = mul i64 %job, 4")
+        E(f"  %{nm}.j = add i64 %{nm}.i, {i}")
+        E(f"  %{nm}.g = getelementptr i64, i64* %jobs, i64 %{nm}.j")
+        E(f"  %{nm} = load i64, i64* %{nm}.g")
     for x in ("q", "k", "v", "d"):
         E(f"  %{x}base = mul i64 %h, %{x}hs")
-    for x in ("l", "e", "gq", "gk", "gv"):
+    for x in ("l", "e", "gk", "gv"):
         E(f"  %{x}base = mul i64 %h, %{x}hs")
+    E("  %gqbase.h = mul i64 %h, %gqhs")
+    E("  %gqbase = add i64 %gqbase.h, %dqoff")
     E("  br label %kb.head")
     # ---- key blocks --------------------------------------------------------------------
     E("kb.head:")
-    E("  %kb = phi i64 [ 0, %job.body ], [ %kb.next, %tile.exit ]")
-    E("  %kb.more = icmp slt i64 %kb, %kblocks")
+    E("  %kb = phi i64 [ %kbfirst, %job.body ], [ %kb.next, %tile.exit ]")
+    E("  %kb.more = icmp slt i64 %kb, %kblast")
     E("  br i1 %kb.more, label %kb.body, label %kb.exit")
     E("kb.exit:")
-    E("  %h.next = add i64 %h, 1")
+    E("  %job.next = add i64 %job, 1")
     E("  br label %job.head")
     E("kb.body:")
     E(f"  %j0 = mul i64 %kb, {KB}")
