@@ -184,7 +184,9 @@ def child_run(spec: dict) -> dict:
            "peak_rss_first_call_bytes": first_peak, "peak_rss_delta_bytes": peak,
            "peak_rss_method": mem.method,
            "numpy_traced_peak_bytes": H.traced_peak_bytes(fn),
-           "loadavg_1min": os.getloadavg()[0]}  # other work on the machine skews timings
+           "loadavg_1min": os.getloadavg()[0],  # other work on the machine skews timings
+           # a 128-byte row starting mid cache line spans three lines: gathers cost more
+           "x_offset_in_cache_line": int(x.ctypes.data % 64)}
     if "explain" in d:
         res["explain"] = d["explain"]
         res["route"] = d["explain"].splitlines()[0].split(":", 1)[1].strip()
