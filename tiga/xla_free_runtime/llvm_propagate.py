@@ -234,6 +234,10 @@ class _RelationOnly:
 
 
 def _chunks(graph, walk, row_ptr, threads: int) -> list:
+    per_graph = _CHUNKS.get(graph)
+    found = per_graph.get((walk, threads, len(row_ptr))) if per_graph is not None else None
+    if found is not None:
+        return found
     with _CHUNK_LOCK:
         per_graph = _CHUNKS.setdefault(graph, {})
         key = (walk, threads, len(row_ptr))
