@@ -64,3 +64,23 @@ def test_nothing_repeated_gives_none():
     fwd = make_program(f)(np.ones(3))
     # the cotangent alone (x -> 2 ct) repeats nothing of the forward
     assert save_residuals(fwd, dce(vjp_program(fwd, [True]), keep_outputs=[1])) is None
+
+
+def test_fold_negations_is_bitwise_exact():
+    from tiga.core.prims.elementwise import unary_p
+    from tiga.trace.rewrites import fold_negations
+
+    def f(a, b, c):
+        return -b + a, a + (-c), -c * 2.0
+
+    vals = [np.array([0.0, -0.0, 1.5, -2.25, np.inf, 3.0]),
+            np.array([0.0, 0.0, -0.5, 1e-300, 1.0, -0.0]),
+            np.array([-0.0, 0.0, 7.0, -1e300, 2.0, np.nan])]
+    prog = make_program(f)(*vals)
+    folded = fold_negations(prog)
+    # the negation also read by the product stays; the one read only by an add goes
+    assert sum(e.primitive is unary_p["neg"] for e in folded.eqns) == 1
+    for got, want in zip(eval_program(folded, *vals), eval_program(prog, *vals)):
+        real = ~np.isnan(want)   # a NaN's sign bit carries no value
+        np.testing.assert_array_equal(np.signbit(got)[real], np.signbit(want)[real])
+        np.testing.assert_array_equal(got, want)

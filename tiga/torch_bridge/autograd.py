@@ -19,6 +19,7 @@ from ..core.program import Eqn, GraphProgram, Var
 from ..core.types import GraphType
 from ..trace import call_cache
 from ..trace.rewrites import (
+    fold_negations,
     fuse_relation_walks,
     hoist_linear_projections,
     save_residuals,
@@ -195,6 +196,7 @@ def stage_call_torch(call) -> tuple:
     originals = [views.original(a) for a in args[:n_caps]] + call.values()
     program = _share_repeated_tensors(program, originals)
     program, notes = hoist_linear_projections(program)
+    program = fold_negations(program)   # hoisted destination rows: b - p W, one pass
     names = [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
         [f"{r}.{n}" for r, n, _ in call.field_items()] + [f"{k}" for k, _ in call.param_items()]
     np_args = [to_numpy(a, n) if is_torch(a) else a for a, n in zip(args, names)]
@@ -315,6 +317,7 @@ class _Run:
         saved = save_residuals(forward, vjp)
         if saved is not None:
             forward, vjp = saved
+        vjp = fold_negations(vjp)
         # the VJP's walks over one radius/knn relation (destination and source cotangents)
         # become one walk; the VJP program's graph binders are the forward's, in place
         by_pos = {id(v): kinds.get(id(w)) for v, w in zip(vjp.in_binders,
