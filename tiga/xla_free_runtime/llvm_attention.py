@@ -227,7 +227,9 @@ class AttentionPlan:
             "one contiguous source range (lo, hi), no N x N score or probability array")
         native = self.kind == "forward" and p["reducer"].prune_threshold is None and \
             _native_ok(*(_avals(eqn, i) for i in (self.pattern.q, self.pattern.k,
-                                                 self.pattern.v)), _avals(eqn, None))
+                                                 self.pattern.v)), _avals(eqn, None)) and \
+            not (self.pattern.scale is not None and self.pattern.scale[0] == "lit"
+                 and not 0 < self.pattern.scale[1] < np.inf)   # (see _forward)
         # dq, (dk, dv) and dq alone: the LLVM backward kernel (dq alone drops its dk and dv)
         bnative = self.kind in ("dq", "dkdv", "dkdvq") and _bwd_native_ok(
             *(_avals(eqn, i) for i in (0, 1, 2, 4)), _avals(eqn, None))
