@@ -21,6 +21,12 @@ reports as the materialised CSR.
 
 Relations generated inside a traced program are planned before the call from their static
 parameters (GeneratedType), so strict mode and explain() see the route that will run.
+
+A concrete relation whose CSR is already materialised (resolve_csr ran: the torch bridge
+resolves every radius/knn relation it is called on, to key the call on its edge count) is
+left to the stored-CSR kernel: its rows read their neighbours from the edge list instead of
+walking cells and testing every candidate's distance (several candidates per edge), and
+its degrees are the row lengths.
 """
 from __future__ import annotations
 
