@@ -325,19 +325,19 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     npad = -(-max(n, 1) // rows) * rows
     kpad = -(-max(s, 1) // kernel.KS) * kernel.KS
     f32 = np.float32
-    # q and V are read in place when each head's rows are contiguous (head-major storage);
-    # head-interleaved (N, H, D) storage is packed: its rows lie H * D apart, and walking V
-    # rows 4 KiB apart measured slower than the copy
-    qp, vp = (x if _in_place(x) else np.empty(x.shape, f32) for x in (q, v))
-    kp = k if _unit_stride(k) else np.ascontiguousarray(k, f32)
+    # q, K and the output go through their strides (q: a few scalars per row and trip). V is
+    # read in place when each head's rows are contiguous (head-major storage); head-
+    # interleaved (N, H, D) storage is packed: its rows lie H * D apart, and walking V rows
+    # 4 KiB apart measured slower than the copy
+    qp, kp = (x if _unit_stride(x) else np.ascontiguousarray(x, f32) for x in (q, k))
+    vp = v if _in_place(v) else np.empty(v.shape, f32)
     op = out if _unit_stride(out) else np.empty(out.shape, f32)
-    if qp is not q or vp is not v:
+    assert top.shape == mass.shape == (nh, n) and top.flags.c_contiguous and \
+        mass.flags.c_contiguous and top.dtype == mass.dtype == f32
+    if vp is not v:
         def pack(h0, h1, _argv):
             # numpy copies release the GIL: heads pack on the pool
-            if qp is not q:
-                qp[h0:h1] = q[h0:h1]
-            if vp is not v:
-                vp[h0:h1] = v[h0:h1]
+            vp[h0:h1] = v[h0:h1]
 
         run_jobs(pack, _head_jobs(nh), threads)
     scratch = _take_scratch((nh, kpad // kernel.KS, width, kernel.KS))
