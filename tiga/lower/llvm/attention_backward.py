@@ -103,6 +103,26 @@ def _fma_loop(E, tag, pre, acc_in, trip, unroll, x_ptr, y_ptr):
     return cur
 
 
+def _transpose16(rows, tag):
+    """IR lines and the names of the transpose of 16 <16 x float> values: four rounds of
+    swapping the off-diagonal b x b blocks of every 2b x 2b block."""
+    L = []
+    a = list(rows)
+    for b in (8, 4, 2, 1):
+        na = list(a)
+        for i in range(W):
+            if i & b:
+                continue
+            lo = [k if not k & b else W + k - b for k in range(W)]
+            hi = [k + b if not k & b else W + k for k in range(W)]
+            for nm, mask, slot in ((f"{tag}x{b}_{i}", lo, i), (f"{tag}y{b}_{i}", hi, i + b)):
+                L.append(f"  {nm} = shufflevector {V} {a[i]}, {V} {a[i + b]}, <16 x i32> <"
+                         + ", ".join(f"i32 {m}" for m in mask) + ">")
+                na[slot] = nm
+        a = na
+    return L, a
+
+
 def _gep(E, name, base, offset, ty="float"):
     E(f"  {name} = getelementptr {ty}, {ty}* {base}, i64 {offset}")
     return name
@@ -128,7 +148,8 @@ def backward_ir(symbol: str, D: int) -> str:
     E(f"define void @{symbol}(i64 %begin, i64 %end, i8** %argv) {{")
     E("entry:")
     for nm, size in (("ktb", D * KB), ("vtb", D * KB), ("kbb", KB * D), ("pbuf", BR * KB),
-                     ("dsbuf", BR * KB), ("qtile", BR * D), ("dotile", BR * D)):
+                     ("dsbuf", BR * KB), ("qtile", BR * D), ("dotile", BR * D),
+                     ("dkacc", KB * D), ("dvacc", KB * D)):
         E(f"  %{nm}.a = alloca [{size} x float], align 64")
         E(f"  %{nm} = getelementptr [{size} x float], [{size} x float]* %{nm}.a, i64 0, i64 0")
     # padding rows and keys (past n, nk) add their zeros into this row instead of the outputs
@@ -173,7 +194,7 @@ def backward_ir(symbol: str, D: int) -> str:
     E("  br label %kb.head")
     # ---- key blocks --------------------------------------------------------------------
     E("kb.head:")
-    E("  %kb = phi i64 [ %kbfirst, %job.body ], [ %kb.next, %tile.exit ]")
+    E("  %kb = phi i64 [ %kbfirst, %job.body ], [ %kb.next, %wb.head ]")
     E("  %kb.more = icmp slt i64 %kb, %kblast")
     E("  br i1 %kb.more, label %kb.body, label %kb.exit")
     E("kb.exit:")
@@ -191,43 +212,77 @@ def backward_ir(symbol: str, D: int) -> str:
         E(f"  %lanes{u} = add <16 x i32> %j0v, <"
           + ", ".join(f"i32 {u * W + t}" for t in range(W)) + ">")
     E("  %jend = add i64 %j0, " + str(KB))
-    E("  %any = icmp slt i64 %r0, %r1")
-    E("  br i1 %any, label %pack.head, label %tile.exit")
-    # pack the key block: K^T, V^T (D x KB) and K (KB x D); keys past nk are zero
+    E("  br label %pack.head")
+    # pack the key block: K^T, V^T (D x KB) and K (KB x D), keys past nk zero; 16 keys at a
+    # time, each 16 x 16 block transposed in registers
     E("pack.head:")
-    E("  %jj = phi i64 [ 0, %kb.body ], [ %jj.next, %pack.head ]")
-    E("  %key = add i64 %j0, %jj")
-    E("  %kvalid = icmp slt i64 %key, %nk")
-    E("  %keyc = call i64 @llvm.smin.i64(i64 %key, i64 %nk1)")
-    E("  %krow.a = mul i64 %keyc, %krs")
-    E("  %krow = add i64 %krow.a, %kbase")
-    E("  %vrow.a = mul i64 %keyc, %vrs")
-    E("  %vrow = add i64 %vrow.a, %vbase")
-    E(f"  %kbrow = mul i64 %jj, {D}")
+    E("  %jg = phi i64 [ 0, %kb.body ], [ %jg.next, %pack.head ]")
+    E(f"  %jg0 = mul i64 %jg, {W}")
+    for t in range(W):
+        E(f"  %jj{t} = add i64 %jg0, {t}")
+        E(f"  %key{t} = add i64 %j0, %jj{t}")
+        E(f"  %kvalid{t} = icmp slt i64 %key{t}, %nk")
+        E(f"  %keyc{t} = call i64 @llvm.smin.i64(i64 %key{t}, i64 %nk1)")
+        E(f"  %kbrow{t} = mul i64 %jj{t}, {D}")
+        for src in ("k", "v"):
+            E(f"  %{src}row{t}.a = mul i64 %keyc{t}, %{src}rs")
+            E(f"  %{src}row{t} = add i64 %{src}row{t}.a, %{src}base")
+        for c in range(C):
+            E(f"  %zo{t}_{c} = add i64 %kbrow{t}, {c * W}")
+            for acc in ("dkacc", "dvacc"):
+                p = _vgep(E, f"%z{acc}{t}_{c}", f"%{acc}", f"%zo{t}_{c}")
+                E(f"  store {V} zeroinitializer, {V}* {p}, align 64")
     for c in range(C):
-        for src, row, tgt in (("k", "%krow", "ktb"), ("v", "%vrow", "vtb")):
-            E(f"  %pk{src}{c}.o = add i64 {row}, {c * W}")
-            p = _vgep(E, f"%pk{src}{c}.p", f"%{src}", f"%pk{src}{c}.o")
-            E(f"  %pk{src}{c}.l = load {V}, {V}* {p}, align 4")
-            E(f"  %pk{src}{c} = select i1 %kvalid, {V} %pk{src}{c}.l, {V} zeroinitializer")
+        for src, tgt in (("k", "ktb"), ("v", "vtb")):
+            rows = []
             for t in range(W):
-                d = c * W + t
-                E(f"  %pk{src}{c}_{t}.e = extractelement {V} %pk{src}{c}, i32 {t}")
-                E(f"  %pk{src}{c}_{t}.o = add i64 %jj, {d * KB}")
-                _gep(E, f"%pk{src}{c}_{t}.g", f"%{tgt}", f"%pk{src}{c}_{t}.o")
-                E(f"  store float %pk{src}{c}_{t}.e, float* %pk{src}{c}_{t}.g")
-        E(f"  %pkb{c}.o = add i64 %kbrow, {c * W}")
-        p = _vgep(E, f"%pkb{c}.p", "%kbb", f"%pkb{c}.o")
-        E(f"  store {V} %pkk{c}, {V}* {p}, align 4")
-    E("  %jj.next = add i64 %jj, 1")
-    E(f"  %jj.more = icmp slt i64 %jj.next, {KB}")
-    E("  br i1 %jj.more, label %pack.head, label %tile.head")
+                x = f"%pk{src}{c}_{t}"
+                E(f"  {x}.o = add i64 %{src}row{t}, {c * W}")
+                p = _vgep(E, f"{x}.p", f"%{src}", f"{x}.o")
+                E(f"  {x}.l = load {V}, {V}* {p}, align 4")
+                E(f"  {x} = select i1 %kvalid{t}, {V} {x}.l, {V} zeroinitializer")
+                rows.append(x)
+                if src == "k":
+                    E(f"  {x}.bo = add i64 %kbrow{t}, {c * W}")
+                    p = _vgep(E, f"{x}.b", "%kbb", f"{x}.bo")
+                    E(f"  store {V} {x}, {V}* {p}, align 64")
+            lines, cols = _transpose16(rows, f"%tr{src}{c}_")
+            E.extend(lines)
+            for i, col in enumerate(cols):
+                E(f"  %pt{src}{c}_{i}.o = add i64 %jg0, {(c * W + i) * KB}")
+                p = _vgep(E, f"%pt{src}{c}_{i}", f"%{tgt}", f"%pt{src}{c}_{i}.o")
+                E(f"  store {V} {col}, {V}* {p}, align 64")
+    E("  %jg.next = add i64 %jg, 1")
+    E(f"  %jg.more = icmp slt i64 %jg.next, {KB // W}")
+    E("  br i1 %jg.more, label %pack.head, label %tile.head")
     # ---- tiles of BR query rows ------------------------------------------------------------
     E("tile.head:")
     E("  %i0 = phi i64 [ %r0, %pack.head ], [ %i0.next, %dk.done ]")
     E("  %tile.more = icmp slt i64 %i0, %r1")
     E("  br i1 %tile.more, label %tile.body, label %tile.exit")
+    # the key block's dk, dv rows (accumulated on the stack) to the outputs, keys < nk
     E("tile.exit:")
+    E("  %wleft = sub i64 %nk, %j0")
+    E(f"  %wn = call i64 @llvm.smin.i64(i64 %wleft, i64 {KB})")
+    E("  br label %wb.body")
+    E("wb.body:")
+    E("  %wj = phi i64 [ 0, %tile.exit ], [ %wj.next, %wb.body ]")
+    E("  %wkey = add i64 %j0, %wj")
+    E(f"  %wsrc = mul i64 %wj, {D}")
+    for which in ("k", "v"):
+        E(f"  %w{which}r = mul i64 %wkey, %g{which}rs")
+        E(f"  %w{which}b = add i64 %w{which}r, %g{which}base")
+        for c in range(C):
+            E(f"  %w{which}s{c}.o = add i64 %wsrc, {c * W}")
+            p = _vgep(E, f"%w{which}s{c}", f"%d{which}acc", f"%w{which}s{c}.o")
+            E(f"  %w{which}x{c} = load {V}, {V}* {p}, align 64")
+            E(f"  %w{which}d{c}.o = add i64 %w{which}b, {c * W}")
+            p = _vgep(E, f"%w{which}d{c}", f"%d{which}", f"%w{which}d{c}.o")
+            E(f"  store {V} %w{which}x{c}, {V}* {p}, align 4")
+    E("  %wj.next = add i64 %wj, 1")
+    E("  %wj.more = icmp slt i64 %wj.next, %wn")
+    E("  br i1 %wj.more, label %wb.body, label %wb.head")
+    E("wb.head:")
     E("  %kb.next = add i64 %kb, 1")
     E("  br label %kb.head")
     E("tile.body:")
@@ -344,7 +399,10 @@ def backward_ir(symbol: str, D: int) -> str:
     for r in range(RB):
         for u in range(NK):
             E(f"  %dd{r}_{u} = fsub {V} {dp[(r, u)]}, %dlv{r}")
-            E(f"  %dsa{r}_{u} = fmul {V} %P{r}_{u}, %dd{r}_{u}")
+            # P reloaded from pbuf: kept in registers across the dP loop, the 24 P and 24
+            # dP vectors exceed the 32 registers and the loop spills
+            E(f"  %Pl{r}_{u} = load {V}, {V}* %pbp{r}_{u}v, align 4")
+            E(f"  %dsa{r}_{u} = fmul {V} %Pl{r}_{u}, %dd{r}_{u}")
             E(f"  %ds{r}_{u} = fmul {V} %dsa{r}_{u}, %scalev")
             p = _vgep(E, f"%dsp{r}_{u}", "%dsbuf", f"%pbo{r}_{u}")
             E(f"  store {V} %ds{r}_{u}, {V}* {p}, align 4")
@@ -399,17 +457,13 @@ def backward_ir(symbol: str, D: int) -> str:
     pre = "kg.body"
     for ci, cols in enumerate(chunks):
         for which, buf, arr in (("v", "pbuf", "dotile"), ("k", "dsbuf", "qtile")):
-            out = f"%d{which}"
-            g = f"%g{which}"
+            out = f"%d{which}acc"
             acc, ptrs = {}, {}
             for a in range(KR):
                 o = f"%acc{which}{ci}_{a}"
-                E(f"  {o}.k = add i64 %kjh, {a}")
-                E(f"  {o}.v = icmp slt i64 {o}.k, %nk")
-                E(f"  {o}.r = mul i64 {o}.k, {g}rs")
-                E(f"  {o}.b = add i64 {o}.r, {g}base")
-                _gep(E, f"{o}.p", out, f"{o}.b")
-                E(f"  {o} = select i1 {o}.v, float* {o}.p, float* %dummy")
+                E(f"  {o}.k = add i64 %kj, {a}")
+                E(f"  {o}.b = mul i64 {o}.k, {D}")
+                _gep(E, o, out, f"{o}.b")
                 for c in cols:
                     x = f"{which}{a}_{c}"
                     ptrs[(a, c)] = _vgep(E, f"%op{x}", o, c * W)
