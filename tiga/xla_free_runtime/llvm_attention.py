@@ -595,6 +595,23 @@ def _strided_ok(x: np.ndarray) -> bool:
         all(s >= 0 and s % 4 == 0 for s in st)
 
 
+# The backward's work arrays (packed q and dO, dq sums) are kept between calls: fresh
+# multi-MiB allocations come back from the OS untouched, and their first-touch page faults
+# measured a fifth of the backward at N = 1024 (as for the forward's scratch).
+_BWD_LOCAL = threading.local()
+
+
+def _bwd_scratch(role, shape) -> np.ndarray:
+    """A float32 work array of `shape` for this thread (the latest shape per role)."""
+    have = getattr(_BWD_LOCAL, "arrays", None)
+    if have is None:
+        have = _BWD_LOCAL.arrays = {}
+    found = have.get(role)
+    if found is None or found.shape != tuple(shape):
+        found = have[role] = np.empty(shape, np.float32)
+    return found
+
+
 def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None:
     """dq, dk, dv ((H, N, D) views, any of them None when not wanted) from the LLVM kernel.
 
@@ -616,7 +633,7 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
     cuts = [nh * i // min(nh, 2 * num_threads()) for i in range(min(nh, 2 * num_threads()) + 1)]
     heads = [(a, b, None) for a, b in zip(cuts, cuts[1:]) if b > a]
     if spread:
-        packed = {i: np.empty((nh, n, width), f32) for i in spread}
+        packed = {i: _bwd_scratch(("pack", i), (nh, n, width)) for i in spread}
 
         def pack(h0, h1, _argv):
             for i in spread:
@@ -642,7 +659,9 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
         dq[...] = 0
         dqb = dq
     else:
-        dqb = np.zeros((splits, nh, n, width), f32)[0]       # .base: every part
+        dqb = _bwd_scratch(("dq",), (splits, nh, n, width))
+        dqb.fill(0)
+        dqb = dqb[0]                                          # .base: every part
     outs = [dqb] + [x if x is not None and _strided_ok(x) else np.empty((nh, nk, width), f32)
                     for x in (dk, dv)]
     work = np.maximum(rend - rbeg, 0) + 1
