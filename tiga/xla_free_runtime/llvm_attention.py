@@ -192,8 +192,11 @@ class AttentionPlan:
         dv = np.empty(v.shape, eqn.outputs[1].type.dtype.np)
         # dkdvq: dq comes out of the same pass (per-thread partial sums, added once) and
         # waits for the dq propagate over these very operands
-        dq = np.zeros(q.shape, q.dtype) if self.kind == "dkdvq" else None
-        if _bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype:
+        native = _bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype
+        # (the native kernel sets every entry of dq: no zeros to write first)
+        dq = (np.empty if native else np.zeros)(q.shape, q.dtype) if self.kind == "dkdvq" \
+            else None
+        if native:
             _native_backward(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                              _heads(do, heads), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), None if dq is None else
