@@ -147,3 +147,17 @@ def test_native_backward_one_head_split_in_key_block_parts(threads, monkeypatch)
     got = _grads(graph, q, k, v, 0.15, ct)
     for name, a, b in zip("qkv", got, _expected(graph, q, k, v, 0.15, ct)):
         np.testing.assert_allclose(a, b, rtol=3e-4, atol=3e-5, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize("n_src,n_dst", [(150, 70), (70, 150), (5, 0), (0, 5)])
+def test_native_backward_cross_attention_and_empty_sides(n_src, n_dst):
+    """dense(num_src, num_dst): more or fewer keys than queries; no queries (dk, dv are 0)
+    and no keys (every row empty: dq is 0)."""
+    rng = np.random.default_rng(12)
+    graph = tg.Graph.dense(n_src, n_dst)
+    q = rng.standard_normal((n_dst, 2, 32)).astype(np.float32)
+    k, v = rng.standard_normal((2, n_src, 2, 32)).astype(np.float32)
+    ct = rng.standard_normal(q.shape).astype(np.float32)
+    got = _grads(graph, q, k, v, 0.3, ct)
+    for name, a, b in zip("qkv", got, _expected(graph, q, k, v, 0.3, ct)):
+        np.testing.assert_allclose(a, b, rtol=3e-4, atol=3e-5, err_msg=f"d{name}")

@@ -686,6 +686,9 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
                                               for a in arrays])
     if kblocks:
         run_jobs(exe.native, [(j, j + 1, argv) for j in range(len(jobs))], threads)
+    else:       # no query rows or no keys: the kernel, which writes dk and dv, does not run
+        outs[1][...] = 0
+        outs[2][...] = 0
     STATS["native_backward_calls"] = STATS.get("native_backward_calls", 0) + 1
     if splits > 1:
         outs[0] = outs[0].base.sum(axis=0)
