@@ -84,7 +84,10 @@ def _call_key(call, items=None):
     update = _fn_key(call.update) if call.update is not None else (("none",), ())
     if update is None:
         return None
-    gtype = call.graph.type(symbolic=True)
+    gt = call.graph.type(symbolic=True)
+    # the GraphType as plain values: looking the key up compares it with the stored key, and
+    # dataclass equality (GraphType, Dim) runs in Python on every warm call
+    gtype = (gt.kind, gt.num_src is gt.num_dst, gt.index_dtype.name, gt.coord_dims)
     fields = tuple((role, name, _type_key(v)) for role, name, v in
                    (call.field_items() if items is None else items))
     params = tuple((k, _type_key(v)) for k, v in call.param_items())
