@@ -65,7 +65,7 @@ def test_native_backward_matches_oracle_and_numpy_tiles(kind, n, heads, width, m
 
 @pytest.mark.parametrize("argnums", [(0,), (1,), (2,), (1, 2), (0, 2)])
 def test_native_backward_for_some_inputs(argnums):
-    """dq alone runs the fused kernel and drops dk, dv; dk/dv alone drop its dq."""
+    """dq alone runs the fused kernel without its dk, dv products; dk/dv alone without dq."""
     n = 131
     graph = relation("triangular", n)
     q, k, v = fields(n, 2, 64, np.float32, seed=5)

@@ -176,7 +176,7 @@ class AttentionPlan:
         dq = np.empty(q.shape, eqn.outputs[0].type.dtype.np)
         ops = [np.asarray(x) for x in (q, k, v, do)]
         if _bwd_native_ok(*ops, dq.dtype):
-            # dq alone (no dk, dv wanted): the fused kernel, its dk and dv dropped
+            # dq alone (no dk, dv wanted): the fused kernel skips its dk and dv products
             _native_backward(*(_heads(x, heads) for x in ops), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), _heads(dq, heads), None, None,
                              lo, hi, scale)
@@ -233,7 +233,7 @@ class AttentionPlan:
                                                  self.pattern.v)), _avals(eqn, None)) and \
             not (self.pattern.scale is not None and self.pattern.scale[0] == "lit"
                  and not 0 < self.pattern.scale[1] < np.inf)   # (see _forward)
-        # dq, (dk, dv) and dq alone: the LLVM backward kernel (dq alone drops its dk and dv)
+        # dq, (dk, dv) and dq alone: the LLVM backward kernel (skipping the products not wanted)
         bnative = self.kind in ("dq", "dkdv", "dkdvq") and _bwd_native_ok(
             *(_avals(eqn, i) for i in (0, 1, 2, 4)), _avals(eqn, None))
         ex.schedule = _bwd_schedule() if bnative else (
@@ -663,7 +663,8 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
         dqb = dq
     else:
         dqb = _bwd_scratch(("dq",), (splits, nh, n, width))
-        dqb.fill(0)
+        if dq is not None:
+            dqb.fill(0)
         dqb = dqb[0]                                          # .base: every part
     outs = [dqb] + [x if x is not None and _strided_ok(x) else np.empty((nh, nk, width), f32)
                     for x in (dk, dv)]
@@ -679,7 +680,8 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
     scbits = int(np.array(scale, f32).view(np.uint32))
     st = [s // 4 for x in ins[:4] for s in x.strides[:2]]
     st2 = [s // 4 for x in ins[4:] + outs for s in x.strides[:2]]
-    prm = np.array([n, nk, kblocks] + st + [scbits] + st2, i64)
+    wanted = (dq is not None) + 2 * (dk is not None or dv is not None)
+    prm = np.array([n, nk, kblocks] + st + [scbits] + st2 + [wanted], i64)
     assert len(prm) == len(bwd.PARAMS)
     arrays = ins + outs + [lo, hi, prm, rbeg, rend, jobs]
     argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
@@ -690,7 +692,7 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
         outs[1][...] = 0
         outs[2][...] = 0
     STATS["native_backward_calls"] = STATS.get("native_backward_calls", 0) + 1
-    if splits > 1:
+    if splits > 1 and dq is not None:
         outs[0] = outs[0].base.sum(axis=0)
     copies = [(want, got) for want, got in zip((dq, dk, dv), outs)
               if want is not None and want is not got]

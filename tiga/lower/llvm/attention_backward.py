@@ -38,7 +38,8 @@ from .attention import W, _fma, _splat, _vexp, _vptr
 
 V = "<16 x float>"
 PARAMS = ("n", "nk", "kblocks", "qhs", "qrs", "khs", "krs", "vhs", "vrs", "dhs", "drs",
-          "scbits", "lhs", "lrs", "ehs", "ers", "gqhs", "gqrs", "gkhs", "gkrs", "gvhs", "gvrs")
+          "scbits", "lhs", "lrs", "ehs", "ers", "gqhs", "gqrs", "gkhs", "gkrs", "gvhs", "gvrs",
+          "want")
 RB = 6        # query rows per register group
 BR = 48       # query rows per tile (RB groups)
 KB = 64       # keys per key block
@@ -172,6 +173,11 @@ def backward_ir(symbol: str, D: int) -> str:
     E("  %nk1 = sub i64 %nk, 1")
     E("  %scbits.t = trunc i64 %scbits to i32")
     E("  %scale = bitcast i32 %scbits.t to float")
+    # want: 1 = dq, 2 = dk and dv (a VJP that needs only some of them skips the others)
+    E("  %want.q = and i64 %want, 1")
+    E("  %wantdq = icmp ne i64 %want.q, 0")
+    E("  %want.kv = and i64 %want, 2")
+    E("  %wantkv = icmp ne i64 %want.kv, 0")
     E.extend(_splat("%scalev", "%scale"))
     E("  br label %job.head")
     E("job.head:")
@@ -314,7 +320,7 @@ def backward_ir(symbol: str, D: int) -> str:
     E("  %ct.more = icmp slt i64 %ct.next, %trows")
     E("  br i1 %ct.more, label %cp.head, label %grp.head")
     E("grp.head:")
-    E(f"  %g = phi i64 [ 0, %cp.head ], [ %g.next, %dq{len(chunks) - 1}.exit ]")
+    E("  %g = phi i64 [ 0, %cp.head ], [ %g.next, %grp.next ]")
     E("  %g.more = icmp slt i64 %g, %ngroups")
     E("  br i1 %g.more, label %grp.body, label %grp.exit")
     E("grp.body:")
@@ -407,7 +413,9 @@ def backward_ir(symbol: str, D: int) -> str:
             p = _vgep(E, f"%dsp{r}_{u}", "%dsbuf", f"%pbo{r}_{u}")
             E(f"  store {V} %ds{r}_{u}, {V}* {p}, align 4")
     # dq[rows] += dS K, D in chunks of up to 4 vectors
-    pre = "dv.exit"
+    E("  br i1 %wantdq, label %dq.go, label %grp.next")
+    E("dq.go:")
+    pre = "dq.go"
     for ci, cols in enumerate(chunks):
         acc = {}
         ptrs = {}
@@ -442,11 +450,13 @@ def backward_ir(symbol: str, D: int) -> str:
         for key, val in res.items():
             E(f"  store {V} {val}, {V}* {ptrs[key]}, align 4")
         pre = f"{tag}.exit"
+    E("  br label %grp.next")
+    E("grp.next:")
     E("  %g.next = add i64 %g, 1")
     E("  br label %grp.head")
     # ---- dv += P^T dO, dk += dS^T Q over the tile's rows, KR keys x D per register tile
     E("grp.exit:")
-    E("  br label %kg.head")
+    E("  br i1 %wantkv, label %kg.head, label %dk.done")
     E("kg.head:")
     E(f"  %kg = phi i64 [ 0, %grp.exit ], [ %kg.next, %kgd.exit{len(chunks) - 1} ]")
     E(f"  %kg.more = icmp slt i64 %kg, {KB // KR}")
