@@ -14,7 +14,8 @@ transposed CSR (rows are sources); "edge" stores each message at its edge id; "a
 every edge into one state and must run as one call over all rows. Sums over float32/float64
 keep EDGE_UNROLL accumulators per row (merged at the row's end). Next to the kernel,
 `<kernel>_drive` claims row chunks with an atomic counter, so each thread of a parallel call
-enters native code once (emit_chunk_driver).
+enters native code once (emit_chunk_driver); on x86-64 Linux the module also carries the
+native worker pool protocol that runs those drivers (pool.py).
 """
 from __future__ import annotations
 
