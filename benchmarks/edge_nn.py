@@ -91,7 +91,8 @@ def peer_torch_compile(torch, d, mlp):
 def peer_tiga(torch, d, mlp):
     """The report's form: tg.Graph.radius on the torch positions, edge.displacement. The
     neighbour search runs once per positions tensor (outside the timed steps, like the
-    peers' prebuilt edge lists); gradients reach the positions through the displacement."""
+    peers' prebuilt edge lists): the first call resolves the relation's CSR, which the
+    kernels then walk; gradients reach the positions through the displacement."""
     import tiga as tg
 
     class EdgeNN(tg.MessagePassing):
