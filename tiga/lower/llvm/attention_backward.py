@@ -4,10 +4,11 @@
 and a range of its key blocks. A job owns the dk and dv rows of its keys and adds into its
 own dq (the head's when the head is one job; a partial sum per job when the runtime splits
 heads, with fewer heads than threads), so no two threads add into the same row. The outer
-loop walks key blocks of KB keys;
-each key block is packed once (K^T and V^T as D x KB, K as KB x D, zero past the last key)
-and the inner loop walks the query rows that see the block (`rbeg`, `rend` per key block,
-from the runtime) in tiles of BR rows. Per group of RB rows of a tile:
+loop walks key blocks of KB keys; each key block is packed once on the stack (K^T and V^T as
+D x KB through 16 x 16 register transposes, K as KB x D, zero past the last key) and the
+inner loop walks the query rows that see the block (`rbeg`, `rend` per key block, from the
+runtime) in tiles of BR rows, whose q and dO rows are copied to the stack first. Per group
+of RB rows of a tile:
 
   S  = Q K^T          (RB x KB, registers; a loop over d)
   P  = exp(S * scale - lse), 0 outside the row's range      -> pbuf
@@ -17,20 +18,21 @@ from the runtime) in tiles of BR rows. Per group of RB rows of a tile:
 
 and once per tile, for groups of KR keys with D in registers (loops over the tile's rows):
 
-  dv[keys] += P^T dO,  dk[keys] += dS^T Q.
+  dv[keys] += P^T dO,  dk[keys] += dS^T Q    (stack accumulators, written once per block).
 
 Every product is the same register tile: rows x (up to 4) <16 x float> accumulators, one
-scalar broadcast per row and 4 vector loads per step. The scale is folded into dS, so dq and
-dk need no final multiply. Memory: the packed key block, two BR x KB tiles (stack) and the
-outputs; never an N x N array.
+scalar broadcast per row and up to 4 vector loads per step. The scale is folded into dS, so
+dq and dk need no final multiply. Memory: the packed key block, the tile's rows, two BR x KB
+tiles and the dk, dv accumulators (stack), and the outputs; never an N x N array.
 
-argv: q, k, v, do (H, N, D), lse, delta (H, N), dq (H, N, D), dk, dv (H, Nk, D) (zeroed by
-the caller), all read and written in place through (head, row) strides with unit element
-stride; lo, hi (N,); prm (`PARAMS`: sizes, strides in elements, the scale's bits); rbeg,
-rend (per key block); jobs (4 per job: head, first and end key block, offset of its dq in
-elements). A tile's padding rows (i >= n) get hi = 0, so every key is masked for
-them; reads past the last row or key are clamped to it (their probabilities are 0) and
-padding rows and keys accumulate into a stack row, never past an output's end.
+argv: q, k, v, do (H, N, D), lse, delta (H, N), dq (H, N, D) (zeroed by the caller), dk, dv
+(H, Nk, D), all read and written in place through (head, row) strides with unit element
+stride; lo, hi (N,); prm (`PARAMS`: sizes, strides in elements, the scale's bits, which
+outputs are wanted); rbeg, rend (per key block); jobs (4 per job: head, first and end key
+block, offset of its dq in elements). A tile's padding rows (i >= n) get hi = 0, so every
+key is masked for them; reads past the last row or key are clamped to it (their
+probabilities are 0); padding rows add into a stack row and only keys < nk are written, so
+nothing is accessed past an output's end.
 """
 from __future__ import annotations
 
@@ -463,7 +465,6 @@ def backward_ir(symbol: str, D: int) -> str:
     E("  br i1 %kg.more, label %kg.body, label %dk.done")
     E("kg.body:")
     E(f"  %kj = mul i64 %kg, {KR}")
-    E("  %kjh = add i64 %j0, %kj")
     pre = "kg.body"
     for ci, cols in enumerate(chunks):
         for which, buf, arr in (("v", "pbuf", "dotile"), ("k", "dsbuf", "qtile")):
