@@ -281,6 +281,7 @@ class _Run:
         self.device = torch_in[0].device if torch_in else torch.device("cpu")
         self.out_specs: list = []  # (shape, numpy dtype) per output; cotangents match them
         self.outs: list = []       # the forward's outputs, read by the VJP program
+        self.read_outs: list = []  # per output: whether the VJP reads it (saved for backward)
         self.residuals: list = []  # forward intermediates the VJP program reads
 
     def forward(self) -> list:
@@ -294,6 +295,7 @@ class _Run:
         self.out_specs = [(o.shape, o.dtype) for o in outs]
         if any(self.wrt):
             self.outs = outs
+            self.read_outs = self._derived()[2]
         return [to_torch(o).to(self.device) for o in outs]
 
     def _derived(self) -> tuple:
@@ -323,7 +325,10 @@ class _Run:
         by_pos = {id(v): kinds.get(id(w)) for v, w in zip(vjp.in_binders,
                                                          self.program.in_binders)}
         vjp = fuse_relation_walks(vjp, lambda v: by_pos.get(id(v)))
-        hit = self.vjps[key] = (forward, vjp)
+        n_in = len(self.program.in_binders)
+        used = {id(a) for e in vjp.eqns for a in e.inputs} | {id(a) for a in vjp.outs}
+        reads = [id(b) in used for b in vjp.in_binders[n_in + n_out:n_in + 2 * n_out]]
+        hit = self.vjps[key] = (forward, vjp, reads)
         return hit
 
     def backward(self, grad_outs) -> list:
@@ -381,10 +386,11 @@ class _PropagateFunction(torch.autograd.Function):
     def forward(ctx, run, *inputs):
         ctx.run = run
         outs = run.forward()
-        # saved so that an in-place change to an input, or to an output the VJP reads,
-        # before backward raises torch's error
+        # saved so that an in-place change to an input, or to an output the VJP reads
+        # (online_softmax, max), before backward raises torch's error; an output the VJP
+        # does not read (sum, mean) may change in place (y.relu_())
         ctx.n_inputs = len(inputs)
-        ctx.save_for_backward(*inputs, *outs)
+        ctx.save_for_backward(*inputs, *[o for o, r in zip(outs, run.read_outs) if r])
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
         return tuple(outs)
 
