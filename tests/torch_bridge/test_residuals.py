@@ -84,3 +84,26 @@ def test_fold_negations_is_bitwise_exact():
         real = ~np.isnan(want)   # a NaN's sign bit carries no value
         np.testing.assert_array_equal(np.signbit(got)[real], np.signbit(want)[real])
         np.testing.assert_array_equal(got, want)
+
+
+
+def test_saved_intermediate_survives_an_in_place_change_of_the_output():
+    """An output that is a view (reshape) of an intermediate the VJP reads as a residual:
+    changing that output tensor in place before backward leaves the gradients alone."""
+    from tiga.torch_bridge.autograd import _Run
+
+    def f(x):
+        h = tg.math.tanh(x)
+        return tg.math.reshape(h, (12,)), h * h
+
+    x_np = np.linspace(-1.5, 2.0, 12).reshape(3, 4)
+    program = make_program(f)(x_np)
+    x = torch.tensor(x_np, requires_grad=True)
+    run = _Run(program, [x_np], [x], "auto")
+    view, _ = run.forward()
+    assert run.residuals and not any(np.may_share_memory(r, np.asarray(view.numpy()))
+                                     for r in run.residuals)
+    view.mul_(0.0)
+    (grad,) = run.backward([None, torch.ones(3, 4, dtype=torch.float64)])
+    h = np.tanh(x_np)
+    np.testing.assert_allclose(grad.numpy(), 2 * h * (1 - h * h), rtol=1e-12)

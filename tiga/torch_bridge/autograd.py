@@ -292,6 +292,10 @@ class _Run:
         n_out = len(self.program.outs)
         outs, self.residuals = outs[:n_out], list(outs[n_out:])
         outs = [np.asarray(o, t.dtype.np) for o, t in zip(outs, self.program.out_types)]
+        # a residual viewing an output's memory (the output a reshape of it) would see an
+        # in-place change to that output tensor before backward: keep its own copy
+        self.residuals = [np.array(r) if any(np.may_share_memory(r, o) for o in outs)
+                          else r for r in self.residuals]
         self.out_specs = [(o.shape, o.dtype) for o in outs]
         if any(self.wrt):
             self.outs = outs
