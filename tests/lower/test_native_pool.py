@@ -122,10 +122,12 @@ def test_a_forked_child_starts_its_own_workers():
     assert answer == b"1"
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])   # one thread stages every misaligned source
 @pytest.mark.parametrize("offset", [0, 4, 16, 48])
 @pytest.mark.parametrize("width,dtype", [(32, np.float32), (16, np.float32), (8, np.float64),
                                          (5, np.float32)])
-def test_misaligned_sources_give_the_same_result(offset, width, dtype):
+def test_misaligned_sources_give_the_same_result(offset, width, dtype, threads, monkeypatch):
+    monkeypatch.setenv("TIGA_NUM_THREADS", threads)
     row_ptr, col, x, w = _problem(n=3000, deg=9, width=width, seed=3, dtype=dtype)
     g = tg.Graph.from_csr(row_ptr, col, num_src=len(row_ptr) - 1)
     itemsize = np.dtype(dtype).itemsize

@@ -276,7 +276,8 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     sig = exe.signature
     names = eqn.params["names"]
     fields = [_check_field(x, i, sig, bound.sizes[i], names[i]) for i, x in enumerate(values)]
-    staged = [i for i in bound.gathered if _address(fields[i]) % CACHE_LINE]
+    staged = [i for i in bound.gathered if _address(fields[i]) % CACHE_LINE and
+              (fields[i].nbytes > STAGE_SHARED_MAX_BYTES or num_threads() == 1)]
     if staged and _STAGE_LOCK.acquire(blocking=False):
         try:   # (the copies are reused by the next call: hold them until the kernel is done)
             for i in staged:
@@ -332,7 +333,11 @@ class _Bound:
 # flight: a misaligned source array made the stored-CSR kernel 1.3-1.45x slower. Such
 # fields are copied once per call to a 64-byte aligned buffer (a small cost next to reading
 # every row `degree` times); the buffers are kept, since fresh pages fault on first touch.
+# With several threads, a copy small enough to stay in one core's L2 costs more than it saves
+# (measured at 1 MiB: the other core then reads every row from the copying core's cache),
+# while above that size the copy pays for itself.
 CACHE_LINE = 64
+STAGE_SHARED_MAX_BYTES = 2 << 20
 STAGE_MIN_REUSE = 2        # edges per gathered row below which copying does not pay
 _STAGE_LOCK = threading.Lock()
 _STAGE: dict = {}          # field position -> uint8 scratch (one per position, reused)
