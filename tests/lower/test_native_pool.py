@@ -144,3 +144,25 @@ def test_misaligned_sources_give_the_same_result(offset, width, dtype, threads, 
     np.testing.assert_allclose(y, want, rtol=tol, atol=tol * (1 + np.abs(want).max()))
     np.testing.assert_array_equal(y, np.asarray(m(graph=g, src={"x": x}, edge={"w": w})))
     np.testing.assert_array_equal(shifted, x)       # the caller's array is only read
+
+
+def test_huge_page_advice_keeps_contents_and_results():
+    from tiga.xla_free_runtime import llvm_propagate as LP
+    rng = np.random.default_rng(5)
+    n, deg = 1 << 16, 4
+    row_ptr = np.arange(n + 1, dtype=np.int64) * deg
+    col = rng.integers(0, n, n * deg)
+    x = rng.standard_normal((n, 32)).astype(np.float32)      # 8 MiB: advised from its 2nd call
+    w = rng.standard_normal(n * deg).astype(np.float32)
+    keep = x.copy()
+    g = tg.Graph.from_csr(row_ptr, col, num_src=n)
+    m = WeightedSum()
+    ys = [np.asarray(m(graph=g, src={"x": x}, edge={"w": w})) for _ in range(3)]
+    LP._huge_pages(x)
+    LP._huge_pages(x)
+    np.testing.assert_array_equal(x, keep)
+    want = sp.csr_matrix((w.astype(np.float64), col, row_ptr), shape=(n, n)) @ \
+        x.astype(np.float64)
+    for y in ys:
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
+    np.testing.assert_array_equal(ys[0], ys[2])

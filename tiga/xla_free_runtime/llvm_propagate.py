@@ -9,6 +9,7 @@ thread pool.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -278,6 +279,9 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     fields = [_check_field(x, i, sig, bound.sizes[i], names[i]) for i, x in enumerate(values)]
     staged = [i for i in bound.gathered if _address(fields[i]) % CACHE_LINE and
               (fields[i].nbytes > STAGE_SHARED_MAX_BYTES or num_threads() == 1)]
+    for i in bound.gathered:
+        if i not in staged and fields[i].nbytes >= HUGE_MIN_BYTES:
+            _huge_pages(fields[i])
     if staged and _STAGE_LOCK.acquire(blocking=False):
         try:   # (the copies are reused by the next call: hold them until the kernel is done)
             for i in staged:
@@ -360,6 +364,49 @@ def _gathered(sig, eqn, graph) -> tuple:
     return tuple(found)
 
 
+# Random row gathers over many MiB miss the TLB on 4 KiB pages (a 16 MiB source: 4096 pages,
+# 12% slower than on 2 MiB pages, measured). Fresh numpy allocations of this size are
+# already advised onto huge pages; memory numpy reused from 4 KiB pages is not. A source
+# seen again at the same address is collapsed onto huge pages once (Linux 6.1+
+# MADV_COLLAPSE: same contents, the kernel copies; elsewhere the call fails and nothing
+# changes). Only the 2 MiB-aligned interior of the array is advised.
+HUGE_MIN_BYTES = 8 << 20
+HUGE_PAGE = 2 << 20
+MADV_COLLAPSE = 25
+_HUGE_SEEN: dict = {}      # (address, nbytes) -> collapsed already
+
+
+def _huge_pages(arr: np.ndarray) -> None:
+    key = (_address(arr), arr.nbytes)
+    done = _HUGE_SEEN.get(key)
+    if done is None:               # first sighting: a one-off array is not worth the copy
+        if len(_HUGE_SEEN) > 256:
+            _HUGE_SEEN.clear()
+        _HUGE_SEEN[key] = False
+        return
+    if done or not sys.platform.startswith("linux"):
+        return
+    _HUGE_SEEN[key] = True
+    lo = (key[0] + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
+    hi = (key[0] + key[1]) & ~(HUGE_PAGE - 1)
+    if hi > lo:
+        try:
+            _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_COLLAPSE)
+        except (OSError, AttributeError):
+            pass
+
+
+_LIBC: list = []
+
+
+def _libc():
+    if not _LIBC:
+        libc = ctypes.CDLL(None)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
 def _aligned_copy(arr: np.ndarray, slot: int) -> np.ndarray:
     raw = _STAGE.get(slot)
     if raw is None or raw.nbytes < arr.nbytes + CACHE_LINE:
@@ -367,6 +414,8 @@ def _aligned_copy(arr: np.ndarray, slot: int) -> np.ndarray:
     off = -_address(raw) % CACHE_LINE
     out = raw[off:off + arr.nbytes].view(arr.dtype).reshape(arr.shape)
     np.copyto(out, arr)
+    if out.nbytes >= HUGE_MIN_BYTES:
+        _huge_pages(out)     # the scratch is reused: from its second call on huge pages
     return out
 
 
