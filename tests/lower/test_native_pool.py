@@ -166,3 +166,31 @@ def test_huge_page_advice_keeps_contents_and_results():
     for y in ys:
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
     np.testing.assert_array_equal(ys[0], ys[2])
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("nbytes", [1, 63, 64 * 7 + 5, (3 << 20) + 44])
+def test_parallel_copy_copies_every_byte(threads, nbytes):
+    row_ptr, col, x, w = _problem(seed=4)
+    _, _, exe = _kernel(row_ptr, col, x, w)
+    src = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    T.parallel_copy(exe.native, dst, src, threads)
+    np.testing.assert_array_equal(dst, src)
+
+
+def test_large_misaligned_source_is_staged_by_the_pool(monkeypatch):
+    monkeypatch.setenv("TIGA_NUM_THREADS", "2")
+    row_ptr, col, x, w = _problem(n=24000, deg=5, width=32, seed=6, dtype=np.float32)
+    raw = np.empty(x.nbytes + 128, np.uint8)           # 3 MiB: staged with two threads
+    start = (-raw.ctypes.data) % 64 + 16
+    shifted = raw[start:start + x.nbytes].view(np.float32).reshape(x.shape)
+    shifted[:] = x
+    g = tg.Graph.from_csr(row_ptr, col, num_src=len(row_ptr) - 1)
+    m = WeightedSum()
+    want = sp.csr_matrix((w.astype(np.float64), col, row_ptr), shape=(24000, 24000)) @ \
+        x.astype(np.float64)
+    for _ in range(3):
+        y = np.asarray(m(graph=g, src={"x": shifted}, edge={"w": w}))
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
+    np.testing.assert_array_equal(y, np.asarray(m(graph=g, src={"x": x}, edge={"w": w})))

@@ -20,7 +20,7 @@ from ..core.dtypes import as_dtype
 from ..core.errors import CompilationError, ShapeError, TigaError, UnsupportedError
 from ..lower import CPU_LLVM_AVAILABLE
 from .cache import CACHE, Executable, full_key
-from .threads import num_threads, row_chunks, run_chunks, run_jobs
+from .threads import num_threads, parallel_copy, row_chunks, run_chunks, run_jobs
 
 if CPU_LLVM_AVAILABLE:
     from ..lower.llvm import CodegenUnsupported, KernelSchedule, codegen_propagate
@@ -285,7 +285,7 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
     if staged and _STAGE_LOCK.acquire(blocking=False):
         try:   # (the copies are reused by the next call: hold them until the kernel is done)
             for i in staged:
-                fields[i] = _aligned_copy(fields[i], i)
+                fields[i] = _aligned_copy(fields[i], i, exe.native)
             return _launch(exe, bound, graph, fields)
         finally:
             _STAGE_LOCK.release()
@@ -342,6 +342,7 @@ class _Bound:
 # while above that size the copy pays for itself.
 CACHE_LINE = 64
 STAGE_SHARED_MAX_BYTES = 2 << 20
+PARALLEL_COPY = True
 STAGE_MIN_REUSE = 2        # edges per gathered row below which copying does not pay
 _STAGE_LOCK = threading.Lock()
 _STAGE: dict = {}          # field position -> uint8 scratch (one per position, reused)
@@ -407,13 +408,16 @@ def _libc():
     return _LIBC[0]
 
 
-def _aligned_copy(arr: np.ndarray, slot: int) -> np.ndarray:
+def _aligned_copy(arr: np.ndarray, slot: int, native=None) -> np.ndarray:
     raw = _STAGE.get(slot)
     if raw is None or raw.nbytes < arr.nbytes + CACHE_LINE:
         raw = _STAGE[slot] = np.empty(arr.nbytes + CACHE_LINE, np.uint8)
     off = -_address(raw) % CACHE_LINE
     out = raw[off:off + arr.nbytes].view(arr.dtype).reshape(arr.shape)
-    np.copyto(out, arr)
+    if native is not None and PARALLEL_COPY and out.nbytes > STAGE_SHARED_MAX_BYTES:
+        parallel_copy(native, out, arr, num_threads())
+    else:
+        np.copyto(out, arr)
     if out.nbytes >= HUGE_MIN_BYTES:
         _huge_pages(out)     # the scratch is reused: from its second call on huge pages
     return out

@@ -175,7 +175,8 @@ def _pool_entries(fn):
         from . import llvm_jit
         if not protocol.supported():
             raise LookupError
-        names = (fn.symbol + protocol.POOL_RUN_SUFFIX, fn.symbol + protocol.POOL_WORKER_SUFFIX)
+        names = (fn.symbol + protocol.POOL_RUN_SUFFIX, fn.symbol + protocol.POOL_WORKER_SUFFIX,
+                 fn.symbol + protocol.POOL_COPY_SUFFIX)
         if fn.library is not None:
             addrs = [ctypes.cast(fn.library[n], ctypes.c_void_p).value for n in names]
         else:
@@ -184,7 +185,7 @@ def _pool_entries(fn):
         if not all(addrs):
             raise LookupError
         found = (POOL_RUN_CTYPE(addrs[0]), addrs[1],
-                 ctypes.cast(fn.drive, ctypes.c_void_p).value)
+                 ctypes.cast(fn.drive, ctypes.c_void_p).value, addrs[2])
     except (ImportError, LookupError, AttributeError, KeyError):
         found = False
     fn._tiga_pool = found
@@ -253,7 +254,7 @@ def _run_on_native_pool(fn, argv, threads: int, bounds: np.ndarray) -> bool:
     entries = _pool_entries(fn)
     if entries is None:
         return False
-    run, worker, drive = entries
+    run, worker, drive, _ = entries
     lock = _NATIVE_LOCK
     if not lock.acquire(blocking=False):
         return False
@@ -266,3 +267,24 @@ def _run_on_native_pool(fn, argv, threads: int, bounds: np.ndarray) -> bool:
         return True
     finally:
         lock.release()
+
+
+def parallel_copy(fn, dst: np.ndarray, src: np.ndarray, threads: int) -> None:
+    """dst[...] = src (same dtype and shape, both C-contiguous): on the native pool of the
+    kernel `fn` when it has one, else numpy."""
+    entries = _pool_entries(fn) if threads > 1 else None
+    if entries is not None and _NATIVE_LOCK.acquire(blocking=False):
+        try:
+            st = _native_state(entries[1], fn, threads - 1)
+            if st is not None:
+                k = threads * 4
+                cuts = (np.arange(k + 1, dtype=np.int64) * src.nbytes // k) & ~np.int64(63)
+                cuts[-1] = src.nbytes
+                bounds = np.stack([cuts[:-1], cuts[1:]], axis=1).reshape(-1)
+                argv = (ctypes.c_void_p * 2)(dst.ctypes.data, src.ctypes.data)
+                entries[0](st["address"], entries[3], bounds.ctypes.data, k, argv,
+                           min(threads, st["workers"] + 1) - 1)
+                return
+        finally:
+            _NATIVE_LOCK.release()
+    np.copyto(dst, src)

@@ -31,6 +31,7 @@ from .values import I64, PTR, i64
 I32 = ir.IntType(32)
 POOL_RUN_SUFFIX = "_pool_run"
 POOL_WORKER_SUFFIX = "_pool_worker"
+POOL_COPY_SUFFIX = "_pool_copy"
 ENTRY, SEQ, SLEEPERS, SPIN = 0, 8, 9, 10
 JOB_DRIVE, JOB_BOUNDS, JOB_N, JOB_ARGV, JOB_MAX = 16, 17, 18, 19, 20
 NEXT = 24
@@ -107,6 +108,34 @@ def emit_pool(module: ir.Module, prefix: str) -> None:
     p = _Pool(module)
     _emit_run(p, prefix + POOL_RUN_SUFFIX)
     _emit_worker(p, prefix + POOL_WORKER_SUFFIX)
+    _emit_copy(p, prefix + POOL_COPY_SUFFIX)
+
+
+def _emit_copy(p: _Pool, name: str) -> None:
+    """A chunk driver (the `_drive` signature) copying bytes: argv = (dst, src), chunk i is
+    bytes [bounds[2i], bounds[2i+1]). The runtime stages large arrays with it on every
+    thread."""
+    fn = ir.Function(p.module, p.drive_t, name=name)
+    bounds, n, nxt, argv = fn.args
+    blocks = {k: fn.append_basic_block(k) for k in ("entry", "head", "body", "done")}
+    b = ir.IRBuilder(blocks["entry"])
+    dst = b.load(argv, typ=PTR)
+    src = b.load(b.gep(argv, [i64(1)], source_etype=PTR), typ=PTR)
+    b.branch(blocks["head"])
+    b.position_at_end(blocks["head"])
+    i = b.atomic_rmw("add", nxt, i64(1), "monotonic")
+    b.cbranch(b.icmp_signed("<", i, n), blocks["body"], blocks["done"])
+    b.position_at_end(blocks["body"])
+    lo = b.load(b.gep(bounds, [b.shl(i, i64(1))], source_etype=I64), typ=I64)
+    hi = b.load(b.gep(bounds, [b.add(b.shl(i, i64(1)), i64(1))], source_etype=I64), typ=I64)
+    memcpy = _declare(p.module, "llvm.memcpy.p0.p0.i64",
+                      ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, ir.IntType(1)]))
+    b.call(memcpy, [b.gep(dst, [lo], source_etype=ir.IntType(8)),
+                    b.gep(src, [lo], source_etype=ir.IntType(8)), b.sub(hi, lo),
+                    ir.Constant(ir.IntType(1), 0)])
+    b.branch(blocks["head"])
+    b.position_at_end(blocks["done"])
+    b.ret_void()
 
 
 def _emit_run(p: _Pool, name: str) -> None:
