@@ -165,6 +165,12 @@ def child_run(spec: dict) -> dict:
         except Exception as e:  # noqa: BLE001 - any import failure means "not installable here"
             return {"status": "skipped", "reason": f"torch_geometric does not import: {e}"}
     rp, col, w, x = H.make_csr(n, DEGREE, FEATURES, SEED)
+    if spec.get("x_align"):
+        raw = np.empty(x.nbytes + spec["x_align"], np.uint8)
+        start = -raw.ctypes.data % spec["x_align"]
+        x_aligned = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+        x_aligned[...] = x
+        x = x_aligned
     d = {"n": n, "row_ptr": rp, "col": col, "w": w, "x": x}
     fn = PEERS[peer](d, mode, threads)
     if fn is None:
@@ -246,6 +252,10 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over all configs; each config reports its best round")
     p.add_argument("--quick", action="store_true", help="repeat 5, warmup 1")
+    p.add_argument("--x-align", type=int, default=0, choices=[0, 64],
+                   help="64: every peer reads x from a 64-byte aligned copy (torch's own "
+                        "allocator aligns so); 0: where numpy put it (16-byte aligned, so "
+                        "each process draws its own offset within the cache line)")
     p.add_argument("--out", default=None, help="JSON path (default results/stored_csr-<date>)")
     p.add_argument("--render", default=None, help="print the tables of a saved JSON and exit")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -261,7 +271,7 @@ def _argv(spec: dict) -> list:
 
 def build_jobs(a) -> list:
     base = {"threads": a.threads, "warmup": a.warmup, "repeat": a.repeat,
-            "budget_s": a.timeout * 0.4}
+            "budget_s": a.timeout * 0.4, "x_align": a.x_align}
     jobs = [("calibrate", _argv({**base, "kind": "calibrate"}))]
     for mode in a.modes:
         for n in a.sizes:
