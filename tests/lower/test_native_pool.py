@@ -194,3 +194,14 @@ def test_large_misaligned_source_is_staged_by_the_pool(monkeypatch):
         y = np.asarray(m(graph=g, src={"x": shifted}, edge={"w": w}))
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
     np.testing.assert_array_equal(y, np.asarray(m(graph=g, src={"x": x}, edge={"w": w})))
+
+
+@pytest.mark.parametrize("width,listed", [(32, True), (5, False)])   # 20-byte rows: never staged
+def test_explain_lists_the_possible_aligned_copy(width, listed):
+    row_ptr, col, x, w = _problem(n=4000, deg=6, width=width, seed=7, dtype=np.float32)
+    g = tg.Graph.from_csr(row_ptr, col, num_src=len(row_ptr) - 1)
+    ex = WeightedSum().explain(graph=g, src={"x": x}, edge={"w": w})
+    found = [m for m in ex.materialized if "aligned copy of src.x" in m[0]]
+    assert bool(found) == listed
+    if listed:
+        assert found[0][1] == x.nbytes and "mid cache line" in found[0][2]

@@ -13,11 +13,13 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..core.dtypes import as_dtype
 from ..core.errors import CompilationError, ShapeError, TigaError, UnsupportedError
+from ..core.types import GraphType
 from ..lower import CPU_LLVM_AVAILABLE
 from .cache import CACHE, Executable, full_key
 from .threads import num_threads, parallel_copy, row_chunks, run_chunks, run_jobs
@@ -357,12 +359,32 @@ def _gathered(sig, eqn, graph) -> tuple:
     used = _used_inputs(eqn.params["edge_fn"])
     found = []
     for i, role in enumerate(sig.roles):
-        nbytes = int(np.prod(sig.field_shapes[i], dtype=np.int64)) * \
-            _np_dtype(sig.field_dtypes[i]).itemsize
+        nbytes = _row_bytes(sig, i)
         if role == nbr and i in used and nbytes >= 16 and \
                 (nbytes % CACHE_LINE == 0 or CACHE_LINE % nbytes == 0):
             found.append(i)
     return tuple(found)
+
+
+def staging_candidates(eqn, graph) -> list:
+    """[(field name, nbytes)] of the fields a stored-CSR walk may copy to aligned scratch
+    (explain() lists them before any call: alignment is only known then)."""
+    fields = [a.type for a in eqn.inputs if not isinstance(a.type, GraphType)]
+    roles = tuple(eqn.params["roles"])
+    sig = SimpleNamespace(
+        roles=roles, walk="src" if eqn.params["reduce_by"] == "src" else "dst",
+        field_shapes=tuple(tuple(t.shape) if r == "param" else tuple(t.shape[1:])
+                           for t, r in zip(fields, roles)),
+        field_dtypes=tuple(t.dtype.name for t in fields))
+    names = eqn.params["names"]
+    rows = graph.num_src if sig.walk == "dst" else graph.num_dst
+    return [(f"{roles[i]}.{names[i]}", rows * _row_bytes(sig, i))
+            for i in _gathered(sig, eqn, graph)]
+
+
+def _row_bytes(sig, i: int) -> int:
+    return int(np.prod(sig.field_shapes[i], dtype=np.int64)) * \
+        _np_dtype(sig.field_dtypes[i]).itemsize
 
 
 # Random row gathers over many MiB miss the TLB on 4 KiB pages (a 16 MiB source: 4096 pages,

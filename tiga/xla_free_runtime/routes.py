@@ -13,7 +13,7 @@ from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from .explain import Explanation
 from .llvm_generated import GeneratedType, generated_relations
-from .llvm_propagate import Fallback, chunk_row_ptr, plan_propagate
+from .llvm_propagate import Fallback, chunk_row_ptr, plan_propagate, staging_candidates
 from .threads import num_threads, row_chunks
 
 WALK = {"dst": "destination rows walk their CSR edges (compressed-row, destination-major)",
@@ -139,6 +139,13 @@ def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
         ex.materialized.append(("CSR of the cat relation", 8 * (graph.num_dst + 1)
                                 + graph.index_dtype.itemsize * graph.num_edges,
                                 "built by Graph.cat; the kernel walks it (compressed-row)"))
+    if graph is not None and native is None:
+        for name, nbytes in staging_candidates(eqn, graph):
+            ex.materialized.append((
+                f"64-byte aligned copy of {name}", nbytes,
+                "only when the array starts mid cache line (rows gathered at random then "
+                "touch an extra line); made per call into scratch kept between calls, "
+                "skipped with several threads when it fits in one core's L2 (2 MiB)"))
     if graph is not None and p["reduce_by"] == "src":
         ex.materialized.append(("transposed CSR + permutation",
                                 8 * (graph.num_src + 1) + (8 + graph.index_dtype.itemsize)
