@@ -2,13 +2,15 @@
 
 35,947 points on a noisy torus (major/minor radius 1 / 0.35) normalised to the unit box, a
 radius-0.013 relation (about 10 neighbours per point, no self edges), node features of width
-8 and 32, message MLP [p_j - p_i; x_j] -> 32 ReLU -> 3 summed into each destination, loss =
+8 and 32, message MLP [p_j - p_i; x_j] -> 32 ReLU -> 3 (--depth D: D hidden ReLU layers of 32)
+summed into each destination, loss =
 mean squared difference of the result to the positions. Per peer and width, in a fresh
 process: forward median, loss+backward median (a full step minus the forward of the same
 run), total step median, peak RSS above the level before the timed steps. Gradients of
 positions, features and every MLP parameter are taken by torch.autograd in every peer.
 
 Usage: python benchmarks/edge_nn.py [--quick] [--widths 8 32] [--peers ...] [--threads 2]
+       [--depth 1]
 """
 from __future__ import annotations
 
@@ -66,10 +68,14 @@ def workload(width: int) -> dict:
     return {"pos": pos, "x": x, "row_ptr": row_ptr, "col": col, "dst": dst}
 
 
-def make_mlp(torch, width: int):
+def make_mlp(torch, width: int, depth: int = 1):
+    """`depth` hidden ReLU layers of HIDDEN units; depth 1 is the report's MLP (and its
+    parameters are drawn identically, so depth-1 results do not depend on the option)."""
     torch.manual_seed(SEED)
-    return torch.nn.Sequential(torch.nn.Linear(3 + width, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, OUT))
+    layers = [torch.nn.Linear(3 + width, HIDDEN), torch.nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, OUT))
 
 
 # ---------------------------------------------------------------- peers (run in the child)
@@ -154,7 +160,7 @@ def child_run(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     d = workload(spec["width"])
-    mlp = make_mlp(torch, spec["width"])
+    mlp = make_mlp(torch, spec["width"], spec.get("depth", 1))
     forward, explain = PEERS[spec["peer"]](torch, d, mlp)
     pos = torch.from_numpy(d["pos"]).requires_grad_()
     x = torch.from_numpy(d["x"]).requires_grad_()
@@ -201,7 +207,7 @@ def child_check(spec: dict) -> dict:
     d = workload(spec["width"])
     out = {}
     for name in ("tiga", "torch-eager"):
-        mlp = make_mlp(torch, spec["width"])
+        mlp = make_mlp(torch, spec["width"], spec.get("depth", 1))
         forward, _ = PEERS[name](torch, d, mlp)
         pos = torch.from_numpy(d["pos"]).requires_grad_()
         x = torch.from_numpy(d["x"]).requires_grad_()
@@ -222,6 +228,8 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--depth", type=int, default=1,
+                   help="hidden ReLU layers of the message MLP (1: the report's MLP)")
     p.add_argument("--timeout", type=float, default=240.0)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--envs", nargs="+", default=["tuned", "default"],
@@ -286,7 +294,9 @@ def main(argv=None) -> int:
                       "OMP_WAIT_POLICY": "PASSIVE"}}
     machine = H.machine_info(a.threads)
     machine["code"] = H.code_state(os.path.join(os.path.dirname(RESULTS_DIR), ".."))
-    base = {"threads": a.threads, "warmup": a.warmup, "repeat": a.repeat,
+    if a.depth < 1:
+        raise SystemExit("--depth must be at least 1")
+    base = {"threads": a.threads, "depth": a.depth, "warmup": a.warmup, "repeat": a.repeat,
             "budget_s": a.timeout * 0.3}
     raw, interrupted = [], False
     for rnd in range(a.rounds):
@@ -316,14 +326,14 @@ def main(argv=None) -> int:
         results.append(pick)
     path = a.out or os.path.join(
         RESULTS_DIR, f"edge_nn-{datetime.date.today().isoformat()}"
-        f"{'-quick' if a.quick else ''}.json")
+        f"{f'-depth{a.depth}' if a.depth != 1 else ''}{'-quick' if a.quick else ''}.json")
     settings = {k: v for k, v in vars(a).items() if k != "child"}
     H.write_json(path, {"workload": {"points": N_POINTS, "radius": RADIUS, "hidden": HIDDEN,
-                                     "out": OUT, "seed": SEED},
+                                     "depth": a.depth, "out": OUT, "seed": SEED},
                         "settings": settings, "machine": machine, "results": results,
                         "interrupted": interrupted})
     print(f"machine: {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, threads "
-          f"{a.threads}, load at start {machine.get('loadavg_at_start')}")
+          f"{a.threads}, MLP depth {a.depth}, load at start {machine.get('loadavg_at_start')}")
     for r in results:
         if r["label"].startswith("check/"):
             print(f"{r['label']}: Tiga vs torch eager max relative error "
