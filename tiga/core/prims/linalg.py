@@ -1,8 +1,11 @@
 """core: dot_general, the one contraction primitive (matmul, dot, einsum-like forms)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..blas_threads import one_blas_thread
 from ..errors import DTypeError, ShapeError
 from ..primitive import abstract_eval_rules, impl_rules, primitive, row_batch_rules
 from ..types import TensorType
@@ -30,10 +33,12 @@ def dot_general_impl_rule(x, y, *, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
     x, y = np.asarray(x), np.asarray(y)
     dtype = np.result_type(x.dtype, y.dtype)
+    work = x.size * y.size // max(1, math.prod(y.shape[b] for b in (*rc, *rb)))  # mult-adds
     if not lb:
         # tensordot reshapes to one BLAS product; einsum's path is several times slower
         # for the tall-skinny (entities x features) products edge MLPs hoist out
-        out = np.tensordot(x, y, axes=(list(lc), list(rc)))
+        with one_blas_thread(work):
+            out = np.tensordot(x, y, axes=(list(lc), list(rc)))
         return [np.asarray(out).astype(dtype, copy=False)]
     letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     xs = [next(letters) for _ in range(x.ndim)]
@@ -44,7 +49,8 @@ def dot_general_impl_rule(x, y, *, dimension_numbers):
     lfree = [xs[i] for i in range(x.ndim) if i not in lc and i not in lb]
     rfree = [ys[i] for i in range(y.ndim) if i not in rc and i not in rb]
     spec = f"{''.join(xs)},{''.join(ys)}->{''.join(batch + lfree + rfree)}"
-    out = np.einsum(spec, x, y, optimize=True)
+    with one_blas_thread(work):
+        out = np.einsum(spec, x, y, optimize=True)
     return [np.asarray(out).astype(dtype, copy=False)]
 
 
