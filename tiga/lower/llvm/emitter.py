@@ -72,6 +72,41 @@ class Emitter:
         self.b = ContractingBuilder(self.start)
         self._globals = 0
         self._decls: dict = {}
+        # open_hoist() makes a block that runs once per call before the loops; values whose
+        # pointers are in `invariant` (parameters) may be re-laid out there (transposed
+        # weights: see rules/linalg.py)
+        self._hoist_tail = None
+        self._hoist_cont = None
+        self.invariant: set = set()
+        self._hoisted: dict = {}
+
+    # ---- once-per-call code ------------------------------------------------------------
+
+    def open_hoist(self) -> None:
+        """Split the current point: code emitted through hoisted() runs here, once, before
+        whatever `b` emits next. Call close_hoist() before finish()."""
+        hoist = self.fn.append_basic_block("hoist")
+        cont = self.fn.append_basic_block("hoist.cont")
+        self.b.branch(hoist)
+        self._hoist_tail, self._hoist_cont = hoist, cont
+        self.b.position_at_end(cont)
+
+    def close_hoist(self) -> None:
+        if self._hoist_tail is not None:
+            ir.IRBuilder(self._hoist_tail).branch(self._hoist_cont)
+            self._hoist_tail = None
+
+    def hoisted(self, key, make):
+        """make() emitted once in the hoist block (cached by key); None without one."""
+        if self._hoist_tail is None:
+            return None
+        if key not in self._hoisted:
+            saved = self.b.block
+            self.b.position_at_end(self._hoist_tail)
+            self._hoisted[key] = make()
+            self._hoist_tail = self.b.block
+            self.b.position_at_end(saved)
+        return self._hoisted[key]
 
     # ---- memory ------------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ def codegen_propagate(params: dict, in_types: list, index_dtype, schedule=None, 
     ctx = Emitter(module, fn)
     _KernelBuilder(ctx, params, sig).emit(*fn.args)
     ctx.b.ret_void()
+    ctx.close_hoist()
     ctx.finish()
     emit_chunk_driver(module, fn)
     return str(module), sig
@@ -217,6 +218,7 @@ class _KernelBuilder:
 
     def _param(self, i: int) -> Val:
         dtype = as_dtype(self.sig.field_dtypes[i])
+        self.ctx.invariant.add(id(self.ptr[f"field:{i}"]))
         return self.ctx.scalar_of(Val(self.sig.field_shapes[i], dtype,
                                       ptr=self.ptr[f"field:{i}"]))
 
@@ -240,6 +242,7 @@ class _KernelBuilder:
     def emit(self, begin, end, argv) -> None:
         self._load_args(argv)
         self.walk.setup(self)
+        self.ctx.open_hoist()
         if self.walk.gathers:
             # the last edge of this call's rows bounds the look-ahead of the gather prefetch
             self.last_edge = self.b.sub(self.walk.edge_start(self, end), i64(1))

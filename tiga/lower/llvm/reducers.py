@@ -13,7 +13,7 @@ from llvmlite import ir
 from ...core.dtypes import float64
 from ...core.reducers import Reducer
 from .rules.reductions import combine, identity
-from .values import F64, CodegenUnsupported, Val, cast, const
+from .values import F64, CodegenUnsupported, Val, cast, const, numel
 
 SIMPLE = ("sum", "mean", "max", "min", "prod")
 
@@ -52,7 +52,11 @@ class SimpleState:
         """state += other (two partial sums of one row)."""
         (acc,), (part,) = state, other
         b = ctx.b
-        ctx.loop_nest(self.shape, lambda idx: acc.store(
+        shape = self.shape
+        if len(shape) > 1 and acc.is_contiguous() and part.is_contiguous():
+            shape = (numel(shape),)
+            acc, part = acc.with_shape(shape, (1,)), part.with_shape(shape, (1,))
+        ctx.loop_nest(shape, lambda idx: acc.store(
             b, idx, combine(b, self.kind, self.dtype, acc.load(b, idx), part.load(b, idx))))
 
     def init(self, ctx) -> list:
@@ -63,12 +67,18 @@ class SimpleState:
     def fold(self, ctx, state: list, msgs: list) -> None:
         (acc,), (m,) = state, msgs
         b = ctx.b
+        shape = self.shape
+        if len(shape) > 1 and acc.is_contiguous() and (m.is_scalar or m.is_contiguous()):
+            # one flat loop: LLVM fully unrolls a short inner loop of a nest and then
+            # vectorises the outer one with gathers/scatters (a (32, 32) weight gradient)
+            shape = (numel(shape),)
+            acc, m = acc.with_shape(shape, (1,)), m.with_shape(shape, (1,))
 
         def body(idx):
             x = cast(b, m.load(b, idx), m.dtype, self.dtype)
             acc.store(b, idx, combine(b, self.kind, self.dtype, acc.load(b, idx), x))
 
-        ctx.loop_nest(self.shape, body)
+        ctx.loop_nest(shape, body)
 
     def finalize(self, ctx, state: list, count: ir.Value) -> list:
         (acc,) = state
