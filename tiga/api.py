@@ -12,7 +12,12 @@ from .core.types import GraphType, TensorType
 from .lower.pipeline import ir_text, module_name
 from .trace import call_cache, message_passing
 from .trace.pytree import tree_flatten, tree_unflatten
-from .trace.rewrites import hoist_linear_projections, simplify_edge_functions
+from .trace.rewrites import (
+    executable,
+    hoist_linear_projections,
+    relation_kinds,
+    simplify_edge_functions,
+)
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
 from .xla_free_runtime.executor import execute, explain_program
@@ -28,6 +33,26 @@ def run_program(program, args) -> list:
     if current_builder() is not None and any(isinstance(a, Tracer) for a in args):
         return inline_program(program, *args)
     return [_wrap(o) for o in execute(program, [leaf_value(a) for a in args])]
+
+
+def run_staged(program, args, memo: dict | None = None) -> list:
+    """`run_program` for a program tg.grad / tg.vjp / tg.jit traced: executed, it first gets
+    the exact execution rewrites (trace/rewrites `executable`: one walk for independent
+    propagates over a radius/knn relation, a + (-b) as a - b, common subexpressions once),
+    which depend on the concrete relations' kinds; inlined into an outer trace it stays as
+    traced (the outer program is rewritten when it runs). `memo` keeps the rewritten
+    program per kinds for a caller that runs the same program again."""
+    if current_builder() is not None and any(isinstance(a, Tracer) for a in args):
+        return inline_program(program, *args)
+    values = [leaf_value(a) for a in args]
+    kinds = relation_kinds(program, values)
+    key = tuple(sorted(kinds.items()))
+    rewritten = None if memo is None else memo.get(key)
+    if rewritten is None:
+        rewritten = executable(program, kinds)
+        if memo is not None:
+            memo[key] = rewritten
+    return [_wrap(o) for o in execute(rewritten, values)]
 
 
 class Jitted:
@@ -58,18 +83,17 @@ class Jitted:
             self.misses += 1
             program, caps, out_tree = trace_args(self.fn, args, self.static)
             program = hoist_linear_projections(program)[0]   # exact edge-loop rewrites
-            self._cache[key] = (program, out_tree)
-        program, out_tree = self._cache[key]
-        return program, out_tree, leaves
+            self._cache[key] = (program, out_tree, {})
+        return (*self._cache[key], leaves)
 
     def __call__(self, *args):
         if current_builder() is not None:
             return self.fn(*args)  # inside another transformation: trace inline
-        program, out_tree, leaves = self._program(args)
-        return tree_unflatten(out_tree, run_program(program, leaves))
+        program, out_tree, memo, leaves = self._program(args)
+        return tree_unflatten(out_tree, run_staged(program, leaves, memo))
 
     def lower(self, *args) -> Lowered:
-        program, out_tree, _ = self._program(args)
+        program, out_tree, _, _ = self._program(args)
         return Lowered(program, out_tree, module_name(getattr(self.fn, "__name__", "main")))
 
     def cache_info(self) -> dict:
@@ -96,15 +120,17 @@ class Lowered:
 
 class Compiled:
     def __init__(self, program, out_tree):
-        self.program = program
+        self.program = program     # as traced (what Lowered prints)
         self._out_tree = out_tree
+        self._memo: dict = {}
 
     def __call__(self, *args):
         leaves, _ = tree_flatten(list(args))
-        return tree_unflatten(self._out_tree, run_program(self.program, leaves))
+        return tree_unflatten(self._out_tree, run_staged(self.program, leaves, self._memo))
 
     def explain(self):
-        return explain_program(self.program, [])
+        # what a call executes: the relations the program generates have static kinds
+        return explain_program(executable(self.program, relation_kinds(self.program)), [])
 
 
 def jit(fn: Callable | None = None, static_argnums=()):
@@ -210,7 +236,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         traced = _Traced(fn, args, nums, has_aux)
         seeds = _cotangent_seeds(traced, traced.program.out_types, scalar_only=True)
         vjp = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
-        res = run_program(vjp, traced.args() + seeds)
+        res = run_staged(vjp, traced.args() + seeds)
         outs, grads = res[:len(seeds)], res[len(seeds):]
         value, aux = traced.split(outs)
         grads = traced.grads_tree(grads, argnums_tuple)
@@ -234,10 +260,11 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     """`out, vjp_fn = tg.vjp(f, *primals)`; `vjp_fn(ct)` returns one cotangent per primal."""
     nums = tuple(range(len(primals)))
     traced = _Traced(fn, primals, nums, has_aux)
-    outs = run_program(traced.program, traced.args())
+    outs = run_staged(traced.program, traced.args())
     value, aux = traced.split(outs)
     program = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
     out_types = traced.program.out_types
+    memo: dict = {}   # the rewritten VJP program, for repeated vjp_fn calls
 
     def vjp_fn(ct):
         ct_leaves, ct_tree = tree_flatten(ct)
@@ -251,7 +278,7 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
         seeds = [np.asarray(s, t.dtype.np) if not isinstance(s, Tracer) else s
                  for s, t in zip(seeds, out_types)]
         seeds += _cotangent_seeds(traced, out_types, False)[traced.n_out:]
-        res = run_program(program, traced.args() + seeds)
+        res = run_staged(program, traced.args() + seeds, memo)
         return traced.grads_tree(res[len(out_types):], True)
 
     return ((value, vjp_fn, aux) if has_aux else (value, vjp_fn))

@@ -96,14 +96,14 @@ def test_edge_mlp_vjp_walks_and_gradients(kind, monkeypatch):
     else:
         graph = tg.Graph.knn(pos, k=6)
     seen = []
-    real = autograd.fuse_relation_walks
+    real = autograd.executable   # the shared execution rewrites, walk fusion last
 
     def spy(program, kinds):
         out = real(program, kinds)
         seen.append(out)
         return out
 
-    monkeypatch.setattr(autograd, "fuse_relation_walks", spy)
+    monkeypatch.setattr(autograd, "executable", spy)
     model = EdgeNN(mlp)
     y = model(graph=graph, src={"x": x})
     # the call resolved the relation (keyed on its edge count): the walks read that CSR

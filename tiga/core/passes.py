@@ -1,6 +1,8 @@
 """core: program-to-program cleanup passes (dead-code elimination, common subexpressions)."""
 from __future__ import annotations
 
+import numpy as np
+
 from .program import GraphProgram, Lit, Var
 
 
@@ -43,6 +45,8 @@ def cse(program: GraphProgram) -> GraphProgram:
 
 def _atom_key(a):
     if isinstance(a, Lit):
+        if not isinstance(a.value, np.ndarray | np.generic):   # a relation: by identity
+            return ("lit-object", id(a.value))
         return ("lit", str(a.type), a.value.tobytes())
     return ("var", id(a))
 

@@ -19,9 +19,10 @@ from ..core.program import Eqn, GraphProgram, Var
 from ..core.types import GraphType
 from ..trace import call_cache
 from ..trace.rewrites import (
+    executable,
     fold_negations,
-    fuse_relation_walks,
     hoist_linear_projections,
+    relation_kind,
     save_residuals,
     simplify_edge_functions,
 )
@@ -306,7 +307,7 @@ class _Run:
         """(forward program returning its outputs then the residuals, VJP program taking
         (*ins, *cts, *outs, *residuals)); derived once per signature, requires-grad pattern
         and relation kinds."""
-        kinds = {id(v): _relation_kind(a) for v, a in zip(self.program.in_binders, self.args)
+        kinds = {id(v): relation_kind(a) for v, a in zip(self.program.in_binders, self.args)
                  if isinstance(v.type, GraphType)}
         key = (tuple(self.wrt), tuple(kinds.values()))
         hit = self.vjps.get(key)
@@ -323,12 +324,11 @@ class _Run:
         saved = save_residuals(forward, vjp)
         if saved is not None:
             forward, vjp = saved
-        vjp = fold_negations(vjp)
-        # the VJP's walks over one radius/knn relation (destination and source cotangents)
-        # become one walk; the VJP program's graph binders are the forward's, in place
+        # a + (-b) as a - b; the VJP's walks over one radius/knn relation (destination and
+        # source cotangents) become one walk; its graph binders are the forward's, in place
         by_pos = {id(v): kinds.get(id(w)) for v, w in zip(vjp.in_binders,
                                                          self.program.in_binders)}
-        vjp = fuse_relation_walks(vjp, lambda v: by_pos.get(id(v)))
+        vjp = executable(vjp, by_pos)   # shared with tg.grad / tg.vjp / tg.jit
         n_in = len(self.program.in_binders)
         used = {id(a) for e in vjp.eqns for a in e.inputs} | {id(a) for a in vjp.outs}
         reads = [id(b) in used for b in vjp.in_binders[n_in + n_out:n_in + 2 * n_out]]
@@ -346,17 +346,6 @@ class _Run:
                                     list(self.residuals))
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]
-
-
-def _relation_kind(graph):
-    """How the VJP may merge walks over `graph`: "symmetric" (a source-grouped walk is the
-    destination-grouped one with roles exchanged), "directed", or None (leave them: only
-    radius/knn walks, whose traversal dominates, are merged)."""
-    if getattr(graph, "kind", None) not in ("radius", "knn"):
-        return None
-    from ..xla_free_runtime.llvm_generated import symmetric
-
-    return "symmetric" if symmetric(graph) else "directed"
 
 
 def _reading_outputs(full: GraphProgram, n_out: int) -> GraphProgram:

@@ -10,10 +10,11 @@ calls, applied before autodiff (so the VJP is derived from the rewritten program
   used in (no per-edge transpose).
 """
 from .edge_products import simplify_edge_functions, swap_transposed_products
-from .fuse_walks import fuse_relation_walks
+from .fuse_walks import executable, fuse_relation_walks, relation_kind, relation_kinds
 from .hoist_linear import hoist_linear_projections
 from .negations import fold_negations
 from .residuals import save_residuals
 
 __all__ = ["hoist_linear_projections", "simplify_edge_functions", "swap_transposed_products",
-           "fuse_relation_walks", "save_residuals", "fold_negations"]
+           "fuse_relation_walks", "save_residuals", "fold_negations", "executable",
+           "relation_kind", "relation_kinds"]

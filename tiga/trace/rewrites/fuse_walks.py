@@ -18,8 +18,11 @@ from __future__ import annotations
 import heapq
 
 from ...core.passes import cse, dce
+from ...core.prims.geometry import knn_p, radius_p
 from ...core.prims.graph import propagate_p
-from ...core.program import ClosedProgram, Eqn, GraphProgram, Var
+from ...core.program import ClosedProgram, Eqn, GraphProgram, Lit, Var
+from ...core.types import GraphType
+from .negations import fold_negations
 
 FLIP = {"src": "dst", "dst": "src"}
 
@@ -34,6 +37,55 @@ def fuse_relation_walks(program: GraphProgram, relation_kind) -> GraphProgram:
         program = _merge(program, group)
 
 
+def relation_kind(graph):
+    """How walks over a concrete relation may merge: "symmetric" (a source-grouped walk is
+    the destination-grouped one with roles exchanged), "directed", or None (leave them:
+    only radius/knn walks, whose traversal dominates, are merged)."""
+    if getattr(graph, "kind", None) not in ("radius", "knn"):
+        return None
+    from ...xla_free_runtime.llvm_generated import symmetric
+
+    return "symmetric" if symmetric(graph) else "directed"
+
+
+def _generated_kind(eqn):
+    """The kind of the relation a radius/knn equation generates: its params are static."""
+    p = eqn.params
+    if eqn.primitive is radius_p and len(eqn.inputs) == 1 and not p.get("max_neighbors"):
+        return "symmetric"  # one point set, untruncated: j in N(i) iff i in N(j)
+    return "directed"
+
+
+def relation_kinds(program: GraphProgram, args=None) -> dict:
+    """{id(graph variable): kind} for `program`: binders from the concrete relations in
+    `args` (binder order; a traced or missing value counts as unknown, None), relations
+    generated inside the program from their generating equation."""
+    kinds = {}
+    if args is not None:
+        for v, a in zip(program.in_binders, args):
+            if isinstance(v.type, GraphType) and getattr(a, "kind", None) == v.type.kind:
+                kinds[id(v)] = relation_kind(a)
+    for e in program.eqns:
+        if e.primitive in (radius_p, knn_p):
+            kinds[id(e.outputs[0])] = _generated_kind(e)
+    return kinds
+
+
+def executable(program: GraphProgram, kinds: dict) -> GraphProgram:
+    """The exact rewrites a staged (VJP) program gets before it runs, shared by the torch
+    bridge and tg.grad / tg.vjp / tg.jit: common subexpressions once, `a + (-b)` as `a - b`,
+    then the independent sum propagates over one radius/knn relation as one walk. `kinds`
+    maps id(graph variable) to its kind (relation_kinds). Applied where a program is
+    executed, not where it is traced: the program users print or lower stays as traced."""
+    # one trace holds the primal and its VJP: a value both halves compute (a rule reading
+    # `y` for y * y twice) is evaluated once
+    program = fold_negations(dce(cse(program)))
+
+    def kind_of(a):   # a relation the trace captured is a literal: its kind is at hand
+        return relation_kind(a.value) if isinstance(a, Lit) else kinds.get(id(a))
+    return fuse_relation_walks(program, kind_of)
+
+
 def _fusable(eqn) -> bool:
     if eqn.primitive is not propagate_p:
         return False
@@ -41,7 +93,12 @@ def _fusable(eqn) -> bool:
     r = p["reducer"]
     return (p["update"] is None and r.builtin
             and r.name == "sum" and r.arity == 1 and p["reduce_by"] in ("dst", "src")
-            and "edge" not in p["roles"] and isinstance(eqn.inputs[0], Var))
+            and "edge" not in p["roles"] and isinstance(eqn.inputs[0], Var | Lit))
+
+
+def _relation(a):
+    """What identifies a walk's relation: its variable, or a captured relation itself."""
+    return a.value if isinstance(a, Lit) else a
 
 
 def _descendants(program: GraphProgram) -> list:
@@ -76,7 +133,7 @@ def _next_group(program: GraphProgram, relation_kind):
         symmetric = relation_kind(ei.inputs[0]) == "symmetric"
         for j in cands[n + 1:]:
             ej = program.eqns[j]
-            if ej.inputs[0] is not ei.inputs[0]:
+            if _relation(ej.inputs[0]) is not _relation(ei.inputs[0]):
                 continue
             same = ej.params["reduce_by"] == ei.params["reduce_by"]
             if not (same or symmetric):
@@ -180,4 +237,4 @@ def _schedule(program: GraphProgram, group: list, fused: Eqn) -> list:
     return [eqn_of[i] for i in order]
 
 
-__all__ = ["fuse_relation_walks"]
+__all__ = ["fuse_relation_walks", "relation_kind", "relation_kinds", "executable"]

@@ -13,6 +13,8 @@ just reads their results instead of evaluating them again.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...core.passes import dce
 from ...core.program import Eqn, GraphProgram, Lit, Var
 
@@ -31,6 +33,8 @@ def _key(eqn, inputs: tuple) -> tuple:
 
 
 def _lit_key(a: Lit) -> tuple:
+    if not isinstance(a.value, np.ndarray | np.generic):   # a relation: by identity
+        return ("lit-object", id(a.value))
     return ("lit", str(a.type), a.value.tobytes())
 
 
