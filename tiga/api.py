@@ -101,7 +101,10 @@ class Jitted:
 
 
 class Lowered:
-    """`tg.jit(f).lower(*args)`: the traced program, before execution."""
+    """`tg.jit(f).lower(*args)`: the traced program, before execution. It (and its IR
+    levels) shows the program as traced: a VJP's cotangent propagates stay separate. A call
+    runs it after the exact execution rewrites (`run_staged`), which `Compiled.explain()`
+    describes: there, independent propagates over one radius/knn relation are one walk."""
 
     def __init__(self, program, out_tree, name: str = "main"):
         self.program = program

@@ -52,6 +52,8 @@ def _atom_key(a):
 
 
 def _hashable(v):
+    if isinstance(v, np.ndarray):   # repr elides the middle of a large array
+        return ("array", v.dtype.str, v.shape, v.tobytes())
     try:
         hash(v)
         return v
