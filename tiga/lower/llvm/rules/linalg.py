@@ -113,10 +113,81 @@ def _vector_nest(ctx, loops, x, y, acc, dtype):
         v = b.load(_as_vector_ptr(b, y.address(b, yi), vec), typ=vec, align=align)
         out_ptr = _as_vector_ptr(b, acc.address(b, oi), vec)
         old = b.load(out_ptr, typ=vec, align=align)
-        # the scalar loop's operations per element, in the same order (bitwise equal)
         b.store(b.fadd(old, b.fmul(u, v)), out_ptr, align=align)
 
+    if _split_contraction(loops):
+        _matvec_nest(ctx, loops, x, y, acc, dtype, vec, splat_mask)
+        return
     ctx.loop_nest(tuple(m for m, _, _, _ in loops[:-1]), body)
+
+
+SPLIT_ACCUMULATORS = 4
+MAX_UNROLLED_CONTRACTION = 256
+
+
+def _split_contraction(loops) -> bool:
+    """x @ W with one contracted axis just outside the vector axis (every middle Linear of
+    an edge MLP): worth independent partial sums (see _matvec_nest)."""
+    if len(loops) < 2:
+        return False
+    k, xa, ya, oa = loops[-2]
+    contracted = [lp for lp in loops if lp[1] is not None and lp[2] is not None
+                  and lp[3] is None]
+    return (xa is not None and ya is not None and oa is None and len(contracted) == 1
+            and SPLIT_ACCUMULATORS <= k <= MAX_UNROLLED_CONTRACTION)
+
+
+def _fmuladd(ctx, vec):
+    name = f"llvm.fmuladd.v{vec.count}{'f32' if vec.element == ir.FloatType() else 'f64'}"
+    key = ("fmuladd", str(vec))
+    if key not in ctx._decls:
+        ctx._decls[key] = ir.Function(ctx.module, ir.FunctionType(vec, [vec, vec, vec]),
+                                      name=name)
+    return ctx._decls[key]
+
+
+def _matvec_nest(ctx, loops, x, y, acc, dtype, vec, splat_mask):
+    """acc[.., :] += sum_k x[.., k] * y[k, :], unrolled over k into SPLIT_ACCUMULATORS
+    register partial sums (k mod 4) merged as (s0 + s1) + (s2 + s3): the edge loop of a
+    deep edge MLP is bound by this chain's latency otherwise (one add after another per k).
+    Every kernel emits the same operations in the same order (llvm.fmuladd rounds as the
+    target decides, the same in every kernel), so a message recomputed by a VJP kernel is
+    bitwise the forward's, which the max/min VJPs rely on."""
+    b = ctx.b
+    K, _, _, _ = loops[-2]
+    n, _, ya_last, _ = loops[-1]
+    align = dtype.itemsize
+    zero = ir.Constant(ir.IntType(32), 0)
+    fma = _fmuladd(ctx, vec)
+
+    def body(idx):
+        xi, yi, oi = [None] * len(x.shape), [None] * len(y.shape), [None] * len(acc.shape)
+        for i, (_, xa, ya, oa) in zip(idx, loops[:-2]):
+            if xa is not None:
+                xi[xa] = i
+            if ya is not None:
+                yi[ya] = i
+            if oa is not None:
+                oi[oa] = i
+        _, kxa, kya, _ = loops[-2]
+        yi[ya_last] = i64(0)
+        oi[len(acc.shape) - 1] = i64(0)
+        parts = [None] * SPLIT_ACCUMULATORS
+        for k in range(K):
+            xi[kxa], yi[kya] = i64(k), i64(k)
+            u = x.load(b, xi)
+            u = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), u, zero),
+                                 ir.Constant(vec, ir.Undefined), splat_mask)
+            v = b.load(_as_vector_ptr(b, y.address(b, yi), vec), typ=vec, align=align)
+            j = k % SPLIT_ACCUMULATORS
+            parts[j] = (b.fmul(u, v) if parts[j] is None else b.call(fma, [u, v, parts[j]]))
+        while len(parts) > 1:
+            parts = [b.fadd(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+        out_ptr = _as_vector_ptr(b, acc.address(b, oi), vec)
+        old = b.load(out_ptr, typ=vec, align=align)
+        b.store(b.fadd(old, parts[0]), out_ptr, align=align)
+
+    ctx.loop_nest(tuple(m for m, _, _, _ in loops[:-2]), body)
 
 
 def _contiguous_inner(ctx, y, axis: int):
