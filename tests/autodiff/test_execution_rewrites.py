@@ -11,6 +11,8 @@ import pytest
 import tiga as tg
 from tiga import api
 from tiga.core.prims.graph import propagate_p
+from tiga.trace.rewrites import relation_kind, relation_kinds
+from tiga.trace.staging import make_program
 from tiga.xla_free_runtime import llvm_generated as lg
 
 N, F, H, OUT = 26, 3, 6, 2
@@ -220,3 +222,30 @@ def test_vjp_fn_reuses_the_rewritten_program(spy):
                                rtol=1e-12)
     # forward, the first vjp_fn call (rewritten then), tg.grad: the second call reused it
     assert len(spy) == 3
+
+
+
+def test_relation_kinds_agree_with_the_runtime():
+    """The rewrite's symmetric/directed test (trace layer) is the runtime's, for concrete
+    relations and for relations a traced program generates."""
+    rng = np.random.default_rng(4)
+    pos, q = rng.random((20, 3)), rng.random((7, 3))
+    makers = [lambda p, q: tg.Graph.radius(p, 0.3),
+              lambda p, q: tg.Graph.radius(p, 0.3, loop=True),
+              lambda p, q: tg.Graph.radius(p, 0.3, max_neighbors=3),
+              lambda p, q: tg.Graph.radius(p, 0.3, query=q),
+              lambda p, q: tg.Graph.knn(p, 4), lambda p, q: tg.Graph.knn(p, 3, query=q)]
+    for make in makers:
+        g = make(pos, q)
+        assert relation_kind(g) == ("symmetric" if lg.symmetric(g) else "directed")
+
+        def f(p, q, make=make):
+            return tg.math.sum(tg.propagate(make(p, q), lambda s, d, e: e.distance[..., None],
+                                            tg.sum()))
+        program = make_program(f)(pos, q)
+        generated = lg.generated_relations(program)
+        kinds = relation_kinds(program)
+        assert generated and set(generated) == set(kinds)
+        for k, gt in generated.items():
+            assert kinds[k] == ("symmetric" if lg.symmetric(gt) else "directed")
+    assert relation_kind(tg.Graph.from_csr(*_csr(pos), num_src=20)) is None

@@ -43,9 +43,11 @@ def relation_kind(graph):
     only radius/knn walks, whose traversal dominates, are merged)."""
     if getattr(graph, "kind", None) not in ("radius", "knn"):
         return None
-    from ...xla_free_runtime.llvm_generated import symmetric
-
-    return "symmetric" if symmetric(graph) else "directed"
+    # radius over one point set, untruncated (the runtime's llvm_generated.symmetric, which
+    # this layer may not import; a test keeps the two in agreement)
+    p = graph.params
+    sym = graph.kind == "radius" and p["query"] is None and not p["max_neighbors"]
+    return "symmetric" if sym else "directed"
 
 
 def _generated_kind(eqn):
