@@ -249,3 +249,29 @@ def test_relation_kinds_agree_with_the_runtime():
         for k, gt in generated.items():
             assert kinds[k] == ("symmetric" if lg.symmetric(gt) else "directed")
     assert relation_kind(tg.Graph.from_csr(*_csr(pos), num_src=20)) is None
+
+
+@pytest.mark.parametrize("kind", ["radius", "knn"])
+def test_relation_passed_as_an_argument(kind, spy, monkeypatch):
+    """A concrete relation among the arguments: its kind is read at the call."""
+    rng = np.random.default_rng(6)
+    pos, x, h = rng.random((40, 3)), rng.standard_normal((40, 2)), rng.random((40, 1))
+    g = tg.Graph.radius(pos, 0.3) if kind == "radius" else tg.Graph.knn(pos, 5)
+
+    def loss(x, h, g):
+        y = tg.propagate(g, lambda s, d, e: s.x * d.h, tg.sum(), src={"x": x}, dst={"h": h})
+        return tg.math.sum(y * y)
+
+    got = tg.grad(loss, argnums=(0, 1))(x, h, g)
+    jitted = tg.jit(tg.grad(loss, argnums=(0, 1)))(x, h, g)
+    # forward, then the dst (h) and src (x) cotangent walks: one walk where symmetric
+    assert [_walks(p) for p in spy] == ([2, 2] if kind == "radius" else [3, 3])
+    rows = radius_rows(pos, 0.3) if kind == "radius" else knn_rows(pos, 5)
+    w = np.zeros((40, 40))
+    for i, src in enumerate(rows):
+        w[i, src] = 1.0
+    y = h * (w @ x)
+    want = (2 * w.T @ (h * y), (2 * y * (w @ x)).sum(axis=1, keepdims=True))
+    for a, b, c in zip(got, jitted, want):
+        np.testing.assert_allclose(np.asarray(a), c, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(b), c, rtol=1e-12, atol=1e-12)
