@@ -40,7 +40,7 @@ def _loaded_openblas() -> list:
     for path in sorted(p for p in paths if os.path.isabs(p)):
         try:
             # RTLD_NOLOAD: only a library already mapped, never a second copy
-            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LOCAL)
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
         except OSError:
             continue
         for get_name, set_name in _NAMES:
