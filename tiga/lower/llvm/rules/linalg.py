@@ -39,7 +39,6 @@ def dot_general_rule(ctx, in_types, out_types, x, y, *, dimension_numbers):
         raise CodegenUnsupported("dot_general on bool operands has no cpu-llvm lowering")
     b = ctx.b
     acc = ctx.new_buf(tuple(out_t.shape), dtype)
-    ctx.fill(acc, const(dtype, 0))
     loops = _axes(x.shape, y.shape, dimension_numbers)
 
     def body(idx):
@@ -64,8 +63,11 @@ def dot_general_rule(ctx, in_types, out_types, x, y, *, dimension_numbers):
     if loops and loops[-1][2] is not None and loops[-1][1] is None:
         y = _contiguous_inner(ctx, y, loops[-1][2])
     if _vector_inner(loops, x, y, dtype):
+        # writes every result row once (no zero fill: a per-edge (32, 32) outer product
+        # for a weight gradient is then stored once instead of cleared, loaded and stored)
         _vector_nest(ctx, loops, x, y, acc, dtype)
     else:
+        ctx.fill(acc, const(dtype, 0))
         ctx.loop_nest(tuple(n for n, _, _, _ in loops), body)
     return [acc]
 
@@ -112,12 +114,18 @@ def _vector_nest(ctx, loops, x, y, acc, dtype):
                             ir.Constant(vec, ir.Undefined), splat_mask)
         v = b.load(_as_vector_ptr(b, y.address(b, yi), vec), typ=vec, align=align)
         out_ptr = _as_vector_ptr(b, acc.address(b, oi), vec)
-        old = b.load(out_ptr, typ=vec, align=align)
-        b.store(b.fadd(old, b.fmul(u, v)), out_ptr, align=align)
+        if contracted:
+            old = b.load(out_ptr, typ=vec, align=align)
+            b.store(b.fadd(old, b.fmul(u, v)), out_ptr, align=align)
+        else:
+            b.store(b.fmul(u, v), out_ptr, align=align)
 
     if _split_contraction(loops):
         _matvec_nest(ctx, loops, x, y, acc, dtype, vec, splat_mask)
         return
+    contracted = any(lp[3] is None and lp[0] > 1 for lp in loops)  # size 1: (32, 1) @ (1, 32)
+    if contracted:
+        ctx.fill(acc, const(dtype, 0))
     ctx.loop_nest(tuple(m for m, _, _, _ in loops[:-1]), body)
 
 
@@ -183,9 +191,7 @@ def _matvec_nest(ctx, loops, x, y, acc, dtype, vec, splat_mask):
             parts[j] = (b.fmul(u, v) if parts[j] is None else b.call(fma, [u, v, parts[j]]))
         while len(parts) > 1:
             parts = [b.fadd(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
-        out_ptr = _as_vector_ptr(b, acc.address(b, oi), vec)
-        old = b.load(out_ptr, typ=vec, align=align)
-        b.store(b.fadd(old, parts[0]), out_ptr, align=align)
+        b.store(parts[0], _as_vector_ptr(b, acc.address(b, oi), vec), align=align)
 
     ctx.loop_nest(tuple(m for m, _, _, _ in loops[:-2]), body)
 
