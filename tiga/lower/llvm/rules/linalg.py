@@ -42,14 +42,7 @@ def dot_general_rule(ctx, in_types, out_types, x, y, *, dimension_numbers):
     loops = _axes(x.shape, y.shape, dimension_numbers)
 
     def body(idx):
-        xi, yi, oi = [None] * len(x.shape), [None] * len(y.shape), [None] * len(out_t.shape)
-        for i, (_, xa, ya, oa) in zip(idx, loops):
-            if xa is not None:
-                xi[xa] = i
-            if ya is not None:
-                yi[ya] = i
-            if oa is not None:
-                oi[oa] = i
+        xi, yi, oi = _operand_indices(idx, loops, x, y, len(out_t.shape))
         u = cast(b, x.load(b, xi), x.dtype, dtype)
         v = cast(b, y.load(b, yi), y.dtype, dtype)
         old = acc.load(b, oi)
@@ -99,14 +92,7 @@ def _vector_nest(ctx, loops, x, y, acc, dtype):
     splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n)
 
     def body(idx):
-        xi, yi, oi = [None] * len(x.shape), [None] * len(y.shape), [None] * len(acc.shape)
-        for i, (_, xa, ya, oa) in zip(idx, loops[:-1]):
-            if xa is not None:
-                xi[xa] = i
-            if ya is not None:
-                yi[ya] = i
-            if oa is not None:
-                oi[oa] = i
+        xi, yi, oi = _operand_indices(idx, loops[:-1], x, y, len(acc.shape))
         yi[ya_last] = i64(0)
         oi[len(acc.shape) - 1] = i64(0)
         u = x.load(b, xi)
@@ -169,14 +155,7 @@ def _matvec_nest(ctx, loops, x, y, acc, dtype, vec, splat_mask):
     fma = _fmuladd(ctx, vec)
 
     def body(idx):
-        xi, yi, oi = [None] * len(x.shape), [None] * len(y.shape), [None] * len(acc.shape)
-        for i, (_, xa, ya, oa) in zip(idx, loops[:-2]):
-            if xa is not None:
-                xi[xa] = i
-            if ya is not None:
-                yi[ya] = i
-            if oa is not None:
-                oi[oa] = i
+        xi, yi, oi = _operand_indices(idx, loops[:-2], x, y, len(acc.shape))
         _, kxa, kya, _ = loops[-2]
         yi[ya_last] = i64(0)
         oi[len(acc.shape) - 1] = i64(0)
@@ -223,6 +202,20 @@ def _as_vector_ptr(b, ptr, vec):
     if getattr(ptr.type, "is_opaque", False):
         return ptr
     return b.bitcast(ptr, vec.as_pointer())
+
+
+def _operand_indices(idx, loops, x, y, out_rank: int):
+    """Index lists of x, y and the result for one point of the loop nest (None where the
+    caller fills in the vector or contracted axes)."""
+    xi, yi, oi = [None] * len(x.shape), [None] * len(y.shape), [None] * out_rank
+    for i, (_, xa, ya, oa) in zip(idx, loops):
+        if xa is not None:
+            xi[xa] = i
+        if ya is not None:
+            yi[ya] = i
+        if oa is not None:
+            oi[oa] = i
+    return xi, yi, oi
 
 
 lowering_rules["cpu-llvm"][dot_general_p] = dot_general_rule
