@@ -19,6 +19,17 @@ def dce(program: GraphProgram, keep_outputs=None) -> GraphProgram:
     return GraphProgram(program.in_binders, tuple(reversed(kept)), outs)
 
 
+def use_counts(program: GraphProgram) -> dict:
+    """id(var) -> how many equation inputs and program outputs read it."""
+    count: dict = {}
+    for e in program.eqns:
+        for a in e.inputs:
+            count[id(a)] = count.get(id(a), 0) + 1
+    for a in program.outs:
+        count[id(a)] = count.get(id(a), 0) + 1
+    return count
+
+
 def cse(program: GraphProgram) -> GraphProgram:
     """Merge equations with the same primitive, inputs and params (programs are pure)."""
     from .program import Eqn

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...core.errors import TigaError
-from ...core.passes import cse, dce
+from ...core.passes import cse, dce, use_counts
 from ...core.prims.graph import degrees_p, propagate_p, row_type
 from ...core.program import ClosedProgram, Eqn, GraphProgram, Lit
 from ...core.types import TensorType
@@ -65,16 +65,6 @@ def _combine(a, b, negate_b=False):
         return None
     b = _negate(b) if negate_b else b
     return _Form(a.terms + b.terms, a.width, a.lead)
-
-
-def _uses(prog: GraphProgram) -> dict:
-    count: dict = {}
-    for e in prog.eqns:
-        for a in e.inputs:
-            count[id(a)] = count.get(id(a), 0) + 1
-    for a in prog.outs:
-        count[id(a)] = count.get(id(a), 0) + 1
-    return count
 
 
 def _param_index(prog, roles, v):
@@ -150,7 +140,7 @@ def _first_product(edge, roles, eqn, f):
 
 def _with_bias(edge, roles, k, hit: _FirstLayer) -> _FirstLayer:
     """Fold a following `+ b` (b a parameter of the hidden width) into the entity rows."""
-    uses = _uses(edge)
+    uses = use_counts(edge)
     alias = edge.eqns[k].outputs[0]
     for eqn in edge.eqns[k + 1:]:
         if uses.get(id(alias), 0) != 1:
@@ -234,7 +224,7 @@ def _find_last(edge: GraphProgram, roles):
     if len(edge.outs) != 1 or isinstance(edge.outs[0], Lit):
         return None
     producer = {id(v): e for e in edge.eqns for v in e.outputs}
-    uses = _uses(edge)
+    uses = use_counts(edge)
     v, bias = edge.outs[0], None
     e = producer.get(id(v))
     if e is not None and e.primitive.name == "add":

@@ -7,18 +7,13 @@ exact (signed zeros included); a negation read elsewhere stays.
 """
 from __future__ import annotations
 
-from ...core.passes import dce
+from ...core.passes import dce, use_counts
 from ...core.prims.elementwise import binary_p, unary_p
 from ...core.program import Eqn, GraphProgram, Var
 
 
 def fold_negations(program: GraphProgram) -> GraphProgram:
-    uses: dict = {}
-    for e in program.eqns:
-        for a in e.inputs:
-            uses[id(a)] = uses.get(id(a), 0) + 1
-    for a in program.outs:
-        uses[id(a)] = uses.get(id(a), 0) + 1
+    uses = use_counts(program)
     negated = {id(e.outputs[0]): e.inputs[0] for e in program.eqns
                if e.primitive is unary_p["neg"]}
 
