@@ -148,7 +148,8 @@ def explain_call_torch(call):
     read_by_kernels = {id(a) for e in program.eqns if e.primitive is propagate_p
                        for a in e.inputs}
     for name, obj, binder in zip(names, originals, program.in_binders):
-        if is_torch(obj) and not obj.is_contiguous() and id(binder) in read_by_kernels:
+        if is_torch(obj) and not obj.is_contiguous() and id(binder) in read_by_kernels \
+                and id(binder) not in explanation.strided_reads:
             # imported zero-copy with its strides; the compiled kernels read C-order rows
             explanation.materialized.append(
                 (f"contiguous copy of {name} (torch strides {tuple(obj.stride())})",

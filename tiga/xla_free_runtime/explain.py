@@ -18,6 +18,8 @@ class Explanation:
     program: str = ""
     routes: list = field(default_factory=list)         # (route, which propagate, reason)
     cache_lines: list = field(default_factory=list)    # cache status per compiled propagate
+    # ids of program values the chosen kernels read through their strides (no copy needed)
+    strided_reads: set = field(default_factory=set, repr=False)
 
     def __str__(self) -> str:
         lines = [f"route:      {self.route} ({self.backend})", f"why:        {self.reason}"]

@@ -223,11 +223,6 @@ class AttentionPlan:
                 "dkdvq": "attention VJP dk, dv, dq in one pass (by src)"}
         ex.routes.append(("cpu-tiled", f"{where}{what[self.kind]}",
                           "tiled streaming attention"))
-        ex.traversal.append(
-            f"{what[self.kind]} over {graph.kind} relation: dot-product attention recognised; "
-            f"blocks of {tiles.BLOCK_M} destination rows x {tiles.BLOCK_N} source rows, all "
-            "heads per tile, running (max, mass, accumulator) per row and head; each row reads "
-            "one contiguous source range (lo, hi), no N x N score or probability array")
         native = self.kind == "forward" and p["reducer"].prune_threshold is None and \
             _native_ok(*(_avals(eqn, i) for i in (self.pattern.q, self.pattern.k,
                                                  self.pattern.v)), _avals(eqn, None)) and \
@@ -236,12 +231,38 @@ class AttentionPlan:
         # dq, (dk, dv) and dq alone: the LLVM backward kernel (skipping the products not wanted)
         bnative = self.kind in ("dq", "dkdv", "dkdvq") and _bwd_native_ok(
             *(_avals(eqn, i) for i in (0, 1, 2, 4)), _avals(eqn, None))
+        if native:
+            blocks = (f"per head, blocks of {kernel.RB * kernel.GB} destination rows x "
+                      f"{kernel.KS} source rows per step (K^T packed by the kernel into "
+                      "contiguous per-step tiles)")
+        elif bnative:
+            from ..lower.llvm import attention_backward as bwd
+            blocks = (f"per head, {bwd.KB}-key blocks (K^T, V^T packed on the stack) x "
+                      f"{bwd.BR} query rows")
+        else:
+            blocks = (f"blocks of {tiles.BLOCK_M} destination rows x {tiles.BLOCK_N} source "
+                      "rows, all heads per tile")
+        ex.traversal.append(
+            f"{what[self.kind]} over {graph.kind} relation: dot-product attention recognised; "
+            f"{blocks}, running (max, mass, accumulator) per row and head; each row reads "
+            "one contiguous source range (lo, hi), no N x N score or probability array")
+        # every attention route takes any strides (torch's head-major views included): the
+        # native kernels read through them, the numpy tiles copy one tile at a time
+        ex.strided_reads.update(id(a) for a in eqn.inputs)
+        if native:
+            kt = eqn.inputs[1 + self.pattern.k].type
+            heads = kt.shape[1] if len(kt.shape) == 3 else 1
+            keys = -(-graph.num_src // kernel.KS) * kernel.KS
+            ex.materialized.append((
+                "K^T packed by the kernel into per-step tiles", 4 * heads * keys * kt.shape[-1],
+                "scratch reused between calls; V is packed head-major too when its rows are "
+                "head-interleaved"))
         ex.schedule = _bwd_schedule() if bnative else (
-            f"tiled streaming attention: {num_threads()} thread(s) take whole row "
-                       "blocks; " + (
+            f"tiled streaming attention: {num_threads()} thread(s) claim row-block jobs "
+            "of equal (causal) work; " + (
                            f"LLVM micro-kernel (float32): {kernel.RB} query rows x {kernel.KS} "
                            "keys per register tile, <16 x float> accumulators, polynomial "
-                           "exp, 256-key blocks kept in cache" if native else
+                           "exp, output normalised and written by the kernel" if native else
                            "each tile's two products are batched BLAS matrix products over "
                            "the heads (numpy), the softmax update vectorised numpy on the tile"))
         nh = eqn.inputs[1].type.shape[1] if len(eqn.inputs[1].type.shape) == 3 else 1
