@@ -165,12 +165,14 @@ def explain_call_torch(call):
               f"the VJP reads the forward output of {', '.join(reading)}: the backward "
               "reads the output the forward returned (saved for backward) instead of "
               "recomputing it")
+    generated = getattr(call.graph, "kind", None) in ("radius", "knn")
     explanation.vjp_route = (
         "torch.autograd backward runs Tiga's compiled VJP program (not a torch replay); "
         f"{primal}; forward intermediates the VJP would replay (hoisted entity rows, "
-        "propagate results, degrees) are returned by the forward and saved for backward; "
-        "the VJP's sum propagates over one radius/knn relation share one walk (source-"
-        "grouped ones too when the relation is symmetric). Edge functions (MLPs from tg.nn.trace "
+        "propagate results, degrees) are returned by the forward and saved for backward"
+        + ("; the VJP's sum propagates over the relation share one walk (source-grouped "
+           "ones too when it is symmetric)" if generated else "")
+        + ". Edge functions (MLPs from tg.nn.trace "
         "included) are re-evaluated per edge inside the VJP kernels, so no "
         "(num_edges, hidden) activation tape exists; " + (
             "parameters still read per edge get their gradients folded over all edges "
