@@ -60,6 +60,19 @@ def _splat(name, scalar, ty="float"):
             "<16 x i32> zeroinitializer"]
 
 
+def _key_lanes(first: str, count: int) -> list:
+    """%lanes0..: <16 x i32> key indices first + u*16 + lane of `count` score vectors."""
+    return [f"  %lanes{u} = add <16 x i32> {first}, <"
+            + ", ".join(f"i32 {u * W + t}" for t in range(W)) + ">" for u in range(count)]
+
+
+def _in_range(ok: str, r: int, u: int) -> list:
+    """ok = lov[r] <= key lane < hiv[r] for score vector u of row r."""
+    return [f"  {ok}.l = icmp sge <16 x i32> %lanes{u}, %lov{r}",
+            f"  {ok}.h = icmp slt <16 x i32> %lanes{u}, %hiv{r}",
+            f"  {ok} = and <16 x i1> {ok}.l, {ok}.h"]
+
+
 def _fconst(x):
     import struct
     return f"0x{struct.unpack('<Q', struct.pack('<d', float(np.float32(x))))[0]:016X}"
@@ -338,9 +351,7 @@ def forward_ir(symbol: str, D: int) -> str:
     A("k.body:")
     A("  %j32 = trunc i64 %j to i32")
     L.extend(_splat("%jv", "%j32", "i32"))
-    for u in range(NV):
-        A(f"  %lanes{u} = add <16 x i32> %jv, <"
-          + ", ".join(f"i32 {u * W + t}" for t in range(W)) + ">")
+    L.extend(_key_lanes("%jv", NV))
     A(f"  %jstep = udiv i64 %j, {KS}")
     A("  %ktile = add i64 %kth, %jstep")
     A(f"  %ktbase = mul i64 %ktile, {D * KS}")
@@ -392,9 +403,7 @@ def forward_ir(symbol: str, D: int) -> str:
     for r in range(RB):
         for u in range(NV):
             sp = f"%sp{r}_{u}"
-            A(f"  %okl{r}_{u} = icmp sge <16 x i32> %lanes{u}, %lov{r}")
-            A(f"  %okh{r}_{u} = icmp slt <16 x i32> %lanes{u}, %hiv{r}")
-            A(f"  %ok{r}_{u} = and <16 x i1> %okl{r}_{u}, %okh{r}_{u}")
+            L.extend(_in_range(f"%ok{r}_{u}", r, u))
             A(f"  %Sx{r}_{u} = select <16 x i1> %ok{r}_{u}, {V} {sp}, {V} "
               + "<" + ", ".join([f"float {NEG}"] * W) + ">")
     A("  br label %qk.done")

@@ -36,7 +36,7 @@ nothing is accessed past an output's end.
 """
 from __future__ import annotations
 
-from .attention import W, _fma, _splat, _vexp, _vptr
+from .attention import W, _fma, _in_range, _key_lanes, _splat, _vexp, _vptr
 
 V = "<16 x float>"
 PARAMS = ("n", "nk", "kblocks", "qhs", "qrs", "khs", "krs", "vhs", "vrs", "dhs", "drs",
@@ -216,9 +216,7 @@ def backward_ir(symbol: str, D: int) -> str:
     E("  %r1 = load i64, i64* %re.g")
     E("  %j032 = trunc i64 %j0 to i32")
     E.extend(_splat("%j0v", "%j032", "i32"))
-    for u in range(NK):
-        E(f"  %lanes{u} = add <16 x i32> %j0v, <"
-          + ", ".join(f"i32 {u * W + t}" for t in range(W)) + ">")
+    E.extend(_key_lanes("%j0v", NK))
     E("  %jend = add i64 %j0, " + str(KB))
     E("  br label %pack.head")
     # pack the key block: K^T, V^T (D x KB) and K (KB x D), keys past nk zero; 16 keys at a
@@ -392,9 +390,7 @@ def backward_ir(symbol: str, D: int) -> str:
         for u in range(NK):
             E(_fma(f"%sx{r}_{u}", s[(r, u)], "%scalev", f"%nlsev{r}"))
             E.extend(_vexp(f"%pe{r}_{u}", f"%sx{r}_{u}", f"%ex{r}_{u}"))
-            E(f"  %okl{r}_{u} = icmp sge <16 x i32> %lanes{u}, %lov{r}")
-            E(f"  %okh{r}_{u} = icmp slt <16 x i32> %lanes{u}, %hiv{r}")
-            E(f"  %ok{r}_{u}.m = and <16 x i1> %okl{r}_{u}, %okh{r}_{u}")
+            E.extend(_in_range(f"%ok{r}_{u}.m", r, u))
             E(f"  %ok{r}_{u} = select i1 %inner, <16 x i1> <"
               + ", ".join(["i1 true"] * W) + f">, <16 x i1> %ok{r}_{u}.m")
             E(f"  %P{r}_{u} = select <16 x i1> %ok{r}_{u}, {V} %pe{r}_{u}, {V} zeroinitializer")
