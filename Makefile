@@ -1,7 +1,8 @@
 # Tiga developer entry points. Needs only Python >= 3.10, a C toolchain and PyPI.
 #   make demo   install (+ CPU torch, pinned) and run the examples
 #   make test   install test deps (+ CPU torch) and run the suite with xdist
-#   make bench  install bench deps (+ CPU torch) and run the stored-CSR benchmark (--quick)
+#   make bench  install bench deps (+ CPU torch) and run every benchmark (benchmarks/run.py),
+#               regenerating benchmarks/RESULTS.md (BENCH_ARGS=--quick: a smoke run)
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ TORCH_PIN := torch==2.13.0
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 # Examples run by `make demo`, in order; missing ones are skipped.
-DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py examples/causal_attention.py
+DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py examples/causal_attention.py examples/gnn_layers.py examples/dgcnn_edgeconv.py
 
 # Stamps live inside the venv (so deleting it resets them) and are keyed on
 # pyproject.toml: a re-run only reinstalls when the dependencies changed.
@@ -20,7 +21,7 @@ TEST_STAMP := $(VENV)/.tiga-test.stamp
 LINT_STAMP := $(VENV)/.tiga-lint.stamp
 DEMO_STAMP := $(VENV)/.tiga-demo.stamp
 BENCH_STAMP := $(VENV)/.tiga-bench.stamp
-BENCH_ARGS ?= --quick
+BENCH_ARGS ?=
 
 .PHONY: .venv install demo test bench lint clean distclean
 
@@ -39,11 +40,12 @@ $(TEST_STAMP): pyproject.toml | $(VPY)
 	$(PIP) install -q "$(TORCH_PIN)"
 	@touch $@ $(INSTALL_STAMP)
 
-# PyG is an optional peer: installed when PyPI has a build for this Python, skipped otherwise
-# (the benchmark then reports it as skipped).
+# PyG and faiss are optional peers: installed when PyPI has a build for this Python and
+# platform, skipped otherwise (the benchmark then reports them as skipped).
 $(BENCH_STAMP): pyproject.toml | $(VPY)
 	$(PIP) install -q -e ".[bench,torch]"
 	$(PIP) install -q "torch_geometric==2.8.1" || echo "torch_geometric not installable: PyG peer skipped"
+	$(PIP) install -q "faiss-cpu==1.15.1" || echo "faiss-cpu not installable: faiss peer skipped"
 	@touch $@ $(INSTALL_STAMP)
 
 # The EdgeNN and attention examples check Tiga against their explicit torch references.
@@ -71,7 +73,7 @@ test: $(TEST_STAMP)
 	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short $(PYTEST_ARGS)
 
 bench: $(BENCH_STAMP)
-	$(VPY) benchmarks/stored_csr.py $(BENCH_ARGS)
+	$(VPY) benchmarks/run.py $(BENCH_ARGS)
 
 lint: $(LINT_STAMP)
 	$(VPY) -m ruff check tiga tests examples benchmarks

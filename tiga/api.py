@@ -1,6 +1,7 @@
 """api: composes the layers into jit, grad, value_and_grad, vjp and the propagate hooks."""
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 
@@ -8,9 +9,11 @@ import numpy as np
 
 from .autodiff import vjp_program
 from .core.errors import DTypeError, ShapeError, TigaError
+from .core.program import Lit
 from .core.types import GraphType, TensorType
 from .lower.pipeline import ir_text, module_name
 from .trace import call_cache, message_passing
+from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.rewrites import (
     executable,
@@ -56,7 +59,8 @@ def run_staged(program, args, memo: dict | None = None) -> list:
 
 
 class Jitted:
-    """`tg.jit(f)`: traced once per input signature (types, static args), then cached."""
+    """`tg.jit(f)`: traced once per input signature (types, static args), then cached;
+    Python values read at trace time stay baked in (JAX semantics, see `jit`)."""
 
     def __init__(self, fn: Callable, static_argnums=()):
         self.fn = fn
@@ -137,6 +141,15 @@ class Compiled:
 
 
 def jit(fn: Callable | None = None, static_argnums=()):
+    """Trace `fn` once per input signature (argument types, static arguments), then run
+    the cached program.
+
+    Like `jax.jit`, the trace fixes every Python value `fn` reads outside its arguments
+    (module globals, attributes, closure cells): a later change is not seen by calls with a
+    known signature. Pass such values as arguments, or make a new `tg.jit(fn)`. Plain
+    calls, `tg.grad`, `tg.value_and_grad` and `tg.vjp` instead check what their trace read
+    on every call and trace again when it changed (trace/guards.py).
+    """
     if fn is None:
         return lambda f: Jitted(f, static_argnums)
     return Jitted(fn, static_argnums)
@@ -145,7 +158,8 @@ def jit(fn: Callable | None = None, static_argnums=()):
 # ---- reverse mode ---------------------------------------------------------------------
 
 class _Traced:
-    """f traced at concrete argument types, with the positions to differentiate."""
+    """f traced at concrete argument types, with the positions to differentiate. Cached
+    per (f, argnums, has_aux, input types) without its leaves; `at(leaves)` binds a call's."""
 
     def __init__(self, fn, args, argnums, has_aux):
         self.argnums = argnums
@@ -174,6 +188,22 @@ class _Traced:
         self.program = hoist_linear_projections(self.program)[0]
         self.out_tree, self.aux_tree, self.n_out = out_tree[0]
         self.wrt = [False] * len(self.caps) + [self._differentiated(i) for i in range(len(leaves))]
+        self.leaves = None    # the tracing call's arrays: not kept alive by a cache entry
+
+    def at(self, leaves) -> _Traced:
+        bound = copy.copy(self)
+        bound.leaves = leaves
+        return bound
+
+    def reusable(self, guards) -> bool:
+        """The program reads no value of this trace only (an outer tracer, an array made
+        while tracing): its array literals are objects the guards pin by identity."""
+        if self.caps:
+            return False
+        pinned = pinned_ids(guards)
+        lits = [a for e in self.program.eqns for a in e.inputs] + list(self.program.outs)
+        return all(id(a.value) in pinned for a in lits if isinstance(a, Lit)
+                   and not (isinstance(a.type, TensorType) and a.type.ndim == 0))
 
     def _differentiated(self, i) -> bool:
         if self.owner[i] not in self.argnums:
@@ -198,13 +228,8 @@ class _Traced:
     def grads_tree(self, grads, argnums_tuple):
         it = iter(grads)
         per_leaf = [next(it) if w else None for w in self.wrt[len(self.caps):]]
-        by_arg = {}
-        for i, g in enumerate(per_leaf):
-            by_arg.setdefault(self.owner[i], []).append(g)
-        trees = []
         rebuilt = tree_unflatten(self.in_tree, per_leaf)
-        for a in self.argnums:
-            trees.append(rebuilt[a])
+        trees = [rebuilt[a] for a in self.argnums]
         return tuple(trees) if argnums_tuple else trees[0]
 
 
@@ -219,27 +244,59 @@ def _cotangent_seeds(traced, outs_types, scalar_only):
     seeds = []
     for k, t in enumerate(outs_types):
         if k < traced.n_out:
-            if scalar_only and (not isinstance(t, TensorType) or t.shape != ()
-                                or not t.dtype.is_float):
-                raise ShapeError(f"grad: the function must return a scalar float, found {t}; "
-                                 "use tg.vjp for non-scalar outputs")
             seeds.append(np.ones((), t.dtype.np) if scalar_only else None)
         else:
             seeds.append(np.zeros(t.shape, t.dtype.np))
     return seeds
 
 
+def _check_scalar_output(traced) -> None:
+    """tg.grad differentiates one scalar: a tuple or an array output is an error (as in
+    JAX), never a silent sum of its parts."""
+    what = "the function's output" + (" (the first element, has_aux=True)"
+                                      if traced.has_aux else "")
+    if traced.out_tree.kind != "leaf":
+        kinds = {"tuple": "a tuple", "list": "a list", "dict": "a dict", "none": "None"}
+        raise ShapeError(f"grad requires a scalar output: {what} is "
+                         f"{kinds[traced.out_tree.kind]} of {traced.n_out} array(s); use "
+                         "has_aux=True to return (output, aux), or tg.vjp for several outputs")
+    t = traced.program.out_types[0]
+    if not isinstance(t, TensorType) or t.shape != () or not t.dtype.is_float:
+        raise ShapeError(f"grad requires a scalar output: {what} must be a float scalar, "
+                         f"found {t}; reduce it (tg.math.sum) or use tg.vjp for non-scalar "
+                         "outputs")
+
+
+def _traced_for(fn, what, nums, has_aux, args, derive):
+    """(traced bound to this call's leaves, *derived): `fn` traced and `derive(traced)` run
+    once per (fn, options, input types), reused while what fn read is unchanged."""
+    leaves, in_tree = tree_flatten(list(args))
+    extra = (what, nums, has_aux, in_tree, tuple(leaf_aval(x) for x in leaves))
+
+    def build(guards):
+        traced = _Traced(fn, args, nums, has_aux)
+        derived = derive(traced)
+        return (traced, *derived), traced.reusable(guards)
+
+    traced, *derived = call_cache.reuse_transform(fn, extra, build)
+    return (traced.at(leaves), *derived)
+
+
+def _grad_vjp(traced) -> tuple:
+    _check_scalar_output(traced)
+    return simplify_edge_functions(vjp_program(traced.program, traced.wrt)), {}
+
+
 def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     argnums_tuple = isinstance(argnums, (tuple, list))
-    nums = _as_tuple(argnums)
+    nums = _checked_argnums(argnums)
 
     @functools.wraps(fn)
     def wrapped(*args):
         _check_argnums(nums, args)
-        traced = _Traced(fn, args, nums, has_aux)
+        traced, vjp, memo = _traced_for(fn, "value_and_grad", nums, has_aux, args, _grad_vjp)
         seeds = _cotangent_seeds(traced, traced.program.out_types, scalar_only=True)
-        vjp = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
-        res = run_staged(vjp, traced.args() + seeds)
+        res = run_staged(vjp, traced.args() + seeds, memo)
         outs, grads = res[:len(seeds)], res[len(seeds):]
         value, aux = traced.split(outs)
         grads = traced.grads_tree(grads, argnums_tuple)
@@ -259,15 +316,19 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
     return wrapped
 
 
+def _vjp_programs(traced) -> tuple:
+    program = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
+    return program, {}, {}
+
+
 def vjp(fn: Callable, *primals, has_aux: bool = False):
     """`out, vjp_fn = tg.vjp(f, *primals)`; `vjp_fn(ct)` returns one cotangent per primal."""
     nums = tuple(range(len(primals)))
-    traced = _Traced(fn, primals, nums, has_aux)
-    outs = run_staged(traced.program, traced.args())
+    traced, program, memo_fwd, memo = _traced_for(fn, "vjp", nums, has_aux, primals,
+                                                  _vjp_programs)
+    outs = run_staged(traced.program, traced.args(), memo_fwd)
     value, aux = traced.split(outs)
-    program = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
     out_types = traced.program.out_types
-    memo: dict = {}   # the rewritten VJP program, for repeated vjp_fn calls
 
     def vjp_fn(ct):
         ct_leaves, ct_tree = tree_flatten(ct)
@@ -287,10 +348,30 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     return ((value, vjp_fn, aux) if has_aux else (value, vjp_fn))
 
 
+def _checked_argnums(argnums) -> tuple:
+    """`argnums` as a tuple of distinct non-negative ints, else a TigaError that says why."""
+    many = isinstance(argnums, (tuple, list))
+    items = tuple(argnums) if many else (argnums,)
+    if many and not items:
+        raise TigaError("argnums: must name at least one positional argument, found ()")
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TigaError(f"argnums: must be an int or a tuple of ints (positions of "
+                            f"positional arguments), found {a!r} ({type(a).__name__})")
+        if a < 0:
+            raise TigaError(f"argnums: positions must be non-negative, found {int(a)}")
+    nums = tuple(int(a) for a in items)
+    if len(set(nums)) != len(nums):
+        raise TigaError(f"argnums: positions must be distinct, found {nums} (repeated)")
+    return nums
+
+
 def _check_argnums(nums, args):
     for a in nums:
-        if not isinstance(a, int) or not 0 <= a < len(args):
-            raise TigaError(f"argnums: {a} is out of range for {len(args)} positional arguments")
+        if not 0 <= a < len(args):
+            raise TigaError(f"argnums: {a} is out of range: the function was called with "
+                            f"{len(args)} positional argument(s), so argnums must be < "
+                            f"{len(args)}")
 
 
 # ---- message-passing calls with concrete inputs -----------------------------------------

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from .core.config import THREADS_PER_CORE, thread_cap
+
 # Distribution names; versions come from package metadata so nothing optional is imported.
 CORE_PACKAGES = ("numpy", "llvmlite", "zarr", "ml_dtypes")
 OPTIONAL_PACKAGES = ("torch", "triton", "cuda-python", "mpi4py")
@@ -103,6 +105,9 @@ def num_threads() -> tuple[int, str]:
         return default, f"os.cpu_count(); ignoring invalid TIGA_NUM_THREADS={raw!r}"
     if value < 1:
         return default, f"os.cpu_count(); ignoring TIGA_NUM_THREADS={raw!r} (must be >= 1)"
+    if value > thread_cap():   # the runtime caps it too (core/config.py)
+        return thread_cap(), f"TIGA_NUM_THREADS={raw} capped at {THREADS_PER_CORE} x " \
+            "os.cpu_count()"
     return value, "TIGA_NUM_THREADS"
 
 

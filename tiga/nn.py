@@ -11,8 +11,10 @@ from .core.errors import UnsupportedError
 def trace(module):
     """A callable that evaluates `module` on traced rows inside edge and update functions.
 
-    Supported: Sequential of Linear, ReLU, GELU, SiLU, Tanh, Sigmoid, Identity, Dropout (in
-    eval mode), LayerNorm. Several inputs are concatenated on the feature (last) axis. The
+    Supported: Sequential of Linear, ReLU, LeakyReLU, ELU, Softplus, GELU, SiLU, Tanh,
+    Sigmoid, Identity, Dropout (in eval mode), LayerNorm, PyG's torch_geometric.nn.Linear,
+    and subclasses of these that keep their base class's forward. Several inputs are
+    concatenated on the feature (last) axis. The
     module's parameters stay live torch Parameters: each call reads their current values
     (an optimizer step is seen by the next call) and torch.autograd receives their gradients.
     """

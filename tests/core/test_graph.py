@@ -108,10 +108,47 @@ def test_from_csr_infers_num_src_and_keeps_dtype():
     assert Graph.from_csr(np.array([0, 1]), np.array([3], np.uint32)).index_dtype == dtypes.int64
 
 
-def test_from_csr_is_zero_copy_for_int64():
+def test_from_csr_owns_its_arrays():
     row_ptr, col_idx = np.array([0, 2, 3]), np.array([1, 0, 1])
-    got_rp, got_ci = Graph.from_csr(row_ptr, col_idx).resolve_csr()
+    g = Graph.from_csr(row_ptr, col_idx)
+    got_rp, got_ci = g.resolve_csr()
+    assert not np.shares_memory(got_rp, row_ptr) and not np.shares_memory(got_ci, col_idx)
+    col_idx[1] = 10**12          # the caller's array stays writable and the graph unchanged
+    assert edges_in_order(g) == [(1, 0), (0, 0), (1, 1)]
+
+
+def test_from_csr_copy_false_is_zero_copy_and_freezes():
+    base = np.array([9, 1, 0, 1])
+    row_ptr, col_idx = np.array([0, 2, 3]), base[1:]
+    got_rp, got_ci = Graph.from_csr(row_ptr, col_idx, copy=False).resolve_csr()
     assert np.shares_memory(got_rp, row_ptr) and np.shares_memory(got_ci, col_idx)
+    for arr in (row_ptr, col_idx, base):   # the view and the array it views
+        with pytest.raises(ValueError, match="read-only"):
+            arr[0] = 10**12
+    # a dtype conversion copies anyway, and leaves the caller's array writable
+    narrow = np.array([1, 0, 1], np.int16)
+    Graph.from_csr(np.array([0, 2, 3]), narrow, copy=False)
+    assert narrow.flags.writeable
+    # memory numpy cannot freeze (a bytearray) is copied, not shared
+    raw = np.frombuffer(bytearray(np.array([1, 0, 1]).tobytes()), np.int64)
+    assert not np.shares_memory(Graph.from_csr([0, 2, 3], raw, copy=False).resolve_csr()[1],
+                                raw)
+    with pytest.raises(GraphValidationError, match=r"copy: is 'no', expected True or False"):
+        Graph.from_csr([0, 0], [], copy="no")
+
+
+@pytest.mark.parametrize("validate", ["none", "basic"])
+def test_from_coo_deferred_check_reads_private_arrays(validate):
+    src, dst = np.array([0, 1]), np.array([1, 0])
+    g = Graph.from_coo(src, dst, num_src=2, num_dst=2, validate=validate)
+    src[0] = -5
+    g.ensure_valid()   # checks what the CSR was built from, not the caller's later write
+    assert edges_in_order(g) == [(0, 1), (1, 0)]
+    frozen = np.array([0, 1])
+    Graph.from_coo(frozen, np.array([1, 0]), num_src=2, num_dst=2, validate=validate,
+                   copy=False)
+    with pytest.raises(ValueError, match="read-only"):
+        frozen[0] = 3
 
 
 @pytest.mark.parametrize("s,d", [(0, 0), (3, 0), (0, 2), (1, 1), (3, 4), (4, None)])
@@ -426,8 +463,9 @@ def test_from_csr_errors(args, message):
 def test_unsigned_row_ptr_cannot_wrap():
     with pytest.raises(GraphValidationError, match=r"row_ptr: entry at position 2 is 1, exp"):
         Graph.from_csr(np.array([0, 2, 1, 2], np.uint64), np.array([0, 0]), num_src=1)
-    with pytest.raises(GraphValidationError, match=r"num_src: is 18446744073709551616 "
-                                                   r"\(inferred as max\(col_idx\) \+ 1\)"):
+    with pytest.raises(GraphValidationError, match=r"col_idx: entry at position 0 is "
+                                                   r"18446744073709551615, expected at most "
+                                                   r"9223372036854775807 \(int64 index"):
         Graph.from_csr(np.array([0, 1], np.uint64), np.array([2**64 - 1], np.uint64))
 
 
@@ -575,7 +613,10 @@ def test_torch_inputs():
     col_idx = torch.tensor([0, 1, 1], dtype=torch.int32)
     g = Graph.from_csr(row_ptr, col_idx, num_src=2, validate="full")
     assert g.index_dtype == dtypes.int32 and edges_in_order(g) == [(0, 0), (1, 0), (1, 1)]
-    assert np.shares_memory(g.resolve_csr()[1], col_idx.numpy())  # zero-copy
+    assert not np.shares_memory(g.resolve_csr()[1], col_idx.numpy())  # owned: copied
+    shared = Graph.from_csr(row_ptr, col_idx, num_src=2, copy=False)
+    # torch memory cannot be frozen by numpy: copied even with copy=False
+    assert not np.shares_memory(shared.resolve_csr()[1], col_idx.numpy())
     coo = Graph.from_coo(torch.tensor([1, 0]), torch.tensor([0, 0]), num_src=2, num_dst=1)
     assert edges_in_order(coo) == [(1, 0), (0, 0)]
     assert Graph.from_edge_index(torch.tensor([[0, 1], [1, 0]])).num_edges == 2

@@ -78,7 +78,7 @@ def test_max_neighbors_keeps_nearest_and_counts_truncation(kind):
     (lambda p: tg.Graph.knn(p, 2.5), "k"),
     (lambda p: tg.Graph.knn(p, 3, query=p[:, :2]), "query"),
     (lambda p: tg.Graph.radius(p[:, 0], 0.1), "positions"),
-    (lambda p: tg.Graph.radius(np.zeros((4, 9)), 0.1), "positions"),
+    (lambda p: tg.Graph.radius(np.zeros((4, 0)), 0.1), "positions"),   # no coordinate dims
     (lambda p: tg.Graph.radius(p.astype(np.float32), 0.1, query=p), "query"),
     (lambda p: tg.Graph.radius(p, 0.1, max_neighbors=0), "max_neighbors"),
     (lambda p: tg.Graph.radius(p, 0.1, loop="yes"), "loop"),

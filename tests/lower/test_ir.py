@@ -234,7 +234,7 @@ BAD_TEXT = [
      "'compressed-row')"),
     ("iter", 'coordinate_hierarchy = "compressed-row"', 'coordinate_hierarchy = "zigzag"',
      "coordinate_hierarchy must be one of compressed-row, dense, triangular, cu-seqlens, "
-     "stencil, cat, cell-directory, knn-shells, found 'zigzag'"),
+     "stencil, cat, cell-directory, knn-shells, knn-tiled-scan, found 'zigzag'"),
     ("iter", '"destination-major"', '"source-major"',
      "ordering 'source-major' cannot reduce by 'dst' (expected 'destination-major')"),
     ("kernel", "block_rows = 64", "block_rows = 0",

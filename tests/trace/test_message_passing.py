@@ -246,8 +246,24 @@ def test_multi_output_edge_function_with_sum(rng):
 
 def test_online_softmax_without_packaging_is_an_error():
     g = csr_graph()
-    with pytest.raises(tg.TigaError, match=r"online_softmax.*self\.reducer\(score, value\)"):
+    with pytest.raises(tg.TigaError, match=r"online_softmax.*self\.reducer in a MessagePassing.*"
+                                           r"r = tg\.online_softmax\(\); tg\.propagate\(g, "
+                                           r"lambda s, d, e: r\(score, value\), r, \.\.\.\)"):
         tg.propagate(g, lambda s, d, e: s.x, tg.online_softmax(), src={"x": np.ones(2)})
+    # the functional form the hint names works, and agrees with the subclass form
+    r = tg.online_softmax()
+    x = np.array([0.5, -1.0])
+    got = tg.propagate(g, lambda s, d, e: r(s.x, s.x), r, src={"x": x})
+
+    class Softmax(tg.MessagePassing):
+        reducer = tg.online_softmax()
+
+        def edge(self, src, dst, edge):
+            return self.reducer(src.x, src.x)
+
+    np.testing.assert_allclose(np.asarray(got),
+                               np.asarray(Softmax().reference(graph=g, src={"x": x})),
+                               rtol=1e-12)
 
     class Attn(tg.MessagePassing):
         reducer = tg.online_softmax()

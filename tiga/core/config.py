@@ -2,6 +2,40 @@
 from __future__ import annotations
 
 import os
+import warnings
+
+# Kernel worker threads beyond this many per core only add switching and memory; a larger
+# TIGA_NUM_THREADS is capped (with a warning) instead of starting hundreds of threads.
+THREADS_PER_CORE = 4
+_WARNED_THREADS: set = set()
+
+
+def cpu_count() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def thread_cap() -> int:
+    """The most kernel worker threads Tiga starts: THREADS_PER_CORE x the CPU count."""
+    return THREADS_PER_CORE * cpu_count()
+
+
+def env_num_threads(error: type[Exception]) -> int:
+    """Kernel worker threads: TIGA_NUM_THREADS (default: the CPU count), capped at
+    thread_cap() with a warning naming the variable. Anything but a positive decimal
+    integer raises `error` naming the variable and the value found."""
+    raw = os.environ.get("TIGA_NUM_THREADS", "").strip()
+    if not raw:
+        return cpu_count()
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise error(f"TIGA_NUM_THREADS must be a positive integer, found {raw!r}")
+    cap = thread_cap()
+    if len(raw) <= 18 and int(raw) <= cap:
+        return int(raw)
+    if raw not in _WARNED_THREADS:
+        _WARNED_THREADS.add(raw)
+        warnings.warn(f"TIGA_NUM_THREADS={raw} exceeds {THREADS_PER_CORE} x os.cpu_count() "
+                      f"= {cap}; using {cap} threads", stacklevel=3)
+    return cap
 
 
 def _flag(name: str) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import graph_build as gb
 from . import graph_geometry as geo
+from . import graph_utils as gu
 from . import graph_validate as gv
 from .dtypes import DType, as_dtype, int32, int64
 from .errors import GraphValidationError
@@ -54,7 +55,7 @@ class Graph:
 
     @classmethod
     def from_csr(cls, row_ptr: Any, col_idx: Any, *, num_src: int | None = None,
-                 validate: str = "full") -> Graph:
+                 validate: str = "full", copy: bool = True) -> Graph:
         """Destination-oriented CSR: destination d reads col_idx[row_ptr[d]:row_ptr[d+1]].
 
         validate: 'full' checks every rule now; 'basic' only O(1) metadata (row_ptr ends);
@@ -62,16 +63,26 @@ class Graph:
         consumers must call before computing on the relation (transpose and degrees do).
         Integer 1-D arrays and a non-empty row_ptr are required at every level: storage
         cannot exist without them.
+
+        copy: True (default) stores private copies, so later writes to the caller's arrays
+        cannot change (or crash) the relation. False keeps numpy arrays already in the
+        storage dtype (int64 row_ptr, int32/int64 col_idx, contiguous) without copying and
+        marks them, and the arrays they view, read-only: a later write raises numpy's
+        ValueError. Writes through other views that already exist are the caller's to
+        avoid. Memory numpy cannot freeze (torch tensors, buffers) is copied either way.
         """
         return cls._csr_graph(row_ptr, col_idx, num_src, gv.check_level(validate),
-                              ("row_ptr", "col_idx"))
+                              ("row_ptr", "col_idx"), gv.read_copy_flag(copy))
 
     @classmethod
     def _csr_graph(cls, row_ptr: Any, col_idx: Any, num_src: Any, level: str,
-                   names: tuple) -> Graph:
+                   names: tuple, copy: bool = True) -> Graph:
         device = gv.input_device(col_idx)
         rp = gv.read_index_array(row_ptr, names[0])
         ci = gv.read_index_array(col_idx, names[1])
+        # own the arrays before checking them: what was checked is what the kernels read
+        ci = gv.owned_index(ci, col_idx, gv.index_dtype_for(ci.dtype), copy, names[1])
+        rp = gv.owned_index(rp, row_ptr, np.dtype(np.int64), copy, names[0])
         if len(rp) == 0:
             raise GraphValidationError(
                 f"{names[0]}: has length 0, expected length num_dst + 1 >= 1")
@@ -82,28 +93,33 @@ class Graph:
         else:
             num_src = gv.check_count(num_src, "num_src")
         gv.check_csr(rp, ci, num_src, level, names)
-        idx = gv.index_dtype_for(ci.dtype)
-        rp64, ci = gv.as_index(rp, np.dtype(np.int64)), gv.as_index(ci, idx)
         deferred = None
         if level != "full":
-            deferred = partial(gv.check_csr, rp64, ci, num_src, "full", names)
+            deferred = partial(gv.check_csr, rp, ci, num_src, "full", names)
         return cls(kind="csr", num_src=num_src, num_dst=len(rp) - 1, num_edges=len(ci),
-                   index_dtype=as_dtype(idx), csr=(rp64, ci), validated=level,
+                   index_dtype=as_dtype(ci.dtype), csr=(rp, ci), validated=level,
                    deferred=deferred, device=device)
 
     @classmethod
     def from_coo(cls, src: Any, dst: Any, *, num_src: int, num_dst: int,
-                 validate: str = "full") -> Graph:
-        """Edges (src[e], dst[e]) in the user's order; stored sorted (stably) by destination."""
+                 validate: str = "full", copy: bool = True) -> Graph:
+        """Edges (src[e], dst[e]) in the user's order; stored sorted (stably) by destination.
+
+        The stored CSR is always built anew. `copy` matters only for validate='none' or
+        'basic', whose deferred check reads src and dst later: True keeps private copies,
+        False freezes the caller's arrays instead (see from_csr)."""
         return cls._coo_graph(src, dst, num_src, num_dst, gv.check_level(validate),
-                              ("src", "dst"), ("num_src", "num_dst"))
+                              ("src", "dst"), ("num_src", "num_dst"), gv.read_copy_flag(copy))
 
     @classmethod
     def _coo_graph(cls, src: Any, dst: Any, num_src: Any, num_dst: Any, level: str,
-                   names: tuple, bounds: tuple) -> Graph:
+                   names: tuple, bounds: tuple, copy: bool = True) -> Graph:
         device = gv.input_device(src)
         s = gv.read_index_array(src, names[0])
         d = gv.read_index_array(dst, names[1])
+        if level != "full":   # the deferred check must read what the CSR was built from
+            s = gv.owned_index(s, src, gv.index_dtype_for(s.dtype), copy, names[0])
+            d = gv.owned_index(d, dst, gv.index_dtype_for(d.dtype), copy, names[1])
         num_src = gv.check_count(num_src, bounds[0])
         num_dst = gv.check_count(num_dst, bounds[1])
         gv.check_same_length(s, d, names)
@@ -134,9 +150,11 @@ class Graph:
         return graph
 
     @classmethod
-    def from_scipy(cls, matrix: Any) -> Graph:
+    def from_scipy(cls, matrix: Any, *, copy: bool = True) -> Graph:
         """A scipy.sparse matrix or array: rows = destinations, columns = sources. Duplicates
-        and the stored entry order are kept."""
+        and the stored entry order are kept. copy=False shares (and freezes) a CSR matrix's
+        indptr and indices (see from_csr); other formats are converted, so never shared."""
+        copy = gv.read_copy_flag(copy)
         try:
             import scipy.sparse as sp
         except ImportError:
@@ -149,7 +167,7 @@ class Graph:
         num_dst, num_src = (int(n) for n in matrix.shape)
         if matrix.format == "csr":
             return cls._csr_graph(matrix.indptr, matrix.indices, num_src, "full",
-                                  ("matrix.indptr", "matrix.indices"))
+                                  ("matrix.indptr", "matrix.indices"), copy)
         coo = matrix.tocoo()
         return cls._coo_graph(coo.col, coo.row, num_src, num_dst, "full",
                               ("matrix.col", "matrix.row"), ("num_src", "num_dst"))
@@ -185,7 +203,13 @@ class Graph:
     def stencil(cls, shape: Sequence[int], offsets: Sequence[Sequence[int]], *,
                 periodic: bool = False) -> Graph:
         """Lattice points in C order; point p reads p + offset for each offset in order,
-        skipping neighbours outside the lattice unless `periodic` wraps them."""
+        skipping neighbours outside the lattice unless `periodic` wraps them.
+
+        Edge order (for edge fields): destination-major over the points in C order, then
+        the offsets in the order given, counting only the edges that exist (periodic: edge
+        p * len(offsets) + k is point p's k-th offset). src/dst fields may be passed flat,
+        (points, ...), or in lattice shape, (*shape, ...): the latter are flattened in C
+        order and the result comes back as (*shape, ...)."""
         shape = gv.read_shape(shape)
         offsets = gv.read_offsets(offsets, len(shape))
         periodic = gv.read_flag(periodic, "periodic")
@@ -230,9 +254,10 @@ class Graph:
 
     @classmethod
     def _geometric(cls, kind, pos, q, pos_in, query_in, params, num_edges) -> Graph:
-        pos.flags.writeable = False
-        if q is not None:
-            q.flags.writeable = False
+        # private read-only copies: the caller's arrays stay writable, and writing them later
+        # cannot change the relation the cell directory and kernels were built for
+        pos = _private(pos)
+        q = None if q is None else _private(q)
         params = dict(params, positions=pos, query=q, dims=pos.shape[1],
                       inputs=(_differentiable(pos_in, pos),
                               None if q is None else _differentiable(query_in, q)))
@@ -314,6 +339,35 @@ class Graph:
             return np.diff(row_ptr)
         return np.bincount(col_idx, minlength=self.num_src).astype(np.int64, copy=False)
 
+    def with_self_loops(self) -> Graph:
+        """A + I: a plain CSR relation with one more edge i -> i for every destination
+        i < min(num_src, num_dst). Existing self edges stay (a node that had one now has
+        two). Edge order: the original edges keep ids 0..E-1 and loop i gets id E + i, so
+        an edge field extends as concatenate([w, w_loops]), as with PyG's add_self_loops;
+        in storage each loop is the last edge of its destination's row."""
+        self.ensure_valid()
+        row_ptr, col_idx = self.resolve_csr()
+        rp, ci, perm = gu.self_loops_csr(row_ptr, col_idx, self.edge_perm,
+                                         min(self.num_src, self.num_dst), self.index_dtype.np)
+        return Graph(kind="csr", num_src=self.num_src, num_dst=self.num_dst,
+                     num_edges=len(ci), index_dtype=self.index_dtype, csr=gb.freeze(rp, ci),
+                     edge_perm=gb.freeze(perm)[0], device=self.device)
+
+    def gcn_norm(self, add_self_loops: bool = False, dtype: Any = np.float64) -> np.ndarray:
+        """GCN's symmetric normalisation D^-1/2 A D^-1/2 as an edge field: edge j -> i gets
+        1 / sqrt(deg(i) * deg(j)), deg being the in-degree over this relation (PyG's
+        gcn_norm convention; 0 where a degree is 0), in this relation's edge order. With
+        add_self_loops=True the field is for `self.with_self_loops()` (its edge order)."""
+        graph = self.with_self_loops() if add_self_loops else self.ensure_valid()
+        row_ptr, col_idx = graph.resolve_csr()
+        return gu.gcn_norm(row_ptr, col_idx, graph.edge_perm, graph.num_src, graph.num_dst,
+                           np.dtype(dtype))
+
+    def to_edge_index(self) -> np.ndarray:
+        """(2, E) int64 [source; target] in edge order: from_edge_index's inverse."""
+        self.ensure_valid()
+        return gu.to_edge_index(*self.resolve_csr(), self.edge_perm)
+
     def transpose(self) -> tuple:
         """(graph_t, perm): the source-oriented relation as plain CSR, and the permutation with
         field_t = field[perm] for an edge field in this graph's edge order. Cached."""
@@ -369,6 +423,12 @@ def _geometric_csr(kind: str, params: dict) -> tuple:
 def _traced(*values) -> bool:
     hook = geometry_hooks["traced"]
     return hook is not None and any(hook(v) for v in values if v is not None)
+
+
+def _private(arr: np.ndarray) -> np.ndarray:
+    out = arr.copy()
+    out.flags.writeable = False
+    return out
 
 
 def _differentiable(given: Any, checked: np.ndarray) -> Any:

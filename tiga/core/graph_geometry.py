@@ -9,7 +9,18 @@ here, in numpy, so the reference path (resolve_csr) and every compiled traversal
   keeps its `max_neighbors` nearest accepted sources (ties by smaller source index) and the
   rows that lost sources are counted, never silently;
 - knn keeps the k nearest sources per destination, ties by smaller source index;
-- `loop=False` drops the pair (i, i) when the query set is the source set itself.
+- `loop=False` drops the pair (i, i) when the query set is the source set itself. The pair is
+  dropped by index, never by distance: with coordinates near the dtype's range squared
+  distances overflow to +inf, and a point must still not list itself among the inf ties.
+
+Non-finite distances: coordinates are finite (checked), so a squared distance is a sum of
+non-negative terms in [0, +inf] and is never NaN; +inf (overflow) orders after every finite
+distance and inf ties go to the smaller source index, like every other tie. (Were a NaN ever
+to arise it would sort last, after +inf: numpy's sort order, which the compiled kernels'
+fallback scan also follows.)
+
+Coordinates may have any number of dims. The reference computes distances in bounded tiles
+(at most TILE_ELEMENTS pair-coordinate elements at once), so no N x N array exists.
 
 Edge order: radius rows list sources in ascending index; knn rows list them nearest first.
 
@@ -26,14 +37,14 @@ import numpy as np
 from .errors import GraphValidationError
 from .graph_validate import as_numpy
 
-MAX_DIMS = 8
 FAST_DIMS = 3            # cell directory up to here; beyond it a tiled scan over all sources
+TILE_ELEMENTS = 1 << 22  # reference tiles: pairs x dims held at once (32 MiB of float64)
 WIDTH_MARGIN = 1.0 + 2.0 ** -20   # cells a hair wider than the cutoff absorb binning rounding
 MAX_CELLS_PER_POINT = 2  # the directory never has many more cells than points
 
 
 def read_positions(obj: Any, name: str) -> np.ndarray:
-    """(n, d) float32/float64 coordinates, 1 <= d <= 8, every entry finite."""
+    """(n, d) float32/float64 coordinates, d >= 1 (any number of dims), every entry finite."""
     arr = as_numpy(obj, name)
     if arr.dtype.kind in "iub":
         arr = arr.astype(np.float64)
@@ -43,9 +54,9 @@ def read_positions(obj: Any, name: str) -> np.ndarray:
     if arr.ndim != 2:
         raise GraphValidationError(f"{name}: has shape {tuple(arr.shape)}, expected "
                                    "(num_points, dims)")
-    if not 1 <= arr.shape[1] <= MAX_DIMS:
+    if arr.shape[1] < 1:
         raise GraphValidationError(f"{name}: has {arr.shape[1]} coordinate dims, expected "
-                                   f"1 to {MAX_DIMS}")
+                                   "at least 1")
     bad = ~np.isfinite(arr)
     if bad.any():
         row, col = (int(v) for v in np.argwhere(bad)[0])
@@ -133,12 +144,13 @@ def squared_cutoff(cutoff: float, dtype) -> float:
     predicate `sqrt(d2) <= cutoff` (sqrt is correctly rounded and monotonic)."""
     t = np.dtype(dtype).type
     c = t(cutoff)
-    v = t(c * c)
     inf, zero = t(np.inf), t(0)
-    while v > 0 and np.sqrt(v) > c:
-        v = np.nextafter(v, zero)
-    while np.isfinite(v) and np.sqrt(np.nextafter(v, inf)) <= c:
-        v = np.nextafter(v, inf)
+    with np.errstate(over="ignore"):    # a cutoff past sqrt(max) squares to +inf
+        v = t(c * c)
+        while v > 0 and np.sqrt(v) > c:
+            v = np.nextafter(v, zero)
+        while np.isfinite(v) and np.sqrt(np.nextafter(v, inf)) <= c:
+            v = np.nextafter(v, inf)
     return float(v)
 
 
@@ -186,12 +198,14 @@ def directory(positions: np.ndarray, width: float) -> dict:
 # ---- exact relations (the oracle semantics, materialised) ----------------------------------
 
 def squared_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Sum over axes, in axis order and in the coordinates' dtype, of (a - b)**2."""
-    diff = b[..., 0] - a[..., 0]
-    d2 = diff * diff
-    for k in range(1, a.shape[-1]):
-        diff = b[..., k] - a[..., k]
-        d2 = d2 + diff * diff
+    """Sum over axes, in axis order and in the coordinates' dtype, of (a - b)**2 (overflow
+    to +inf is a valid distance: see the module docstring)."""
+    with np.errstate(over="ignore"):
+        diff = b[..., 0] - a[..., 0]
+        d2 = diff * diff
+        for k in range(1, a.shape[-1]):
+            diff = b[..., k] - a[..., k]
+            d2 = d2 + diff * diff
     return d2
 
 
@@ -200,8 +214,9 @@ def _candidate_pairs(positions, query, width):
     n, d = query.shape
     m = positions.shape[0]
     if d > FAST_DIMS or m == 0 or n == 0:
-        for start in range(0, n, max(1, (1 << 22) // max(m, 1))):
-            stop = min(n, start + max(1, (1 << 22) // max(m, 1)))
+        step = max(1, TILE_ELEMENTS // max(m * d, 1))   # the gathered (pairs, d) stay bounded
+        for start in range(0, n, step):
+            stop = min(n, start + step)
             dst = np.repeat(np.arange(start, stop, dtype=np.int64), m)
             src = np.tile(np.arange(m, dtype=np.int64), stop - start)
             yield dst, src
@@ -258,16 +273,38 @@ def radius_csr(positions: np.ndarray, query: np.ndarray | None, cutoff: float, l
 
 def knn_csr(positions: np.ndarray, query: np.ndarray | None, k: int, loop: bool) -> tuple:
     """(row_ptr int64, col_idx int64): the k nearest sources per row, nearest first, ties by
-    smaller source index (exact; chunked scan over all sources)."""
+    smaller source index (exact). Rows are scanned in tiles of TILE_ELEMENTS distances; per
+    row the (k+1)-th smallest distance bounds the candidates (every tie of it included), which
+    are then ordered by (distance, index). With loop=False and query=None the row's own
+    index is removed from its candidates (by index: see the module docstring)."""
     same = query is None
     q = positions if same else query
     n, m = q.shape[0], positions.shape[0]
+    drop_self = same and not loop
+    need = k + 1 if drop_self else k        # candidates that survive removing oneself
     cols = np.empty((n, k), np.int64)
-    step = max(1, (1 << 22) // max(m, 1))
+    step = max(1, TILE_ELEMENTS // max(m, 1))
     for start in range(0, n, step):
         stop = min(n, start + step)
         d2 = squared_distances(q[start:stop, None, :], positions[None, :, :])
-        if same and not loop:
-            d2[np.arange(stop - start), np.arange(start, stop)] = np.inf
-        cols[start:stop] = np.argsort(d2, axis=1, kind="stable")[:, :k]
+        cols[start:stop] = _nearest(d2, np.arange(start, stop), need, k, drop_self)
     return np.arange(n + 1, dtype=np.int64) * k, cols.reshape(-1)
+
+
+def _nearest(d2: np.ndarray, rows: np.ndarray, need: int, k: int, drop_self: bool):
+    """(rows, k) source indices: per row of d2 the k smallest by (distance, index)."""
+    m = d2.shape[1]
+    if need < m:
+        bound = np.partition(d2, need - 1, axis=1)[:, need - 1]
+        cand = ~(d2 > bound[:, None])     # every tie of the bound (NaN, if any, last)
+    else:
+        cand = np.ones(d2.shape, bool)
+    if drop_self:
+        cand[np.arange(len(rows)), rows] = False
+    r, c = np.nonzero(cand)
+    order = np.lexsort((c, d2[r, c], r))
+    r, c = r[order], c[order]
+    counts = np.bincount(r, minlength=len(rows))
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(len(r)) - np.repeat(first, counts)
+    return c[rank < k].reshape(len(rows), k)

@@ -44,6 +44,26 @@ def input_device(obj: Any) -> str:
     return f"{_DLPACK_NAMES.get(int(dev_type), f'dlpack{int(dev_type)}')}:{int(dev_id)}"
 
 
+def layout_problem(obj: Any) -> tuple[str, str] | None:
+    """(what is wrong, hint) for a torch-like tensor Tiga cannot read as a dense array: nested,
+    sparse or meta tensors (duck-typed: core never imports torch); None for anything else."""
+    if getattr(obj, "is_nested", False) is True:
+        return ("is a nested torch tensor (ragged rows), expected a strided tensor",
+                "pass the rows as one flat tensor with a tg.Graph.cu_seqlens relation over "
+                "them, or pad them (torch.nested.to_padded_tensor)")
+    layout = getattr(obj, "layout", None)
+    if layout is not None and str(layout).startswith("torch.") and \
+            str(layout) != "torch.strided":
+        return (f"torch tensor has layout {layout}, expected torch.strided (dense)",
+                "call .to_dense(), or pass a sparse matrix as the relation "
+                "(tg.Graph.from_csr / tg.Graph.from_coo / tg.Graph.from_scipy)")
+    if getattr(getattr(obj, "device", None), "type", None) == "meta":
+        return ("torch tensor is on the meta device and holds no data, expected a CPU or "
+                "CUDA tensor", "materialise it first (e.g. torch.empty_like(t, "
+                               "device='cpu') or module.to_empty(device='cpu'))")
+    return None
+
+
 def _to_host(obj: Any, name: str) -> Any:
     """Detach autograd tensors and copy accelerator tensors to host memory."""
     if callable(getattr(obj, "detach", None)):
@@ -60,6 +80,9 @@ def _to_host(obj: Any, name: str) -> Any:
 def as_numpy(obj: Any, name: str) -> np.ndarray:
     """View `obj` (ndarray, list, __array__ or __dlpack__ producer) as an ndarray, zero-copy
     where the producer allows it."""
+    problem = None if isinstance(obj, np.ndarray) else layout_problem(obj)
+    if problem is not None:
+        raise GraphValidationError(f"{name}: {problem[0]} ({problem[1]})")
     try:
         obj = _to_host(obj, name)
         if isinstance(obj, np.ndarray):
@@ -105,6 +128,49 @@ def index_dtype_for(dtype: np.dtype) -> np.dtype:
 def as_index(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """`arr` as a contiguous native-order array of `dtype`; no copy when it already is one."""
     return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def read_copy_flag(copy: Any) -> bool:
+    if isinstance(copy, (bool, np.bool_)):
+        return bool(copy)
+    raise GraphValidationError(f"copy: is {copy!r}, expected True or False")
+
+
+def owned_index(arr: np.ndarray, given: Any, dtype: np.dtype, copy: bool,
+                name: str) -> np.ndarray:
+    """`arr` (read from the caller's `given`) as contiguous `dtype` storage the graph owns.
+
+    A graph must not read memory the caller can still write: a later write could send a
+    compiled kernel out of bounds. copy=True stores a private copy (none is made when the
+    dtype conversion already made one). copy=False keeps the caller's memory and marks it
+    read-only, so a later write raises numpy's ValueError; memory numpy cannot freeze (torch
+    tensors, buffers, memory maps) is copied anyway.
+    """
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > INDEX_MAX:
+        # storage is signed 64-bit: such an entry would wrap to a negative id
+        pos = first_true(arr > INDEX_MAX)
+        raise GraphValidationError(f"{name}: entry at position {pos} is {int(arr[pos])}, "
+                                   f"expected at most {INDEX_MAX} (int64 index storage)")
+    out = as_index(arr, dtype)
+    if isinstance(given, (list, tuple)) or not np.may_share_memory(out, arr):
+        return out     # a fresh array nobody else holds
+    if not copy and _freeze(out):
+        return out
+    return out.copy()
+
+
+def _freeze(arr: np.ndarray) -> bool:
+    """Make `arr` and every numpy array it views read-only; False (nothing changed) when the
+    memory belongs to something that is not a numpy array."""
+    chain, a = [], arr
+    while isinstance(a, np.ndarray):
+        chain.append(a)
+        a = a.base
+    if a is not None or not chain[-1].flags.owndata:
+        return False
+    for a in chain:
+        a.flags.writeable = False
+    return True
 
 
 def check_count(value: Any, name: str, note: str = "") -> int:

@@ -35,9 +35,9 @@ class Reducer:
                  finalize: Callable | None = None, lift: Callable | None = None,
                  commutative: bool = True, associative: bool = True, *,
                  _builtin: bool = False, prune_threshold: float | None = None):
-        if not _builtin and combine is None:
-            raise TigaError(f"Reducer {name!r}: combine is required, e.g. "
-                            "combine=lambda a, b: a + b")
+        if not _builtin:
+            _check_user_reducer(name, identity, (combine, finalize, lift),
+                                (commutative, associative))
         self.name = name
         self.identity = identity
         self.combine = combine
@@ -64,8 +64,9 @@ class Reducer:
     def _key(self):
         if self.builtin:
             return ("builtin", self.name, self.prune_threshold)
-        if self.regions is None:
-            return ("untraced", self.name, id(self))
+        if self.regions is None:   # by value: the same functions (objects) and settings
+            return ("untraced", self.name, repr(self.identity), self.commutative,
+                    self.associative, self.lift, self.combine, self.finalize)
         return ("user", self.name, repr(self.identity), self.commutative, self.associative,
                 tuple(r.structure_key() if r is not None else None for r in self.regions))
 
@@ -88,6 +89,27 @@ class Reducer:
                     self.commutative, self.associative)
         r.regions = regions
         return r
+
+
+def _check_user_reducer(name: Any, identity: Any, fns: tuple, flags: tuple) -> None:
+    """Fail at construction, naming the argument, rather than at the first call."""
+    if not isinstance(name, str) or not name:
+        raise TigaError(f"Reducer: name is {name!r}, expected a non-empty string")
+    if fns[0] is None:
+        raise TigaError(f"Reducer {name!r}: combine is required, e.g. "
+                        "combine=lambda a, b: a + b")
+    for arg, fn in zip(("combine", "finalize", "lift"), fns):
+        if fn is not None and not callable(fn):
+            raise TigaError(f"Reducer {name!r}: {arg} is {fn!r} ({type(fn).__name__}), "
+                            f"expected a callable{'' if arg == 'combine' else ' or None'}, "
+                            f"e.g. {arg}=lambda a{', b' if arg == 'combine' else ''}: ...")
+    if identity is None or callable(identity) or \
+            isinstance(identity, (str, bytes, complex, dict, set)):
+        raise TigaError(f"Reducer {name!r}: identity is {identity!r}, expected a real number "
+                        "(the state of an empty row, e.g. 0.0 for a sum)")
+    for arg, flag in zip(("commutative", "associative"), flags):
+        if not isinstance(flag, bool):
+            raise TigaError(f"Reducer {name!r}: {arg} is {flag!r}, expected True or False")
 
 
 def _builtin(name: str, identity: Any, prune_threshold=None) -> Reducer:

@@ -67,9 +67,10 @@ def _prepare(call) -> tuple:
     program inputs, re-read on every call, so an optimizer step is seen without a retrace.
     """
     values = call.values()
-    if hasattr(call.graph, "resolve_csr"):
-        # a generated relation (radius, knn) knows its edge count once resolved (cached on
-        # it; the run needs it anyway): key on the resolved type, not on `E` then `3048`
+    if hasattr(call.graph, "resolve_csr") and getattr(call.graph, "kind", None) != "knn":
+        # a generated radius relation knows its edge count once resolved (cached on it; the
+        # run needs it anyway): key on the resolved type, not on `E` then `3048`. (kNN knows
+        # it, num_dst * k, and its fused walk needs no CSR.)
         call.graph.resolve_csr()
     extra = ("torch", call.graph.type(), _aliasing(values))
     fresh = {}
@@ -130,13 +131,13 @@ def _held_objects(fn) -> list:
 
 def explain_call_torch(call):
     """`explain()` of a call on torch tensors: the route it would take, without running."""
-    if getattr(call.graph, "kind", None) in ("radius", "knn"):
+    if getattr(call.graph, "kind", None) == "radius":
         call.graph.resolve_csr()   # as the call does (_prepare), so the routes are its own
     program, np_args, originals, notes = stage_call_torch(call)
     explanation = explain_program(program, np_args)
     for note in notes:
         explanation.traversal.append(note)
-    if getattr(call.graph, "kind", None) in ("radius", "knn"):
+    if getattr(call.graph, "kind", None) == "radius":
         explanation.traversal.append(
             f"the {call.graph.kind} relation's CSR is materialised (the call resolves it to "
             "key on its edge count; searched once per relation), so its propagates walk "
@@ -281,11 +282,13 @@ class _Run:
         grad_on = torch.is_grad_enabled()
         self.wrt = [grad_on and is_torch(o) and o.requires_grad for o in originals]
         self.inputs = [o for o, w in zip(originals, self.wrt) if w]
+        self.originals = originals
         torch_in = [o for o in originals if is_torch(o)]
         self.device = torch_in[0].device if torch_in else torch.device("cpu")
         self.out_specs: list = []  # (shape, numpy dtype) per output; cotangents match them
         self.outs: list = []       # the forward's outputs, read by the VJP program
         self.read_outs: list = []  # per output: whether the VJP reads it (saved for backward)
+        self.read_ins: list = []   # per operand: whether the backward reads it
         self.residuals: list = []  # forward intermediates the VJP program reads
 
     def forward(self) -> list:
@@ -304,6 +307,9 @@ class _Run:
         if any(self.wrt):
             self.outs = outs
             self.read_outs = self._derived()[2]
+            self.read_ins = [r or any(np.may_share_memory(a, res) for res in self.residuals
+                                      if isinstance(a, np.ndarray))
+                             for r, a in zip(self._derived()[3], self.args)]
         return [to_torch(o).to(self.device) for o in outs]
 
     def _derived(self) -> tuple:
@@ -333,9 +339,10 @@ class _Run:
                                                          self.program.in_binders)}
         vjp = executable(vjp, by_pos)   # shared with tg.grad / tg.vjp / tg.jit
         n_in = len(self.program.in_binders)
-        used = {id(a) for e in vjp.eqns for a in e.inputs} | {id(a) for a in vjp.outs}
+        used = _read_vars(vjp)
         reads = [id(b) in used for b in vjp.in_binders[n_in + n_out:n_in + 2 * n_out]]
-        hit = self.vjps[key] = (forward, vjp, reads)
+        reads_in = [id(b) in used for b in vjp.in_binders[:n_in]]
+        hit = self.vjps[key] = (forward, vjp, reads, reads_in)
         return hit
 
     def backward(self, grad_outs) -> list:
@@ -349,6 +356,29 @@ class _Run:
                                     list(self.residuals))
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]
+
+
+def _read_vars(program: GraphProgram) -> set:
+    """ids of the values `program` reads. A propagate's operand counts only when its edge
+    function reads the matching binder: a VJP walk takes every field of the forward call,
+    and a tensor it does not read must stay free to change in place, as with torch ops."""
+    used = {id(a) for a in program.outs}
+    for e in program.eqns:
+        unread = _unread_operands(e)
+        used.update(id(a) for k, a in enumerate(e.inputs) if k not in unread)
+    return used
+
+
+def _unread_operands(eqn) -> set:
+    if eqn.primitive is not propagate_p or eqn.params.get("update") is not None:
+        return set()
+    fn = eqn.params["edge_fn"]
+    binders = fn.program.in_binders[len(fn.consts):]
+    if len(binders) != len(eqn.inputs) - 1:     # operands after the relation, one each
+        return set()
+    read = {id(a) for x in fn.program.eqns for a in x.inputs} | \
+        {id(a) for a in fn.program.outs}
+    return {k + 1 for k, b in enumerate(binders) if id(b) not in read}
 
 
 def _reading_outputs(full: GraphProgram, n_out: int) -> GraphProgram:
@@ -382,11 +412,14 @@ class _PropagateFunction(torch.autograd.Function):
     def forward(ctx, run, *inputs):
         ctx.run = run
         outs = run.forward()
-        # saved so that an in-place change to an input, or to an output the VJP reads
-        # (online_softmax, max), before backward raises torch's error; an output the VJP
-        # does not read (sum, mean) may change in place (y.relu_())
+        # saved so that an in-place change before backward to an input, to any other
+        # tensor the backward reads (a field that needs no gradient, a residual's memory) or
+        # to an output the VJP reads (online_softmax, max) raises torch's error; an output
+        # the VJP does not read (sum, mean) may change in place (y.relu_())
         ctx.n_inputs = len(inputs)
-        ctx.save_for_backward(*inputs, *[o for o, r in zip(outs, run.read_outs) if r])
+        read = [o for o, w, r in zip(run.originals, run.wrt, run.read_ins)
+                if r and not w and is_torch(o)]
+        ctx.save_for_backward(*inputs, *[o for o, r in zip(outs, run.read_outs) if r], *read)
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
         return tuple(outs)
 

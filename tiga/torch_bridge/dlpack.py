@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from ..core.dtypes import as_dtype, bfloat16
-from ..core.errors import DTypeError
+from ..core.errors import DTypeError, UnsupportedError
+from ..core.graph_validate import layout_problem
 
 
 def is_torch(x) -> bool:
@@ -20,6 +21,7 @@ def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
     conjugate/negative-bit views (materialised). The view is read-only so that no numpy
     rule can write into the caller's tensor.
     """
+    check_strided(t, name)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()  # the reference route runs on the host: one copy
@@ -41,6 +43,13 @@ def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
     arr = arr.view()
     arr.flags.writeable = False
     return arr
+
+
+def check_strided(t: torch.Tensor, name: str) -> None:
+    """Tiga reads dense (strided) tensors with data: name layout or device, not the dtype."""
+    problem = layout_problem(t)
+    if problem is not None:
+        raise UnsupportedError(f"{name}: {problem[0]}", hint=problem[1])
 
 
 def to_torch(array) -> torch.Tensor:

@@ -6,15 +6,17 @@ sizes, so the same program serves every later call with the same signature:
 
 - the edge/update functions (a bound method: its function and its owner object, plus a
   fingerprint of the owner's attributes; a plain function: the function object, plus its
-  closure cells and defaults), the reducer,
+  closure cells and defaults), the reducer by value (a fresh `tg.sum()` per call is the
+  same reducer; a user `tg.Reducer` by its name, identity, flags and functions),
 - the relation's symbolic type (kind, index dtype), every field's role, name and type,
   every keyword parameter's name and type.
 
-Python numbers that the functions read from those places are baked into the trace as
-constants, so they are part of the fingerprint (by value); other objects count by identity.
-A trace that captured arrays (weights closed over by the edge function) is not reused: new
-array values must reach the program as new captures. Module globals are not fingerprinted:
-like `tg.jit`, a cached call does not see a changed global.
+A plain call behaves like Python: what the trace read outside its arguments (module
+globals, class and nested attributes, dict entries with constant keys, closure cells; see
+trace/guards.py) is kept with the entry as guards and re-read on reuse; a changed value
+retraces. Python numbers count by value, other objects by identity. A trace that captured
+arrays (weights closed over by the edge function) is not reused: new array values must
+reach the program as new captures.
 """
 from __future__ import annotations
 
@@ -25,29 +27,24 @@ from collections import OrderedDict
 
 import numpy as np
 
+from . import guards as guards_mod
 from .rewrites import hoist_linear_projections
 from .staging import leaf_aval, leaf_value
 
 MAX_ENTRIES = 128
-_SIMPLE = (bool, int, float, complex, str, bytes, type(None), np.generic)
 _SKIP_ATTRS = frozenset({"_last_call"})   # set by MessagePassing.__call__ itself
 
 _LOCK = threading.Lock()
-_ENTRIES: OrderedDict = OrderedDict()     # key -> (program, liveness refs)
-STATS = {"hits": 0, "misses": 0, "uncacheable": 0}
+_ENTRIES: OrderedDict = OrderedDict()     # key -> (liveness refs, guards, payload...)
+STATS = {"hits": 0, "misses": 0, "uncacheable": 0, "guard_failures": 0}
 
 
 def _value_print(v):
     fingerprint = getattr(type(v), "__tiga_fingerprint__", None)
     if fingerprint is not None:   # e.g. tg.nn.trace modules: layer structure, parameter ids
         return ("fingerprint", id(v), fingerprint(v))
-    if isinstance(v, float):
-        return ("float", repr(v))    # -0.0 and nan stay distinct from 0.0 and each other
-    if isinstance(v, _SIMPLE):
-        return (type(v).__name__, v)
-    if isinstance(v, tuple) and len(v) <= 16 and all(isinstance(x, _SIMPLE) for x in v):
-        return ("tuple", v)
-    return ("id", id(v))
+    token = guards_mod.value_token(v)
+    return ("id", id(v)) if token is None else token
 
 
 def _fn_key(fn):
@@ -91,8 +88,39 @@ def _call_key(call, items=None):
     fields = tuple((role, name, _type_key(v)) for role, name, v in
                    (call.field_items() if items is None else items))
     params = tuple((k, _type_key(v)) for k, v in call.param_items())
-    key = (edge[0], update[0], id(call.reducer), call.reduce_by, gtype, fields, params)
-    return key, edge[1] + update[1] + (call.reducer,)
+    reducer = _reducer_key(call.reducer)
+    if reducer is None:
+        return None
+    key = (edge[0], update[0], reducer[0], call.reduce_by, gtype, fields, params)
+    return key, edge[1] + update[1] + reducer[1]
+
+
+def _reducer_key(r):
+    """(key, objects the key relies on) of a reducer, by value: built-ins by name (and
+    pruning threshold), user reducers by name, identity, flags and their functions."""
+    if r.builtin:
+        return ("builtin", r.name, r.prune_threshold), ()
+    if r.regions is not None:            # already traced: its regions are structural
+        return r._key(), ()
+    fns = [(_fn_key(f) if f is not None else (("none",), ())) for f in
+           (r.lift, r.combine, r.finalize)]
+    if any(f is None for f in fns):
+        return None
+    held = tuple(o for f in fns for o in f[1])
+    identity = guards_mod.value_token(r.identity)
+    if identity is None:     # an array identity: by object
+        identity, held = ("id", id(r.identity)), held + (r.identity,)
+    key = ("user", r.name, identity, r.commutative, r.associative, tuple(f[0] for f in fns))
+    return key, held
+
+
+def _guarded_fns(call) -> list:
+    """The user functions a call traces: what they read is guarded."""
+    r = call.reducer
+    fns = [call.edge_fn, call.update]
+    if not r.builtin and r.regions is None:
+        fns += [r.lift, r.combine, r.finalize]
+    return fns
 
 
 def _type_key(v):
@@ -121,15 +149,36 @@ def _alive(refs: tuple, objs: tuple) -> bool:
     return len(refs) == len(objs) and all(r() is o for r, o in zip(refs, objs))
 
 
-def _ref(obj):
-    try:
-        return weakref.ref(obj)
-    except TypeError:            # not weak-referenceable: hold it (bounded by MAX_ENTRIES)
-        return lambda obj=obj: obj
+_ref = guards_mod.ref
+
+
+def _lookup(key, objs):
+    """The live entry for `key` whose guards hold, or None (a failed guard: retrace)."""
+    with _LOCK:
+        entry = _ENTRIES.get(key)
+        if entry is None or not _alive(entry[0], objs):
+            return None
+    if not guards_mod.check(entry[1]):
+        STATS["guard_failures"] += 1
+        return None
+    with _LOCK:
+        if key in _ENTRIES:
+            _ENTRIES.move_to_end(key)
+        STATS["hits"] += 1
+    return entry
+
+
+def _store(key, objs, guards, *payload) -> None:
+    with _LOCK:
+        _ENTRIES[key] = (tuple(_ref(o) for o in objs), guards) + payload
+        _ENTRIES.move_to_end(key)
+        while len(_ENTRIES) > MAX_ENTRIES:
+            _ENTRIES.popitem(last=False)
 
 
 def staged_program(call) -> tuple:
-    """`call.staged_program()`, reused when this call's signature was staged before."""
+    """`call.staged_program()`, reused when this call's signature was staged before and
+    what the trace read is unchanged."""
     items = call.field_items()     # (sorted per call: computed once here)
     try:
         if not hasattr(call.graph, "resolve_csr"):
@@ -141,27 +190,17 @@ def staged_program(call) -> tuple:
         STATS["uncacheable"] += 1
         return _staged_and_rewritten(call)
     key, objs = found
-    with _LOCK:
-        entry = _ENTRIES.get(key)
-        if entry is not None and _alive(entry[1], objs):
-            _ENTRIES.move_to_end(key)
-            STATS["hits"] += 1
-            program = entry[0]
-        else:
-            program = None
-    if program is not None:
+    entry = _lookup(key, objs)
+    if entry is not None:
         if not _sizes_ok(call, items):
             call.check_sizes(call.graph.type())   # raises the ShapeError naming the field
-        return program, [call.graph] + [leaf_value(v) for _, _, v in items] + \
+        return entry[2], [call.graph] + [leaf_value(v) for _, _, v in items] + \
             [leaf_value(v) for _, v in call.param_items()]
+    guards = guards_mod.collect(_guarded_fns(call))   # the values the trace will read
     program, args = _staged_and_rewritten(call)
-    with _LOCK:
-        STATS["misses"] += 1
-        if len(args) == len(call.values()):      # no captured arrays (they lead the args)
-            _ENTRIES[key] = (program, tuple(_ref(o) for o in objs))
-            _ENTRIES.move_to_end(key)
-            while len(_ENTRIES) > MAX_ENTRIES:
-                _ENTRIES.popitem(last=False)
+    STATS["misses"] += 1
+    if len(args) == len(call.values()):      # no captured arrays (they lead the args)
+        _store(key, objs, guards, program)
     return program, args
 
 
@@ -179,6 +218,7 @@ def reuse(call, extra_key, build) -> tuple:
     `build()` returns (payload, held): `held` are the objects the payload reads by identity
     (captured parameters), kept as weak references; the entry dies with any of them. `held`
     None means the staging cannot be reused (it captured values made during the trace).
+    Like `staged_program`, the entry is guarded by what the functions read.
     """
     try:
         found = _call_key(call) if hasattr(call.graph, "resolve_csr") else None
@@ -189,26 +229,48 @@ def reuse(call, extra_key, build) -> tuple:
         return build()
     key, objs = found
     key = ("reuse", key, extra_key)
-    with _LOCK:
-        entry = _ENTRIES.get(key)
-        if entry is not None and _alive(entry[1], objs):
-            held = tuple(r() for r in entry[3])
-            if all(h is not None for h in held):
-                _ENTRIES.move_to_end(key)
-                STATS["hits"] += 1
-                return entry[2], held
+    entry = _lookup(key, objs)
+    if entry is not None:
+        held = tuple(r() for r in entry[3])
+        if all(h is not None for h in held):
+            return entry[2], held
+    guards = guards_mod.collect(_guarded_fns(call))
     payload, held = build()
-    with _LOCK:
-        STATS["misses"] += 1
-        if held is not None:
-            _ENTRIES[key] = (None, tuple(_ref(o) for o in objs), payload,
-                             tuple(weakref.ref(h) for h in held))
-            _ENTRIES.move_to_end(key)
-            while len(_ENTRIES) > MAX_ENTRIES:
-                _ENTRIES.popitem(last=False)
+    STATS["misses"] += 1
+    if held is not None:
+        _store(key, objs, guards, payload, tuple(weakref.ref(h) for h in held))
     return payload, held
 
 
 def clear() -> None:
     with _LOCK:
         _ENTRIES.clear()
+
+
+def reuse_transform(fn, extra_key, build):
+    """What `build(guards)` made for the function `fn` of a transformation (tg.grad,
+    tg.value_and_grad, tg.vjp) at `extra_key` (its options and input types), built once
+    while what `fn` read is unchanged. The cache outlives the transformation object
+    (`tg.grad(f)(x)` in a loop hits) and dies with `fn`.
+
+    `build(guards)` returns (payload, reusable): the guards tell it which objects the
+    trace may keep by identity; `reusable` False keeps the payload out of the cache.
+    """
+    try:
+        found = _fn_key(fn)
+        key = None if found is None else ("transform", found[0], extra_key)
+        hash(key)
+    except (TypeError, ValueError):
+        found = None
+    if found is None:
+        STATS["uncacheable"] += 1
+        return build(())[0]
+    entry = _lookup(key, found[1])
+    if entry is not None:
+        return entry[2]
+    guards = guards_mod.collect([fn])
+    payload, reusable = build(guards)
+    STATS["misses"] += 1
+    if reusable:
+        _store(key, found[1], guards, payload)
+    return payload

@@ -187,6 +187,64 @@ def gelu(x, approximate: str = "none"):
 def silu(x): return multiply(x, sigmoid(x))
 
 
+# The activations below are compositions of existing primitives (so their VJPs and the
+# LLVM lowering come from those primitives); each follows torch.nn.functional's semantics,
+# including which branch owns the kink at the threshold.
+
+def _float_value(x):
+    x = asvalue(x)
+    return x if _typeof(x).dtype.is_float else convert(x, float32)
+
+
+def leaky_relu(x, negative_slope: float = 0.01):
+    """x where x > 0, else negative_slope * x (the gradient at 0 is negative_slope)."""
+    x = _float_value(x)
+    return where(greater(x, 0.0), x, multiply(x, float(negative_slope)))
+
+
+def elu(x, alpha: float = 1.0):
+    """x where x > 0, else alpha * (exp(x) - 1)."""
+    x = _float_value(x)
+    pos = greater(x, 0.0)
+    # expm1 of the clamped value: the unused branch never overflows, so its (masked)
+    # cotangent cannot turn into 0 * inf = NaN
+    neg = multiply(expm1(where(pos, 0.0, x)), float(alpha))
+    return where(pos, x, neg)
+
+
+def softplus(x, beta: float = 1.0, threshold: float = 20.0):
+    """log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold (torch's
+    linear regime, which also keeps exp from overflowing)."""
+    x = _float_value(x)
+    bx = multiply(x, float(beta))
+    linear = greater(bx, float(threshold))
+    # where (not minimum) clamps: at bx == threshold the whole cotangent stays on bx
+    soft = divide(log1p(exp(where(linear, float(threshold), bx))), float(beta))
+    return where(linear, x, soft)
+
+
+def _shifted(x, axis):
+    # the shift by the maximum is for range only: softmax is invariant to it, so it
+    # carries no gradient
+    return subtract(x, stop_gradient(max(x, axis=axis, keepdims=True)))
+
+
+def log_softmax(x, axis: int = -1, *, dim=None):
+    """x - max - log(sum(exp(x - max))) over `axis` (a feature axis)."""
+    x = _float_value(x)
+    axis = dim if dim is not None else axis
+    z = _shifted(x, axis)
+    return subtract(z, log(sum(exp(z), axis=axis, keepdims=True)))
+
+
+def softmax(x, axis: int = -1, *, dim=None):
+    """exp(x - max) / sum(exp(x - max)) over `axis` (a feature axis)."""
+    x = _float_value(x)
+    axis = dim if dim is not None else axis
+    e = exp(_shifted(x, axis))
+    return divide(e, sum(e, axis=axis, keepdims=True))
+
+
 def where(cond, x, y):
     cond = asvalue(cond)
     if _typeof(cond).dtype != bool_:

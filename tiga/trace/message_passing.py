@@ -4,12 +4,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import numpy as np
+
 from ..core.errors import FieldError, ShapeError, TigaError
+from ..core.graph import Graph
 from ..core.prims.graph import propagate_p, role_size, row_type
 from ..core.program import ClosedProgram, GraphProgram, Var
 from ..core.reducers import Reducer, ReducerMessage
 from ..core.types import GraphType
 from . import geometry
+from .call_checks import (check_edge_output, check_keywords, check_operand, checked_region,
+                          field_dict)
 from .staging import leaf_aval, leaf_value, trace_flat
 from .tracer import Tracer, bind, current_builder
 
@@ -75,16 +80,32 @@ class PropagateCall:
             raise TigaError(f"edge function: expected a callable, found {edge_fn!r}")
         self.graph, self.edge_fn, self.reducer = graph, edge_fn, reducer
         self.update, self.reduce_by = update, reduce_by
-        self.fields = {"src": dict(src or {}), "dst": dict(dst or {}), "edge": dict(edge or {})}
+        self.fields = {"src": field_dict("src", src), "dst": field_dict("dst", dst),
+                       "edge": field_dict("edge", edge)}
         hidden = geometry.hidden_fields(graph)
         if hidden is not None:   # a geometric relation: its coordinates are field operands
             for role, extra in hidden.items():
                 self.fields[role].update(extra)
         self.params = dict(params)
+        self.lattice = _flatten_lattice_fields(graph, self.fields)
         for role, fields in self.fields.items():
-            for name in fields:
+            for name, value in fields.items():
                 if not isinstance(name, str) or not name.isidentifier():
                     raise TigaError(f"{role}: field names must be identifiers, found {name!r}")
+                check_operand(f"{role}.{name}", value)
+        for name, value in self.params.items():
+            check_operand(name, value)
+
+    def restore_lattice(self, out):
+        """Rows of a stencil result back in lattice shape when its fields came in it."""
+        if self.lattice is None:
+            return out
+        if isinstance(out, tuple):
+            return tuple(self.restore_lattice(o) for o in out)
+        shape = tuple(out.shape)
+        if not shape or shape[0] != self.graph.num_dst:
+            return out
+        return out.reshape(self.lattice + shape[1:])
 
     def field_items(self) -> list[tuple[str, str, object]]:
         return [(role, name, self.fields[role][name])
@@ -106,9 +127,12 @@ class PropagateCall:
             t = leaf_aval(value)
             want = role_size(gtype, role)
             if t.ndim == 0 or t.shape[0] != want:
+                lattice = ""
+                if getattr(self.graph, "kind", None) == "stencil" and role != "edge":
+                    lattice = f" or leading axes {tuple(self.graph.params['shape'])} (lattice)"
                 raise ShapeError(f"{role}.{name}: {role} fields need a leading axis of "
-                                 f"{want} ({role} entities of the relation), found shape "
-                                 f"{tuple(t.shape)}")
+                                 f"{want} ({role} entities of the relation){lattice}, found "
+                                 f"shape {tuple(t.shape)}")
 
     def stage(self, graph, fields: list, params: list):
         """Bind one propagate equation on (possibly traced) operands; returns outputs."""
@@ -195,6 +219,7 @@ class PropagateCall:
         return _captures_last(prog, len(caps)), caps, n_out[0]
 
     def _message_parts(self, out) -> list:
+        check_edge_output(out, self.edge_fn)
         if isinstance(out, ReducerMessage):
             if out.reducer.name != self.reducer.name:
                 raise TigaError(f"edge function packaged a message for {out.reducer.name} but "
@@ -202,7 +227,10 @@ class PropagateCall:
             return list(out.parts)
         if self.reducer.arity != 1:
             raise TigaError(f"the {self.reducer.name} reducer needs its parts packaged in the "
-                            "edge function: return self.reducer(score, value)")
+                            "edge function: return reducer(score, value), calling the reducer "
+                            "object itself (self.reducer in a MessagePassing subclass; with "
+                            "tg.propagate, the one you pass: r = tg.online_softmax(); "
+                            "tg.propagate(g, lambda s, d, e: r(score, value), r, ...))")
         if isinstance(out, (tuple, list)):
             return list(out)
         return [out]
@@ -217,6 +245,7 @@ class PropagateCall:
         def region(fn, n_in, what):
             if fn is None:
                 return None
+            fn = checked_region(fn, r.name, what, None if what == "finalize" else m)
             prog, caps, _ = trace_flat(fn, [m] * n_in, top=False)
             if caps:
                 raise TigaError(f"reducer {r.name!r}: {what} must not close over arrays")
@@ -245,6 +274,28 @@ class PropagateCall:
         return _captures_last(prog, len(caps)), caps
 
 
+def _flatten_lattice_fields(graph, fields: dict) -> tuple | None:
+    """A stencil relation's src/dst fields may come in lattice shape (*shape, ...): they
+    are flattened in C order (the relation's point order). A field whose first axis already
+    counts the points is read as flat. Returns the lattice shape when any field came in it."""
+    if getattr(graph, "kind", None) != "stencil" or not isinstance(graph, Graph):
+        return None
+    shape = tuple(graph.params["shape"])
+    points, k, found = graph.num_dst, len(shape), False
+    for role in ("src", "dst"):
+        for name, value in fields[role].items():
+            if isinstance(value, (list, tuple)):
+                value = np.asarray(value)
+            # .shape, not the traced type: a torch tensor that requires grad has no
+            # numpy view until the torch bridge takes the call
+            have = getattr(value, "shape", None)
+            have = tuple(leaf_aval(value).shape if have is None else have)
+            if k > 1 and len(have) >= k and have[:k] == shape and have[0] != points:
+                fields[role][name] = value.reshape((points,) + have[k:])
+                found = True
+    return shape if found else None
+
+
 def _captures_last(prog: GraphProgram, n_caps: int) -> GraphProgram:
     b = prog.in_binders
     return GraphProgram(b[n_caps:] + b[:n_caps], prog.eqns, prog.outs)
@@ -260,17 +311,21 @@ def _pad_binders(prog: GraphProgram, at: int, extra_values) -> GraphProgram:
 def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=None,
               **params):
     """Functional message passing: `y[i] = update(finalize(reduce(edge_fn(e) for e -> i)))`."""
+    check_keywords("tg.propagate", ("graph", "edge_fn", "reducer", "src", "dst", "edge",
+                                    "update"), edge_fn, update, params)
     call = PropagateCall(graph, edge_fn, reducer, src, dst, edge, update, params)
     return run_call(call)
 
 
 def run_call(call: PropagateCall):
     if call.is_traced():
-        return call.stage(call.graph, [v for _, _, v in call.field_items()],
-                          [v for _, v in call.param_items()])
-    if hooks["execute"] is None:
+        out = call.stage(call.graph, [v for _, _, v in call.field_items()],
+                         [v for _, v in call.param_items()])
+    elif hooks["execute"] is None:
         raise TigaError("no runtime registered; import tiga (not tiga.trace) to run programs")
-    return hooks["execute"](call)
+    else:
+        out = hooks["execute"](call)
+    return call.restore_lattice(out)
 
 
 class MessagePassing:
@@ -287,6 +342,8 @@ class MessagePassing:
             raise TigaError(f"{type(self).__name__}: set a class attribute reducer, e.g. "
                             "reducer = tg.sum()")
         update = self.update if type(self).update is not MessagePassing.update else None
+        check_keywords(f"{type(self).__name__}()", ("graph", "src", "dst", "edge"), self.edge,
+                       update, params)
         return PropagateCall(graph, self.edge, self.reducer, src, dst, edge, update, params)
 
     def update(self, dst, aggregated, **params):  # replaced by subclasses that need it
@@ -310,7 +367,8 @@ class MessagePassing:
 
     def reference(self, *, graph, src=None, dst=None, edge=None, **params):
         """Run the semantic oracle (the reference interpreter); differentiable."""
-        return hooks["reference"](self._call(graph, src, dst, edge, params))
+        call = self._call(graph, src, dst, edge, params)
+        return call.restore_lattice(hooks["reference"](call))
 
     def _call_for(self, call_kwargs, what: str = "explain") -> PropagateCall:
         if call_kwargs:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import as_dtype
-from ..core.errors import TraceError
+from ..core.errors import TraceError, UnsupportedError
 from ..core.primitive import Primitive, abstract_eval_rules, impl_rules
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import Dim, GraphType, TensorType
@@ -40,12 +40,75 @@ class Tracer:
         raise TraceError("a traced value has no concrete truth value; use tg.math.where "
                          "for data-dependent choices or tg.while_loop for data-dependent loops")
 
+    def _no_concrete(self, what: str):
+        raise TraceError(f"{what}() of the traced value {self.aval}: it has no concrete value "
+                         "inside a traced function; keep it an array (tg.math, x.astype(...)) "
+                         "or pass the number as a keyword parameter")
+
+    def __float__(self):
+        self._no_concrete("float")
+
+    def __int__(self):
+        self._no_concrete("int")
+
+    def __index__(self):
+        self._no_concrete("index")
+
+    def __complex__(self):
+        self._no_concrete("complex")
+
     def __array__(self, *args, **kwargs):
         raise TraceError(f"cannot convert the traced value {self.aval} to a numpy array "
                          "inside a traced function")
 
     def __hash__(self):
         return id(self)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        # numpy hands us `ndarray <op> tracer` (and numpy scalars) as a ufunc call: serve the
+        # operators; any other numpy function cannot run on a value that has no data yet
+        op = _OPERATOR_UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs \
+            else None
+        if op is not None:
+            from . import math as m  # tg.math imports this module
+            return getattr(m, op)(*inputs)
+        suffix = "" if method == "__call__" else f".{method}"
+        raise _foreign_call("numpy", f"np.{ufunc.__name__}{suffix}", ufunc.__name__)
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise _foreign_call("numpy", f"np.{func.__name__}", func.__name__)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        owner = getattr(func, "__qualname__", "").split(".")[0]
+        if owner in ("Tensor", "TensorBase") and args and not isinstance(args[0], Tracer):
+            # `torch_tensor * tracer` arrives as TensorBase.mul: decline, so that torch turns
+            # the operator into NotImplemented and Python calls the tracer's reflected one
+            return NotImplemented
+        raise _foreign_call("torch", f"torch.{name}", name)
+
+
+# ufuncs numpy calls for its operators with a tracer on the right, and the tg.math spelling
+_OPERATOR_UFUNCS = {
+    "add": "add", "subtract": "subtract", "multiply": "multiply", "divide": "divide",
+    "true_divide": "divide", "power": "power", "matmul": "matmul", "less": "less",
+    "less_equal": "less_equal", "greater": "greater", "greater_equal": "greater_equal",
+    "equal": "equal", "not_equal": "not_equal", "bitwise_and": "logical_and",
+    "bitwise_or": "logical_or",
+}
+
+
+def _foreign_call(library: str, what: str, short: str) -> UnsupportedError:
+    from . import math as m  # tg.math imports this module
+    fn = getattr(m, short, None)
+    if callable(fn) and getattr(fn, "__module__", None) == m.__name__:
+        hint = f"use tg.math.{short}(...) or the array methods (x.sum(), x.exp(), ...)"
+    else:
+        hint = ("use the tg.math functions (tg.math.exp, tg.math.sum, tg.math.where, ...) or "
+                "the array methods (x.sum(axis=...), x.exp(), ...)")
+    return UnsupportedError(f"{what}: {library} functions cannot run on a traced value (an "
+                            "edge or update function sees symbolic rows, not data)", hint)
 
 
 class Builder:

@@ -11,14 +11,16 @@ live in TIGA_CACHE_DIR (default ~/.cache/tiga) as `<key>.tgo`, in one of two lay
   header, a newline, the object bytes.
 
 Writes are atomic (temporary file, fsync, rename). An entry whose layout, key, size or
-checksum does not match is deleted and rebuilt, never handed to the loader. Statistics
-count what really happened.
+checksum does not match, or that is not a regular file (a FIFO, socket, device or
+directory), is discarded and rebuilt, never handed to the loader; reading never blocks.
+Statistics count what really happened.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 import struct
 import tempfile
 import threading
@@ -32,6 +34,8 @@ from . import llvm_jit
 MAGIC = b"TIGAOBJ1\n"
 SO_MAGIC = b"TIGASO01"
 BACKEND = "cpu-llvm"
+# no kernel library comes near this; a larger "entry" is not ours and is never read into memory
+MAX_ENTRY_BYTES = 1 << 30
 _TIGA_KEY: list = []
 
 
@@ -207,7 +211,9 @@ def _obj_entry(key: str, obj: bytes, sig: KernelSignature) -> bytes:
 def _read_entry(path: Path, key: str):
     """(layout, code bytes, signature), or None when anything about the entry is off."""
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
+        if data is None:
+            return None
         if data.endswith(SO_MAGIC) and len(data) >= 16:
             (n,) = struct.unpack("<Q", data[-16:-8])
             if n > len(data) - 16:
@@ -232,6 +238,31 @@ def _read_entry(path: Path, key: str):
         return layout, code, sig
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, struct.error):
         return None
+
+
+def _read_regular(path: Path) -> bytes | None:
+    """The bytes of a regular file at `path`; None for anything else in its place.
+
+    Opened non-blocking and checked with fstat before reading: a FIFO, socket, device or
+    directory in the cache must not block or crash the process that finds it (a FIFO with
+    no writer would block a plain open() forever).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
+            return None
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _write_atomic(path: Path, payload: bytes) -> bool:

@@ -142,7 +142,8 @@ class AttentionPlan:
         prune = eqn.params["reducer"].prune_threshold
         h = pat.heads
         # the kernel takes the row max of the raw scores (scale > 0)
-        if prune is None and _native_ok(q, k, v, dtype) and 0 < scale < np.inf:
+        if prune is None and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and \
+                _fast_math_exact(scale, k.shape[0], (q, k), v):
             _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top, mass,
                             lo, hi, scale)
             STATS["native_calls"] += 1
@@ -175,7 +176,7 @@ class AttentionPlan:
         q = np.asarray(q)
         dq = np.empty(q.shape, eqn.outputs[0].type.dtype.np)
         ops = [np.asarray(x) for x in (q, k, v, do)]
-        if _bwd_native_ok(*ops, dq.dtype):
+        if _bwd_native_ok(*ops, dq.dtype) and _bwd_fast_math_exact(scale, *ops, lse, delta):
             # dq alone (no dk, dv wanted): the fused kernel skips its dk and dv products
             _native_backward(*(_heads(x, heads) for x in ops), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), _heads(dq, heads), None, None,
@@ -192,7 +193,8 @@ class AttentionPlan:
         dv = np.empty(v.shape, eqn.outputs[1].type.dtype.np)
         # dkdvq: dq comes out of the same pass (per-thread partial sums, added once) and
         # waits for the dq propagate over these very operands
-        native = _bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype
+        native = _bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype and \
+            _bwd_fast_math_exact(float(scale), q, k, v, do, lse, delta)
         # (the native kernel sets every entry of dq: no zeros to write first)
         dq = (np.empty if native else np.zeros)(q.shape, q.dtype) if self.kind == "dkdvq" \
             else None
@@ -257,12 +259,13 @@ class AttentionPlan:
                 "K^T packed by the kernel into per-step tiles", 4 * heads * keys * kt.shape[-1],
                 "scratch reused between calls; V is packed head-major too when its rows are "
                 "head-interleaved"))
-        ex.schedule = _bwd_schedule() if bnative else (
+        ex.schedule = _bwd_schedule() + "; " + _FALLBACK if bnative else (
             f"tiled streaming attention: {num_threads()} thread(s) claim row-block jobs "
             "of equal (causal) work; " + (
                            f"LLVM micro-kernel (float32): {kernel.RB} query rows x {kernel.KS} "
                            "keys per register tile, <16 x float> accumulators, polynomial "
-                           "exp, output normalised and written by the kernel" if native else
+                           "exp, output normalised and written by the kernel; " + _FALLBACK
+                           if native else
                            "each tile's two products are batched BLAS matrix products over "
                            "the heads (numpy), the softmax update vectorised numpy on the tile"))
         nh = eqn.inputs[1].type.shape[1] if len(eqn.inputs[1].type.shape) == 3 else 1
@@ -315,6 +318,45 @@ def _native_ok(q, k, v, dtype) -> bool:
 
 
 NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
+
+# The LLVM kernels' arithmetic (lazy row max, polynomial exp, nnan max, masked keys as
+# p = 0 times their value row) is exact in its non-finite behaviour only when no score, sum
+# or product can be NaN or overflow. Operands with a NaN or inf, or large enough that a score
+# or a sum could overflow float32, run the numpy tiles, which select rather than multiply
+# by 0 and give the reference interpreter's NaN and inf wherever it has them.
+_FAST_LIMIT = 1e30
+_FALLBACK = ("a call whose operands hold a NaN or inf (or values large enough for a score "
+             "to overflow float32) runs the NaN-safe numpy tiles instead (checked per call)")        # float32 max is 3.4e38: room for the bounds' slack
+
+
+def _norm(x) -> float:
+    """An upper bound of the Frobenius norm of x: NaN or inf when x holds a NaN or inf."""
+    x = np.asarray(x)
+    if x.size == 0:
+        return 0.0
+    if x.flags.c_contiguous:
+        flat = x.reshape(-1)
+        return float(np.sqrt(np.float64(np.dot(flat, flat))))
+    big = float(np.maximum(x.max(), -x.min()))       # max and min propagate NaN
+    return big * float(np.sqrt(x.size))
+
+
+def _fast_math_exact(scale: float, keys: int, qk, v) -> bool:
+    """Whether the forward kernel's result is the reference's: q, k, v finite and every score
+    (|q_i . k_j| <= |Q| |K|) and value sum (<= keys e^LAZY |V|) far from overflow."""
+    nq, nk = (_norm(x) for x in qk)
+    bound_v = _norm(v) * max(keys, 1) * float(np.exp(kernel.LAZY))
+    return nq * nk * max(scale, 1.0) < _FAST_LIMIT and bound_v < _FAST_LIMIT
+
+
+def _bwd_fast_math_exact(scale: float, q, k, v, do, lse, delta) -> bool:
+    """As _fast_math_exact, for the backward kernel: every operand finite and every score,
+    dP - delta and cotangent sum (over at most N rows or keys) far from overflow."""
+    nq, nk, nv, ndo, nl, nd = (_norm(x) for x in (q, k, v, do, lse, delta))
+    rows = max(np.shape(q)[0], np.shape(k)[0], 1)
+    ds = (ndo * nv + nd) * max(scale, 1.0)
+    return (nq * nk * max(scale, 1.0) < _FAST_LIMIT and nl < _FAST_LIMIT
+            and ds * max(nq, nk) * rows < _FAST_LIMIT and ndo * rows < _FAST_LIMIT)
 
 
 def _native_key(width: int) -> str:

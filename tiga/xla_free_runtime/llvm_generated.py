@@ -31,6 +31,7 @@ its degrees are the row lengths.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import weakref
 
@@ -41,6 +42,7 @@ from ..core.dtypes import int64
 from ..core.errors import CompilationError
 from ..core.reducers import sum as sum_reducer
 from ..lower import CPU_LLVM_AVAILABLE
+from ..lower.ir.iter import KNN_TILED, hierarchy_for
 from ..trace import math as tm
 from ..trace.message_passing import propagate
 from .cache import CACHE, full_key
@@ -54,6 +56,7 @@ from .llvm_propagate import (
 from .threads import num_threads, row_chunks, run_chunks
 
 if CPU_LLVM_AVAILABLE:
+    from . import llvm_knn_tiled as knn_tiled
     from ..lower.llvm import CodegenUnsupported
     from ..lower.llvm.generated import (
         DIRECTORY_SLOTS,
@@ -61,6 +64,7 @@ if CPU_LLVM_AVAILABLE:
         codegen_directory,
         codegen_generated,
     )
+    from ..lower.llvm.knn_tiled import block_shape
 
 GEOMETRIC = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
@@ -75,9 +79,23 @@ def _spec(eqn, graph) -> GeoSpec:
     d = int(p["dims"])
     same = p["query"] is None
     k = p["k"] if graph.kind == "knn" else (p["max_neighbors"] or 0)
-    return GeoSpec(kind=graph.kind, mode="cells" if d <= geo.FAST_DIMS else "scan", dims=d,
-                   k=int(k), exclude_self=bool(same and not p["loop"]),
-                   pos_dtype=np.dtype(p["positions"].dtype).name)
+    dtype = np.dtype(p["positions"].dtype).name
+    mode, block = ("cells" if d <= geo.FAST_DIMS else "scan"), ()
+    if hierarchy_for(graph.type if isinstance(graph, GeneratedType) else graph.type()) \
+            == KNN_TILED:
+        mode, block = "tiled", block_shape(dtype, _wide_vectors())
+        if not isinstance(graph, GeneratedType) and not knn_tiled.expanded_form_fits(graph):
+            mode, block = "scan", ()    # |p|^2 near the dtype's range: the exact plain scan
+    return GeoSpec(kind=graph.kind, mode=mode, dims=d, k=int(k),
+                   exclude_self=bool(same and not p["loop"]), pos_dtype=dtype, block=block)
+
+
+@functools.lru_cache(maxsize=1)
+def _wide_vectors() -> bool:
+    """Whether the host has 512-bit vectors (32 registers): the tiled kNN block shape."""
+    import llvmlite.binding as llvm
+
+    return "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
 
 
 def symmetric(graph) -> bool:
@@ -143,6 +161,8 @@ def _key(eqn, spec: GeoSpec, params: dict) -> str:
 
 def _materialise(graph) -> None:
     if not isinstance(graph, GeneratedType):
+        if CPU_LLVM_AVAILABLE:
+            knn_tiled.adopt_csr(graph)  # a knn-tiled-scan call already selected every row
         graph.resolve_csr()     # the generic kernel walks the materialised relation
 
 
@@ -198,6 +218,10 @@ def directory_arrays(graph, spec: GeoSpec) -> dict:
     d, n = spec.dims, len(pos)
     cutoff = float(p.get("cutoff", 0.0))
     sq = geo.squared_cutoff(cutoff, pos.dtype) if spec.kind == "radius" else 0.0
+    if spec.mode == "tiled":
+        arrays = knn_tiled.tiled_arrays(pos, q, spec)
+        p["_directory"] = (spec, arrays)
+        return arrays
     if spec.mode == "scan" or n == 0:
         width, reach, lo = 1.0, 1, np.zeros(d)
         dims = np.ones(d, np.int64)
@@ -211,7 +235,8 @@ def directory_arrays(graph, spec: GeoSpec) -> dict:
             width = _width(extents, n, cutoff / RADIUS_REACH, 0.5)
             reach = int(np.ceil(cutoff * geo.WIDTH_MARGIN / width))
         else:
-            cutoff = _knn_estimate(extents, n, spec.k, d)
+            with np.errstate(over="ignore"):    # extents near the dtype's range: volume inf
+                cutoff = _knn_estimate(extents, n, spec.k, d)
             sq = geo.squared_cutoff(cutoff, pos.dtype) if cutoff > 0 else 0.0
             width = _width(extents, n, max(cutoff, (float(extents.max()) or 1.0) * 1e-9),
                            max(1.0, spec.k * KNN_POINTS_PER_CELL))
@@ -303,14 +328,20 @@ class GeneratedPlan:
                 for s, dt in zip(sig.out_shapes, sig.out_dtypes)]
         for k, o in enumerate(outs):
             arrays[f"out:{k}"] = o
-        argv = (ctypes.c_void_p * len(sig.slots))(*[_address(arrays[s]) for s in sig.slots])
         n = graph.num_dst
+        cost = 8
+        if self.spec.mode == "tiled":
+            arrays.update(knn_tiled.scratch(n, self.spec))
+            cost = max(cost, graph.num_src)     # every row scans every source
+        argv = (ctypes.c_void_p * len(sig.slots))(*[_address(arrays[s]) for s in sig.slots])
         if n:
             threads = num_threads()
-            chunks = row_chunks(np.arange(n + 1, dtype=np.int64) * 8, threads)
+            chunks = row_chunks(np.arange(n + 1, dtype=np.int64) * cost, threads)
             run_chunks(self.exe.native, chunks, argv, threads)
         if self.spec.kind == "radius" and self.spec.k:
             graph.params["_truncated"] = int(stats[0])
+        if self.spec.mode == "tiled" and not isinstance(graph, GeneratedType):
+            knn_tiled.keep_csr(graph, arrays, self.spec)
         return outs
 
     def describe(self, ex, eqn, graph, where: str) -> None:
@@ -319,9 +350,14 @@ class GeneratedPlan:
         by = p["reduce_by"]
         ex.routes.append(("cpu-llvm", f"{where}propagate[{red}] by {by}",
                           f"compiles (fused {spec.kind} traversal, no edge list)"))
-        if spec.mode == "scan":
+        if spec.mode == "tiled":
+            walk = knn_tiled.describe_walk(spec)
+        elif spec.mode == "scan":
             walk = (f"tiled scan over all sources ({spec.dims}-D coordinates: above "
                     f"{geo.FAST_DIMS} dims the cell directory does not pay; exact, O(N*M))")
+            if spec.kind == "knn":
+                walk = ("knn-tiled-scan as a plain exact scan (squared norms near the "
+                        "dtype's range would overflow the expanded-form filter): " + walk)
         elif spec.kind == "radius":
             walk = (f"cell-directory ({spec.dims}-D uniform cells >= cutoff wide, counting "
                     f"sort by cell; each row walks its 3^{spec.dims} neighbour cells and "
@@ -358,9 +394,10 @@ class GeneratedPlan:
             t = None if typed else graph.params.get("_truncated")
             ex.traversal.append(f"max_neighbors={spec.k}: " + (
                 "not run yet" if t is None else f"{t} row(s) truncated in the last call"))
-        ex.schedule = ("cpu-llvm fused generated-relation kernel: rows visited in cell order, "
-                       f"row chunks on {num_threads()} thread(s); reducer state in stack "
-                       "buffers")
+        order = ("rows in tiles of queries (each tile scans every source chunk, then folds "
+                 "its rows)" if spec.mode == "tiled" else "rows visited in cell order")
+        ex.schedule = (f"cpu-llvm fused generated-relation kernel: {order}, row chunks on "
+                       f"{num_threads()} thread(s); reducer state in stack buffers")
         if typed:
             entry = (
                 f"cell directory of the {graph.kind} relation generated in the program "
@@ -373,12 +410,15 @@ class GeneratedPlan:
             n, m = graph.num_dst, graph.num_src
             itemsize = graph.params["positions"].dtype.itemsize
             nbytes = 8 * (m + n) + m * spec.dims * itemsize
+            if spec.mode == "tiled":
+                nbytes = knn_tiled.panel_bytes(m, n, spec)
             if spec.mode == "cells":
                 nbytes += 8 * (int(directory_arrays(graph, spec)["geo_i"][1 + spec.dims]) + 1)
-            ex.materialized.append(("cell directory (sorted source ids and coordinates, "
-                                    "cell starts, row order)", nbytes,
-                                    "rebuilt per call from the coordinates; O(N), no edge "
-                                    "list"))
+            what = ("cell directory (sorted source ids and coordinates, cell starts, row "
+                    "order)", "rebuilt per call from the coordinates; O(N), no edge list")
+            if spec.mode == "tiled":
+                what = knn_tiled.MATERIALIZED
+            ex.materialized.append((what[0], nbytes, what[1]))
         status = CACHE.status(self.key)
         ex.cache_lines.append({"memory": "hit (memory; executable rebound to this call's "
                                          "coordinates)",

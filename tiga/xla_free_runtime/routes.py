@@ -128,6 +128,7 @@ def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
     ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
                         f"by {p['reduce_by']}: {walk}")
     ex.schedule = _schedule(graph, p["reduce_by"])
+    _explain_row_buffers(ex, p["edge_fn"])
     if native == "stencil" and not graph.params["periodic"]:
         ex.materialized.append(("row_ptr of the stencil (edge ids; no column indices)",
                                 8 * (graph.num_dst + 1), "computed once per relation"))
@@ -152,6 +153,20 @@ def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
                                 * graph.num_edges, "cached on the relation; built once"))
     ex.cache_lines.append({"memory": "hit (memory)", "disk": "hit (disk cache, no LLVM run)",
                            "miss": "miss (compiled on the first call)"}[status])
+
+
+def _explain_row_buffers(ex, edge_fn) -> None:
+    """Row buffers past the kernel's stack budget live in a heap block (lower/llvm/emitter)."""
+    from ..lower.llvm.emitter import STACK_BUDGET, row_value_bytes
+
+    nbytes = row_value_bytes(edge_fn)
+    if nbytes > STACK_BUDGET:
+        ex.materialized.append((
+            "edge-function row buffers past the stack budget", nbytes - STACK_BUDGET,
+            f"at most; the edge function's row values take up to {nbytes} bytes, over the "
+            f"{STACK_BUDGET}-byte stack budget per kernel: the rest live in one heap block "
+            "each kernel call mallocs and frees (per thread), so the thread stack never "
+            "overflows"))
 
 
 NATIVE = {"dense": "dense coordinate hierarchy natively (row r owns edges [r*S, (r+1)*S), "

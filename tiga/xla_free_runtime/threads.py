@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..core.config import env_num_threads
 from ..core.errors import TigaError
 
 SMALL_WORK = 1 << 15      # rows + edges below which one call on the caller's thread wins
@@ -31,21 +32,10 @@ _LOCK = threading.Lock()
 _POOL: dict = {}
 
 
-_CPUS = max(1, os.cpu_count() or 1)
-
-
 def num_threads() -> int:
-    raw = os.environ.get("TIGA_NUM_THREADS", "").strip()
-    if not raw:
-        return _CPUS
-    try:
-        n = int(raw)
-    except ValueError:
-        raise TigaError(f"TIGA_NUM_THREADS: expected a positive integer, found {raw!r}") \
-            from None
-    if n < 1:
-        raise TigaError(f"TIGA_NUM_THREADS: expected a positive integer, found {raw!r}")
-    return n
+    """TIGA_NUM_THREADS (default: all cores), capped at 4 x the cores with a warning; the
+    kernel schedule (lower/passes/select_kernel_schedule.py) reads the same value."""
+    return env_num_threads(TigaError)
 
 
 def pool(threads: int) -> ThreadPoolExecutor:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...core.errors import CompilationError
+from ...core.graph_geometry import FAST_DIMS
 from .base import (
     AttrReader,
     GenericOp,
@@ -29,7 +30,25 @@ HIERARCHY_OF_KIND = {"csr": "compressed-row", "dense": "dense", "triangular": "t
                      # generated relations (DESIGN.md): points sorted by cell + exact test;
                      # top-k state over growing shells
                      "radius": "cell-directory", "knn": "knn-shells"}
-HIERARCHIES = tuple(HIERARCHY_OF_KIND.values())
+# kNN above FAST_DIMS coordinate dims: the cell directory degenerates (3^d neighbour cells,
+# shells that cover the whole grid), so the walk is a tiled scan of query blocks x source
+# blocks with a register-blocked distance product, a threshold filter and an exact re-check
+# of the few candidates that pass it (lower/llvm/knn_tiled.py)
+KNN_TILED = "knn-tiled-scan"
+HIERARCHIES = tuple(HIERARCHY_OF_KIND.values()) + (KNN_TILED,)
+
+
+def hierarchy_for(relation_type) -> str:
+    """The coordinate hierarchy that walks a relation of this type: the Iter-level choice
+    of traversal (kNN by coordinate dims; every other kind by its kind)."""
+    kind = relation_type.kind
+    if kind not in HIERARCHY_OF_KIND:
+        raise CompilationError(f"relation kind {kind!r} has no coordinate hierarchy (known: "
+                               f"{', '.join(HIERARCHY_OF_KIND)})")
+    dims = getattr(relation_type, "coord_dims", None)
+    if kind == "knn" and dims is not None and dims > FAST_DIMS:
+        return KNN_TILED
+    return HIERARCHY_OF_KIND[kind]
 ORDERINGS = ("destination-major", "source-major")
 
 
@@ -45,9 +64,10 @@ def check_traversal(comp: Computation, hierarchy, ordering, where: str) -> None:
                                f"{', '.join(HIERARCHIES)}, found {hierarchy!r}")
     if kind not in HIERARCHY_OF_KIND:
         raise CompilationError(f"{where}: relation kind {kind!r} has no coordinate hierarchy")
-    if HIERARCHY_OF_KIND[kind] != hierarchy:
+    want = hierarchy_for(comp.relation.type)
+    if want != hierarchy:
         raise CompilationError(f"{where}: coordinate_hierarchy {hierarchy!r} does not match "
-                               f"the {kind} relation (expected {HIERARCHY_OF_KIND[kind]!r})")
+                               f"the {kind} relation (expected {want!r})")
     if ordering not in ORDERINGS:
         raise CompilationError(f"{where}: ordering must be one of {', '.join(ORDERINGS)}, "
                                f"found {ordering!r}")

@@ -30,7 +30,8 @@ from .syntax import AttrDict
 TRAVERSAL_OF = {"compressed-row": "csr-row", "dense": "dense-row",
                 "triangular": "triangular-row", "cu-seqlens": "segment-row",
                 "stencil": "stencil-row", "cat": "csr-row",
-                "cell-directory": "cell-directory-row", "knn-shells": "knn-shell-row"}
+                "cell-directory": "cell-directory-row", "knn-shells": "knn-shell-row",
+                "knn-tiled-scan": "knn-tile-row"}
 READS_ROW_PTR = ("csr-row", "transposed-csr-row")
 MATERIALIZABLE = ("csr", "transposed-csr")
 GUARD_KEYS = ("row_ptr", "col_idx", "max_degree")

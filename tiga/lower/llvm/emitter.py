@@ -2,7 +2,9 @@
 
 Every row-level primitive lowers to a loop nest over its static row shape (rules/). Stack
 buffers are allocated once in the entry block, so LLVM's SROA/mem2reg can promote them and a
-kernel never grows its stack per edge.
+kernel never grows its stack per edge. A kernel's stack buffers stay within STACK_BUDGET
+bytes: row buffers past it (a long edge function over wide rows) are carved from one heap
+block the kernel mallocs on entry and frees on return, so no input overflows a thread's stack.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ...core.types import TensorType
 from ..registry import lowering_rules
 from .values import (
     F32,
+    I8,
     I64,
     PTR,
     CodegenUnsupported,
@@ -28,6 +31,10 @@ from .values import (
 BACKEND = "cpu-llvm"
 MAX_ROW_ELEMENTS = 1 << 16   # stack buffers per value; larger rows belong to a tiled kernel
 MAX_CONST_BYTES = 1 << 20    # literal arrays embedded as module constants
+# Stack bytes one kernel call may take: pool and Python threads have 8 MiB stacks (glibc's
+# default), some hosts less; a kernel runs nested a few frames deep in any of them.
+STACK_BUDGET = 256 << 10
+HEAP_ALIGN = 64
 
 
 # Let LLVM fuse a*b+c into one FMA (float32/float64 only). Off: the max/min VJPs find the
@@ -79,6 +86,9 @@ class Emitter:
         self._hoist_cont = None
         self.invariant: set = set()
         self._hoisted: dict = {}
+        self.stack_bytes = 0        # bytes of the entry block's allocas
+        self.heap_bytes = 0         # bytes of row buffers spilled to the heap block
+        self._heap = None           # (heap pointer, its size global) once a buffer spills
 
     # ---- once-per-call code ------------------------------------------------------------
 
@@ -112,15 +122,51 @@ class Emitter:
 
     def alloca(self, elem: ir.Type, n: int) -> ir.Value:
         """A stack array in the entry block (never inside a loop)."""
+        self.stack_bytes += max(n, 1) * _type_bytes(elem)
         return ir.IRBuilder(self.entry).alloca(elem, size=i64(max(n, 1)))
 
     def finish(self) -> None:
         """Close the alloca block; call once when the function body is complete."""
         ir.IRBuilder(self.entry).branch(self.start)
+        if self._heap is not None:
+            heap, size = self._heap
+            size.initializer = ir.Constant(I64, max(self.heap_bytes, 1))
+            free = self._libc("free", ir.VoidType(), [PTR])
+            for block in self.fn.blocks:
+                for instr in list(block.instructions):
+                    if isinstance(instr, ir.Ret):
+                        b = ir.IRBuilder(block)
+                        b.position_before(instr)
+                        b.call(free, [heap])
 
     def new_buf(self, shape: tuple, dtype) -> Val:
         check_row(TensorType(tuple(shape), dtype), "a stack buffer")
-        return Val(shape, dtype, ptr=self.alloca(storage_type(dtype), numel(shape)))
+        elem, n = storage_type(dtype), numel(shape)
+        nbytes = max(n, 1) * _type_bytes(elem)
+        if self.stack_bytes + nbytes <= STACK_BUDGET:
+            return Val(shape, dtype, ptr=self.alloca(elem, n))
+        return Val(shape, dtype, ptr=self._heap_slot(nbytes))
+
+    def _heap_slot(self, nbytes: int) -> ir.Value:
+        """`nbytes` of the kernel's heap block (malloc'd in the entry block, sized by finish())."""
+        eb = ir.IRBuilder(self.entry)
+        if self._heap is None:
+            size = ir.GlobalVariable(self.module, I64, name=f"{self.fn.name}.heap_bytes")
+            size.global_constant = True
+            size.linkage = "internal"
+            malloc = self._libc("malloc", PTR, [I64])
+            self._heap = (eb.call(malloc, [eb.load(size, typ=I64)]), size)
+        offset = -(-self.heap_bytes // HEAP_ALIGN) * HEAP_ALIGN
+        self.heap_bytes = offset + nbytes
+        return eb.gep(self._heap[0], [i64(offset)], source_etype=I8)
+
+    def _libc(self, name: str, ret: ir.Type, args: list) -> ir.Function:
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, args), name=name)
+            if name == "malloc":
+                fn.return_value.attributes.add("noalias")
+        return fn
 
     def lit(self, lit: Lit) -> Val:
         t = lit.type
@@ -256,6 +302,28 @@ class Emitter:
         return [read(a) for a in program.outs]
 
 
+def _type_bytes(t: ir.Type) -> int:
+    """Bytes of one value of `t` in memory (what an alloca of it takes)."""
+    if isinstance(t, ir.IntType):
+        return max(1, (t.width + 7) // 8)
+    if isinstance(t, (ir.ArrayType, ir.VectorType)):
+        return t.count * _type_bytes(t.element)
+    return {ir.HalfType: 2, ir.FloatType: 4, ir.DoubleType: 8}.get(type(t), 8)
+
+
+def row_value_bytes(program: ClosedProgram) -> int:
+    """An upper bound of the row buffers `program` (an edge function) takes: every
+    non-scalar value it computes, each in its own buffer (what explain() reports)."""
+    total = 0
+    for eqn in program.program.eqns:
+        for v in eqn.outputs:
+            t = v.type
+            if isinstance(t, TensorType) and t.shape and all(
+                    isinstance(d, (int, np.integer)) for d in t.shape):
+                total += numel(t.shape) * max(1, t.dtype.itemsize)
+    return total
+
+
 def const_storage(elem: ir.Type, dtype, v) -> ir.Constant:
     if dtype.is_float:
         return ir.Constant(elem, float(v))
@@ -275,4 +343,4 @@ def check_row(t, what: str) -> None:
                                  f"the {MAX_ROW_ELEMENTS}-element stack budget")
 
 
-__all__ = ["Emitter", "BACKEND", "PTR", "check_row"]
+__all__ = ["Emitter", "BACKEND", "PTR", "STACK_BUDGET", "check_row", "row_value_bytes"]

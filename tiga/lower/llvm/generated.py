@@ -21,8 +21,9 @@ row the kernel
   in growing Chebyshev shells until the k-th distance is below the distance from the query
   to the unvisited cells (or no cell is left), then folds the k sources nearest first.
 
-With more than FAST_DIMS coordinate dims the directory is a single range over all sources
-(a tiled scan; still exact, O(N*M) work). The edge function itself, the reducer folds, the
+With more than FAST_DIMS coordinate dims kNN takes the knn-tiled-scan walk (knn_tiled.py: a
+register-blocked distance product, a filter and an exact re-check), and radius scans every
+source (one range over all of them; still exact, O(N*M) work). The edge function itself, the reducer folds, the
 finalize and `update` come from the generic kernel (kernel.py) by subclassing; positions
 reach the edge function as its hidden fields. Source fields are passed in directory order
 (the runtime permutes them once per call, O(N*F)), so every source row an edge reads is
@@ -58,15 +59,18 @@ COMPACT_BUFFER = 512        # accepted sorted positions held before a fold
 @dataclass(frozen=True)
 class GeoSpec:
     kind: str            # "radius" | "knn"
-    mode: str            # "cells" (d <= FAST_DIMS) | "scan" (tiled scan over all sources)
+    mode: str            # "cells" (d <= FAST_DIMS) | "tiled" (knn above: knn_tiled.py) |
+    #                      "scan" (every source, one at a time: radius above FAST_DIMS, and
+    #                      knn whose norms would overflow the tiled scan's expanded form)
     dims: int
     k: int               # knn k, or radius max_neighbors (0: no bound)
     exclude_self: bool   # loop=False with query=None: skip source == destination
     pos_dtype: str
+    block: tuple = ()    # "tiled": (lanes W, query rows R, vectors V) of the product
 
     def descriptor(self) -> tuple:
         return ("generated", self.kind, self.mode, self.dims, self.k, self.exclude_self,
-                self.pos_dtype)
+                self.pos_dtype, self.block)
 
     @classmethod
     def from_descriptor(cls, d: tuple) -> GeoSpec:
@@ -90,12 +94,17 @@ def codegen_generated(params: dict, in_types: list, spec: GeoSpec, *,
     if spec.pos_dtype not in ("float32", "float64"):
         raise CodegenUnsupported(f"coordinates of dtype {spec.pos_dtype}")
     base = _signature(params, list(in_types), int64, KernelSchedule(), symbol)
-    sig = dataclasses.replace(base, slots=GEO_SLOTS + base.slots[2:],
-                              relation=spec.descriptor())
+    builder = _GeoBuilder
+    slots = GEO_SLOTS
+    if spec.mode == "tiled":
+        from .knn_tiled import TILED_SLOTS, TiledBuilder
+
+        builder, slots = TiledBuilder, TILED_SLOTS
+    sig = dataclasses.replace(base, slots=slots + base.slots[2:], relation=spec.descriptor())
     module = ir.Module(name=symbol)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), name=symbol)
     ctx = Emitter(module, fn)
-    _GeoBuilder(ctx, params, base, sig, spec).emit(*fn.args)
+    builder(ctx, params, base, sig, spec).emit(*fn.args)
     ctx.b.ret_void()
     ctx.finish()
     emit_chunk_driver(module, fn)

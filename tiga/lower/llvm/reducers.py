@@ -127,8 +127,13 @@ class SoftmaxState:
             # one exp per edge: exp(-|sc - old|) rescales either the state or the new term
             e = b.call(ctx.intrinsic("llvm.exp", sc.type),
                        [b.select(grew, b.fsub(old, sc), b.fsub(sc, old))])
-            one = const(sd, 1.0)
-            scale, weight = b.select(grew, e, one), b.select(grew, one, e)
+            one, zero = const(sd, 1.0), const(sd, 0.0)
+            # the reference's weights exp(s - max): a new max weighs exp(sc - sc), 1 or NaN
+            # for sc = +inf (softmax of [inf, 1] is NaN); a -inf score weighs 0, never
+            # exp(-inf - -inf) = NaN (its row is NaN only when every score is -inf: finalize)
+            new_w = b.fadd(one, b.fsub(sc, sc))
+            old_w = b.select(b.fcmp_ordered("==", sc, const(sd, -math.inf)), zero, e)
+            scale, weight = b.select(grew, e, one), b.select(grew, new_w, old_w)
             top.store(b, idx, b.select(grew, sc, old))
             mass.store(b, idx, b.fadd(b.fmul(mass.load(b, idx), scale), weight))
             vs, vw = cast(b, scale, sd, vd), cast(b, weight, sd, vd)
@@ -142,14 +147,20 @@ class SoftmaxState:
         ctx.loop_nest(self.s_shape, per_score)
 
     def finalize(self, ctx, state: list, count: ir.Value) -> list:
-        _, mass, acc = state
+        top, mass, acc = state
         b, sd, vd = ctx.b, self.s_dtype, self.v_dtype
         k = len(self.s_shape)
+        edges = b.icmp_signed(">", count, ir.Constant(count.type, 0))
+        nan = const(vd, math.nan)
 
         def body(idx):
             m = mass.load(b, idx[:k])
             safe = b.select(b.fcmp_ordered(">", m, const(sd, 0)), m, const(sd, 1.0))
-            acc.store(b, idx, b.fdiv(acc.load(b, idx), cast(b, safe, sd, vd)))
+            y = b.fdiv(acc.load(b, idx), cast(b, safe, sd, vd))
+            # a row whose every score is -inf: NaN, as the reference's (and torch's) softmax
+            dead = b.and_(edges, b.fcmp_ordered("==", top.load(b, idx[:k]),
+                                                const(sd, -math.inf)))
+            acc.store(b, idx, b.select(dead, nan, y))
 
         ctx.loop_nest(self.v_shape, body)
         return [acc]

@@ -11,9 +11,9 @@
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
+from ...core.config import env_num_threads
 from ...core.dtypes import compute_dtype
 from ...core.errors import CompilationError
 from ...core.types import Dim
@@ -25,12 +25,8 @@ SIMD_BYTES = 32
 
 
 def default_threads() -> int:
-    raw = os.environ.get("TIGA_NUM_THREADS", "").strip()
-    if not raw:
-        return max(1, os.cpu_count() or 1)
-    if not raw.isdigit() or int(raw) < 1:
-        raise CompilationError(f"TIGA_NUM_THREADS must be a positive integer, found {raw!r}")
-    return int(raw)
+    # one reader (core.config) so the schedule and the runtime pool agree, cap included
+    return env_num_threads(CompilationError)
 
 
 def _pow2_floor(n: int) -> int:

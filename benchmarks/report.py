@@ -1,0 +1,249 @@
+"""benchmarks report: RESULTS.md and the plots, regenerated from one run's JSON.
+
+    python benchmarks/report.py benchmarks/results/run-<date>-<commit>.json [--out DIR]
+
+Needs only the JSON (not the workload modules), so any saved run can be re-rendered.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+METHOD = """\
+## Method
+
+- Every (workload, size, implementation) runs in a **fresh Python process**
+  (`benchmarks/worker.py`), in a seeded random order, so no peer inherits another's caches,
+  thread pools or allocator state, and slow drift of the machine spreads over all peers.
+- Equal threads: `torch.set_num_threads`, `TIGA_NUM_THREADS`, `OMP/OPENBLAS/MKL_NUM_THREADS`
+  and faiss's OpenMP pool all get `--threads`. torch runs with `THP_MEM_ALLOC_ENABLE=1` (its
+  CPU allocator on huge pages, as numpy's large allocations already are); each peer gets the
+  layout it is fastest with (torch.sparse: CSR; PyG: edge_index sorted by destination;
+  SDPA: a batch axis so its flash kernel runs).
+- One first call (timed apart: compiles, caches), warm-ups, then up to `--repeat` timed calls
+  (at least 3; fewer once `--budget` seconds are spent): median and min-max.
+- Every call's output, warm-ups and timed calls alike, is checked **outside the timer**
+  against a float64 oracle computed independently in the worker (scipy, numpy, float64
+  torch), with a tolerance set by the inputs' dtype (float32: 1e-4 relative to the largest
+  reference value, scaled up for gradients that are sums with heavy cancellation). A peer
+  that misses it is reported `wrong` and not timed.
+- Peak memory: the kernel's high-water mark (`VmHWM` in `/proc/self/status`), reset through
+  `/proc/self/clear_refs` before the timed calls; the figure is its growth over the resident
+  size at that point (outputs, temporaries, allocator caches of the calls). The process's
+  whole VmHWM (interpreter, libraries, inputs, oracle) is in the JSON.
+- `--compare REV` adds Tiga as of REV (a temporary git worktree on PYTHONPATH, its own disk
+  cache) as one more implementation, interleaved with the working tree in the same run.
+"""
+
+
+# ---------------------------------------------------------------- aggregation
+def aggregate(results: list) -> dict:
+    """(workload, size, impl) -> one record: over rounds, the median of the medians, the
+    extreme min and max, the largest peak; the first non-ok status if none succeeded."""
+    groups: dict = {}
+    for r in results:
+        groups.setdefault((r["workload"], r["size"], r["impl"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        ok = [r for r in rs if r.get("status") == "ok"]
+        if not ok:
+            out[key] = dict(rs[0])
+            continue
+        rec = dict(ok[0])
+        rec.update(median_ms=statistics.median(r["median_ms"] for r in ok),
+                   min_ms=min(r["min_ms"] for r in ok), max_ms=max(r["max_ms"] for r in ok),
+                   reps=sum(r["reps"] for r in ok), rounds=len(ok),
+                   peak_bytes=max(r.get("peak_bytes", 0) for r in ok))
+        out[key] = rec
+    return out
+
+
+def tiga_impls(run: dict) -> tuple[str, str | None]:
+    """(the working tree's Tiga label, the compared revision's label or None)."""
+    cmp = run.get("compare")
+    return ("tiga@worktree", cmp["impl"]) if cmp else ("tiga", None)
+
+
+def fastest_peer(agg: dict, wl: str, size: int) -> tuple[str, dict] | None:
+    peers = [(k[2], r) for k, r in agg.items() if k[0] == wl and k[1] == size
+             and r.get("peer") != "tiga" and r.get("status") == "ok"]
+    return min(peers, key=lambda p: p[1]["median_ms"]) if peers else None
+
+
+def _sizes(agg: dict, wl: str) -> list:
+    return sorted({k[1] for k in agg if k[0] == wl})
+
+
+# ---------------------------------------------------------------- tables
+def table(headers: list, rows: list) -> str:
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---" if i < 2 else "---:" for i in range(len(headers))) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def _ms(r: dict | None) -> str:
+    if r is None:
+        return "–"
+    return f"{r['median_ms']:.3g}" if r.get("status") == "ok" else f"*{r.get('status')}*"
+
+
+def standing_rows(run: dict) -> tuple[list, list]:
+    agg = aggregate(run["results"])
+    new, old = tiga_impls(run)
+    headers = ["workload", "size", "Tiga ms", "fastest peer", "peer ms", "Tiga ÷ peer"]
+    if old:
+        headers += [f"{old} ms", "new ÷ old"]
+    rows = []
+    for wl, meta in run["workloads"].items():
+        for size in _sizes(agg, wl):
+            t, best = agg.get((wl, size, new)), fastest_peer(agg, wl, size)
+            ratio = (f"**{t['median_ms'] / best[1]['median_ms']:.2f}**"
+                     if best and t and t.get("status") == "ok" else "–")
+            row = [wl, f"{meta['size_label']} = {size}", _ms(t), best[0] if best else "–",
+                   _ms(best[1]) if best else "–", ratio]
+            if old:
+                o = agg.get((wl, size, old))
+                both = t and o and t.get("status") == o.get("status") == "ok"
+                row += [_ms(o), f"{t['median_ms'] / o['median_ms']:.2f}" if both else "–"]
+            rows.append(row)
+    return headers, rows
+
+
+def standing_text(run: dict) -> str:
+    return "Current standing (Tiga ÷ fastest peer, median time; < 1: Tiga faster)\n" + \
+        table(*standing_rows(run))
+
+
+def workload_table(agg: dict, wl: str, size_label: str) -> str:
+    rows = []
+    for size in _sizes(agg, wl):
+        best = fastest_peer(agg, wl, size)
+        recs = sorted(((k[2], r) for k, r in agg.items() if k[0] == wl and k[1] == size),
+                      key=lambda p: (p[1].get("status") != "ok", p[1].get("median_ms", 0)))
+        for impl, r in recs:
+            if r.get("status") != "ok":
+                why = str(r.get("reason", "")).replace("|", "/")[:120]
+                rows.append([size, impl, f"*{r.get('status')}*", why, "", "", "", "", ""])
+                continue
+            ratio = f"{r['median_ms'] / best[1]['median_ms']:.2f}" if best else "–"
+            rows.append([size, impl, f"{r['median_ms']:.3g}",
+                         f"{r['min_ms']:.3g}–{r['max_ms']:.3g}", r["reps"],
+                         f"{r.get('first_call_ms', 0):.3g}",
+                         f"{r.get('peak_bytes', 0) / 2**20:.1f}", ratio,
+                         f"{r.get('rel_err', 0):.1e}"])
+    return table([size_label, "implementation", "median ms", "min–max ms", "reps",
+                  "first call ms", "peak MiB", "÷ fastest peer", "rel. err"], rows)
+
+
+# ---------------------------------------------------------------- plots
+def plot_workload(agg: dict, wl: str, meta: dict, path: str) -> bool:
+    """Time and peak memory against size, log axes, one line per implementation. False when
+    there is nothing to draw (fewer than 2 sizes) or matplotlib is missing."""
+    sizes = _sizes(agg, wl)
+    if len(sizes) < 2:
+        return False
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for impl in sorted({k[2] for k in agg if k[0] == wl}):
+        pts = [(s, agg[(wl, s, impl)]) for s in sizes if (wl, s, impl) in agg
+               and agg[(wl, s, impl)].get("status") == "ok"]
+        if not pts:
+            continue
+        style = dict(marker="o", lw=2.2 if impl.startswith("tiga") else 1.3, label=impl)
+        xs = [s for s, _ in pts]
+        ax_t.plot(xs, [r["median_ms"] for _, r in pts], **style)
+        ax_t.fill_between(xs, [r["min_ms"] for _, r in pts], [r["max_ms"] for _, r in pts],
+                          alpha=0.15)
+        # a call that needed no new pages reads 0: drawn at the 0.1 MiB floor
+        ax_m.plot(xs, [max(r.get("peak_bytes", 0) / 2**20, 0.1) for _, r in pts], **style)
+    for ax, ylab in ((ax_t, "median time per call (ms)"), (ax_m, "peak memory of calls (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(meta["size_label"])
+        ax.set_ylabel(ylab)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=8)
+    fig.suptitle(meta["title"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------- RESULTS.md
+def machine_lines(run: dict) -> list:
+    m, code = run["machine"], run["code"]
+    vers = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+    dirty = f" + {code['tiga_dirty_files']} uncommitted tiga/ files" \
+        if code.get("tiga_dirty_files") else ""
+    return [f"- **CPU**: {m['cpu_model']}; {m.get('physical_cores')} cores, "
+            f"{m['logical_cpus']} logical CPUs; **RAM** {m.get('memory_GiB')} GiB; "
+            f"transparent huge pages `{m.get('thp')}`",
+            f"- **Threads** per library: {m['threads_used']}; load average at start "
+            f"{m.get('loadavg_at_start')}",
+            f"- **Versions**: Python {m['python']}, {vers}",
+            f"- **Run**: {run['started']}, commit `{code['short']}`{dirty}, "
+            f"{len(run['order'])} processes in {run['wall_s']:.0f} s, order seed "
+            f"{run['seed']}" + (" (**quick** smoke run)" if run["settings"].get("quick") else "")
+            + (" — **interrupted**, partial" if run.get("interrupted") else "")]
+
+
+def render(run: dict, json_name: str, plots: dict) -> str:
+    agg = aggregate(run["results"])
+    out = ["# Tiga benchmark results", "",
+           f"Generated by `benchmarks/run.py` (`make bench`) from `results/{json_name}`; do "
+           "not edit by hand (`python benchmarks/report.py <json>` re-renders). History of "
+           "every run: `history.csv`.", "", *machine_lines(run), "",
+           "## Current standing", "",
+           "Tiga's median time ÷ the fastest other implementation's, per workload and size "
+           "(below 1: Tiga is faster). Every figure passed its float64 check.", "",
+           table(*standing_rows(run)), ""]
+    for wl, meta in run["workloads"].items():
+        out += [f"## {meta['title']} (`{wl}`)", "", meta["description"], "",
+                "Implementations: " + "; ".join(f"**{p}**: {n}" if n else f"**{p}**"
+                                                 for p, n in meta["peers"].items()) + ".", "",
+                workload_table(agg, wl, meta["size_label"]), ""]
+        if wl in plots:
+            out += [f"![{meta['title']}](plots/{plots[wl]})", ""]
+    return "\n".join(out + [METHOD])
+
+
+def write_report(run: dict, dest: str, json_name: str | None = None) -> str:
+    """RESULTS.md and plots/<workload>.png under `dest`; returns the markdown's path."""
+    agg = aggregate(run["results"])
+    plot_dir = os.path.join(dest, "plots")
+    os.makedirs(plot_dir, exist_ok=True)
+    plots = {}
+    for wl, meta in run["workloads"].items():
+        name = f"{wl.replace('.', '_')}.png"
+        if plot_workload(agg, wl, meta, os.path.join(plot_dir, name)):
+            plots[wl] = name
+    json_name = json_name or (f"run-{run['date']}-{run['code']['short']}"
+                              f"{'-quick' if run['settings'].get('quick') else ''}.json")
+    path = os.path.join(dest, "RESULTS.md")
+    with open(path, "w") as f:
+        f.write(render(run, json_name, plots))
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json")
+    p.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    a = p.parse_args(argv)
+    with open(a.json) as f:
+        run = json.load(f)
+    print(write_report(run, a.out, os.path.basename(a.json)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
