@@ -26,14 +26,19 @@ def env_num_threads(error: type[Exception]) -> int:
     raw = os.environ.get("TIGA_NUM_THREADS", "").strip()
     if not raw:
         return cpu_count()
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+    digits = raw.isascii() and raw.isdigit()
+    # a huge digit string is never converted (int() refuses more than 4300 digits): it is
+    # over the cap anyway
+    n = int(raw) if digits and len(raw) <= 18 else None
+    if not digits or n == 0:
         raise error(f"TIGA_NUM_THREADS must be a positive integer, found {raw!r}")
     cap = thread_cap()
-    if len(raw) <= 18 and int(raw) <= cap:
-        return int(raw)
+    if n is not None and n <= cap:
+        return n
     if raw not in _WARNED_THREADS:
         _WARNED_THREADS.add(raw)
-        warnings.warn(f"TIGA_NUM_THREADS={raw} exceeds {THREADS_PER_CORE} x os.cpu_count() "
+        shown = raw if len(raw) <= 20 else f"{raw[:12]}...({len(raw)} digits)"
+        warnings.warn(f"TIGA_NUM_THREADS={shown} exceeds {THREADS_PER_CORE} x os.cpu_count() "
                       f"= {cap}; using {cap} threads", stacklevel=3)
     return cap
 

@@ -57,6 +57,16 @@ def run_call_torch(call, route: str = "auto"):
 STATS = {"stagings": 0}   # traces of a call's functions by the bridge (tests count them)
 
 
+def _resolved_first(graph) -> bool:
+    """Whether a call resolves this generated relation's CSR before running: radius and
+    low-dim kNN (cheap cell searches). kNN above FAST_DIMS dims knows its edge count
+    (num_dst * k) and selects its neighbours in the call (knn-tiled-scan), whose VJP adopts
+    them; resolving first would run the O(N*M*d) numpy reference selection."""
+    from ..core.graph_geometry import FAST_DIMS
+
+    return graph.kind != "knn" or int(graph.params.get("dims", 0)) <= FAST_DIMS
+
+
 def _prepare(call) -> tuple:
     """(program, host operands, the caller's objects, VJP programs by requires-grad
     pattern) for a call on torch tensors; staged, rewritten and cached once per signature.
@@ -67,10 +77,9 @@ def _prepare(call) -> tuple:
     program inputs, re-read on every call, so an optimizer step is seen without a retrace.
     """
     values = call.values()
-    if hasattr(call.graph, "resolve_csr") and getattr(call.graph, "kind", None) != "knn":
-        # a generated radius relation knows its edge count once resolved (cached on it; the
-        # run needs it anyway): key on the resolved type, not on `E` then `3048`. (kNN knows
-        # it, num_dst * k, and its fused walk needs no CSR.)
+    if hasattr(call.graph, "resolve_csr") and _resolved_first(call.graph):
+        # a generated relation (radius, knn) knows its edge count once resolved (cached on
+        # it; the run needs it anyway): key on the resolved type, not on `E` then `3048`
         call.graph.resolve_csr()
     extra = ("torch", call.graph.type(), _aliasing(values))
     fresh = {}
@@ -131,13 +140,13 @@ def _held_objects(fn) -> list:
 
 def explain_call_torch(call):
     """`explain()` of a call on torch tensors: the route it would take, without running."""
-    if getattr(call.graph, "kind", None) == "radius":
+    if getattr(call.graph, "kind", None) in ("radius", "knn") and _resolved_first(call.graph):
         call.graph.resolve_csr()   # as the call does (_prepare), so the routes are its own
     program, np_args, originals, notes = stage_call_torch(call)
     explanation = explain_program(program, np_args)
     for note in notes:
         explanation.traversal.append(note)
-    if getattr(call.graph, "kind", None) == "radius":
+    if getattr(call.graph, "kind", None) in ("radius", "knn") and _resolved_first(call.graph):
         explanation.traversal.append(
             f"the {call.graph.kind} relation's CSR is materialised (the call resolves it to "
             "key on its edge count; searched once per relation), so its propagates walk "

@@ -22,7 +22,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 def fn_name(fn: Callable) -> str:
     """How an edge/update/reducer function is named in messages."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return name if name else repr(fn)
+    # `f.<locals>.Layer.edge` reads better as `Layer.edge`
+    return name.rsplit("<locals>.", 1)[-1] if name else repr(fn)
 
 
 def _keyword_names(fn: Callable, skip: int) -> set | None:

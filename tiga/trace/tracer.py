@@ -76,7 +76,9 @@ class Tracer:
         raise _foreign_call("numpy", f"np.{ufunc.__name__}{suffix}", ufunc.__name__)
 
     def __array_function__(self, func, types, args, kwargs):
-        raise _foreign_call("numpy", f"np.{func.__name__}", func.__name__)
+        module = getattr(func, "__module__", None) or "numpy"
+        where = "np" + module[len("numpy"):] if module.startswith("numpy") else module
+        raise _foreign_call("numpy", f"{where}.{func.__name__}", func.__name__)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

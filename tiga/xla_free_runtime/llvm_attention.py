@@ -324,9 +324,9 @@ NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 # or product can be NaN or overflow. Operands with a NaN or inf, or large enough that a score
 # or a sum could overflow float32, run the numpy tiles, which select rather than multiply
 # by 0 and give the reference interpreter's NaN and inf wherever it has them.
-_FAST_LIMIT = 1e30
+_FAST_LIMIT = 1e30        # float32 max is 3.4e38: room for the bounds' slack
 _FALLBACK = ("a call whose operands hold a NaN or inf (or values large enough for a score "
-             "to overflow float32) runs the NaN-safe numpy tiles instead (checked per call)")        # float32 max is 3.4e38: room for the bounds' slack
+             "to overflow float32) runs the NaN-safe numpy tiles instead (checked per call)")
 
 
 def _norm(x) -> float:

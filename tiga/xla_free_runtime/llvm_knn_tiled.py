@@ -103,8 +103,8 @@ def panel_bytes(m: int, n: int, spec) -> int:
 
 def describe_walk(spec) -> str:
     lanes, rows, vectors = spec.block
-    return (f"knn-tiled-scan (a tiled scan; {spec.dims}-D coordinates: above 3 dims the cell directory "
-            f"degenerates; tiles of {ROWS_PER_TILE} queries x chunks of source panels "
+    return (f"knn-tiled-scan (a tiled scan; {spec.dims}-D coordinates: above 3 dims the "
+            f"cell directory degenerates; tiles of {ROWS_PER_TILE} queries x chunks of source panels "
             f"sized for L2; a register-blocked {rows} x {vectors * lanes} product |p|^2 - "
             "2 q.p filters against each row's k-th exact distance (a proven lower bound), "
             "and the lanes that pass are re-scored exactly in the reference's float order "

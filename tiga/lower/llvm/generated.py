@@ -23,11 +23,12 @@ row the kernel
 
 With more than FAST_DIMS coordinate dims kNN takes the knn-tiled-scan walk (knn_tiled.py: a
 register-blocked distance product, a filter and an exact re-check), and radius scans every
-source (one range over all of them; still exact, O(N*M) work). The edge function itself, the reducer folds, the
-finalize and `update` come from the generic kernel (kernel.py) by subclassing; positions
-reach the edge function as its hidden fields. Source fields are passed in directory order
-(the runtime permutes them once per call, O(N*F)), so every source row an edge reads is
-near the previous one: the kernel indexes them by sorted position, never by a random id.
+source (one range over all of them; still exact, O(N*M) work). The edge function itself,
+the reducer folds, the finalize and `update` come from the generic kernel (kernel.py) by
+subclassing; positions reach the edge function as its hidden fields. Source fields are
+passed in directory order (the runtime permutes them once per call, O(N*F)), so every
+source row an edge reads is near the previous one: the kernel indexes them by sorted
+position, never by a random id.
 
 Only destination-grouped walks are generated. A propagate grouped by source over a
 symmetric relation (radius over one point set, no max_neighbors) reaches this kernel with
