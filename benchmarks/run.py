@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="every library's thread count")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=15, help="timed calls at most (3 at least)")
-    p.add_argument("--budget", type=float, default=4.0,
+    p.add_argument("--budget", type=float, default=3.0,
                    help="seconds of timed calls after which a configuration stops repeating")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
     p.add_argument("--rounds", type=int, default=1, help="runs of every configuration")

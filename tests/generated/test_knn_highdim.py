@@ -282,7 +282,7 @@ def test_filter_is_exact_under_cancellation_and_underflow(dtype, offset, spread,
     np.testing.assert_array_equal(_compiled_rows(pos, 5), _reference_rows(pos, 5))
 
 
-def test_torch_route_selects_in_the_call_and_its_vjp_adopts_the_ids():
+def test_torch_route_selects_in_the_call_and_its_vjp_adopts_the_ids(monkeypatch):
     """A 16-D kNN through the torch bridge is not resolved in numpy first: the forward
     takes knn-tiled-scan and the backward reuses its ids; gradients equal a dense torch
     computation on the reference relation."""
@@ -290,12 +290,17 @@ def test_torch_route_selects_in_the_call_and_its_vjp_adopts_the_ids():
     rng = np.random.default_rng(4)
     pos = torch.tensor(rng.standard_normal((70, 16)), requires_grad=True)
     x = torch.tensor(rng.standard_normal((70, 2)), requires_grad=True)
+    from tiga.core import graph_geometry as geo
+
+    reference_selection = geo.knn_csr
+    monkeypatch.setattr(geo, "knn_csr", None)      # calling it would fail the test
     g = tg.Graph.knn(pos, 6)
     model = Field()
     y = model(graph=g, src={"x": x, "w": torch.ones(70, 16, dtype=torch.float64)})
     assert "knn-tiled-scan" in str(model.explain())
     gp, gx = torch.autograd.grad((y ** 2).sum(), (pos, x))
-    cols = torch.from_numpy(_reference_rows(pos.detach().numpy(), 6)).reshape(-1)
+    monkeypatch.setattr(geo, "knn_csr", reference_selection)
+    cols = torch.tensor(_reference_rows(pos.detach().numpy(), 6).reshape(-1))
     rows = torch.arange(70).repeat_interleave(6)
     disp = pos[cols] - pos[rows]
     msg = x[cols] * torch.exp(-0.5 * disp.norm(dim=-1, keepdim=True)) + \

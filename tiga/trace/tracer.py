@@ -109,8 +109,9 @@ def _foreign_call(library: str, what: str, short: str) -> UnsupportedError:
     else:
         hint = ("use the tg.math functions (tg.math.exp, tg.math.sum, tg.math.where, ...) or "
                 "the array methods (x.sum(axis=...), x.exp(), ...)")
-    return UnsupportedError(f"{what}: {library} functions cannot run on a traced value (an "
-                            "edge or update function sees symbolic rows, not data)", hint)
+    return UnsupportedError(f"{what}: {library} functions cannot run on a traced value (edge "
+                            "and update functions, tg.jit, tg.grad and tg.vjp see symbolic "
+                            "values, not data)", hint)
 
 
 class Builder:
