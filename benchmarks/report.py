@@ -31,9 +31,10 @@ METHOD = """\
   reference value, scaled up for gradients that are sums with heavy cancellation). A peer
   that misses it is reported `wrong` and not timed.
 - Peak memory: the kernel's high-water mark (`VmHWM` in `/proc/self/status`), reset through
-  `/proc/self/clear_refs` before the timed calls; the figure is its growth over the resident
-  size at that point (outputs, temporaries, allocator caches of the calls). The process's
-  whole VmHWM (interpreter, libraries, inputs, oracle) is in the JSON.
+  `/proc/self/clear_refs` before the timed calls, after freed heap pages went back to the
+  kernel (`malloc_trim`); the figure is its growth over the resident size at that point
+  (outputs, temporaries, allocator caches of the calls). The process's whole VmHWM
+  (interpreter, libraries, inputs, oracle) is in the JSON.
 - `--compare REV` adds Tiga as of REV (a temporary git worktree on PYTHONPATH, its own disk
   cache) as one more implementation, interleaved with the working tree in the same run.
 """
@@ -191,9 +192,14 @@ def machine_lines(run: dict) -> list:
             f"{m.get('loadavg_at_start')}",
             f"- **Versions**: Python {m['python']}, {vers}",
             f"- **Run**: {run['started']}, commit `{code['short']}`{dirty}, "
-            f"{len(run['order'])} processes in {run['wall_s']:.0f} s, order seed "
+            f"{_ran(run)} of {len(run['order'])} configurations run in {run['wall_s']:.0f} s "
+            f"(one process each), order seed "
             f"{run['seed']}" + (" (**quick** smoke run)" if run["settings"].get("quick") else "")
             + (" — **interrupted**, partial" if run.get("interrupted") else "")]
+
+
+def _ran(run: dict) -> int:
+    return sum(1 for r in run["results"] if "round" in r)
 
 
 def render(run: dict, json_name: str, plots: dict) -> str:
@@ -207,6 +213,8 @@ def render(run: dict, json_name: str, plots: dict) -> str:
            "(below 1: Tiga is faster). Every figure passed its float64 check.", "",
            table(*standing_rows(run)), ""]
     for wl, meta in run["workloads"].items():
+        if not any(k[0] == wl for k in agg):
+            continue
         out += [f"## {meta['title']} (`{wl}`)", "", meta["description"], "",
                 "Implementations: " + "; ".join(f"**{p}**: {n}" if n else f"**{p}**"
                                                  for p, n in meta["peers"].items()) + ".", "",

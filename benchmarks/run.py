@@ -97,9 +97,11 @@ def build_configs(a, reg: dict, impls: list) -> tuple[list, list]:
     return todo, known
 
 
-def spec_of(cfg: dict, a) -> dict:
+def spec_of(cfg: dict, a, reg: dict) -> dict:
+    """The worker's spec; a workload may cap the warm-ups (seconds-long calls)."""
+    warmup = min(a.warmup, reg[cfg["workload"]].extra.get("warmup", a.warmup))
     return {"workload": cfg["workload"], "size": cfg["size"], "peer": cfg["peer"],
-            "threads": a.threads, "warmup": a.warmup, "repeat": a.repeat,
+            "threads": a.threads, "warmup": warmup, "repeat": a.repeat,
             "budget_s": a.budget}
 
 
@@ -139,7 +141,7 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_all(todo: list, a, envs: dict) -> tuple[list, bool]:
+def run_all(todo: list, a, envs: dict, reg: dict) -> tuple[list, bool]:
     from tqdm import tqdm
 
     results = []
@@ -147,7 +149,7 @@ def run_all(todo: list, a, envs: dict) -> tuple[list, bool]:
     try:
         for cfg in bar:
             bar.set_postfix_str(label(cfg))
-            res = run_worker(spec_of(cfg, a), envs[cfg["impl"]], a.timeout)
+            res = run_worker(spec_of(cfg, a, reg), envs[cfg["impl"]], a.timeout)
             results.append({**cfg, **res})
             if res.get("status") != "ok":
                 bar.write(f"{label(cfg)}: {res.get('status')} {res.get('reason', '')}"[:300])
@@ -236,7 +238,7 @@ def main(argv=None) -> int:
     envs = {cfg["impl"]: M.child_env(a.threads, *trees.get(cfg["impl"], trees[impls[0][0]]))
             for cfg in todo}
     t0 = time.time()
-    results, interrupted = run_all(todo, a, envs)
+    results, interrupted = run_all(todo, a, envs, reg)
     run = {"schema": 1, "date": datetime.date.today().isoformat(),
            "started": datetime.datetime.fromtimestamp(t0).isoformat(timespec="seconds"),
            "wall_s": round(time.time() - t0, 1), "code": M.code_state(ROOT),

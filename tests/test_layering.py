@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = REPO / "tiga"
 
-LAYERS = ("core", "trace", "autodiff", "lower", "xla_free_runtime", "torch_bridge")
+LAYERS = ("core", "trace", "autodiff", "opt", "lower", "xla_free_runtime", "torch_bridge")
 FACADE = "facade"  # tiga/__init__.py, tiga/api.py, tiga/cli.py and other top-level modules
 EVERYTHING = frozenset(LAYERS) | {FACADE}
 
@@ -19,8 +19,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset({"core"}),
     "trace": frozenset({"core", "trace"}),
     "autodiff": frozenset({"core", "trace", "autodiff"}),
-    "lower": frozenset({"core", "trace", "autodiff", "lower"}),
-    "xla_free_runtime": frozenset({"core", "trace", "autodiff", "lower", "xla_free_runtime"}),
+    "opt": frozenset({"core", "trace", "autodiff", "opt"}),
+    "lower": frozenset({"core", "trace", "autodiff", "opt", "lower"}),
+    "xla_free_runtime": frozenset({"core", "trace", "autodiff", "opt", "lower",
+                                   "xla_free_runtime"}),
     "torch_bridge": EVERYTHING,
     FACADE: EVERYTHING,
 }
@@ -150,6 +152,11 @@ BAD = [
     ("tiga/trace/tracer.py", "from ..lower import pipeline\n", "imports tiga.lower"),
     ("tiga/trace/tracer.py", "from .. import autodiff\n", "imports tiga.autodiff"),
     ("tiga/autodiff/vjp.py", "import tiga.xla_free_runtime.cache\n", "layer 'autodiff'"),
+    ("tiga/autodiff/vjp.py", "from ..opt import optimize_program\n", "layer 'autodiff'"),
+    ("tiga/trace/call_cache.py", "from ..opt import hoist_linear\n", "layer 'trace'"),
+    ("tiga/core/passes.py", "from tiga.opt import dce\n", "layer 'core'"),
+    ("tiga/opt/cse.py", "from ..lower import pipeline\n", "layer 'opt' imports"),
+    ("tiga/opt/dce.py", "from tiga.xla_free_runtime import executor\n", "layer 'opt'"),
     ("tiga/lower/__init__.py", "from ..torch_bridge import dlpack\n", "layer 'lower'"),
     ("tiga/lower/pipeline.py", "from tiga.api import jit\n", "layer 'facade'"),
     ("tiga/xla_free_runtime/x.py", "from tiga.torch_bridge import dlpack\n", "torch_bridge"),
@@ -169,6 +176,9 @@ GOOD = [
     ("tiga/autodiff/rules/graph.py", "from ...trace import tracer\nfrom ... import core\n"),
     ("tiga/lower/llvm/rules/x.py", "from ....autodiff import vjp\nimport llvmlite.ir\n"),
     ("tiga/xla_free_runtime/cache.py", "from ..lower import pipeline\nimport numpy\n"),
+    ("tiga/opt/hoist_linear.py", "from ..trace import math\nfrom ..autodiff import vjp\n"),
+    ("tiga/lower/pipeline.py", "from ..opt import optimize_program\n"),
+    ("tiga/xla_free_runtime/executor.py", "from tiga.opt import relation_kind\n"),
     ("tiga/torch_bridge/autograd.py", "import torch\nfrom tiga.api import jit\n"),
     ("tiga/api.py", "from .xla_free_runtime import executor\nfrom . import torch_bridge\n"),
     ("tiga/__init__.py", "from .api import jit\nfrom tiga.core.errors import TigaError\n"),

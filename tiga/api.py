@@ -11,16 +11,11 @@ from .autodiff import vjp_program
 from .core.errors import DTypeError, ShapeError, TigaError
 from .core.program import Lit
 from .core.types import GraphType, TensorType
+from . import opt
 from .lower.pipeline import ir_text, module_name
 from .trace import call_cache, message_passing
 from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
-from .trace.rewrites import (
-    executable,
-    hoist_linear_projections,
-    relation_kinds,
-    simplify_edge_functions,
-)
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
 from .xla_free_runtime.executor import execute, explain_program
@@ -38,21 +33,37 @@ def run_program(program, args) -> list:
     return [_wrap(o) for o in execute(program, [leaf_value(a) for a in args])]
 
 
+_STAGED = opt.ProgramFacts("staged")
+_VJP = opt.ProgramFacts("vjp")
+
+
+def _staged_passes(program):
+    """A traced forward after the program passes of stage "staged" (before autodiff: the
+    VJP is derived from the rewritten, edge-loop-lean program)."""
+    return opt.optimize_program(program, _STAGED)[0]
+
+
+def _executed_passes(program, kinds: dict):
+    """`program` after the passes of stage "execute" (`kinds`: opt.relation_kinds)."""
+    facts = opt.ProgramFacts("execute", relation_kinds=tuple(sorted(kinds.items())))
+    return opt.optimize_program(program, facts)[0]
+
+
 def run_staged(program, args, memo: dict | None = None) -> list:
     """`run_program` for a program tg.grad / tg.vjp / tg.jit traced: executed, it first gets
-    the exact execution rewrites (trace/rewrites `executable`: one walk for independent
-    propagates over a radius/knn relation, a + (-b) as a - b, common subexpressions once),
-    which depend on the concrete relations' kinds; inlined into an outer trace it stays as
+    the program passes of stage "execute" (tiga/opt: one walk for independent propagates
+    over a radius/knn relation, a + (-b) as a - b, common subexpressions once), which
+    depend on the concrete relations' kinds; inlined into an outer trace it stays as
     traced (the outer program is rewritten when it runs). `memo` keeps the rewritten
     program per kinds for a caller that runs the same program again."""
     if current_builder() is not None and any(isinstance(a, Tracer) for a in args):
         return inline_program(program, *args)
     values = [leaf_value(a) for a in args]
-    kinds = relation_kinds(program, values)
+    kinds = opt.relation_kinds(program, values)
     key = tuple(sorted(kinds.items()))
     rewritten = None if memo is None else memo.get(key)
     if rewritten is None:
-        rewritten = executable(program, kinds)
+        rewritten = _executed_passes(program, kinds)
         if memo is not None:
             memo[key] = rewritten
     return [_wrap(o) for o in execute(rewritten, values)]
@@ -86,7 +97,7 @@ class Jitted:
         else:
             self.misses += 1
             program, caps, out_tree = trace_args(self.fn, args, self.static)
-            program = hoist_linear_projections(program)[0]   # exact edge-loop rewrites
+            program = _staged_passes(program)
             self._cache[key] = (program, out_tree, {})
         return (*self._cache[key], leaves)
 
@@ -107,7 +118,7 @@ class Jitted:
 class Lowered:
     """`tg.jit(f).lower(*args)`: the traced program, before execution. It (and its IR
     levels) shows the program as traced: a VJP's cotangent propagates stay separate. A call
-    runs it after the exact execution rewrites (`run_staged`), which `Compiled.explain()`
+    runs it after the program passes of stage "execute" (`run_staged`), which `Compiled.explain()`
     describes: there, independent propagates over one radius/knn relation are one walk."""
 
     def __init__(self, program, out_tree, name: str = "main"):
@@ -137,7 +148,8 @@ class Compiled:
 
     def explain(self):
         # what a call executes: the relations the program generates have static kinds
-        return explain_program(executable(self.program, relation_kinds(self.program)), [])
+        program = _executed_passes(self.program, opt.relation_kinds(self.program))
+        return explain_program(program, [])
 
 
 def jit(fn: Callable | None = None, static_argnums=()):
@@ -184,8 +196,7 @@ class _Traced:
             return out_leaves + aux_leaves
 
         self.program, self.caps, _ = trace_flat(flat, [leaf_aval(x) for x in leaves])
-        # before autodiff: the VJP is derived from the rewritten (edge-loop-lean) program
-        self.program = hoist_linear_projections(self.program)[0]
+        self.program = _staged_passes(self.program)
         self.out_tree, self.aux_tree, self.n_out = out_tree[0]
         self.wrt = [False] * len(self.caps) + [self._differentiated(i) for i in range(len(leaves))]
         self.leaves = None    # the tracing call's arrays: not kept alive by a cache entry
@@ -284,7 +295,7 @@ def _traced_for(fn, what, nums, has_aux, args, derive):
 
 def _grad_vjp(traced) -> tuple:
     _check_scalar_output(traced)
-    return simplify_edge_functions(vjp_program(traced.program, traced.wrt)), {}
+    return opt.optimize_program(vjp_program(traced.program, traced.wrt), _VJP)[0], {}
 
 
 def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
@@ -317,7 +328,7 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
 
 
 def _vjp_programs(traced) -> tuple:
-    program = simplify_edge_functions(vjp_program(traced.program, traced.wrt))
+    program = opt.optimize_program(vjp_program(traced.program, traced.wrt), _VJP)[0]
     return program, {}, {}
 
 
@@ -386,7 +397,8 @@ def _execute_call(call):
     if _has_torch(call):
         return _torch_call(call, "auto")
     try:
-        program, args = call_cache.staged_program(call)   # no retrace for a known signature
+        # no retrace for a known signature
+        program, args = call_cache.staged_program(call, _staged_passes)
     except NeedsTorchBridge:  # the edge function captured a torch Parameter
         return _torch_call(call, "auto")
     outs = run_program(program, args)
@@ -411,7 +423,7 @@ def _explain_call(call):
 
         return explain_call_torch(call)
     program, args = staged
-    program, notes = hoist_linear_projections(program)   # what the run executes
+    program, notes = opt.optimize_program(program, _STAGED)   # what the run executes
     explanation = explain_program(program, [leaf_value(a) for a in args])
     explanation.traversal.extend(notes)
     return explanation

@@ -8,8 +8,8 @@ import pytest
 import tiga as tg
 from tiga.core.eval import eval_program
 from tiga.core.prims.graph import propagate_p
+from tiga.opt import fuse_relation_walks
 from tiga.trace.message_passing import PropagateCall, run_call
-from tiga.trace.rewrites import fuse_relation_walks
 from tiga.trace.staging import make_program
 
 from .oracle import radius_rows
@@ -81,7 +81,7 @@ def _oracle_edges(graph, n):
 
 @pytest.mark.parametrize("kind", ["radius", "radius-truncated", "knn"])
 def test_edge_mlp_vjp_walks_and_gradients(kind, monkeypatch):
-    from tiga.torch_bridge import autograd
+    from tiga import opt
 
     torch.manual_seed(3)
     n = 90
@@ -96,14 +96,15 @@ def test_edge_mlp_vjp_walks_and_gradients(kind, monkeypatch):
     else:
         graph = tg.Graph.knn(pos, k=6)
     seen = []
-    real = autograd.executable   # the shared execution rewrites, walk fusion last
+    real = opt.optimize_program   # the shared "execute" passes, walk fusion last
 
-    def spy(program, kinds):
-        out = real(program, kinds)
-        seen.append(out)
+    def spy(program, facts):
+        out = real(program, facts)
+        if facts.stage == "execute":
+            seen.append(out[0])
         return out
 
-    monkeypatch.setattr(autograd, "executable", spy)
+    monkeypatch.setattr(opt, "optimize_program", spy)
     model = EdgeNN(mlp)
     y = model(graph=graph, src={"x": x})
     # the call resolved the relation (keyed on its edge count): the walks read that CSR

@@ -99,8 +99,7 @@ def test_cache_dir_that_is_not_a_directory(tmp_path):
             assert report[name]["y"] == want, (where, name, report[name])
 
 
-def test_thread_count_values():
-    check_cases('''
+THREAD_COUNT_VALUES = '''
 import os
 n = 20000
 rng = np.random.default_rng(0)
@@ -153,4 +152,8 @@ def kernel_schedule_agrees_with_the_cap():
     text = tg.jit(lambda v: tg.propagate(g, lambda s, d, e: s.x, tg.sum(),
                                          src={"x": v})).lower(x).ir("kernel")
     assert "threads = 1000" not in text and "threads=1000" not in text
-''', env={"TIGA_NUM_THREADS": "lots"})
+'''
+
+
+def test_thread_count_values():
+    check_cases(THREAD_COUNT_VALUES, env={"TIGA_NUM_THREADS": "lots"})

@@ -21,8 +21,7 @@ GVE = tg.GraphValidationError
 '''
 
 
-def test_bad_index_arrays_name_argument_position_and_rule():
-    check_cases(COMMON + '''
+BAD_INDEX_ARRAYS_NAME_ARGUMENT_POSITION_AND_RULE = COMMON + '''
 @case
 def float_col_idx():
     raises(GVE, lambda: tg.Graph.from_csr([0, 1], np.array([0.0])), "col_idx: dtype is float64")
@@ -120,13 +119,14 @@ def geometric_inputs():
     raises(GVE, lambda: tg.Graph.radius(np.array([[0.0, np.inf]]), 1.0),
            "positions: entry [0, 1] is inf")
     raises(GVE, lambda: tg.Graph.radius(np.zeros((2, 0)), 1.0), "positions: has 0 coordinate")
-''')
+'''
 
 
-def test_graphs_own_their_index_arrays():
-    """The issue's SIGSEGV: writing the caller's col_idx after from_csr must not reach the
-    kernel; copy=False freezes instead (numpy raises on the write)."""
-    check_cases(COMMON + '''
+def test_bad_index_arrays_name_argument_position_and_rule():
+    check_cases(BAD_INDEX_ARRAYS_NAME_ARGUMENT_POSITION_AND_RULE)
+
+
+GRAPHS_OWN_THEIR_INDEX_ARRAYS = COMMON + '''
 x = np.array([2.0, 3.0])
 
 @case
@@ -200,13 +200,16 @@ def knn_leaves_query_writable():
     pos, q = np.random.default_rng(1).random((5, 2)), np.zeros((2, 2))
     tg.Graph.knn(pos, 2, query=q)
     assert pos.flags.writeable and q.flags.writeable
-''')
+'''
 
 
-def test_unvalidated_graphs_are_checked_before_any_kernel():
-    """validate="none" promises validity; a broken promise is a GraphValidationError at the
-    first use, on every route (never a wild read)."""
-    check_cases(COMMON + '''
+def test_graphs_own_their_index_arrays():
+    """The issue's SIGSEGV: writing the caller's col_idx after from_csr must not reach the
+    kernel; copy=False freezes instead (numpy raises on the write)."""
+    check_cases(GRAPHS_OWN_THEIR_INDEX_ARRAYS)
+
+
+UNVALIDATED_GRAPHS_ARE_CHECKED_BEFORE_ANY_KERNEL = COMMON + '''
 x = np.array([2.0, 3.0])
 BAD = {
     "huge_id": ([0, 2, 3], [0, 10**12, 1], "col_idx: entry at position 1 is 1000000000000"),
@@ -247,4 +250,10 @@ def unvalidated_coo():
     g = tg.Graph.from_coo(np.array([0, 5]), np.array([0, 1]), num_src=2, num_dst=2,
                           validate="none")
     raises(GVE, lambda: Sum()(graph=g, src={"x": x}), "src: entry at position 1 is 5")
-''')
+'''
+
+
+def test_unvalidated_graphs_are_checked_before_any_kernel():
+    """validate="none" promises validity; a broken promise is a GraphValidationError at the
+    first use, on every route (never a wild read)."""
+    check_cases(UNVALIDATED_GRAPHS_ARE_CHECKED_BEFORE_ANY_KERNEL)

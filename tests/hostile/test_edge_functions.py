@@ -14,8 +14,7 @@ def run(fn, reducer=None, field=x, **kw):
 '''
 
 
-def test_malformed_edge_functions():
-    check_cases(COMMON + '''
+MALFORMED_EDGE_FUNCTIONS = COMMON + '''
 @case
 def no_return():
     def message(src, dst, edge):
@@ -69,11 +68,14 @@ def traced_value_escapes():
         return src.x
     run(leaky)
     raises(tg.TraceError, lambda: run(lambda s, d, e: s.x + kept[0]), "escaped")
-''')
+'''
 
 
-def test_numpy_and_torch_calls_on_traced_values():
-    check_cases(COMMON + '''
+def test_malformed_edge_functions():
+    check_cases(MALFORMED_EDGE_FUNCTIONS)
+
+
+NUMPY_AND_TORCH_CALLS_ON_TRACED_VALUES = COMMON + '''
 @case
 def np_sum_hints_tg_math():
     err = raises(tg.UnsupportedError, lambda: run(lambda s, d, e: np.sum(s.x), field=xs),
@@ -104,11 +106,14 @@ def numpy_operands_on_the_left_still_work():
 def comparison_with_numpy_on_the_left():
     got = run(lambda s, d, e: tg.math.where(np.float64(2.5) < s.x, s.x, 0.0))
     same(got, np.array([3.0, 3.0, 0.0]))
-''')
+'''
 
 
-def test_malformed_user_reducers():
-    check_cases(COMMON + '''
+def test_numpy_and_torch_calls_on_traced_values():
+    check_cases(NUMPY_AND_TORCH_CALLS_ON_TRACED_VALUES)
+
+
+MALFORMED_USER_REDUCERS = COMMON + '''
 @case
 def non_callable_combine_fails_at_construction():
     raises(tg.TigaError, lambda: tg.Reducer("r", 0.0, combine=3),
@@ -168,4 +173,8 @@ def online_softmax_without_packaging_names_the_functional_form():
 def message_packaged_for_another_reducer():
     raises(tg.TigaError, lambda: run(lambda s, d, e: tg.online_softmax()(s.x, s.x)),
            "packaged a message for online_softmax but the reducer is sum")
-''')
+'''
+
+
+def test_malformed_user_reducers():
+    check_cases(MALFORMED_USER_REDUCERS)

@@ -26,8 +26,7 @@ def oracle(x, scale=1.0):
 '''
 
 
-def test_bad_fields_name_the_field():
-    check_cases(COMMON + '''
+BAD_FIELDS_NAME_THE_FIELD = COMMON + '''
 m = Scaled()
 
 @case
@@ -83,11 +82,14 @@ def missing_field():
 @case
 def graph_is_not_a_graph():
     raises(tg.TigaError, lambda: m(graph="g", src={"x": np.ones(2)}), "graph: expected a tg.Graph")
-''')
+'''
 
 
-def test_keyword_operands_and_typos():
-    check_cases(COMMON + '''
+def test_bad_fields_name_the_field():
+    check_cases(BAD_FIELDS_NAME_THE_FIELD)
+
+
+KEYWORD_OPERANDS_AND_TYPOS = COMMON + '''
 m = Scaled()
 x = np.array([2.0, 3.0])
 
@@ -137,11 +139,14 @@ def bad_keyword_values():
 def keyword_value_is_a_runtime_operand():
     for s in (2.0, -0.5, np.float64(3.0)):
         same(m(graph=g, src={"x": x}, scale=s), oracle(x, s))
-''')
+'''
 
 
-def test_odd_layouts_give_the_reference_answer():
-    check_cases(COMMON + '''
+def test_keyword_operands_and_typos():
+    check_cases(KEYWORD_OPERANDS_AND_TYPOS)
+
+
+ODD_LAYOUTS_GIVE_THE_REFERENCE_ANSWER = COMMON + '''
 base = np.arange(12.0).reshape(2, 6)
 
 @case
@@ -208,4 +213,8 @@ def integer_and_bool_fields():
                                                                       scale=1))
     xb = np.array([True, False])
     same(Scaled()(graph=g, src={"x": xb}), Scaled().reference(graph=g, src={"x": xb}))
-''')
+'''
+
+
+def test_odd_layouts_give_the_reference_answer():
+    check_cases(ODD_LAYOUTS_GIVE_THE_REFERENCE_ANSWER)

@@ -25,8 +25,7 @@ def call(x):
 '''
 
 
-def test_layouts_and_devices_are_named():
-    check_cases(COMMON + '''
+LAYOUTS_AND_DEVICES_ARE_NAMED = COMMON + '''
 UE = tg.UnsupportedError
 
 @case
@@ -79,11 +78,14 @@ def dense_views_give_the_reference_answer():
         got = call(x)
         want = Sum().reference(graph=g, src={"x": x.numpy().copy()})
         same(got.numpy(), np.asarray(want))
-''')
+'''
 
 
-def test_torch_calls_on_traced_values():
-    check_cases(COMMON + '''
+def test_layouts_and_devices_are_named():
+    check_cases(LAYOUTS_AND_DEVICES_ARE_NAMED)
+
+
+TORCH_CALLS_ON_TRACED_VALUES = COMMON + '''
 @case
 def torch_function_hints_tg_math():
     fn = lambda s, d, e: torch.sum(s.x)
@@ -111,4 +113,8 @@ def caller_tensor_untouched_by_radius():
     pos[2, 0] = 0.1        # writable, and the relation keeps what it was built from
     rp, ci = graph.resolve_csr()
     assert rp.tolist() == [0, 1, 2, 2] and ci.tolist() == [1, 0], (rp, ci)
-''')
+'''
+
+
+def test_torch_calls_on_traced_values():
+    check_cases(TORCH_CALLS_ON_TRACED_VALUES)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from ._run import check_cases
 
 
-def test_transformations_reject_malformed_requests():
-    check_cases('''
+TRANSFORMATIONS_REJECT_MALFORMED_REQUESTS = '''
 g = tg.Graph.from_csr(np.array([0, 2, 3, 3]), np.array([0, 1, 1]), num_src=2)
 x = np.array([1.0, 2.0])
 
@@ -70,4 +69,8 @@ def numpy_and_python_conversions_under_jit():
 def unhashable_static_argument():
     raises(tg.TigaError, lambda: tg.jit(lambda a, b: a, static_argnums=(1,))(x, [1]),
            "static arguments must be hashable")
-''')
+'''
+
+
+def test_transformations_reject_malformed_requests():
+    check_cases(TRANSFORMATIONS_REJECT_MALFORMED_REQUESTS)

@@ -10,7 +10,7 @@ from tiga.autodiff import vjp_program
 from tiga.core.eval import eval_program
 from tiga.core.passes import dce
 from tiga.core.prims.graph import propagate_p
-from tiga.trace.rewrites import save_residuals
+from tiga.opt import save_residuals
 from tiga.trace.staging import make_program
 
 torch = pytest.importorskip("torch")
@@ -68,7 +68,7 @@ def test_nothing_repeated_gives_none():
 
 def test_fold_negations_is_bitwise_exact():
     from tiga.core.prims.elementwise import unary_p
-    from tiga.trace.rewrites import fold_negations
+    from tiga.opt import fold_negations
 
     def f(a, b, c):
         return -b + a, a + (-c), -c * 2.0

@@ -52,6 +52,37 @@ def lower(program, until: str = "task", *, name: str = "main") -> ir.Module:
     return module
 
 
+def lower_launch(eqn, relation_type=None, *, name: str = "propagate") -> ir.LaunchOp:
+    """The scheduled `gf_kernel.launch` of one propagate equation, through the same stages
+    (and the same TIGA_DUMP) as a whole program: the runtime renders from its schedule, so
+    the dumped Kernel IR is what runs. `relation_type` replaces the equation's relation type
+    (the runtime passes the walk it binds, e.g. a CSR for a relation it resolves)."""
+    from ..core.program import Eqn, GraphProgram, Var
+
+    binders = [Var(a.type) for a in eqn.inputs]
+    if relation_type is not None:
+        binders[0] = Var(relation_type)
+    outs = [Var(v.type) for v in eqn.outputs]
+    program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
+                                         tuple(outs))], outs)
+    module = lower(program, until="kernel", name=name)
+    if "task" in _dump_stages():
+        lower(module, until="task", name=name)   # only to write the Task IR this call runs
+    launches = [op for op in _walk_ops(module.body) if isinstance(op, ir.LaunchOp)]
+    if len(launches) != 1:
+        raise TigaError(f"lower_launch: a propagate lowered to {len(launches)} launches, "
+                        "expected 1; this is a Tiga bug")
+    return launches[0]
+
+
+def _walk_ops(region):
+    for op in region.ops:
+        yield op
+        for r in getattr(op, "regions", ()) or ():
+            if hasattr(r, "ops"):
+                yield from _walk_ops(r)
+
+
 def ir_text(program, stage: str, *, name: str = "main") -> str:
     return str(lower(program, until=stage, name=name))
 

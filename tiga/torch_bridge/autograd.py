@@ -10,6 +10,7 @@ import copy
 import numpy as np
 import torch
 
+from .. import opt
 from ..autodiff import vjp_program
 from ..core.errors import TigaError, UnsupportedError
 from ..core.eval import eval_program
@@ -18,14 +19,6 @@ from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram, Var
 from ..core.types import GraphType
 from ..trace import call_cache
-from ..trace.rewrites import (
-    executable,
-    fold_negations,
-    hoist_linear_projections,
-    relation_kind,
-    save_residuals,
-    simplify_edge_functions,
-)
 from ..trace.staging import leaf_value
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
@@ -209,8 +202,8 @@ def stage_call_torch(call) -> tuple:
     # gradients go back to these objects
     originals = [views.original(a) for a in args[:n_caps]] + call.values()
     program = _share_repeated_tensors(program, originals)
-    program, notes = hoist_linear_projections(program)
-    program = fold_negations(program)   # hoisted destination rows: b - p W, one pass
+    # hoisted linear layers; the forward runs as staged, so `b - p W` is folded here
+    program, notes = opt.optimize_program(program, opt.ProgramFacts("staged", bridge=True))
     names = [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
         [f"{r}.{n}" for r, n, _ in call.field_items()] + [f"{k}" for k, _ in call.param_items()]
     np_args = [to_numpy(a, n) if is_torch(a) else a for a, n in zip(args, names)]
@@ -325,7 +318,8 @@ class _Run:
         """(forward program returning its outputs then the residuals, VJP program taking
         (*ins, *cts, *outs, *residuals)); derived once per signature, requires-grad pattern
         and relation kinds."""
-        kinds = {id(v): relation_kind(a) for v, a in zip(self.program.in_binders, self.args)
+        kinds = {id(v): opt.relation_kind(a) for v, a in zip(self.program.in_binders,
+                                                               self.args)
                  if isinstance(v.type, GraphType)}
         key = (tuple(self.wrt), tuple(kinds.values()))
         hit = self.vjps.get(key)
@@ -335,18 +329,18 @@ class _Run:
         full = _reading_outputs(vjp_program(self.program, self.wrt), n_out)
         # only the cotangents: the primal outputs are already known, and a sum-like
         # reducer's VJP does not read them, so their recomputation is dead code
-        vjp = simplify_edge_functions(dce(full, keep_outputs=range(n_out, len(full.outs))))
-        forward = self.program
+        vjp = dce(full, keep_outputs=range(n_out, len(full.outs)))
+        n_vjp_in = len(vjp.in_binders)
         # values the VJP replays from the forward (hoisted entity rows, a propagate whose
         # result a rule reads) are returned by the forward and read, not recomputed
-        saved = save_residuals(forward, vjp)
-        if saved is not None:
-            forward, vjp = saved
+        vjp = opt.optimize_program(vjp, opt.ProgramFacts("vjp", forward=self.program))[0]
+        forward = opt.forward_with_residuals(self.program, vjp, n_vjp_in)
         # a + (-b) as a - b; the VJP's walks over one radius/knn relation (destination and
         # source cotangents) become one walk; its graph binders are the forward's, in place
         by_pos = {id(v): kinds.get(id(w)) for v, w in zip(vjp.in_binders,
                                                          self.program.in_binders)}
-        vjp = executable(vjp, by_pos)   # shared with tg.grad / tg.vjp / tg.jit
+        facts = opt.ProgramFacts("execute", relation_kinds=tuple(sorted(by_pos.items())))
+        vjp = opt.optimize_program(vjp, facts)[0]   # as tg.grad / tg.vjp / tg.jit run theirs
         n_in = len(self.program.in_binders)
         used = _read_vars(vjp)
         reads = [id(b) in used for b in vjp.in_binders[n_in + n_out:n_in + 2 * n_out]]

@@ -24,11 +24,12 @@ import inspect
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
+from ..core.program import GraphProgram
 from . import guards as guards_mod
-from .rewrites import hoist_linear_projections
 from .staging import leaf_aval, leaf_value
 
 MAX_ENTRIES = 128
@@ -176,9 +177,11 @@ def _store(key, objs, guards, *payload) -> None:
             _ENTRIES.popitem(last=False)
 
 
-def staged_program(call) -> tuple:
-    """`call.staged_program()`, reused when this call's signature was staged before and
-    what the trace read is unchanged."""
+def staged_program(call, optimize: Callable[[GraphProgram], GraphProgram]) -> tuple:
+    """`optimize(call.staged_program())`, reused when this call's signature was staged
+    before and what the trace read is unchanged. `optimize` (GraphProgram -> GraphProgram)
+    is the facade's program passes (tiga/opt, a layer below this one); the cache holds its
+    result, so every caller passes the same one."""
     items = call.field_items()     # (sorted per call: computed once here)
     try:
         if not hasattr(call.graph, "resolve_csr"):
@@ -188,7 +191,7 @@ def staged_program(call) -> tuple:
         found = None
     if found is None:
         STATS["uncacheable"] += 1
-        return _staged_and_rewritten(call)
+        return _staged_and_rewritten(call, optimize)
     key, objs = found
     entry = _lookup(key, objs)
     if entry is not None:
@@ -197,17 +200,17 @@ def staged_program(call) -> tuple:
         return entry[2], [call.graph] + [leaf_value(v) for _, _, v in items] + \
             [leaf_value(v) for _, v in call.param_items()]
     guards = guards_mod.collect(_guarded_fns(call))   # the values the trace will read
-    program, args = _staged_and_rewritten(call)
+    program, args = _staged_and_rewritten(call, optimize)
     STATS["misses"] += 1
     if len(args) == len(call.values()):      # no captured arrays (they lead the args)
         _store(key, objs, guards, program)
     return program, args
 
 
-def _staged_and_rewritten(call) -> tuple:
-    """The staged call after the exact edge-loop rewrites (trace/rewrites), once per entry."""
+def _staged_and_rewritten(call, optimize) -> tuple:
+    """The staged call after the program passes, once per entry."""
     program, args = call.staged_program()
-    return hoist_linear_projections(program)[0], args
+    return optimize(program), args
 
 
 def reuse(call, extra_key, build) -> tuple:

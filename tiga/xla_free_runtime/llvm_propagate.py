@@ -12,7 +12,7 @@ import ctypes
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,6 +21,7 @@ from ..core.dtypes import as_dtype
 from ..core.errors import CompilationError, ShapeError, TigaError, UnsupportedError
 from ..core.types import GraphType
 from ..lower import CPU_LLVM_AVAILABLE
+from ..lower.pipeline import lower_launch, module_name
 from .cache import CACHE, Executable, full_key
 from .threads import num_threads, parallel_copy, row_chunks, run_chunks, run_jobs
 
@@ -110,8 +111,11 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         return Fallback(reason)
     has_perm = graph.edge_perm is not None
     in_types = [a.type for a in eqn.inputs]
-    schedule = KernelSchedule(has_edge_perm=has_perm,
-                              relation=relation_descriptor(graph, _walk(eqn.params)))
+    relation = relation_descriptor(graph, _walk(eqn.params))
+    launch = _LAUNCHES.get(key, False)
+    if launch is False:
+        launch = _launch_schedule(eqn, key, relation)
+    schedule = KernelSchedule(has_edge_perm=has_perm, relation=relation, launch=launch)
 
     def build(symbol):
         return codegen_propagate(eqn.params, in_types, graph.index_dtype, schedule,
@@ -136,6 +140,31 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         # explain() shows why and strict mode refuses it
         return Fallback(f"cpu-llvm code generation failed ({type(exc).__name__}: {exc}); "
                         "this is a Tiga bug, please report")
+
+
+_LAUNCHES: dict = {}    # cache key -> the Schedule its kernel renders (one per kernel)
+
+
+def _launch_schedule(eqn, key: str, relation: tuple):
+    """Lower the equation through the pipeline's Kernel stage (TIGA_DUMP writes that IR here,
+    once per kernel) for the walk the runtime binds: a relation resolved to its CSR is
+    lowered as a CSR."""
+    gtype = eqn.inputs[0].type
+    if relation == ("csr",) and gtype.kind != "csr":
+        gtype = replace(gtype, kind="csr", coord_dims=None)
+    try:
+        schedule = lower_launch(eqn, gtype, name=module_name(f"propagate_{key[:16]}")).schedule
+    except TigaError:
+        # an equation the IR stages do not express yet: the renderer asks the same schedule
+        # functions itself (lower/schedule.py), so the kernel is unchanged
+        schedule = None
+    _LAUNCHES[key] = schedule
+    return schedule
+
+
+def launch_schedule(eqn, graph):
+    """The Kernel IR schedule the compiled kernel of this equation was rendered with."""
+    return _LAUNCHES.get(_key_of(eqn, graph))
 
 
 def walked_csr(graph, walk: str) -> tuple:

@@ -36,6 +36,7 @@ READS_ROW_PTR = ("csr-row", "transposed-csr-row")
 MATERIALIZABLE = ("csr", "transposed-csr")
 GUARD_KEYS = ("row_ptr", "col_idx", "max_degree")
 ROW_PARTITIONS = ("edge-balanced", "row-balanced")
+PARALLEL_MODES = ("rows", "partial_sums", "single")
 
 
 def traversal_for(hierarchy: str, ordering: str) -> str:
@@ -64,6 +65,10 @@ class Schedule:
     num_warps: int
     pipeline_stages: int
     row_partition: str = "edge-balanced"
+    # what the cpu-llvm renderer reads (lower/schedule.py decides them)
+    edge_unroll: int = 1          # independent accumulators per row of a reassociable fold
+    prefetch_distance: int = 0    # edges ahead of the gathered-row software prefetch (0: none)
+    parallel: str = "rows"        # rows | partial_sums | single (how row chunks may run)
 
     def attrs(self) -> list:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
@@ -75,19 +80,24 @@ class Schedule:
             if type(v) is not int or v < 1 or v > top or v & (v - 1):
                 raise CompilationError(f"{where}: {key} must be a power of two in [1, {top}], "
                                        f"found {v!r}")
-        choices = {"vector_width": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8, 16, 32)}
+        choices = {"vector_width": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8, 16, 32),
+                   "edge_unroll": (1, 2, 4, 8, 16)}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed or type(getattr(self, key)) is not int:
                 raise CompilationError(f"{where}: {key} must be one of {allowed}, found "
                                        f"{getattr(self, key)!r}")
-        for key, top in (("threads", 4096), ("pipeline_stages", 8)):
+        for key, low, top in (("threads", 1, 4096), ("pipeline_stages", 1, 8),
+                              ("prefetch_distance", 0, 4096)):
             v = getattr(self, key)
-            if type(v) is not int or not 1 <= v <= top:
-                raise CompilationError(f"{where}: {key} must be an integer in [1, {top}], "
+            if type(v) is not int or not low <= v <= top:
+                raise CompilationError(f"{where}: {key} must be an integer in [{low}, {top}], "
                                        f"found {v!r}")
         if self.row_partition not in ROW_PARTITIONS:
             raise CompilationError(f"{where}: row_partition must be one of "
                                    f"{', '.join(ROW_PARTITIONS)}, found {self.row_partition!r}")
+        if self.parallel not in PARALLEL_MODES:
+            raise CompilationError(f"{where}: parallel must be one of "
+                                   f"{', '.join(PARALLEL_MODES)}, found {self.parallel!r}")
 
 
 SCHEDULE_KEYS = tuple(f.name for f in fields(Schedule))

@@ -12,7 +12,7 @@ stack buffer (or a register), folds it into the state, finalises, applies `updat
 stores the row. No (num_edges, F) message array exists. reduce_by="src" walks the
 transposed CSR (rows are sources); "edge" stores each message at its edge id; "all" folds
 every edge into one state and must run as one call over all rows. Sums over float32/float64
-keep EDGE_UNROLL accumulators per row (merged at the row's end). Next to the kernel,
+keep schedule.edge_unroll accumulators per row (merged at the row's end). Next to the kernel,
 `<kernel>_drive` claims row chunks with an atomic counter, so each thread of a parallel call
 enters native code once (emit_chunk_driver); on x86-64 Linux the module also carries the
 native worker pool protocol that runs those drivers (pool.py).
@@ -27,6 +27,8 @@ from llvmlite import ir
 from ...core.dtypes import as_dtype
 from ...core.prims.graph import propagate_abstract_eval_rule
 from ...core.types import GraphType, TensorType
+from .. import schedule as knobs
+from ..ir.kernel import Schedule
 from . import pool
 from .emitter import Emitter, check_row
 from .reducers import reducer_codegen
@@ -34,26 +36,22 @@ from .values import I8, I64, PTR, CodegenUnsupported, Val, cast, i64, numel, sto
 from .walks import walk_for
 
 DRIVER_SUFFIX = "_drive"    # the chunk-loop entry point next to every kernel
-PREFETCH_DISTANCE = 16   # edges ahead; covers the memory latency at a few ns per edge
 PREFETCH_LOCALITY = 3    # llvm.prefetch locality: 3 = all cache levels (prefetcht0)
 PREFETCH_MAX_BYTES = 512  # rows longer than this are prefetched on their first lines only
 CACHE_LINE = 64
-# Independent accumulators per row for reassociable folds (sum/mean over float32/float64 or
-# integers): one accumulator makes every edge wait for the previous add (4 cycles), which
-# bounds a 32-feature weighted sum at about 1.5 ns per edge; several let edges overlap.
-# The budget keeps every accumulator in vector registers.
-EDGE_UNROLL = 4
-UNROLL_STATE_BYTES = 512  # total accumulator bytes (all lanes) of an unrolled edge loop
 ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
 NBR_ROLE = {"dst": "src", "src": "dst"}
 
 
 @dataclass(frozen=True)
 class KernelSchedule:
-    """Compile-time choices the kernel depends on (the run-time chunking is the runtime's)."""
+    """Compile-time choices the kernel depends on (the run-time chunking is the runtime's).
+    `launch` is the Kernel IR schedule select_kernel_schedule chose for this launch; without
+    one the kernel asks lower/schedule.py itself (the same functions that pass calls)."""
 
     has_edge_perm: bool = False   # the walked CSR order differs from the user's edge order
     relation: tuple = ("csr",)    # walks.relation_descriptor: how rows find their edges
+    launch: Schedule | None = None
 
 
 @dataclass(frozen=True)
@@ -105,12 +103,31 @@ def codegen_propagate(params: dict, in_types: list, index_dtype, schedule=None, 
     module = ir.Module(name=symbol)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), name=symbol)
     ctx = Emitter(module, fn)
-    _KernelBuilder(ctx, params, sig).emit(*fn.args)
+    _KernelBuilder(ctx, params, sig, _launch_schedule(params, sig, schedule)).emit(*fn.args)
     ctx.b.ret_void()
     ctx.close_hoist()
     ctx.finish()
     emit_chunk_driver(module, fn)
     return str(module), sig
+
+
+def _launch_schedule(params, sig: KernelSignature, schedule: KernelSchedule) -> Schedule:
+    """The schedule this kernel renders: the one it was handed (checked against the walk the
+    runtime binds), else the schedule functions' answer for the same launch."""
+    traversal = knobs.traversal_of_walk(sig.relation, sig.walk)
+    if schedule.launch is not None:
+        if schedule.launch.parallel != sig.parallel:
+            raise CodegenUnsupported(f"schedule parallel={schedule.launch.parallel!r} but the "
+                                     f"launch runs {sig.parallel!r}")
+        return schedule.launch
+    r = params["reducer"]
+    if sig.reduce_by == "edge" or r is None:
+        unroll = 1
+    else:
+        states = [t.strong() for t in params["edge_fn"].out_types][::max(1, r.arity)]
+        unroll = knobs.edge_unroll(r.name, r.builtin, states, sig.reduce_by, traversal)
+    return Schedule(1, 16, 1, 1, 1, 1, "edge-balanced", unroll,
+                    knobs.prefetch_distance(traversal), sig.parallel)
 
 
 def emit_chunk_driver(module: ir.Module, kernel: ir.Function) -> ir.Function:
@@ -180,15 +197,14 @@ def _parallel(params) -> str:
     if params["reduce_by"] != "all":
         return "rows"
     r = params["reducer"]
-    return "partial_sums" if r.builtin and r.name == "sum" and params["update"] is None \
-        else "single"
+    return knobs.parallel_mode("all", r.name, r.builtin, params["update"] is not None)
 
 
 class _KernelBuilder:
     """Emits the row loop, the edge loop and the reducer folds of one propagate kernel."""
 
-    def __init__(self, ctx: Emitter, params: dict, sig: KernelSignature):
-        self.ctx, self.sig, self.b = ctx, sig, ctx.b
+    def __init__(self, ctx: Emitter, params: dict, sig: KernelSignature, launch: Schedule):
+        self.ctx, self.sig, self.b, self.launch = ctx, sig, ctx.b, launch
         self.edge_fn, self.update = params["edge_fn"], params["update"]
         self.reduce_by = sig.reduce_by
         self.row_role = ROW_ROLE[sig.reduce_by]
@@ -272,14 +288,13 @@ class _KernelBuilder:
         self._store_row(outs, r)
 
     def _lanes(self) -> int:
-        """How many independent accumulators the edge loop keeps (1: edge order)."""
-        if EDGE_UNROLL <= 1 or not self.walk.contiguous or not all(
-                getattr(red, "reassociable", False) for red in self.reds):
-            return 1
-        state_bytes = sum(red.state_bytes() for red in self.reds)
-        lanes = EDGE_UNROLL
-        while lanes > 1 and lanes * state_bytes > UNROLL_STATE_BYTES:
-            lanes //= 2
+        """How many independent accumulators the edge loop keeps (1: edge order). The
+        schedule decides; a walk or fold that cannot reorder edges refuses a wrong one."""
+        lanes = self.launch.edge_unroll
+        if lanes > 1 and (not self.walk.contiguous or not all(
+                getattr(red, "reassociable", False) for red in self.reds)):
+            raise CodegenUnsupported(f"edge_unroll = {lanes} on a walk or reducer that keeps "
+                                     "edge order")
         return lanes
 
     def _unrolled_edges(self, row, rows: dict, states: list, lanes: int) -> None:
@@ -321,7 +336,7 @@ class _KernelBuilder:
     # ---- per edge ----------------------------------------------------------------------
 
     def _prefetch(self, p) -> None:
-        """Ask for the rows PREFETCH_DISTANCE edges ahead: neighbour rows (and edge rows read
+        """Ask for the rows prefetch_distance edges ahead: neighbour rows (and edge rows read
         through a permutation) are random gathers the hardware prefetcher cannot predict,
         and their latency bounds the kernel. The look-ahead is clamped to this call's last
         edge, so it never reads out of bounds."""
@@ -331,10 +346,11 @@ class _KernelBuilder:
         used = _used_inputs(self.edge_fn)
         gathers = [i for i, r in enumerate(self.sig.roles) if i in used and
                    (r == self.nbr_role or (r == "edge" and permuted))]
-        if not gathers or PREFETCH_DISTANCE <= 0:
+        distance = self.launch.prefetch_distance
+        if not gathers or distance <= 0:
             return
         b = self.b
-        ahead = b.add(p, i64(PREFETCH_DISTANCE), flags=["nsw"])
+        ahead = b.add(p, i64(distance), flags=["nsw"])
         q = b.select(b.icmp_signed("<", ahead, self.last_edge), ahead, self.last_edge)
         index = {self.nbr_role: self.walk.ahead_col(self, q)}
         if permuted:

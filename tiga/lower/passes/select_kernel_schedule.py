@@ -7,7 +7,10 @@
 - block_neighbors: 16, or the degree bound rounded up to a power of two when it is smaller;
 - num_warps / pipeline_stages: the Triton view of the same tile (more warps for wider tiles,
   a second stage once a row is at least 256 bytes);
-- row_partition: edge-balanced chunks unless every row has the same length.
+- row_partition: edge-balanced chunks unless every row has the same length;
+- edge_unroll, prefetch_distance, parallel: what the cpu-llvm renderer reads (lower/schedule.py
+  owns those decisions; the runtime lowers each equation through this pass and hands the
+  renderer the Schedule printed here).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from ...core.dtypes import compute_dtype
 from ...core.errors import CompilationError
 from ...core.types import Dim
 from ..ir.kernel import KernelModule, LaunchOp, Schedule
+from ..schedule import edge_unroll, parallel_mode, prefetch_distance
 from .common import expect_level, map_ops
 
 ROW_BYTES_TARGET = 4096
@@ -68,7 +72,16 @@ def choose_schedule(op: LaunchOp, threads: int) -> Schedule:
     stages = 2 if row_bytes >= 256 else 1
     uniform = op.traversal in ("dense-row", "stencil-row")
     return Schedule(block_rows, block_neighbors, vector_width, threads, num_warps, stages,
-                    "row-balanced" if uniform else "edge-balanced")
+                    "row-balanced" if uniform else "edge-balanced", *_renderer_knobs(op))
+
+
+def _renderer_knobs(op: LaunchOp) -> tuple:
+    """(edge_unroll, prefetch_distance, parallel) of the cpu-llvm kernel for this launch."""
+    comp, red = op.comp, op.comp.reducer
+    states = [group[0] for group in red.state if group]
+    return (edge_unroll(red.name, red.builtin, states, comp.reduce_by, op.traversal),
+            prefetch_distance(op.traversal),
+            parallel_mode(comp.reduce_by, red.name, red.builtin, comp.update is not None))
 
 
 def select_kernel_schedule(module: KernelModule, *, threads: int | None = None) -> KernelModule:

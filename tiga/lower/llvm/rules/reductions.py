@@ -4,8 +4,8 @@ Float sums and products over row axes carry the `reassoc` flag, so LLVM may spli
 vector lanes instead of one serial add chain (a dot product over 32 features per edge would
 otherwise cost 32 dependent adds). numpy's own pairwise summation is not sequential either;
 tests compare with a tolerance. A propagate's sum/mean over float32/float64 folds edges
-into several accumulators merged per row (kernel.EDGE_UNROLL); every other reducer folds in
-edge order like the reference.
+into several accumulators merged per row (lower/schedule.py edge_unroll); every other
+reducer folds in edge order like the reference.
 """
 from __future__ import annotations
 

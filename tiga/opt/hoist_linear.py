@@ -1,4 +1,4 @@
-"""trace/rewrites: move an edge MLP's linear layers from edges to entities (exact rewrites).
+"""opt: move an edge MLP's linear layers from edges to entities (exact rewrites).
 
 0. Parameter-only work. An edge-function equation that reads only parameters (a weight's
    transpose, a product of two weights) gives the same value on every edge: it runs once
@@ -28,14 +28,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.errors import TigaError
-from ...core.passes import cse, dce, use_counts
-from ...core.prims.graph import degrees_p, propagate_p, row_type
-from ...core.program import ClosedProgram, Eqn, GraphProgram, Lit
-from ...core.types import TensorType
-from .. import math as m
-from ..staging import trace_flat
-from ..tracer import bind
+from ..core.errors import TigaError
+from ..core.passes import cse, dce, use_counts
+from ..core.prims.graph import degrees_p, propagate_p, row_type
+from ..core.program import ClosedProgram, Eqn, GraphProgram, Lit
+from ..core.types import TensorType
+from ..trace import math as m
+from ..trace.staging import trace_flat
+from ..trace.tracer import bind
+from .facts import ProgramFacts
 
 MIN_CONTRACTION = 4   # below this, a per-edge product is as cheap as gathering hidden rows
 
@@ -475,4 +476,9 @@ def hoist_linear_projections(program: GraphProgram) -> tuple[GraphProgram, list]
     return (cse(new) if plain else new), notes
 
 
-__all__ = ["hoist_linear_projections"]
+def hoist_linear_pass(program: GraphProgram, facts: ProgramFacts) -> tuple[GraphProgram, list]:
+    """hoist_linear_projections as a program pass (its notes say what moved)."""
+    return hoist_linear_projections(program)
+
+
+__all__ = ["hoist_linear_pass", "hoist_linear_projections"]

@@ -1,5 +1,5 @@
-"""tg.grad / tg.vjp / tg.jit(tg.grad) run their programs after the exact execution rewrites
-(trace/rewrites `executable`): independent sum propagates over one radius/knn relation
+"""tg.grad / tg.vjp / tg.jit(tg.grad) run their programs after the program passes of stage
+"execute" (tiga/opt): independent sum propagates over one radius/knn relation
 share one walk, `a + (-b)` is `a - b`, a value the primal and the VJP both compute is
 computed once. Gradients against the unrewritten program and float64 finite differences
 of a brute-force numpy oracle; walk counts; the printed program stays as traced."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga import api
+from tiga import api, opt
 from tiga.core.prims.graph import propagate_p
-from tiga.trace.rewrites import relation_kind, relation_kinds
+from tiga.opt import relation_kind, relation_kinds
 from tiga.trace.staging import make_program
 from tiga.xla_free_runtime import llvm_generated as lg
 
@@ -133,21 +133,26 @@ def _fd(f, args, k, eps=1e-6):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """The programs the execution rewrites produce, in call order."""
+    """The programs the "execute" passes produce, in call order."""
     seen = []
-    real = api.executable
+    real = opt.optimize_program
 
-    def record(program, kinds):
-        out = real(program, kinds)
-        seen.append(out)
+    def record(program, facts):
+        out = real(program, facts)
+        if facts.stage == "execute":
+            seen.append(out[0])
         return out
 
-    monkeypatch.setattr(api, "executable", record)
+    monkeypatch.setattr(opt, "optimize_program", record)
     return seen
 
 
 def _unrewritten(monkeypatch):
-    monkeypatch.setattr(api, "executable", lambda program, kinds: program)
+    real = opt.optimize_program
+
+    def skip_execute(program, facts):
+        return (program, []) if facts.stage == "execute" else real(program, facts)
+    monkeypatch.setattr(opt, "optimize_program", skip_execute)
 
 
 # walks of the executed VJP program: forward y1, y2 (independent: one walk where fused),
@@ -164,7 +169,8 @@ def test_grad_matches_unrewritten_and_finite_differences(kind, spy, monkeypatch)
     with monkeypatch.context() as m:
         _unrewritten(m)
         staged = api._Traced(_loss(kind, args[0]), args, nums, False)
-        traced = api.simplify_edge_functions(api.vjp_program(staged.program, staged.wrt))
+        traced = opt.optimize_program(api.vjp_program(staged.program, staged.wrt),
+                                      opt.ProgramFacts("vjp"))[0]
         plain = tg.grad(_loss(kind, args[0]), argnums=nums)(*args)
     for got, want in zip(grads, plain):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-14)
@@ -202,8 +208,8 @@ def test_jit_of_grad_runs_fewer_walks_and_prints_the_traced_program(kind, monkey
     assert any(n > 1 for n, _ in fused_runs)   # a multi-output walk
     compiled = jitted.lower(*args).compile()
     printed = jitted.lower(*args).ir("program")
-    assert printed.count("propagate") > _walks(api.executable(
-        compiled.program, api.relation_kinds(compiled.program)))
+    assert printed.count("propagate") > _walks(api._executed_passes(
+        compiled.program, relation_kinds(compiled.program)))
     text = str(compiled.explain())
     assert f"all {WALKS[kind]} propagate(s) compile" in text
 

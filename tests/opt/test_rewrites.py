@@ -1,4 +1,4 @@
-"""trace/rewrites on the numpy / tg.Tensor path: MessagePassing calls, tg.jit and tg.grad
+"""opt/hoist_linear on the numpy / tg.Tensor path: MessagePassing calls, tg.jit and tg.grad
 run the edge-loop rewrites (parameter-only work hoisted, first Linear on entity rows, last
 Linear after the sum) and still compute the same values and gradients.
 
@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga import api
 from tiga.core.eval import eval_program
 from tiga.trace import call_cache
-from tiga.trace.rewrites import hoist_linear_projections
+from tiga.opt import PROGRAM_PASSES, hoist_linear_projections
 
 N, F, H, OUT = 18, 4, 12, 3
 
@@ -95,13 +94,13 @@ def loss_fn(pos, x, w1, b1, w2, b2, graph):
 def test_grad_through_rewritten_calls_matches_finite_differences(rewrite, monkeypatch):
     applied = []
     if rewrite:
-        def spy(program):
+        def spy(program, facts):
             out = hoist_linear_projections(program)
             applied.extend(out[1])
             return out
-        monkeypatch.setattr(api, "hoist_linear_projections", spy)
+        monkeypatch.setitem(PROGRAM_PASSES, "hoist_linear", spy)
     else:   # the same run with the rewrites off: both must agree with the oracle
-        monkeypatch.setattr(api, "hoist_linear_projections", lambda p: (p, []))
+        monkeypatch.setitem(PROGRAM_PASSES, "hoist_linear", lambda p, facts: (p, []))
     graph, col, dst = relation(seed=7)
     pos, x = data(seed=8)
     w = weights(seed=9)

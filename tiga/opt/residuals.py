@@ -1,4 +1,4 @@
-"""trace/rewrites: reuse the forward's intermediate values in the VJP instead of recomputing.
+"""opt: reuse the forward's intermediate values in the VJP instead of recomputing.
 
 A VJP program `(*ins, *cts) -> cotangents` replays the forward program to get the values
 its rules read: for an edge MLP after hoist_linear, the per-entity rows of the first
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.passes import dce
-from ...core.program import Eqn, GraphProgram, Lit, Var
+from ..core.passes import dce
+from ..core.program import Eqn, GraphProgram, Lit, Var
+from .facts import ProgramFacts
 
 
 def _hashable(v):
@@ -38,9 +39,36 @@ def _lit_key(a: Lit) -> tuple:
     return ("lit", str(a.type), a.value.tobytes())
 
 
+def residuals_pass(vjp: GraphProgram, facts: ProgramFacts) -> tuple[GraphProgram, list]:
+    """The VJP reading `facts.forward`'s intermediates instead of recomputing them: its
+    extra trailing binders are those forward values themselves (the very Vars), so
+    `forward_with_residuals` makes the forward return them. Unchanged without a forward."""
+    if facts.forward is None:
+        return vjp, []
+    new = _read_residuals(facts.forward, vjp)
+    return (vjp, []) if new is None else (new, [])
+
+
+def forward_with_residuals(forward: GraphProgram, vjp: GraphProgram,
+                           n_inputs: int) -> GraphProgram:
+    """`forward` also returning the residuals `vjp` (from residuals_pass) reads after its
+    first `n_inputs` binders."""
+    saved = tuple(vjp.in_binders[n_inputs:])
+    if not saved:
+        return forward
+    return GraphProgram(forward.in_binders, forward.eqns, tuple(forward.outs) + saved)
+
+
 def save_residuals(forward: GraphProgram, vjp: GraphProgram) -> tuple | None:
     """(forward returning its outputs then the residuals, VJP taking its inputs then the
     residuals), or None when the VJP repeats nothing the forward computes."""
+    new = _read_residuals(forward, vjp)
+    if new is None:
+        return None
+    return forward_with_residuals(forward, new, len(vjp.in_binders)), new
+
+
+def _read_residuals(forward: GraphProgram, vjp: GraphProgram) -> GraphProgram | None:
     n_in = len(forward.in_binders)
     if len(vjp.in_binders) < n_in or any(
             a.type != b.type for a, b in zip(vjp.in_binders, forward.in_binders)):
@@ -86,19 +114,17 @@ def save_residuals(forward: GraphProgram, vjp: GraphProgram) -> tuple | None:
             order.append(a)
     if not order:
         return None
-    res_binders = [Var(a.type) for a in order]
-    sub = {id(a): b for a, b in zip(order, res_binders)}
+    # the forward's own values: the pair (forward, VJP) names each residual once
+    sub = {id(a): by_name[same[id(a)]] for a in order}
+    res_binders = list({id(b): b for b in sub.values()}.values())   # once each
 
     def s(a):
         return sub.get(id(a), a) if isinstance(a, Var) else a
 
     eqns = [Eqn(e.primitive, tuple(s(a) for a in e.inputs), e.params, e.outputs)
             for e in vjp.eqns if id(e) not in repeated]
-    new_vjp = dce(GraphProgram(tuple(vjp.in_binders) + tuple(res_binders), eqns,
-                               tuple(s(a) for a in vjp.outs)))
-    saved = tuple(by_name[same[id(a)]] for a in order)
-    new_fwd = GraphProgram(forward.in_binders, forward.eqns, tuple(forward.outs) + saved)
-    return new_fwd, new_vjp
+    return dce(GraphProgram(tuple(vjp.in_binders) + tuple(res_binders), eqns,
+                            tuple(s(a) for a in vjp.outs)))
 
 
-__all__ = ["save_residuals"]
+__all__ = ["forward_with_residuals", "residuals_pass", "save_residuals"]

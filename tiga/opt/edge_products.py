@@ -1,4 +1,4 @@
-"""trace/rewrites: algebraic clean-up of derived edge functions before they are compiled.
+"""opt: algebraic clean-up of derived edge functions before they are compiled.
 
 The VJP of `x @ W` yields the weight cotangent as `transpose(ct^T x)`: per edge, an outer
 product written in one layout and copied into the other with a strided transpose. Emitting
@@ -7,11 +7,12 @@ the contiguous feature axis, which LLVM vectorises.
 """
 from __future__ import annotations
 
-from ...core.passes import dce
-from ...core.prims.graph import propagate_p
-from ...core.prims.linalg import dot_general_p
-from ...core.prims.shape import transpose_p
-from ...core.program import ClosedProgram, Eqn, GraphProgram
+from ..core.passes import dce
+from ..core.prims.graph import propagate_p
+from ..core.prims.linalg import dot_general_p
+from ..core.prims.shape import transpose_p
+from ..core.program import ClosedProgram, Eqn, GraphProgram
+from .facts import ProgramFacts
 
 
 def swap_transposed_products(program: GraphProgram) -> GraphProgram:
@@ -50,3 +51,10 @@ def simplify_edge_functions(program: GraphProgram) -> GraphProgram:
                 changed = True
         eqns.append(eqn)
     return GraphProgram(program.in_binders, eqns, program.outs) if changed else program
+
+
+def edge_products_pass(program: GraphProgram, facts: ProgramFacts) -> tuple[GraphProgram, list]:
+    return simplify_edge_functions(program), []
+
+
+__all__ = ["edge_products_pass", "simplify_edge_functions", "swap_transposed_products"]

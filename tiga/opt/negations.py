@@ -1,4 +1,4 @@
-"""trace/rewrites: `a + (-b)` as `a - b` at the top level of a program.
+"""opt: `a + (-b)` as `a - b` at the top level of a program.
 
 Hoisting a first Linear gives the destination rows `-p W_p + b` and the VJP sums a
 cotangent with a negated one: each negation is a full pass over an (entities, hidden)
@@ -7,9 +7,10 @@ exact (signed zeros included); a negation read elsewhere stays.
 """
 from __future__ import annotations
 
-from ...core.passes import dce, use_counts
-from ...core.prims.elementwise import binary_p, unary_p
-from ...core.program import Eqn, GraphProgram, Var
+from ..core.passes import dce, use_counts
+from ..core.prims.elementwise import binary_p, unary_p
+from ..core.program import Eqn, GraphProgram, Var
+from .facts import ProgramFacts
 
 
 def fold_negations(program: GraphProgram) -> GraphProgram:
@@ -36,4 +37,8 @@ def fold_negations(program: GraphProgram) -> GraphProgram:
     return dce(GraphProgram(program.in_binders, eqns, program.outs))
 
 
-__all__ = ["fold_negations"]
+def negations_pass(program: GraphProgram, facts: ProgramFacts) -> tuple[GraphProgram, list]:
+    return fold_negations(program), []
+
+
+__all__ = ["fold_negations", "negations_pass"]

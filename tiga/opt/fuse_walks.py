@@ -1,4 +1,4 @@
-"""trace/rewrites: one relation walk for several independent sum propagates.
+"""opt: one relation walk for several independent sum propagates.
 
 A VJP over an edge MLP asks for several propagates over the same relation that read the
 same per-entity rows: the recomputed forward aggregate, the destination cotangent and the
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import heapq
 
-from ...core.passes import cse, dce
-from ...core.prims.geometry import knn_p, radius_p
-from ...core.prims.graph import propagate_p
-from ...core.program import ClosedProgram, Eqn, GraphProgram, Lit, Var
-from ...core.types import GraphType
-from .negations import fold_negations
+from ..core.passes import cse, dce
+from ..core.prims.geometry import knn_p, radius_p
+from ..core.prims.graph import propagate_p
+from ..core.program import ClosedProgram, Eqn, GraphProgram, Lit, Var
+from ..core.types import GraphType
+from .facts import ProgramFacts
 
 FLIP = {"src": "dst", "dst": "src"}
 
@@ -73,19 +73,14 @@ def relation_kinds(program: GraphProgram, args=None) -> dict:
     return kinds
 
 
-def executable(program: GraphProgram, kinds: dict) -> GraphProgram:
-    """The exact rewrites a staged (VJP) program gets before it runs, shared by the torch
-    bridge and tg.grad / tg.vjp / tg.jit: common subexpressions once, `a + (-b)` as `a - b`,
-    then the independent sum propagates over one radius/knn relation as one walk. `kinds`
-    maps id(graph variable) to its kind (relation_kinds). Applied where a program is
-    executed, not where it is traced: the program users print or lower stays as traced."""
-    # one trace holds the primal and its VJP: a value both halves compute (a rule reading
-    # `y` for y * y twice) is evaluated once
-    program = fold_negations(dce(cse(program)))
+def fuse_walks_pass(program: GraphProgram, facts: ProgramFacts) -> tuple[GraphProgram, list]:
+    """Independent sum propagates over one radius/knn relation as one walk; the kinds of
+    relation variables come from `facts.relation_kinds` (relation_kinds)."""
+    kinds = dict(facts.relation_kinds)
 
     def kind_of(a):   # a relation the trace captured is a literal: its kind is at hand
         return relation_kind(a.value) if isinstance(a, Lit) else kinds.get(id(a))
-    return fuse_relation_walks(program, kind_of)
+    return fuse_relation_walks(program, kind_of), []
 
 
 def _fusable(eqn) -> bool:
@@ -239,4 +234,4 @@ def _schedule(program: GraphProgram, group: list, fused: Eqn) -> list:
     return [eqn_of[i] for i in order]
 
 
-__all__ = ["fuse_relation_walks", "relation_kind", "relation_kinds", "executable"]
+__all__ = ["fuse_relation_walks", "fuse_walks_pass", "relation_kind", "relation_kinds"]

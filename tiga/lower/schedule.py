@@ -1,0 +1,67 @@
+"""lower: the schedule decisions of the cpu-llvm propagate kernel, as pure functions.
+
+`select_kernel_schedule` calls these on a `gf_kernel.launch`; the renderer (lower/llvm/kernel.py)
+reads the result from the Schedule it receives and only calls them itself when it is handed
+no Schedule (direct `codegen_propagate` callers), so each decision has one owner.
+
+- edge_unroll: independent accumulators per row for reassociable folds (sum/mean over
+  float32/float64 or integers). One accumulator makes every edge wait for the previous add
+  (4 cycles), which bounds a 32-feature weighted sum at about 1.5 ns per edge; several let
+  edges overlap. The budget keeps every accumulator in vector registers. Only contiguous
+  walks (a row's edges are one id range) unroll, and only row reductions (dst/src).
+- prefetch_distance: edges ahead for the software prefetch of gathered neighbour rows; only
+  compressed-row walks gather at random (implicit walks read regular sources). 16 edges cover
+  the memory latency at a few ns per edge.
+- parallel: "rows" (any row chunks), "partial_sums" (reduce_by='all' with sum and no update:
+  each chunk folds into its own output and the runtime adds them) or "single" (one call).
+"""
+from __future__ import annotations
+
+from ..core.dtypes import as_dtype
+
+EDGE_UNROLL = 4
+UNROLL_STATE_BYTES = 512   # total accumulator bytes (all lanes) of an unrolled edge loop
+PREFETCH_DISTANCE = 16
+GATHERING_TRAVERSALS = ("csr-row", "transposed-csr-row")
+NON_CONTIGUOUS_TRAVERSALS = ("stencil-row",)
+
+
+def _nbytes(t) -> int:
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n * as_dtype(t.dtype).itemsize
+
+
+def edge_unroll(reducer_name: str, builtin: bool, state_types: list, reduce_by: str,
+                traversal: str) -> int:
+    """Accumulators per row; `state_types` is the accumulator type of each output."""
+    if (reduce_by not in ("dst", "src") or traversal in NON_CONTIGUOUS_TRAVERSALS
+            or EDGE_UNROLL <= 1 or not builtin or reducer_name not in ("sum", "mean")
+            or not state_types
+            or any(as_dtype(t.dtype).name in ("float16", "bool") for t in state_types)):
+        return 1
+    state_bytes = sum(_nbytes(t) for t in state_types)
+    lanes = EDGE_UNROLL
+    while lanes > 1 and lanes * state_bytes > UNROLL_STATE_BYTES:
+        lanes //= 2
+    return lanes
+
+
+def prefetch_distance(traversal: str) -> int:
+    return PREFETCH_DISTANCE if traversal in GATHERING_TRAVERSALS else 0
+
+
+def parallel_mode(reduce_by: str, reducer_name: str, builtin: bool, has_update: bool) -> str:
+    if reduce_by != "all":
+        return "rows"
+    return "partial_sums" if builtin and reducer_name == "sum" and not has_update \
+        else "single"
+
+
+def traversal_of_walk(relation: tuple, walk: str) -> str:
+    """The Kernel IR traversal a renderer walk implements (walks.relation_descriptor)."""
+    if walk == "src":
+        return "transposed-csr-row"
+    return {"csr": "csr-row", "dense": "dense-row", "triangular": "triangular-row",
+            "cu_seqlens": "segment-row", "stencil": "stencil-row"}.get(relation[0], "csr-row")
