@@ -221,8 +221,13 @@ def workload_meta(reg: dict, names: set) -> dict:
             for n, wl in reg.items() if n in names}
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt   # SIGTERM like Ctrl-C: stop the worker, write, remove worktrees
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     reg = W.registry()
     if a.list:
         for wl in reg.values():

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import opt
 from .autodiff import vjp_program
 from .core.errors import DTypeError, ShapeError, TigaError
 from .core.program import Lit
 from .core.types import GraphType, TensorType
-from . import opt
 from .lower.pipeline import ir_text, module_name
 from .trace import call_cache, message_passing
 from .trace.guards import pinned_ids

@@ -127,7 +127,7 @@ def test_gradients_match_finite_differences(recorder, kind, kw, reducer, d):
     if (kind, kw.get("max_neighbors")) == ("radius", None):
         # the symmetric relation: every propagate (forward, dst and src cotangents) and
         # mean's in-degrees take the fused walk; independent dst and src cotangents share
-        # one destination-grouped walk (trace/rewrites fuse_walks), else src is swapped
+        # one destination-grouped walk (opt/fuse_walks), else src is swapped
         assert recorder["csr"] == [] and recorder["transpose"] == []
         assert all(swap for _, _, swap in src_runs)
     else:
@@ -187,7 +187,7 @@ def test_explain_describes_relations_generated_in_jit_and_grad(kind, kw):
     assert f"compiles (fused {kind} traversal, no edge list)" in text
     if kind == "radius":
         # what a call executes: the dst and src cotangent walks of the symmetric relation
-        # are one destination-grouped walk (src roles swapped; trace/rewrites fuse_walks)
+        # are one destination-grouped walk (src roles swapped; opt/fuse_walks)
         assert "by src" not in text.split("traversal:")[0]
         assert "transposed" not in text.split("vjp:")[0]
         assert "CSR of the" not in text

@@ -12,8 +12,8 @@ import pytest
 
 import tiga as tg
 from tiga.core.eval import eval_program
-from tiga.trace import call_cache
 from tiga.opt import PROGRAM_PASSES, hoist_linear_projections
+from tiga.trace import call_cache
 
 N, F, H, OUT = 18, 4, 12, 3
 

@@ -256,7 +256,7 @@ def test_appendix_a_example_runs_and_checks_itself():
     assert "EdgeNN forward and all gradients checked" in res.stdout
 
 
-# ---- the entity-level rewrites of linear layers (tiga/trace/rewrites/hoist_linear.py) ------
+# ---- the entity-level rewrites of linear layers (tiga/opt/hoist_linear.py) ---------------
 
 def _torch_reduce(msg, dst, name, n=N):
     if name == "sum":

@@ -2,7 +2,8 @@
 
 Pass flags: --lower-domain-to-iter --lower-iter-to-kernel --select-kernel-schedule
 --plan-distributed-tasks, or the report's spellings (-gf-lower-domain-to-iter, ...).
-FILE may be `-` for standard input. Errors print one message and exit with status 1.
+`--render` prints the LLVM text of a scheduled kernel-level module instead (after the
+passes). FILE may be `-` for standard input. Errors print one message and exit with status 1.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..core.errors import TigaError
 from .ir import parse_module
 from .passes import PASSES
 
-USAGE = ("usage: tiga-opt FILE [" + "] [".join(f"--{p}" for p in PASSES) + "]\n"
+USAGE = ("usage: tiga-opt FILE [" + "] [".join(f"--{p}" for p in PASSES) + "] [--render]\n"
          "  reads IR text of any level (domain, iter, kernel, task), runs the passes in the\n"
          "  order given and prints the result; -gf-<pass> spellings are accepted too.")
 
@@ -28,7 +29,9 @@ def _pass_name(flag: str) -> str | None:
 def _parse_args(argv: list) -> tuple:
     files, passes = [], []
     for arg in argv:
-        if arg.startswith("-") and arg != "-":
+        if arg == "--render":
+            passes.append(arg)
+        elif arg.startswith("-") and arg != "-":
             name = _pass_name(arg)
             if name is None:
                 raise TigaError(f"unknown option {arg!r}; passes: "
@@ -57,9 +60,16 @@ def main(argv=None) -> int:
         path, passes = _parse_args(argv)
         module = parse_module(_read(path))
         module.verify()
+        render = "--render" in passes
         for name in passes:
-            module = PASSES[name](module)
-        sys.stdout.write(str(module))
+            if name != "--render":
+                module = PASSES[name](module)
+        if render:
+            from .render import render_kernel_module
+
+            sys.stdout.write(render_kernel_module(module))
+        else:
+            sys.stdout.write(str(module))
     except (TigaError, OSError) as exc:
         print(f"tiga-opt: error: {exc}", file=sys.stderr)
         return 1

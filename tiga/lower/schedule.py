@@ -23,7 +23,9 @@ EDGE_UNROLL = 4
 UNROLL_STATE_BYTES = 512   # total accumulator bytes (all lanes) of an unrolled edge loop
 PREFETCH_DISTANCE = 16
 GATHERING_TRAVERSALS = ("csr-row", "transposed-csr-row")
-NON_CONTIGUOUS_TRAVERSALS = ("stencil-row",)
+# (radius/kNN walks compute their neighbours: no edge id range to unroll over)
+NON_CONTIGUOUS_TRAVERSALS = ("stencil-row", "cell-directory-row", "knn-shell-row",
+                             "knn-tile-row")
 
 
 def _nbytes(t) -> int:

@@ -114,7 +114,7 @@ def codegen_generated(params: dict, in_types: list, spec: GeoSpec, *,
 
 class _GeoBuilder(_KernelBuilder):
     def __init__(self, ctx, params, base_sig, sig, spec: GeoSpec):
-        super().__init__(ctx, params, base_sig)
+        super().__init__(ctx, params, base_sig, traversal=f"{_NoWalk.hierarchy}-row")
         self.sig, self.spec = sig, spec
         self.walk = _NoWalk()
         self.pdt = as_dtype(spec.pos_dtype)

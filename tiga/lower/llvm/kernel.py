@@ -111,10 +111,11 @@ def codegen_propagate(params: dict, in_types: list, index_dtype, schedule=None, 
     return str(module), sig
 
 
-def _launch_schedule(params, sig: KernelSignature, schedule: KernelSchedule) -> Schedule:
+def _launch_schedule(params, sig: KernelSignature, schedule: KernelSchedule,
+                     traversal: str | None = None) -> Schedule:
     """The schedule this kernel renders: the one it was handed (checked against the walk the
     runtime binds), else the schedule functions' answer for the same launch."""
-    traversal = knobs.traversal_of_walk(sig.relation, sig.walk)
+    traversal = traversal or knobs.traversal_of_walk(sig.relation, sig.walk)
     if schedule.launch is not None:
         if schedule.launch.parallel != sig.parallel:
             raise CodegenUnsupported(f"schedule parallel={schedule.launch.parallel!r} but the "
@@ -203,7 +204,10 @@ def _parallel(params) -> str:
 class _KernelBuilder:
     """Emits the row loop, the edge loop and the reducer folds of one propagate kernel."""
 
-    def __init__(self, ctx: Emitter, params: dict, sig: KernelSignature, launch: Schedule):
+    def __init__(self, ctx: Emitter, params: dict, sig: KernelSignature,
+                 launch: Schedule | None = None, traversal: str | None = None):
+        if launch is None:
+            launch = _launch_schedule(params, sig, KernelSchedule(), traversal)
         self.ctx, self.sig, self.b, self.launch = ctx, sig, ctx.b, launch
         self.edge_fn, self.update = params["edge_fn"], params["update"]
         self.reduce_by = sig.reduce_by
