@@ -140,11 +140,12 @@ def test_pages_and_halos_are_expressible():
 # ---- random programs: round trip and semantics ----------------------------------------------
 
 EDGE_FNS = {
-    "mul": lambda src, dst, edge: src.x * edge.w,
-    "tanh_add": lambda src, dst, edge: tg.math.tanh(src.x) + dst.h,
+    # every edge function takes `scale` (an unknown keyword argument is an error)
+    "mul": lambda src, dst, edge, scale: src.x * edge.w,
+    "tanh_add": lambda src, dst, edge, scale: tg.math.tanh(src.x) + dst.h,
     "exp_scale": lambda src, dst, edge, scale: tg.math.exp(src.x - dst.h) * scale,
-    "dot": lambda src, dst, edge: tg.math.sum(src.x * dst.h),
-    "two": lambda src, dst, edge: (src.x, src.x * 2.0),
+    "dot": lambda src, dst, edge, scale: tg.math.sum(src.x * dst.h),
+    "two": lambda src, dst, edge, scale: (src.x, src.x * 2.0),
 }
 REDUCERS = ("sum", "mean", "max", "min", "prod", "user", "online_softmax")
 
@@ -182,7 +183,7 @@ def random_program(data):
     with_update = data.draw(st.booleans())
     post = data.draw(st.booleans())
     reducer = make_reducer(rname)
-    edge_fn = (lambda src, dst, edge: reducer(tg.math.sum(src.x * dst.h), src.x)) \
+    edge_fn = (lambda src, dst, edge, scale: reducer(tg.math.sum(src.x * dst.h), src.x)) \
         if ename == "softmax" else EDGE_FNS[ename]
 
     def update(dst, agg):
