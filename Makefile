@@ -1,6 +1,7 @@
 # Tiga developer entry points. Needs only Python >= 3.10, a C toolchain and PyPI.
 #   make demo   install (+ CPU torch, pinned) and run the examples
-#   make test   install test deps (+ CPU torch) and run the suite with xdist
+#   make test   install test deps (+ CPU torch, + the dist extra) and run the suite with xdist
+#               (the MPI tests run inside it under mpiexec -n 2 / -n 4, bounded by MPIEXEC_TIMEOUT)
 #   make bench  install bench deps (+ CPU torch) and run every benchmark (benchmarks/run.py),
 #               regenerating benchmarks/RESULTS.md (BENCH_ARGS=--quick: a smoke run)
 PY ?= python3
@@ -35,8 +36,11 @@ $(INSTALL_STAMP): pyproject.toml | $(VPY)
 	$(PIP) install -q -e .
 	@touch $@
 
+# The dist extra (mpi4py + the mpich wheel) lets tests/distributed/test_launch.py run the
+# MPI tests under mpiexec -n 2 and -n 4; where it cannot install, those tests skip.
 $(TEST_STAMP): pyproject.toml | $(VPY)
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,gpu]"
+	$(PIP) install -q -e ".[dist]" || echo "dist extra not installable: MPI tests skipped"
 	$(PIP) install -q "$(TORCH_PIN)"
 	@touch $@ $(INSTALL_STAMP)
 

@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 from . import autodiff as _autodiff  # noqa: F401  (registers VJP rules)
 from . import core as _core  # noqa: F401  (registers primitives)
-from . import nn
+from . import distributed, nn
 from .api import grad, jit, value_and_grad, vjp
 from .core.check import check_program
 from .core.config import config
@@ -35,7 +35,10 @@ from .trace.message_passing import MessagePassing, propagate
 from .trace.staging import make_program
 from .xla_free_runtime import llvm_generated as _llvm_generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.explain import Explanation
-from .xla_free_runtime.tensor import Tensor, asarray, from_dlpack
+from .xla_free_runtime import memory, store
+from .xla_free_runtime import paging as _paging  # noqa: F401  (registers the paged route)
+from .xla_free_runtime.scope import scope
+from .xla_free_runtime.tensor import Tensor, asarray, from_dlpack, load, save
 
 __all__ = [
     "__version__", "grad", "jit", "value_and_grad", "vjp", "check_program", "config",
@@ -45,5 +48,5 @@ __all__ = [
     "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",
-    "asarray", "from_dlpack", "nn",
+    "asarray", "from_dlpack", "nn", "distributed",
 ]

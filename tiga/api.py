@@ -13,6 +13,7 @@ from .core.errors import DTypeError, ShapeError, TigaError
 from .core.program import Lit
 from .core.types import GraphType, TensorType
 from .lower.pipeline import ir_text, module_name
+from .xla_free_runtime import triton_launch
 from .trace import call_cache, message_passing
 from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
@@ -457,5 +458,13 @@ def _ir_call(call, stage):
 
 message_passing.hooks.update(execute=_execute_call, explain=_explain_call,
                              reference=_reference_call, ir=_ir_call)
+
+
+def _triton_tensors():
+    from .torch_bridge import triton_buffers   # torch only when a Triton kernel launches
+    return triton_buffers
+
+
+triton_launch.HOOKS["tensors"] = _triton_tensors
 
 __all__ = ["jit", "grad", "value_and_grad", "vjp", "Jitted", "Lowered", "Compiled", "Tensor"]

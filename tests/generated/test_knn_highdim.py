@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from scipy.spatial import cKDTree
 
 import tiga as tg
-from tiga.xla_free_runtime import llvm_knn_tiled
 
 from .oracle import knn_rows, pair_distances
 
@@ -182,8 +181,12 @@ def test_explain_and_iter_ir_name_the_walk(d, walk):
 def test_many_tiles_and_chunks(monkeypatch, strict):
     """Row tiles and source chunks are run-time sizes: shrink them so one call crosses
     many of each (same executable), with tails in every dimension."""
-    monkeypatch.setattr(llvm_knn_tiled, "ROWS_PER_TILE", 7)
-    monkeypatch.setattr(llvm_knn_tiled, "CHUNK_BYTES", 1)
+    from tiga.lower import schedule
+    from tiga.xla_free_runtime import llvm_propagate
+
+    monkeypatch.setattr(schedule, "KNN_ROWS_PER_TILE", 7)     # the launch's schedule tiles
+    monkeypatch.setattr(schedule, "KNN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(llvm_propagate, "_LAUNCHES", {})      # lowered again with them
     rng = np.random.default_rng(5)
     pos = rng.standard_normal((301, 17))
     query = rng.standard_normal((45, 17))

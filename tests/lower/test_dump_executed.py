@@ -113,11 +113,123 @@ def test_render_of_golden_kernel_is_the_kernel_a_call_compiles(tmp_path):
 
 
 def test_render_refuses_a_module_without_schedule(tmp_path):
-    text = re.sub(r"\n\s*(block_rows|block_neighbors|vector_width|threads|num_warps|"
-                  r"pipeline_stages|row_partition|edge_unroll|prefetch_distance|parallel)"
-                  r" = [^,\n]*,", "", GOLDEN_KERNEL.read_text())
+    text = re.sub(r"\n\s*(target|threads|row_partition|chunks_per_thread|edge_unroll|"
+                  r"prefetch_distance|parallel) = [^,\n]*,", "", GOLDEN_KERNEL.read_text())
+    assert "threads" not in text and "edge_unroll" not in text
     path = tmp_path / "k.mlir"
     path.write_text(text)
     res = subprocess.run([sys.executable, "-m", "tiga.lower.opt_cli", str(path), "--render"],
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 1 and "no schedule attributes" in res.stderr, res.stderr
+
+
+# ---- radius, kNN (cell shells) and kNN (tiled scan): the generated-relation walks ----------
+
+GENERATED_CHILD = r"""
+import json, sys
+import numpy as np
+import tiga as tg
+from tiga.xla_free_runtime.cache import CACHE
+rng = np.random.default_rng(2)
+kind, dims = sys.argv[1], int(sys.argv[2])
+pos = rng.random((400, dims)).astype(np.float32)
+x = rng.standard_normal((400, 8)).astype(np.float32)
+g = tg.Graph.radius(pos, 0.15) if kind == "radius" else tg.Graph.knn(pos, 5)
+got = tg.propagate(g, lambda s, d, e: s.x, tg.sum(), src={"x": x}, dst={}, edge={})
+src, dst = g.to_coo()
+want = np.zeros_like(x)
+np.add.at(want, dst, x[src])
+np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+exes = [e for e in CACHE._mem.values() if e.ir_text and "directory" not in e.signature.symbol]
+json.dump([[e.ir_text, list(e.signature.relation)] for e in exes], open(sys.argv[3], "w"))
+"""
+
+
+def _tiles(op) -> dict:
+    return dict(op.schedule.tiles)
+
+
+@pytest.mark.parametrize("kind,dims,traversal", [("radius", 3, "cell-directory-row"),
+                                                 ("knn", 2, "knn-shell-row"),
+                                                 ("knn", 9, "knn-tile-row")])
+def test_generated_walk_dumps_the_schedule_it_runs(tmp_path, kind, dims, traversal):
+    out = tmp_path / "texts.json"
+    env = dict(os.environ, TIGA_DUMP="kernel", TIGA_DUMP_DIR=str(tmp_path / "dump"),
+               TIGA_CACHE_DIR=str(tmp_path / "cache"), TIGA_NUM_THREADS="2")
+    subprocess.run([sys.executable, "-c", GENERATED_CHILD, kind, str(dims), str(out)], env=env,
+                   check=True, timeout=240)
+    texts = json.loads(out.read_text())
+    dumps = sorted((tmp_path / "dump").glob("*.kernel.mlir"))
+    assert len(texts) == 1 and len(dumps) == 1, (len(texts), dumps)
+    (text, relation), op = texts[0], _launch(dumps[0])
+    s = op.schedule
+    assert op.traversal == traversal and s.target == "cpu-llvm" and s.threads == 2
+    # the walk computes each row's neighbours: every row costs alike before the walk runs,
+    # no edge-id range to unroll over, no stored column to prefetch from
+    assert (s.row_partition, s.edge_unroll, s.prefetch_distance) == ("row-balanced", 1, 0)
+    assert "edge4" not in text and "llvm.prefetch" not in text
+    mode, block = relation[2], tuple(relation[7])
+    if traversal != "knn-tile-row":
+        assert mode == "cells" and block == () and not s.tiles
+        return
+    t = _tiles(op)
+    lanes = t["vector_bytes"] // 4     # float32 coordinates
+    assert mode == "tiled" and block == (lanes, t["group_rows"], t["group_vectors"])
+    # the register-blocked product: group_rows x group_vectors fused multiply-adds of
+    # `lanes`-wide vectors per coordinate step
+    fmas = re.findall(r"call <(\d+) x float> @\"?llvm\.fmuladd", text)
+    assert set(fmas) == {str(lanes)} and len(fmas) == t["group_rows"] * t["group_vectors"]
+
+
+EXPLAIN_CHILD = r"""
+import json, sys
+import numpy as np
+import tiga as tg
+rng = np.random.default_rng(3)
+x = rng.standard_normal((3000, 4)).astype(np.float32)
+kind = sys.argv[1]
+if kind == "csr":
+    g = tg.Graph.from_csr(np.arange(3001) * 12, rng.integers(0, 3000, 3000 * 12), num_src=3000)
+elif kind == "stencil":
+    g = tg.Graph.stencil((50, 60), [(0, 1), (1, 0), (0, -1), (-1, 0)])
+elif kind == "radius":
+    g = tg.Graph.radius(rng.random((3000, 3)).astype(np.float32), 0.05)
+else:
+    g = tg.Graph.knn(rng.random((3000, 2)).astype(np.float32), 6)
+
+
+class Sum(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, s, d, e):
+        return s.x * 2.0
+
+
+kw = dict(graph=g, src={"x": x}, dst={}, edge={})
+Sum()(**kw)
+json.dump(Sum().explain(**kw).schedule, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.mark.parametrize("kind,traversal", [("csr", "csr-row"), ("stencil", "stencil-row"),
+                                            ("radius", "cell-directory-row"),
+                                            ("knn", "knn-shell-row")])
+def test_explain_schedule_is_the_dumped_kernel_ir(tmp_path, kind, traversal):
+    """explain()'s schedule line is built from the launch's attributes: it shows exactly the
+    schedule attributes the Kernel IR dumped by the call prints, in order."""
+    out = tmp_path / "schedule.json"
+    env = dict(os.environ, TIGA_DUMP="kernel", TIGA_DUMP_DIR=str(tmp_path / "dump"),
+               TIGA_CACHE_DIR=str(tmp_path / "cache"), TIGA_NUM_THREADS="2")
+    subprocess.run([sys.executable, "-c", EXPLAIN_CHILD, kind, str(out)], env=env,
+                   check=True, timeout=240)
+    schedule = json.loads(out.read_text())
+    (dump,) = sorted((tmp_path / "dump").glob("*.kernel.mlir"))
+    lines = [ln.strip().rstrip(",") for ln in dump.read_text().splitlines()]
+    printed = lines[lines.index('target = "cpu-llvm"'):
+                    next(i for i, ln in enumerate(lines) if ln.startswith("input_roles"))]
+    assert schedule.startswith(f"{traversal} launch {{{', '.join(printed)}}}"), \
+        (schedule, printed)
+    assert f'traversal = "{traversal}"' in lines
+    # the row chunks it reports are the ones that schedule cuts
+    if kind == "csr":
+        assert re.search(r"; \d+ row chunks of this relation", schedule), schedule

@@ -111,7 +111,9 @@ def test_iter_kernel_task_attributes_of_the_fixture():
     assert dict(launch.guards) == {"row_ptr": "validated", "col_idx": "in-bounds",
                                    "max_degree": "dynamic"}
     s = launch.schedule
-    assert (s.block_rows, s.block_neighbors, s.vector_width, s.threads) == (64, 16, 1, 2)
+    assert (s.target, s.threads, s.row_partition, s.chunks_per_thread) == \
+        ("cpu-llvm", 2, "edge-balanced", 16)
+    assert (s.block_rows, s.vector_width, s.num_warps) == (None, None, None)  # triton only
     kinds = [type(op).__name__ for op in task.body.ops]
     assert kinds == ["TransferOp"] * 3 + ["TaskLaunchOp"] + ["ReleaseOp"] * 3 + ["JoinOp"]
     launch_task = task.body.ops[3]
@@ -238,15 +240,21 @@ BAD_TEXT = [
      "stencil, cat, cell-directory, knn-shells, knn-tiled-scan, found 'zigzag'"),
     ("iter", '"destination-major"', '"source-major"',
      "ordering 'source-major' cannot reduce by 'dst' (expected 'destination-major')"),
-    ("kernel", "block_rows = 64", "block_rows = 0",
-     "block_rows must be a power of two in [1, 4096], found 0"),
-    ("kernel", "block_rows = 64", "block_rows = 48",
-     "block_rows must be a power of two in [1, 4096], found 48"),
-    ("kernel", "vector_width = 1", "vector_width = 3",
-     "vector_width must be one of (1, 2, 4, 8, 16), found 3"),
+    ("kernel", "edge_unroll = 4", "edge_unroll = 3",
+     "edge_unroll must be one of (1, 2, 4, 8, 16), found 3"),
+    ("kernel", "chunks_per_thread = 16", "chunks_per_thread = 0",
+     "chunks_per_thread must be an integer in [1, 4096], found 0"),
     ("kernel", "threads = 2", "threads = 0", "threads must be an integer in [1, 4096], found 0"),
-    ("kernel", "      block_neighbors = 16,\n", "",
-     "schedule attribute(s) block_neighbors missing"),
+    ("kernel", 'row_partition = "edge-balanced"', 'row_partition = "random"',
+     "row_partition must be one of edge-balanced, row-balanced, found 'random'"),
+    ("kernel", "      chunks_per_thread = 16,\n", "",
+     "schedule attribute(s) chunks_per_thread missing (a cpu-llvm schedule sets all of"),
+    ("kernel", "threads = 2,", "threads = 2, block_rows = 64,",
+     "block_rows is not a cpu-llvm schedule attribute"),
+    ("kernel", 'target = "cpu-llvm"', 'target = "tpu"',
+     "schedule attribute target must be one of cpu-llvm, triton, found 'tpu'"),
+    ("kernel", "parallel = \"rows\",", "parallel = \"rows\", tiles = {rows = 0},",
+     "tiles must be a dictionary of positive integers, found {rows = 0}"),
     ("kernel", 'row_ptr = "validated", ', "",
      "traversal 'csr-row' reads row_ptr, so it needs the guard row_ptr = \"validated\""),
     ("kernel", 'max_degree = "dynamic"', "max_degree = -1",

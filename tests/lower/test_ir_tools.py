@@ -229,13 +229,20 @@ def test_schedule_follows_feature_width(feat, dtype, itemsize):
     graph = tg.Graph.from_csr(ROW_PTR, COL_IDX, num_src=2)
     x = np.ones((2,) + feat, dtype)
     kw = dict(graph=graph, src={"x": x}, dst={}, edge={"w": np.ones((3,) + feat, dtype)})
-    s = _launch(ir.parse_module(WeightedSum().ir("kernel", **kw))).schedule
+    kernel = lower_iter_to_kernel(ir.parse_module(WeightedSum().ir("iter", **kw)))
+    s = _launch(select_kernel_schedule(kernel, target="triton")).schedule
     width = int(np.prod(feat))
     lanes = 32 // itemsize  # 256-bit SIMD lanes of the compute dtype
     row_bytes = width * itemsize
     assert s.block_rows == min(64, 1 << ((4096 // row_bytes).bit_length() - 1))
     assert s.vector_width == max(v for v in (1, 2, 4, 8, 16) if v <= lanes and width % v == 0)
-    assert s.threads == 2 and s.block_neighbors == 16
+    assert s.block_neighbors == 16 and s.threads is None and s.edge_unroll is None
+    text = str(select_kernel_schedule(kernel, target="triton"))
+    assert 'target = "triton"' in text and "threads =" not in text and "vector_width" in text
+    cpu = _launch(ir.parse_module(WeightedSum().ir("kernel", **kw))).schedule
+    assert cpu.threads == 2 and cpu.block_rows is None and cpu.vector_width is None
+    # 4 float32 accumulators of the row fit 512 bytes while the row is at most 32 floats
+    assert cpu.edge_unroll == max(k for k in (1, 2, 4) if k == 1 or k * width * 4 <= 512)
 
 
 def test_schedule_threads_and_dense_degree_bound(monkeypatch):
@@ -254,8 +261,13 @@ def test_schedule_threads_and_dense_degree_bound(monkeypatch):
                                                              src={"x": x}))(
         graph, np.ones(3, np.float32)), "kernel")
     op = _launch(module)
-    assert dict(op.guards) == {"max_degree": 3} and op.schedule.block_neighbors == 4
+    assert dict(op.guards) == {"max_degree": 3} and op.schedule.chunks_per_thread == 16
+    # 3 rows and 15 edges: below the parallel threshold the launch runs on one thread
     assert op.schedule.threads == 1 and op.schedule.row_partition == "row-balanced"
+    iter_module = lower(tg.make_program(lambda g, x: tg.propagate(
+        g, lambda s, d, e: s.x, tg.sum(), src={"x": x}))(graph, np.ones(3, np.float32)), "iter")
+    gpu = _launch(select_kernel_schedule(lower_iter_to_kernel(iter_module), target="triton"))
+    assert gpu.schedule.block_neighbors == 4    # the degree bound 3, rounded up
     monkeypatch.delenv("TIGA_NUM_THREADS")
     threads = _launch(ir.parse_module(Sum().ir("kernel", **kw))).schedule.threads
     assert threads == os.cpu_count()

@@ -33,7 +33,7 @@ from tiga.trace.staging import make_program
 
 N, F, H, OUT = 24, 3, 8, 2
 PASS_FILES = ("dce", "cse", "hoist_linear", "negations", "fuse_walks", "residuals",
-              "edge_products")
+              "edge_products", "attention_pairing")
 
 
 def _edge(s, d, e, w1, b1, w2):
@@ -68,8 +68,11 @@ def test_every_pass_is_registered_once_in_one_order():
     for name in PASS_FILES:   # one pass per file: tiga/opt/<name>.py
         assert PROGRAM_PASSES[name].__module__ == f"tiga.opt.{name}"
     assert opt.passes_for(ProgramFacts("staged")) == ["hoist_linear"]
-    assert opt.passes_for(ProgramFacts("staged", bridge=True)) == ["hoist_linear", "negations"]
-    assert opt.passes_for(ProgramFacts("execute")) == ["cse", "dce", "negations", "fuse_walks"]
+    assert opt.passes_for(ProgramFacts("staged", bridge=True)) == ["hoist_linear",
+                                                                   "attention_pairing",
+                                                                   "negations"]
+    assert opt.passes_for(ProgramFacts("execute")) == ["cse", "attention_pairing", "dce",
+                                                       "negations", "fuse_walks"]
 
 
 def test_facts_name_a_known_stage():

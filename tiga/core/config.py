@@ -49,14 +49,34 @@ def _flag(name: str) -> bool:
 
 class Config:
     """`tg.config.strict = True` (or TIGA_STRICT=1) turns any reference fallback into
-    tg.UnsupportedError; `check` (TIGA_CHECK=1) runs check_program after every pass."""
+    tg.UnsupportedError; `check` (TIGA_CHECK=1) runs check_program after every pass;
+    `backend` (TIGA_BACKEND) picks where propagates run: "auto" (cpu-llvm for host inputs),
+    "cpu-llvm", "triton" or "triton-interpreter" (lower/backends.py lists them)."""
 
     def __init__(self):
         self.strict = _flag("TIGA_STRICT")
         self.check = _flag("TIGA_CHECK")
+        self._backend = None    # None: follow TIGA_BACKEND (read per call, like a test sets it)
+        # tqdm bars for long store ingests and paged runs (TIGA_PROGRESS=0 silences them)
+        self.progress = os.environ.get("TIGA_PROGRESS", "1").strip().lower() not in (
+            "0", "false", "no", "off")
+
+    @property
+    def backend(self) -> str:
+        if self._backend is not None:
+            return self._backend
+        return os.environ.get("TIGA_BACKEND", "").strip() or "auto"
+
+    @backend.setter
+    def backend(self, name) -> None:
+        self._backend = None if name is None else str(name)
+
+    @property
+    def backend_set(self) -> bool:
+        return self._backend is not None
 
     def __repr__(self) -> str:
-        return f"tg.config(strict={self.strict}, check={self.check})"
+        return f"tg.config(strict={self.strict}, check={self.check}, backend={self.backend!r})"
 
 
 config = Config()

@@ -21,10 +21,15 @@ from .dtypes import DType, as_dtype, int32, int64
 from .errors import GraphValidationError
 from .types import Dim, GraphType
 
-KINDS = ("csr", "dense", "triangular", "cu_seqlens", "cat", "stencil", "radius", "knn")
+KINDS = ("csr", "dense", "triangular", "cu_seqlens", "cat", "stencil", "radius", "knn",
+         "paged")
 GEOMETRIC_KINDS = ("radius", "knn")
 # tiga.trace registers how radius/knn stage on traced coordinates (core cannot import trace)
 geometry_hooks: dict[str, Callable | None] = {"traced": None, "bind": None}
+# the runtime registers its store reader: `open(path)` -> an object with num_src, num_dst,
+# num_edges, index_dtype, version, read_rows(start, stop) and read_csr() (core cannot
+# import the runtime)
+store_hooks: dict[str, Callable | None] = {"open": None}
 
 
 class Graph:
@@ -305,6 +310,19 @@ class Graph:
                    edge_perm=gb.freeze(edge_perm)[0], params={"blocks": blocks},
                    validated=level, deferred=deferred, parts=parts)
 
+    @classmethod
+    def open(cls, path: Any) -> Graph:
+        """The relation of a committed store (tg.store): kind "paged", its CSR stays on disk
+        and programs read it page by page; resolve_csr() reads it whole (for checks)."""
+        opener = store_hooks["open"]
+        if opener is None:
+            raise GraphValidationError("Graph.open: no store reader is registered (import "
+                                       "tiga, not tiga.core alone)")
+        reader = opener(path)
+        return cls(kind="paged", num_src=reader.num_src, num_dst=reader.num_dst,
+                   num_edges=reader.num_edges, index_dtype=as_dtype(reader.index_dtype),
+                   params={"path": str(path), "version": reader.version, "reader": reader})
+
     # ---- queries ---------------------------------------------------------------------------
 
     @property
@@ -325,6 +343,8 @@ class Graph:
             if self.kind in GEOMETRIC_KINDS:
                 self._csr = gb.freeze(*_geometric_csr(self.kind, self.params))
                 self.num_edges = len(self._csr[1])
+            elif self.kind == "paged":
+                self._csr = gb.freeze(*self.params["reader"].read_csr())
             else:
                 self._csr = gb.freeze(*_implicit_csr(self.kind, self.params))
         return self._csr

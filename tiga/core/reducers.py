@@ -34,7 +34,8 @@ class Reducer:
     def __init__(self, name: str, identity: Any = 0.0, combine: Callable | None = None,
                  finalize: Callable | None = None, lift: Callable | None = None,
                  commutative: bool = True, associative: bool = True, *,
-                 _builtin: bool = False, prune_threshold: float | None = None):
+                 _builtin: bool = False, prune_threshold: float | None = None,
+                 stats: bool = False):
         if not _builtin:
             _check_user_reducer(name, identity, (combine, finalize, lift),
                                 (commutative, associative))
@@ -47,6 +48,10 @@ class Reducer:
         self.associative = associative
         self.builtin = _builtin
         self.prune_threshold = prune_threshold
+        # online_softmax only: also return the per-row statistics (row max of the scores,
+        # mass = sum exp(score - max)) as two more outputs, the residuals its VJP reads
+        # (opt.attention_pairing sets it; never part of the public constructor)
+        self.stats = bool(stats) and _builtin and name == "online_softmax"
         self.regions: tuple | None = None  # (lift, combine, finalize) ClosedPrograms once traced
 
     @property
@@ -63,7 +68,7 @@ class Reducer:
 
     def _key(self):
         if self.builtin:
-            return ("builtin", self.name, self.prune_threshold)
+            return ("builtin", self.name, self.prune_threshold, self.stats)
         if self.regions is None:   # by value: the same functions (objects) and settings
             return ("untraced", self.name, repr(self.identity), self.commutative,
                     self.associative, self.lift, self.combine, self.finalize)
@@ -77,12 +82,23 @@ class Reducer:
         return hash(self._key())
 
     def pp_param(self) -> str:
-        if self.builtin and self.prune_threshold is not None:
-            return f"{self.name}(prune_threshold={self.prune_threshold})"
+        if self.builtin and (self.prune_threshold is not None or self.stats):
+            opts = ([f"prune_threshold={self.prune_threshold}"]
+                    if self.prune_threshold is not None else []) + \
+                (["stats"] if self.stats else [])
+            return f"{self.name}({', '.join(opts)})"
         return self.name if self.builtin else f"user:{self.name}"
 
     def __repr__(self) -> str:
         return f"tg.Reducer({self.pp_param()})"
+
+    def with_stats(self) -> Reducer:
+        """This built-in online_softmax also returning its per-row (max, mass)."""
+        if not (self.builtin and self.name == "online_softmax"):
+            raise TigaError(f"with_stats: only the built-in online_softmax keeps row "
+                            f"statistics, found {self.pp_param()}")
+        return Reducer(self.name, self.identity, _builtin=True,
+                       prune_threshold=self.prune_threshold, stats=True)
 
     def with_regions(self, regions: tuple) -> Reducer:
         r = Reducer(self.name, self.identity, self.combine, self.finalize, self.lift,

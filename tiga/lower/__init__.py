@@ -10,5 +10,9 @@ else:
 
     CPU_LLVM_AVAILABLE = True
 
-TRITON_GPU_AVAILABLE = False
-TRITON_INTERPRETER_AVAILABLE = False
+from . import triton as _triton_renderer  # noqa: E402,F401  (registers lowering_rules["triton"])
+from .backends import BACKENDS as _BACKENDS  # noqa: E402
+
+# rendering needs nothing; running needs triton + torch (and a CUDA device for triton-gpu)
+TRITON_GPU_AVAILABLE = _BACKENDS["triton"].available()[0]
+TRITON_INTERPRETER_AVAILABLE = _BACKENDS["triton-interpreter"].available()[0]

@@ -32,9 +32,11 @@ def _check_stage(stage: str) -> None:
                                     "GraphProgram)")
 
 
-def lower(program, until: str = "task", *, name: str = "main") -> ir.Module:
+def lower(program, until: str = "task", *, name: str = "main",
+          target: str = "cpu-llvm") -> ir.Module:
     """Run the stages up to `until`. `program` is a GraphProgram/ClosedProgram, or a module
-    of an earlier level (its later stages run)."""
+    of an earlier level (its later stages run). `target` is the backend the Kernel stage
+    schedules for (ir/kernel.TARGET_KEYS)."""
     _check_stage(until)
     module = program
     start = 0
@@ -45,14 +47,20 @@ def lower(program, until: str = "task", *, name: str = "main") -> ir.Module:
                                    hint="stages only go forward: domain, iter, kernel, task")
     for stage in list(STAGES)[start:]:
         for step in STAGES[stage]:
-            module = step(module, name=name) if step is lower_program_to_domain else step(module)
+            if step is lower_program_to_domain:
+                module = step(module, name=name)
+            elif step is select_kernel_schedule:
+                module = step(module, target=target)
+            else:
+                module = step(module)
         _dump(stage, module)
         if stage == until:
             break
     return module
 
 
-def lower_launch(eqn, relation_type=None, *, name: str = "propagate") -> ir.LaunchOp:
+def lower_launch(eqn, relation_type=None, *, name: str = "propagate",
+                 target: str = "cpu-llvm") -> ir.LaunchOp:
     """The scheduled `gf_kernel.launch` of one propagate equation, through the same stages
     (and the same TIGA_DUMP) as a whole program: the runtime renders from its schedule, so
     the dumped Kernel IR is what runs. `relation_type` replaces the equation's relation type
@@ -65,9 +73,9 @@ def lower_launch(eqn, relation_type=None, *, name: str = "propagate") -> ir.Laun
     outs = [Var(v.type) for v in eqn.outputs]
     program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
                                          tuple(outs))], outs)
-    module = lower(program, until="kernel", name=name)
+    module = lower(program, until="kernel", name=name, target=target)
     if "task" in _dump_stages():
-        lower(module, until="task", name=name)   # only to write the Task IR this call runs
+        lower(module, until="task", name=name, target=target)   # only to write the Task IR this call runs
     launches = [op for op in _walk_ops(module.body) if isinstance(op, ir.LaunchOp)]
     if len(launches) != 1:
         raise TigaError(f"lower_launch: a propagate lowered to {len(launches)} launches, "
@@ -84,6 +92,10 @@ def _walk_ops(region):
 
 
 def ir_text(program, stage: str, *, name: str = "main") -> str:
+    from .backends import RENDER_STAGES, render_module
+    if stage in RENDER_STAGES:   # a backend's source text ("triton", "llvm")
+        return render_module(lower(program, until="kernel", name=name,
+                                   target=RENDER_STAGES[stage]), stage)
     return str(lower(program, until=stage, name=name))
 
 

@@ -14,6 +14,14 @@ no Schedule (direct `codegen_propagate` callers), so each decision has one owner
   the memory latency at a few ns per edge.
 - parallel: "rows" (any row chunks), "partial_sums" (reduce_by='all' with sum and no update:
   each chunk folds into its own output and the runtime adds them) or "single" (one call).
+- threads, row_partition, chunks_per_thread: how the runtime splits rows over its pool
+  (xla_free_runtime/threads.row_chunks reads them from the launch's Schedule). Rows are
+  balanced by rows + edges where rows differ in length and by rows where every row costs
+  the same or the edge count is unknown before the walk (radius/kNN); CHUNKS_PER_THREAD
+  chunks per thread absorb uneven rows and a thread the OS preempts (threads claim chunks
+  inside native code, one atomic add each, so fine chunks cost nothing measurable). Below
+  PARALLEL_MIN_WORK rows + edges one call on the caller's thread wins.
+- knn_tiles: the register blocking and cache tiles of the knn-tiled-scan walk.
 """
 from __future__ import annotations
 
@@ -26,6 +34,18 @@ GATHERING_TRAVERSALS = ("csr-row", "transposed-csr-row")
 # (radius/kNN walks compute their neighbours: no edge id range to unroll over)
 NON_CONTIGUOUS_TRAVERSALS = ("stencil-row", "cell-directory-row", "knn-shell-row",
                              "knn-tile-row")
+CHUNKS_PER_THREAD = 16
+PARALLEL_MIN_WORK = 1 << 15     # rows + edges below which one call on the caller's thread wins
+# every row costs the same (dense, stencil), or its edges are found by the walk itself
+ROW_BALANCED_TRAVERSALS = ("dense-row", "stencil-row", "cell-directory-row", "knn-shell-row",
+                           "knn-tile-row")
+# knn-tiled-scan: a query tile's top-k states stay live while it scans source chunks of
+# KNN_CHUNK_BYTES (kept in L2); the product block is group_rows queries x group_vectors
+# vectors of KNN_VECTOR_BYTES. 512-bit registers (32 of them) hold 8 x 2 accumulators plus
+# the operands; with 256-bit registers a 64-byte vector is two, so groups are 4 x 1.
+KNN_ROWS_PER_TILE = 256
+KNN_CHUNK_BYTES = 256 << 10
+KNN_VECTOR_BYTES = 64
 
 
 def _nbytes(t) -> int:
@@ -67,3 +87,41 @@ def traversal_of_walk(relation: tuple, walk: str) -> str:
         return "transposed-csr-row"
     return {"csr": "csr-row", "dense": "dense-row", "triangular": "triangular-row",
             "cu_seqlens": "segment-row", "stencil": "stencil-row"}.get(relation[0], "csr-row")
+
+
+def row_partition(traversal: str) -> str:
+    return "row-balanced" if traversal in ROW_BALANCED_TRAVERSALS else "edge-balanced"
+
+
+def cpu_threads(threads: int, rows, edges) -> int:
+    """Threads a cpu-llvm launch runs on: the pool size, 1 when the (static) work is below
+    PARALLEL_MIN_WORK, at most one per row. Symbolic sizes leave the pool size."""
+    if isinstance(rows, int):
+        if isinstance(edges, int) and rows + edges < PARALLEL_MIN_WORK:
+            return 1
+        return max(1, min(threads, rows))
+    return threads
+
+
+def host_wide_vectors() -> bool:
+    """Whether the host has 512-bit vectors (AVX-512: 32 vector registers)."""
+    global _WIDE
+    if _WIDE is None:
+        try:
+            import llvmlite.binding as llvm
+
+            _WIDE = "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
+        except (ImportError, RuntimeError):
+            _WIDE = False
+    return _WIDE
+
+
+_WIDE = None
+
+
+def knn_tiles(wide: bool) -> tuple:
+    """The knn-tiled-scan tiles as (name, value) pairs (Schedule.tiles)."""
+    rows, vectors = (8, 2) if wide else (4, 1)
+    return (("vector_bytes", KNN_VECTOR_BYTES), ("group_rows", rows),
+            ("group_vectors", vectors), ("rows_per_tile", KNN_ROWS_PER_TILE),
+            ("chunk_bytes", KNN_CHUNK_BYTES))

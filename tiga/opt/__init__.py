@@ -13,6 +13,9 @@ PROGRAM_PASSES. Each pass is pure, `(program, facts) -> (program, notes)`, and e
 - residuals (vjp, given the forward): the VJP reads the forward's intermediate values
   instead of recomputing them.
 - cse, dce (execute): common subexpressions once, unused equations dropped.
+- attention_pairing (execute; staged in the torch bridge): attention's forward returns its
+  row statistics (residual outputs its VJP reads) and the VJP's dk/dv and dq walks are one
+  multi-output propagate.
 - negations (execute; staged in the torch bridge): `a + (-b)` as `a - b`.
 - fuse_walks (execute): independent sum propagates over one radius/knn relation share
   one walk.
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.program import GraphProgram
+from .attention_pairing import attention_pairing_pass
 from .cse import cse_pass
 from .dce import dce_pass
 from .edge_products import edge_products_pass, simplify_edge_functions
@@ -39,6 +43,7 @@ PROGRAM_PASSES: dict[str, Pass] = {
     "edge_products": edge_products_pass,
     "residuals": residuals_pass,
     "cse": cse_pass,
+    "attention_pairing": attention_pairing_pass,
     "dce": dce_pass,
     "negations": negations_pass,
     "fuse_walks": fuse_walks_pass,
@@ -50,6 +55,8 @@ _RUNS_WHEN: dict[str, Callable[[ProgramFacts], bool]] = {
     "edge_products": lambda f: f.stage == "vjp",
     "residuals": lambda f: f.stage == "vjp" and f.forward is not None,
     "cse": lambda f: f.stage == "execute",
+    # the torch bridge's forward runs on its own: its attention returns the statistics then
+    "attention_pairing": lambda f: f.stage == "execute" or (f.stage == "staged" and f.bridge),
     "dce": lambda f: f.stage == "execute",
     # the torch bridge runs its staged forward as is: fold the hoisted `b - p W` there
     "negations": lambda f: f.stage == "execute" or (f.stage == "staged" and f.bridge),

@@ -23,10 +23,14 @@ from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from . import llvm_attention  # noqa: F401  (registers the tiled attention planner)
 from .cache import CACHE
+from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
 from .llvm_generated import fused_degrees, generated_relations
 from .llvm_propagate import Fallback, plan_propagate, run_propagate
 from .routes import describe_program
+# backend table dispatch (issue 17): the selected backend (tg.config.backend / TIGA_BACKEND)
+# plans every propagate; cpu-llvm's planner unless a Triton backend is selected
+from .triton_launch import backend_plan as plan_propagate  # noqa: E402,F811
 
 GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
@@ -67,13 +71,18 @@ def execute(program: GraphProgram, args: list) -> list:
     if len(args) != len(program.in_binders):
         raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
                            f"got {len(args)}")
+    if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
+        return run_distributed(program, list(args))
     eqn = _single_propagate(program)
     if eqn is not None:
         graph = args[0]
         if getattr(graph, "kind", None) not in GENERATED and hasattr(graph, "resolve_csr"):
             route = plan_propagate(eqn, graph)
             if not isinstance(route, Fallback):
-                return run_propagate(route, eqn, graph, [np.asarray(a) for a in args[1:]])
+                # a paged plan reads fields by rows on their own tier (no whole-array read)
+                vals = list(args[1:]) if getattr(route, "lazy_fields", False) else \
+                    [np.asarray(a) for a in args[1:]]
+                return run_propagate(route, eqn, graph, vals)
     return _run(program, list(args))
 
 
@@ -161,6 +170,9 @@ def select_route(program: GraphProgram, args: list | None = None) -> str:
 
 
 def explain_program(program: GraphProgram, args: list) -> Explanation:
+    if distributed_call(program, args):
+        from .distributed.report import explain_distributed
+        return explain_distributed(program, args, CACHE)
     return describe_program(program, args, CACHE)
 
 

@@ -3,6 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..lower.ir.syntax import format_attr
+
+
+def launch_facts(op) -> str:
+    """A launch's walk as its Kernel IR prints it (traversal, hierarchy, order, arrays)."""
+    return ", ".join(f"{k} = {format_attr(getattr(op, k))}" for k in (
+        "traversal", "coordinate_hierarchy", "ordering", "materializes"))
+
+
+def schedule_line(op) -> str:
+    """explain()'s schedule of a launch: its Kernel IR schedule attributes as printed (the
+    runtime renders and runs from the same Schedule, so the two cannot drift)."""
+    attrs = ", ".join(f"{k} = {format_attr(v)}" for k, v in op.schedule.attrs())
+    return f"{op.traversal} launch {{{attrs}}}"
+
 
 @dataclass
 class Explanation:

@@ -5,8 +5,8 @@ A planner in `llvm_propagate.SPECIALISED_PLANNERS` claims
 - the forward: an online_softmax propagate whose edge function is attention
   (`autodiff.rules.attention.match_attention`) over a dense, triangular or cu_seqlens
   relation;
-- the canonical propagates of its VJP (row max, row mass, dq, (dk, dv)), recognised by the
-  structure of their edge programs.
+- the canonical propagates of its VJP (row max, row mass, dq, (dk, dv), and (dk, dv, dq) from
+  one walk), recognised by the structure of their edge programs.
 
 Every relation it claims selects, for destination row i, the contiguous source range
 [lo_i, hi_i), with lo and hi nondecreasing in i; that O(N) pair of arrays is all the walk
@@ -17,8 +17,9 @@ micro-kernel of the float32 forward; `attention_tiles` holds the numpy/BLAS tile
 (float64, other head widths, pruning); threads take whole row blocks. The float32 backward
 (dq, dk, dv in one pass per head) is `lower.llvm.attention_backward`.
 
-The forward keeps its per-row (max, mass) for the output it produced; the VJP's row max and
-row mass propagates, which read that output, are answered from it without recomputing.
+A forward whose reducer is `online_softmax(stats)` also returns its per-row (max, mass), and
+a `dkdvq` propagate returns dq with dk and dv: opt.attention_pairing writes the program that
+way, so what one kernel hands the next is a program value, never state kept here.
 """
 from __future__ import annotations
 
@@ -27,18 +28,24 @@ import weakref
 
 import numpy as np
 
-from ..autodiff.rules.attention import CANONICAL, canonical_program, kind_of, match_attention
+from ..autodiff.rules.attention import (
+    CANONICAL,
+    STREAMING_KINDS,
+    canonical_program,
+    kind_of,
+    match_attention,
+)
 from ..core.prims.graph import row_type
 from ..lower.llvm import attention as kernel
 from . import attention_tiles as tiles
 from .threads import num_threads, run_jobs
 
-KINDS = ("dense", "triangular", "cu_seqlens")
+KINDS = STREAMING_KINDS
+# per relation, its (lo, hi) row ranges: derived from the relation alone (a memo)
 _RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_SAVED: dict = {}          # id(forward output) -> (weakref to it, top, mass)
-_SAVED_LOCK = threading.Lock()
-STATS = {"blocks_skipped": 0, "blocks_total": 0, "saved_hits": 0, "dq_fused": 0,
-         "native_calls": 0}
+# diagnostics (counters, and the last pruned call's block counts that explain() reports)
+STATS = {"blocks_skipped": 0, "blocks_total": 0, "native_calls": 0, "stats_walks": 0,
+         "dq_walks": 0}
 
 
 def row_ranges(graph) -> tuple:
@@ -110,21 +117,18 @@ class AttentionPlan:
         if self.kind == "forward":
             return self._forward(eqn, graph, values, lo, hi)
         if self.kind in ("rowmax", "mass"):
-            q, k, scale, y = values[:4]
-            saved = _lookup(y)
-            if saved is None:
-                heads = np.asarray(q).ndim == 3
-                top, mass = self._stats(eqn, graph, q, k, float(scale), heads, lo, hi)
-            else:
-                top, mass = saved
+            # not paired with its forward (opt.attention_pairing): a walk of its own
+            q, k, scale = values[:3]
+            heads = np.asarray(q).ndim == 3
+            top, mass = self._stats(eqn, graph, q, k, float(scale), heads, lo, hi)
+            STATS["stats_walks"] += 1
             out = top if self.kind == "rowmax" else mass
             return [np.asarray(out, dtype=eqn.outputs[0].type.dtype.np).copy()]
         q, k, v, scale, do, lse, delta = values
         heads = np.asarray(q).ndim == 3
         if self.kind == "dq":
-            dq = _take_dq(values)
-            if dq is None:
-                dq = self._dq(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)
+            STATS["dq_walks"] += 1
+            dq = self._dq(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)
             return [np.asarray(dq, eqn.outputs[0].type.dtype.np)]
         return self._dkdv(eqn, graph, values, heads, lo, hi)
 
@@ -147,16 +151,15 @@ class AttentionPlan:
             _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top, mass,
                             lo, hi, scale)
             STATS["native_calls"] += 1
-            top_r, mass_r = (top.T, mass.T) if pat.heads else (top[0], mass[0])
-            _save(out, top_r, mass_r)
+        else:
+            skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
+                                    top, mass, lo, hi, scale, prune, _jobs)
+            STATS["blocks_skipped"] = skipped[0]
+            STATS["blocks_total"] = skipped[1]
+        if len(eqn.outputs) == 1:
             return [out]
-        skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
-                                top, mass, lo, hi, scale, prune, _jobs)
-        STATS["blocks_skipped"] = skipped[0]
-        STATS["blocks_total"] = skipped[1]
-        top_r, mass_r = (top.T, mass.T) if pat.heads else (top[0], mass[0])
-        _save(out, top_r, mass_r)
-        return [out]
+        # online_softmax(stats): the row statistics are outputs too, (N, H) or (N,) per row
+        return [out] + [np.ascontiguousarray(x.T if pat.heads else x[0]) for x in (top, mass)]
 
     def _stats(self, eqn, graph, q, k, scale, heads, lo, hi):
         q, k = np.asarray(q), np.asarray(k)
@@ -191,30 +194,25 @@ class AttentionPlan:
         q, k, v, scale, do, lse, delta = (np.asarray(x) for x in values)
         dk = np.empty(k.shape, eqn.outputs[0].type.dtype.np)
         dv = np.empty(v.shape, eqn.outputs[1].type.dtype.np)
-        # dkdvq: dq comes out of the same pass (per-thread partial sums, added once) and
-        # waits for the dq propagate over these very operands
+        # dkdvq: dq is the third output of the same pass (per-thread partial sums, added once)
         native = _bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype and \
             _bwd_fast_math_exact(float(scale), q, k, v, do, lse, delta)
         # (the native kernel sets every entry of dq: no zeros to write first)
-        dq = (np.empty if native else np.zeros)(q.shape, q.dtype) if self.kind == "dkdvq" \
-            else None
+        dq = (np.empty if native else np.zeros)(q.shape, eqn.outputs[2].type.dtype.np) \
+            if self.kind == "dkdvq" else None
         if native:
             _native_backward(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                              _heads(do, heads), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), None if dq is None else
                              _heads(dq, heads), _heads(dk, heads), _heads(dv, heads),
                              lo, hi, float(scale))
-            if dq is not None:
-                _keep_dq(values, dq)
-            return [dk, dv]
+            return [dk, dv] if dq is None else [dk, dv, dq]
         tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                             _heads(do, heads), _rows_heads(lse, heads),
                             _rows_heads(delta, heads), _heads(dk, heads), _heads(dv, heads),
                             lo, hi, float(scale), _jobs,
                             dq=None if dq is None else _heads(dq, heads))
-        if dq is not None:
-            _keep_dq(values, dq)
-        return [dk, dv]
+        return [dk, dv] if dq is None else [dk, dv, dq]
 
     # ---- explain ----------------------------------------------------------------------
     def describe(self, ex, eqn, graph, where):
@@ -222,7 +220,7 @@ class AttentionPlan:
         what = {"forward": f"propagate[{p['reducer'].pp_param()}] by dst",
                 "rowmax": "attention VJP row max", "mass": "attention VJP row mass",
                 "dq": "attention VJP dq (by dst)", "dkdv": "attention VJP dk, dv (by src)",
-                "dkdvq": "attention VJP dk, dv, dq in one pass (by src)"}
+                "dkdvq": "attention VJP dk, dv (by src) and dq (by dst) in one pass"}
         ex.routes.append(("cpu-tiled", f"{where}{what[self.kind]}",
                           "tiled streaming attention"))
         native = self.kind == "forward" and p["reducer"].prune_threshold is None and \
@@ -273,8 +271,10 @@ class AttentionPlan:
         ex.materialized.append(("per-row source ranges (lo, hi)", 16 * graph.num_dst,
                                 "computed once per relation"))
         if self.kind == "forward":
-            ex.materialized.append(("per-row max and mass (log-sum-exp) kept for the VJP",
-                                    2 * isz * nh * graph.num_dst, "FlashAttention-2 style"))
+            if len(eqn.outputs) == 3:
+                ex.materialized.append(("per-row max and mass (log-sum-exp), outputs the VJP "
+                                        "reads", 2 * isz * nh * graph.num_dst,
+                                        "FlashAttention-2 style"))
             prune = p["reducer"].prune_threshold
             if prune is not None:
                 ex.routes.append(("cpu-tiled", f"{where}prune_threshold={prune}",
@@ -361,7 +361,7 @@ def _bwd_fast_math_exact(scale: float, q, k, v, do, lse, delta) -> bool:
 
 def _native_key(width: int) -> str:
     from .cache import full_key
-    return full_key(("attention-forward-f32", 5, width, kernel.RB, kernel.GB, kernel.KB,
+    return full_key(("attention-forward-f32", width, kernel.RB, kernel.GB, kernel.KB,
                      kernel.NV, kernel.PV_UNROLL))
 
 
@@ -564,49 +564,6 @@ def _jobs(fn, jobs):
     run_jobs(one, [(a, b, None) for a, b in jobs], num_threads())
 
 
-def _save(out, top, mass):
-    key = id(out)
-
-    def drop(_ref, key=key):
-        with _SAVED_LOCK:
-            _SAVED.pop(key, None)
-
-    with _SAVED_LOCK:
-        _SAVED[key] = (weakref.ref(out, drop), top, mass)
-
-
-_DQ: dict = {}      # the dq a dkdvq pass produced, until the dq propagate takes it
-
-
-def _keep_dq(values, dq):
-    refs = tuple(weakref.ref(x) for x in values if isinstance(x, np.ndarray))
-    with _SAVED_LOCK:
-        _DQ.clear()          # at most one pending: the dq propagate follows immediately
-        _DQ[tuple(id(x) for x in values)] = (refs, dq)
-
-
-def _take_dq(values):
-    key = tuple(id(x) for x in values)
-    with _SAVED_LOCK:
-        found = _DQ.pop(key, None)
-    if found is None:
-        return None
-    arrays = [x for x in values if isinstance(x, np.ndarray)]
-    if len(arrays) != len(found[0]) or any(r() is not x for r, x in zip(found[0], arrays)):
-        return None
-    STATS["dq_fused"] += 1
-    return found[1]
-
-
-def _lookup(y):
-    with _SAVED_LOCK:
-        found = _SAVED.get(id(y))
-    if found is None or found[0]() is not y:
-        return None
-    STATS["saved_hits"] += 1
-    return found[1], found[2]
-
-
 # ---- native float32 backward (lower.llvm.attention_backward) ------------------------------
 NATIVE_BACKWARD = True    # tests switch it off to compare with the numpy tiles
 
@@ -635,7 +592,7 @@ def _bwd_schedule() -> str:
 def _bwd_native_key(width: int) -> str:
     from ..lower.llvm import attention_backward as bwd
     from .cache import full_key
-    return full_key(("attention-backward-f32", 1, width, bwd.RB, bwd.BR, bwd.KB, bwd.KR))
+    return full_key(("attention-backward-f32", width, bwd.RB, bwd.BR, bwd.KB, bwd.KR))
 
 
 def _bwd_native_kernel(width: int):

@@ -31,7 +31,6 @@ its degrees are the row lengths.
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 import weakref
 
@@ -43,15 +42,19 @@ from ..core.errors import CompilationError
 from ..core.reducers import sum as sum_reducer
 from ..lower import CPU_LLVM_AVAILABLE
 from ..lower.ir.iter import KNN_TILED, hierarchy_for
+from ..lower.ir.syntax import AttrDict
 from ..trace import math as tm
 from ..trace.message_passing import propagate
 from .cache import CACHE, full_key
+from .explain import launch_facts, schedule_line
+from ..lower import schedule as knobs
 from .llvm_propagate import (
     SPECIALISED_PLANNERS,
     Fallback,
     _address,
     _check_field,
     _np_dtype,
+    lowered_launch,
 )
 from .threads import num_threads, row_chunks, run_chunks
 
@@ -65,6 +68,7 @@ if CPU_LLVM_AVAILABLE:
         codegen_generated,
     )
     from ..lower.llvm.knn_tiled import block_shape
+    from ..core.program import Eqn
 
 GEOMETRIC = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
@@ -74,28 +78,58 @@ _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def _spec(eqn, graph) -> GeoSpec:
+def _spec(graph, tiles: dict) -> GeoSpec:
+    """The walk's compile-time description; the knn-tiled-scan block comes from the
+    launch's schedule tiles."""
     p = graph.params
     d = int(p["dims"])
     same = p["query"] is None
     k = p["k"] if graph.kind == "knn" else (p["max_neighbors"] or 0)
     dtype = np.dtype(p["positions"].dtype).name
     mode, block = ("cells" if d <= geo.FAST_DIMS else "scan"), ()
-    if hierarchy_for(graph.type if isinstance(graph, GeneratedType) else graph.type()) \
-            == KNN_TILED:
-        mode, block = "tiled", block_shape(dtype, _wide_vectors())
+    if hierarchy_for(_gtype(graph)) == KNN_TILED:
+        mode, block = "tiled", block_shape(dtype, tiles)
         if not isinstance(graph, GeneratedType) and not knn_tiled.expanded_form_fits(graph):
             mode, block = "scan", ()    # |p|^2 near the dtype's range: the exact plain scan
     return GeoSpec(kind=graph.kind, mode=mode, dims=d, k=int(k),
                    exclude_self=bool(same and not p["loop"]), pos_dtype=dtype, block=block)
 
 
-@functools.lru_cache(maxsize=1)
-def _wide_vectors() -> bool:
-    """Whether the host has 512-bit vectors (32 registers): the tiled kNN block shape."""
-    import llvmlite.binding as llvm
+def _gtype(graph):
+    return graph.type if isinstance(graph, GeneratedType) else graph.type()
 
-    return "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
+
+def _launch(eqn, graph, swap: bool):
+    """The scheduled `gf_kernel.launch` of the walk this planner runs (a source-grouped
+    propagate over a symmetric relation is lowered as the destination-grouped one with the
+    roles swapped, which is what runs), or None when the IR does not express it."""
+    gtype = eqn.inputs[0].type      # (its sizes are the ones the field types use)
+    per_eqn = _KEYS.get(eqn)
+    if per_eqn is None:
+        per_eqn = _KEYS.setdefault(eqn, {})
+    variant = ("launch", swap, gtype.kind, gtype.coord_dims)
+    found = per_eqn.get(variant)
+    if found is None:
+        lowered = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params), eqn.outputs) \
+            if swap else eqn
+        p = eqn.params
+        found = per_eqn[variant] = (lowered, full_key((
+            "generated-launch", p["edge_fn"].structure_key(), repr(p["reducer"]._key()),
+            p["roles"], swap, gtype.kind, gtype.coord_dims)))
+    return lowered_launch(found[0], found[1], gtype)
+
+
+def _run_schedule(launch):
+    """The schedule the walk's row chunks run by (the schedule functions' answer when the IR
+    does not express the launch)."""
+    if launch is not None:
+        return launch.schedule
+    from ..lower.ir.kernel import Schedule
+
+    return Schedule(target="cpu-llvm", threads=num_threads(), row_partition="row-balanced",
+                    chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
+                    prefetch_distance=0, parallel="rows",
+                    tiles=AttrDict(knobs.knn_tiles(knobs.host_wide_vectors())))
 
 
 def symmetric(graph) -> bool:
@@ -186,7 +220,8 @@ def plan_generated(eqn, graph, compile: bool):
         _materialise(graph)     # kNN / truncated radius / query: transposed where needed
         return None
     params = swapped(p) if swap else p
-    spec = _spec(eqn, graph)
+    launch = _launch(eqn, graph, swap)
+    spec = _spec(graph, dict(_run_schedule(launch).tiles))
     key = _key(eqn, spec, params)
     in_types = [a.type for a in eqn.inputs]
 
@@ -197,8 +232,8 @@ def plan_generated(eqn, graph, compile: bool):
         if not compile:
             if CACHE.status(key) == "miss":
                 build("probe")
-            return GeneratedPlan(None, spec, key, swap)
-        return GeneratedPlan(CACHE.get(key, build), spec, key, swap)
+            return GeneratedPlan(None, spec, key, swap, launch)
+        return GeneratedPlan(CACHE.get(key, build), spec, key, swap, launch)
     except CodegenUnsupported:
         _materialise(graph)
         return None
@@ -207,10 +242,10 @@ def plan_generated(eqn, graph, compile: bool):
                         "this is a Tiga bug, please report")
 
 
-def directory_arrays(graph, spec: GeoSpec) -> dict:
+def directory_arrays(graph, spec: GeoSpec, tiles: dict) -> dict:
     """The per-call walk arrays (cached on the relation: its coordinates are frozen)."""
     cached = graph.params.get("_directory")
-    if cached is not None and cached[0] == spec:
+    if cached is not None and cached[0] == (spec, tuple(tiles.items())):
         return cached[1]
     p = graph.params
     pos = p["positions"]
@@ -219,8 +254,8 @@ def directory_arrays(graph, spec: GeoSpec) -> dict:
     cutoff = float(p.get("cutoff", 0.0))
     sq = geo.squared_cutoff(cutoff, pos.dtype) if spec.kind == "radius" else 0.0
     if spec.mode == "tiled":
-        arrays = knn_tiled.tiled_arrays(pos, q, spec)
-        p["_directory"] = (spec, arrays)
+        arrays = knn_tiled.tiled_arrays(pos, q, spec, tiles)
+        p["_directory"] = ((spec, tuple(tiles.items())), arrays)
         return arrays
     if spec.mode == "scan" or n == 0:
         width, reach, lo = 1.0, 1, np.zeros(d)
@@ -256,7 +291,7 @@ def directory_arrays(graph, spec: GeoSpec) -> dict:
         "sorted_pos": cells["sorted_pos"], "row_order": row_order,
         "qpos": np.ascontiguousarray(q),
     }
-    p["_directory"] = (spec, arrays)
+    p["_directory"] = ((spec, tuple(tiles.items())), arrays)
     return arrays
 
 
@@ -304,13 +339,16 @@ def build_directory(points: np.ndarray, geo_f: np.ndarray, geo_i: np.ndarray) ->
 
 
 class GeneratedPlan:
-    def __init__(self, exe, spec: GeoSpec, key: str, swap: bool = False):
+    def __init__(self, exe, spec: GeoSpec, key: str, swap: bool = False, launch=None):
         self.exe, self.spec, self.key = exe, spec, key
         self.swap = swap    # a reduce_by='src' propagate over a symmetric relation
+        self.launch = launch    # the scheduled gf_kernel.launch (None: not in the IR)
+        self.schedule = _run_schedule(launch)
+        self.tiles = dict(self.schedule.tiles)
 
     def run(self, eqn, graph, values: list) -> list:
         sig = self.exe.signature
-        arrays = dict(directory_arrays(graph, self.spec))
+        arrays = dict(directory_arrays(graph, self.spec, self.tiles))
         stats = np.zeros(1, np.int64)
         arrays["stats"] = stats
         sizes = {"src": graph.num_src, "dst": graph.num_dst, "param": None}
@@ -335,9 +373,10 @@ class GeneratedPlan:
             cost = max(cost, graph.num_src)     # every row scans every source
         argv = (ctypes.c_void_p * len(sig.slots))(*[_address(arrays[s]) for s in sig.slots])
         if n:
-            threads = num_threads()
-            chunks = row_chunks(np.arange(n + 1, dtype=np.int64) * cost, threads)
-            run_chunks(self.exe.native, chunks, argv, threads)
+            s = self.schedule
+            chunks = row_chunks(np.arange(n + 1, dtype=np.int64) * cost, s.threads,
+                                s.row_partition, s.chunks_per_thread)
+            run_chunks(self.exe.native, chunks, argv, s.threads)
         if self.spec.kind == "radius" and self.spec.k:
             graph.params["_truncated"] = int(stats[0])
         if self.spec.mode == "tiled" and not isinstance(graph, GeneratedType):
@@ -348,10 +387,10 @@ class GeneratedPlan:
         p, spec = eqn.params, self.spec
         red = p["reducer"].pp_param()
         by = p["reduce_by"]
-        ex.routes.append(("cpu-llvm", f"{where}propagate[{red}] by {by}",
+        ex.routes.append((self.schedule.target, f"{where}propagate[{red}] by {by}",
                           f"compiles (fused {spec.kind} traversal, no edge list)"))
         if spec.mode == "tiled":
-            walk = knn_tiled.describe_walk(spec)
+            walk = knn_tiled.describe_walk(spec, self.tiles)
         elif spec.mode == "scan":
             walk = (f"tiled scan over all sources ({spec.dims}-D coordinates: above "
                     f"{geo.FAST_DIMS} dims the cell directory does not pay; exact, O(N*M))")
@@ -373,8 +412,9 @@ class GeneratedPlan:
         fold = "folds accepted sources straight into the reducer state"
         if spec.k:
             fold = f"keeps the nearest {spec.k} in a bounded sorted state, then folds them"
+        facts = f"{launch_facts(self.launch)}: " if self.launch is not None else ""
         ex.traversal.append(f"propagate[{red}] over {graph.kind} relation, grouped by {by}: "
-                            f"{walk}; {fold}")
+                            f"{facts}{walk}; {fold}")
         if symmetric(graph):
             vjp = ("vjp over this relation: cotangent propagates grouped by destination and "
                    "by source (source-field and coordinate cotangents) all take this fused "
@@ -396,8 +436,9 @@ class GeneratedPlan:
                 "not run yet" if t is None else f"{t} row(s) truncated in the last call"))
         order = ("rows in tiles of queries (each tile scans every source chunk, then folds "
                  "its rows)" if spec.mode == "tiled" else "rows visited in cell order")
-        ex.schedule = (f"cpu-llvm fused generated-relation kernel: {order}, row chunks on "
-                       f"{num_threads()} thread(s); reducer state in stack buffers")
+        ex.schedule = (schedule_line(self.launch) if self.launch is not None else
+                       "cpu-llvm fused generated-relation kernel (not lowered through the "
+                       "Kernel IR)") + f"; {order}; reducer state in stack buffers"
         if typed:
             entry = (
                 f"cell directory of the {graph.kind} relation generated in the program "
@@ -413,7 +454,8 @@ class GeneratedPlan:
             if spec.mode == "tiled":
                 nbytes = knn_tiled.panel_bytes(m, n, spec)
             if spec.mode == "cells":
-                nbytes += 8 * (int(directory_arrays(graph, spec)["geo_i"][1 + spec.dims]) + 1)
+                cells = directory_arrays(graph, spec, self.tiles)["geo_i"][1 + spec.dims]
+                nbytes += 8 * (int(cells) + 1)
             what = ("cell directory (sorted source ids and coordinates, cell starts, row "
                     "order)", "rebuilt per call from the coordinates; O(N), no edge list")
             if spec.mode == "tiled":

@@ -17,8 +17,8 @@ import numpy as np
 from ..core import graph_build as gb
 from ..lower.llvm.knn_tiled import filter_constants
 
-CHUNK_BYTES = 256 << 10      # source panels per chunk: stay in L2 while a query tile scans
-ROWS_PER_TILE = 256          # queries whose top-k states are live while a chunk is scanned
+# (rows per query tile and source chunk bytes are the launch's schedule tiles:
+# lower/schedule.knn_tiles)
 FIT_MARGIN = 8.0             # |q|^2 + |p|^2 below max / 8: the expanded form cannot overflow
 MATERIALIZED = ("source panels (coordinate-major blocks of vector width, padded) and norms, "
                 "query norms, per-row top-k state (k distances and ids, count, threshold)",
@@ -42,8 +42,9 @@ def expanded_form_fits(graph) -> bool:
     return bool(np.isfinite(worst) and worst * FIT_MARGIN < top)
 
 
-def tiled_arrays(pos: np.ndarray, q: np.ndarray, spec) -> dict:
-    """geo_f, geo_i, panel, pnorm, qpos, qnorm for the knn-tiled-scan kernel."""
+def tiled_arrays(pos: np.ndarray, q: np.ndarray, spec, tiles: dict) -> dict:
+    """geo_f, geo_i, panel, pnorm, qpos, qnorm for the knn-tiled-scan kernel; `tiles` are
+    the launch's schedule tiles (rows_per_tile queries scan chunk_bytes of panels)."""
     lanes, _, vectors = spec.block
     m, d = pos.shape
     dtype = pos.dtype
@@ -57,9 +58,9 @@ def tiled_arrays(pos: np.ndarray, q: np.ndarray, spec) -> dict:
     pnorm[:m] = ((1.0 - c) * _sq_norms(pos)).astype(dtype)
     qnorm = ((1.0 - c) * _sq_norms(q)).astype(dtype)
     per_panel = lanes * d * dtype.itemsize
-    chunk = max(vectors, (CHUNK_BYTES // per_panel) // vectors * vectors)
+    chunk = max(vectors, (tiles["chunk_bytes"] // per_panel) // vectors * vectors)
     geo_f = np.array([1.0 + c, delta, float(np.finfo(dtype).max)], np.float64)
-    geo_i = np.array([m, blocks, chunk, ROWS_PER_TILE], np.int64)
+    geo_i = np.array([m, blocks, chunk, tiles["rows_per_tile"]], np.int64)
     return {"geo_f": geo_f, "geo_i": geo_i, "panel": panel, "pnorm": pnorm,
             "qpos": np.ascontiguousarray(q), "qnorm": qnorm}
 
@@ -101,11 +102,11 @@ def panel_bytes(m: int, n: int, spec) -> int:
     return panels + n * itemsize + n * (spec.k * (itemsize + 8) + itemsize + 8)
 
 
-def describe_walk(spec) -> str:
+def describe_walk(spec, tiles: dict) -> str:
     lanes, rows, vectors = spec.block
     return (f"knn-tiled-scan (a tiled scan; {spec.dims}-D coordinates: above 3 dims the "
-            f"cell directory degenerates; tiles of {ROWS_PER_TILE} queries x chunks of source panels "
-            f"sized for L2; a register-blocked {rows} x {vectors * lanes} product |p|^2 - "
+            f"cell directory degenerates; tiles of {tiles['rows_per_tile']} queries x chunks "
+            f"of source panels sized for L2; a register-blocked {rows} x {vectors * lanes} product |p|^2 - "
             "2 q.p filters against each row's k-th exact distance (a proven lower bound), "
             "and the lanes that pass are re-scored exactly in the reference's float order "
             "and kept in a sorted top-k state, ties by smaller source index; exact, "

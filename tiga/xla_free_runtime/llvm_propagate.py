@@ -21,6 +21,8 @@ from ..core.dtypes import as_dtype
 from ..core.errors import CompilationError, ShapeError, TigaError, UnsupportedError
 from ..core.types import GraphType
 from ..lower import CPU_LLVM_AVAILABLE
+from ..lower import schedule as knobs
+from ..lower.ir.kernel import Schedule
 from ..lower.pipeline import lower_launch, module_name
 from .cache import CACHE, Executable, full_key
 from .threads import num_threads, parallel_copy, row_chunks, run_chunks, run_jobs
@@ -112,12 +114,12 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
     has_perm = graph.edge_perm is not None
     in_types = [a.type for a in eqn.inputs]
     relation = relation_descriptor(graph, _walk(eqn.params))
-    launch = _LAUNCHES.get(key, False)
-    if launch is False:
-        launch = _launch_schedule(eqn, key, relation)
-    schedule = KernelSchedule(has_edge_perm=has_perm, relation=relation, launch=launch)
 
     def build(symbol):
+        # (the launch's thread count and row partition are the runtime's; the renderer reads
+        # the edge loop's attributes, which no thread count changes)
+        schedule = KernelSchedule(has_edge_perm=has_perm, relation=relation,
+                                  launch=_launch_schedule(eqn, key, relation))
         return codegen_propagate(eqn.params, in_types, graph.index_dtype, schedule,
                                  symbol=symbol)
 
@@ -142,29 +144,67 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
                         "this is a Tiga bug, please report")
 
 
-_LAUNCHES: dict = {}    # cache key -> the Schedule its kernel renders (one per kernel)
+# (cache key, pool threads) -> the scheduled `gf_kernel.launch` its kernel renders and its
+# calls run by (one per kernel and TIGA_NUM_THREADS value; None: the IR does not express it)
+_LAUNCHES: dict = {}
 
 
-def _launch_schedule(eqn, key: str, relation: tuple):
-    """Lower the equation through the pipeline's Kernel stage (TIGA_DUMP writes that IR here,
-    once per kernel) for the walk the runtime binds: a relation resolved to its CSR is
-    lowered as a CSR."""
+def lowered_launch(eqn, key: str, gtype):
+    """The equation's `gf_kernel.launch` over a relation of type `gtype`, through the
+    pipeline's Kernel stage (TIGA_DUMP writes that IR here, once per kernel and thread count),
+    or None for an equation the IR stages do not express yet (its renderer then asks the
+    same schedule functions itself: lower/schedule.py)."""
+    threads = num_threads()
+    found = _LAUNCHES.get((key, threads), False)
+    if found is False:
+        try:
+            found = lower_launch(eqn, gtype, name=module_name(f"propagate_{key[:16]}"))
+        except TigaError:
+            found = None
+        _LAUNCHES[(key, threads)] = found
+    return found
+
+
+def _launch_op(eqn, key: str, relation: tuple):
+    """The launch for the walk the runtime binds: a relation resolved to its CSR is lowered
+    as a CSR."""
     gtype = eqn.inputs[0].type
     if relation == ("csr",) and gtype.kind != "csr":
         gtype = replace(gtype, kind="csr", coord_dims=None)
-    try:
-        schedule = lower_launch(eqn, gtype, name=module_name(f"propagate_{key[:16]}")).schedule
-    except TigaError:
-        # an equation the IR stages do not express yet: the renderer asks the same schedule
-        # functions itself (lower/schedule.py), so the kernel is unchanged
-        schedule = None
-    _LAUNCHES[key] = schedule
-    return schedule
+    return lowered_launch(eqn, key, gtype)
 
 
-def launch_schedule(eqn, graph):
-    """The Kernel IR schedule the compiled kernel of this equation was rendered with."""
-    return _LAUNCHES.get(_key_of(eqn, graph))
+def _launch_schedule(eqn, key: str, relation: tuple):
+    op = _launch_op(eqn, key, relation)
+    return None if op is None else op.schedule
+
+
+def launch_op(eqn, graph):
+    """The scheduled launch the compiled kernel of this equation renders and runs with
+    (lowered now if this process has not yet; None when the IR stages do not express the
+    equation). `graph` None: decided from the relation's type, as explain() before a call."""
+    graph = _TypeOnly(eqn.inputs[0].type) if graph is None else graph
+    return _launch_op(eqn, _key_of(eqn, graph), relation_descriptor(graph, _walk(eqn.params)))
+
+
+def _run_schedule(exe, eqn, sig):
+    """The schedule a call of `exe` chunks its rows by, for the pool size now."""
+    threads = num_threads()
+    found = _RUNS.get((exe.key, threads))
+    if found is not None:
+        return found
+    found = _launch_schedule(eqn, exe.key, tuple(sig.relation))
+    if found is None:   # not expressed in the IR: the same decisions, asked directly
+        traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)
+        found = Schedule(target="cpu-llvm", threads=threads,
+                         row_partition=knobs.row_partition(traversal),
+                         chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
+                         prefetch_distance=0, parallel=sig.parallel)
+    _RUNS[(exe.key, threads)] = found
+    return found
+
+
+_RUNS: dict = {}    # (cache key, pool threads) -> the schedule calls run by (never None)
 
 
 def walked_csr(graph, walk: str) -> tuple:
@@ -265,16 +305,18 @@ class _RelationOnly:
     walk: str
 
 
-def _chunks(graph, walk, row_ptr, threads: int) -> list:
+def _chunks(graph, walk, row_ptr, launch) -> list:
+    """The row chunks of a launch over this relation (cached per relation and partition)."""
+    key = (walk, launch.threads, launch.row_partition, launch.chunks_per_thread, len(row_ptr))
     per_graph = _CHUNKS.get(graph)
-    found = per_graph.get((walk, threads, len(row_ptr))) if per_graph is not None else None
+    found = per_graph.get(key) if per_graph is not None else None
     if found is not None:
         return found
     with _CHUNK_LOCK:
         per_graph = _CHUNKS.setdefault(graph, {})
-        key = (walk, threads, len(row_ptr))
         if key not in per_graph:
-            per_graph[key] = row_chunks(row_ptr, threads)
+            per_graph[key] = row_chunks(row_ptr, launch.threads, launch.row_partition,
+                                        launch.chunks_per_thread)
         return per_graph[key]
 
 
@@ -317,13 +359,13 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
         try:   # (the copies are reused by the next call: hold them until the kernel is done)
             for i in staged:
                 fields[i] = _aligned_copy(fields[i], i, exe.native)
-            return _launch(exe, bound, graph, fields)
+            return _launch(exe, bound, graph, fields, eqn)
         finally:
             _STAGE_LOCK.release()
-    return _launch(exe, bound, graph, fields)
+    return _launch(exe, bound, graph, fields, eqn)
 
 
-def _launch(exe, bound, graph, fields: list) -> list:
+def _launch(exe, bound, graph, fields: list, eqn) -> list:
     sig = exe.signature
     outs = [np.empty(shape, dtype) for shape, dtype in bound.outs]
     addrs = list(bound.template)
@@ -335,8 +377,9 @@ def _launch(exe, bound, graph, fields: list) -> list:
     if sig.parallel == "single":
         exe.native(0, bound.rows, argv)
         return outs
-    threads = num_threads()
-    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, threads)
+    launch = _run_schedule(exe, eqn, sig)
+    threads = launch.threads
+    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
     if sig.parallel == "partial_sums":
         arrays = dict(bound.arrays)
         for i, f in enumerate(fields):

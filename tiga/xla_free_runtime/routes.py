@@ -11,12 +11,14 @@ from ..core.prims.control import scan_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
-from .explain import Explanation
+from .explain import Explanation, launch_facts, schedule_line
 from .llvm_generated import GeneratedType, generated_relations
-from .llvm_propagate import Fallback, chunk_row_ptr, plan_propagate, staging_candidates
+from .llvm_propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
+from .triton_launch import backend_plan as plan_propagate  # the selected backend's planner
+from .triton_launch import relabel_routes
 from .threads import num_threads, row_chunks
 
-WALK = {"dst": "destination rows walk their CSR edges (compressed-row, destination-major)",
+WALK = {"dst": "destination rows walk their CSR edges",
         "src": "source rows walk the transposed CSR (built once per relation and cached; "
                "no atomics)",
         "edge": "destination rows walk their CSR edges; each message is stored at its edge id",
@@ -56,6 +58,7 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     loops = sorted({e.primitive.name for e in program.eqns
                     if e.primitive in (scan_p, while_loop_p)})
     _summarise(ex, compiled, fallen, others)
+    relabel_routes(ex)
     if loops:
         ex.reason += (f"; {', '.join(loops)} steps run in the executor, so the propagates in "
                       "their bodies take the routes listed")
@@ -116,18 +119,18 @@ def _summarise(ex, compiled, fallen, others) -> None:
 def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
     p = eqn.params
     kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
-    ex.routes.append(("cpu-llvm",
+    op = launch_op(eqn, graph)    # the scheduled Kernel IR the kernel renders and runs by
+    ex.routes.append((op.schedule.target if op is not None else "cpu-llvm",
                       f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
                       "compiles"))
     native = _native_walk(graph, p["reduce_by"])
     walk = WALK[p["reduce_by"]]
     if native is not None:
-        walk = walk.replace("walk their CSR edges (compressed-row, destination-major)",
-                            f"walk the {NATIVE[native]}")
         walk = walk.replace("walk their CSR edges", f"walk the {NATIVE[native]}")
+    facts = f"{launch_facts(op)}: " if op is not None else ""
     ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
-                        f"by {p['reduce_by']}: {walk}")
-    ex.schedule = _schedule(graph, p["reduce_by"])
+                        f"by {p['reduce_by']}: {facts}{walk}")
+    ex.schedule = _schedule(graph, p["reduce_by"], op)
     _explain_row_buffers(ex, p["edge_fn"])
     if native == "stencil" and not graph.params["periodic"]:
         ex.materialized.append(("row_ptr of the stencil (edge ids; no column indices)",
@@ -189,21 +192,26 @@ def _native_walk(graph, reduce_by: str):
     return None if kind == "csr" else kind
 
 
-def _schedule(graph, reduce_by: str) -> str:
-    base = ("cpu-llvm fused kernel: one row per iteration, edge loop in edge order (float "
-            "sums: 4 accumulators merged per row), reducer state in registers/stack buffers, "
-            "feature loops vectorised by LLVM (512-bit on AVX-512), gathered rows prefetched "
-            "16 edges ahead")
-    if reduce_by == "all":   # llvm_propagate: "partial_sums" for sums, else one call
-        return base + ("; sums: row chunks balanced by edge count, one partial state each, "
-                       "added once; other reducers: one call over all rows")
-    threads = num_threads()
+def _schedule(graph, reduce_by: str, op) -> str:
+    """The launch's schedule attributes, and the row chunks they cut this relation into."""
+    if op is None:   # an equation the IR stages do not express: the kernel's own defaults
+        return ("cpu-llvm fused kernel (not lowered through the Kernel IR: the renderer's "
+                f"default schedule); row chunks on {num_threads()} thread(s)")
+    line = schedule_line(op)
+    s = op.schedule
+    if s.parallel == "single":
+        return line + "; one call over all rows"
     if graph is None:
-        return base + f"; row chunks balanced by edge count on {threads} thread(s)"
+        return line + "; row chunks cut per relation at the call"
     graph.ensure_valid()
-    chunks = row_chunks(chunk_row_ptr(graph, reduce_by), threads)
-    return base + (f"; {len(chunks)} row chunk(s) balanced by edge count on {threads} "
-                   "thread(s), claimed by each thread inside native code")
+    chunks = row_chunks(chunk_row_ptr(graph, reduce_by), s.threads, s.row_partition,
+                        s.chunks_per_thread)
+    if len(chunks) <= 1:
+        return line + ("; 1 row chunk of this relation (below the parallel threshold or one "
+                       "thread: one call on the caller's thread)")
+    what = "partial states added once" if s.parallel == "partial_sums" else \
+        "claimed by each thread inside native code"
+    return line + f"; {len(chunks)} row chunks of this relation, {what}"
 
 
 def _explain_reference(ex, eqn, graph, reason: str, where: str) -> None:

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -10,21 +14,28 @@ from ..core.errors import StorageError, UnsupportedError
 from ..core.types import TensorType
 from ..trace.array_ops import ArrayOps
 from ..trace.tracer import set_concrete_wrapper
+from . import memory
+from . import scope as sc
 from .dlpack_export import bfloat16_capsule
-from .storage import HostStorage
+from .storage import DiskStorage, HostStorage
+from .storage.disk import fsync_dir, fsync_tree
 
 _DEVICES = ("cpu",)
+_TIERS = ("host", "disk", "device", "cuda")
 
 
 class Tensor(ArrayOps):
     """A logical array value: its TensorType and a storage handle on one tier."""
 
     __array_priority__ = 1000
-    __slots__ = ("_storage", "_type", "__weakref__")
+    __slots__ = ("_storage", "_type", "_spilled", "_charge", "_pins", "__weakref__")
 
     def __init__(self, storage, type_: TensorType):
         self._storage = storage
         self._type = type_
+        self._spilled = False     # on disk by spill(): the next read restores it
+        self._charge = None       # memory.Charge of a buffer the storage layer allocated
+        self._pins = 0            # >0 while a paged run reads the host buffer
 
     @property
     def __tiga_type__(self) -> TensorType:
@@ -39,8 +50,66 @@ class Tensor(ArrayOps):
         return self._storage.device
 
     def numpy(self) -> np.ndarray:
-        """The value as a host ndarray (no copy on the host tier)."""
+        """The value as a host ndarray (no copy on the host tier; a spilled tensor is
+        restored first, a disk tensor is read into a fresh array)."""
+        if self._spilled:
+            self.restore()
+        if self._charge is not None:
+            memory.touch(self._charge)
         return self._storage.read()
+
+    # ---- tiers -----------------------------------------------------------------------------
+
+    def to(self, tier: str) -> Tensor:
+        """A copy on `tier` ("host", "disk"; "cuda"/"device" only where CUDA exists), or
+        this tensor when it is there already."""
+        if tier not in _TIERS:
+            raise UnsupportedError(f"to: tier {tier!r} is unknown",
+                                   hint="use 'host', 'disk' or 'cuda'")
+        if tier in ("cuda", "device"):
+            raise UnsupportedError("to: the device tier needs a CUDA device and cuda-python, "
+                                   "and this machine has none", hint="use 'host' or 'disk'")
+        if tier == self.tier and not self._spilled:
+            return self
+        if tier == "host":
+            return _host_copy(self, 0, len(self) if self._type.shape else None)
+        return Tensor(_to_disk(self._storage, "tensor"), self._type)
+
+    def spill(self) -> Tensor:
+        """Release the host buffer and keep the value on disk (under the scope's spill_dir);
+        the next read restores it. A disk tensor is left as it is."""
+        if self.tier == "host":
+            disk = _to_disk(self._storage, "spill")
+            self._release_host()
+            self._storage, self._spilled = disk, True
+        return self
+
+    def restore(self) -> Tensor:
+        """Back on the host tier: same values, dtype and shape."""
+        if self.tier == "disk":
+            disk = self._storage
+            ch = memory.charge("host", disk.nbytes, "restore")
+            host = HostStorage(disk.read())
+            if self._spilled:
+                disk.release()
+            self._storage, self._spilled = host, False
+            _own(self, ch)
+        return self
+
+    def _release_host(self) -> None:
+        self._storage.release()
+        if self._charge is not None:
+            self._charge.credit()
+            self._charge = None
+
+    def __getitem__(self, index):
+        """A row range `t[a:b]` of a disk tensor reads only the chunks it needs; other
+        indexing reads the value (the traced operator)."""
+        if self.tier == "disk" and isinstance(index, slice) and self._type.shape and \
+                index.step in (None, 1):
+            start, stop, _ = index.indices(len(self))
+            return _host_copy(self, start, max(start, stop))
+        return super().__getitem__(index)
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -94,7 +163,113 @@ class Tensor(ArrayOps):
         return f"tg.Tensor({body}, dtype={self._type.dtype.name})"
 
 
+def _own(t: Tensor, ch) -> None:
+    """Tie a charge to t's buffer: given back when the buffer is released or t dies."""
+    t._charge = ch
+    if ch.tier == "host":
+        memory.track(t, ch)
+    weakref.finalize(t, ch.credit)
+
+
+def _host_copy(t: Tensor, start: int, stop: int | None) -> Tensor:
+    """Rows [start, stop) of t (the whole 0-d value when stop is None) in a new host
+    buffer, charged before it is allocated."""
+    st, shape = t._storage, t._type.shape
+    rows = () if stop is None else (stop - start,)
+    nbytes = int(np.prod(rows + tuple(shape[1:]), dtype=np.int64)) * t._type.dtype.np.itemsize
+    ch = memory.charge("host", nbytes, "to('host')" if stop is None or
+                       (start, stop) == (0, len(t)) else f"rows [{start}:{stop})")
+    try:
+        if stop is None:
+            arr = np.array(st.read())
+        else:
+            arr = st.read_rows(start, stop)
+            arr = np.array(arr) if t.tier == "host" else arr
+    except BaseException:
+        ch.credit()
+        raise
+    out = Tensor(HostStorage(arr), TensorType(arr.shape, t._type.dtype))
+    _own(out, ch)
+    return out
+
+
+def _to_disk(st, stem: str, path=None) -> DiskStorage:
+    """A disk copy of storage `st` (an owned spill file unless `path` is given)."""
+    arr = st.read() if st.tier == "host" else None
+    shape = arr.shape if arr is not None else st.shape
+    dtype = arr.dtype if arr is not None else st.dtype
+    ch = memory.charge("disk", int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                       f"{stem} on disk") if path is None else None
+    disk = DiskStorage.create(path or sc.spill_path(stem), shape, dtype, owned=path is None)
+    if arr is not None or not shape:
+        disk.write(arr if arr is not None else st.read())
+    else:
+        step = disk.chunk_rows * 4
+        for a in range(0, shape[0], step):
+            disk.write_rows(a, st.read_rows(a, a + step))
+    if ch is not None:
+        weakref.finalize(disk, ch.credit)
+        weakref.finalize(disk, shutil.rmtree, str(disk.path), True)
+    return disk
+
+
+def save(t, path) -> None:
+    """Write `t` as a zarr v3 array at `path`, atomically: the array is written and fsynced
+    beside it, then swapped in by one rename (a crash keeps the previous array)."""
+    t = asarray(t)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        _to_disk(t._storage, "save", path=tmp)
+        fsync_tree(tmp)
+        _replace_dir(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_dir(new: Path, path: Path) -> None:
+    if path.exists() and _exchange(new, path):
+        return          # `new` now holds the old array; the caller removes it
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{os.urandom(4).hex()}"
+        os.rename(path, old)
+        os.rename(new, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(new, path)
+    fsync_dir(path.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False when the
+    system cannot."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, exchange = -100, 2
+    ok = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange) == 0
+    if ok:
+        fsync_dir(b.parent)
+    return ok
+
+
+def load(path, tier: str = "disk") -> Tensor:
+    """The array tg.save wrote: lazily on disk (default) or read onto the host."""
+    if tier not in ("disk", "host"):
+        raise UnsupportedError(f"load: tier {tier!r} is not supported",
+                               hint="use tier='disk' or tier='host'")
+    disk = DiskStorage.open(path)
+    t = Tensor(disk, TensorType(disk.shape, as_dtype(disk.dtype)))
+    return t.to("host") if tier == "host" else t
+
+
 def _wrap(arr: np.ndarray) -> Tensor:
+    if isinstance(arr, Tensor):       # a paged run's result already owns its storage
+        return arr
     arr = np.asarray(arr)
     return Tensor(HostStorage(arr), TensorType(arr.shape, as_dtype(arr.dtype)))
 

@@ -21,12 +21,10 @@ import numpy as np
 
 from ..core.config import env_num_threads
 from ..core.errors import TigaError
+from ..lower.schedule import CHUNKS_PER_THREAD, PARALLEL_MIN_WORK
 
-SMALL_WORK = 1 << 15      # rows + edges below which one call on the caller's thread wins
-# More chunks than threads absorbs uneven rows and a thread the OS preempts (the machine is
-# often shared): threads claim chunks inside native code (one atomic add each), so fine
-# chunks cost nothing measurable.
-CHUNKS_PER_THREAD = 16
+# (the chunking decisions are the launch schedule's: lower/schedule.py explains them)
+SMALL_WORK = PARALLEL_MIN_WORK
 
 _LOCK = threading.Lock()
 _POOL: dict = {}
@@ -49,15 +47,25 @@ def pool(threads: int) -> ThreadPoolExecutor:
         return _POOL["pool"]
 
 
-def row_chunks(row_ptr: np.ndarray, threads: int) -> list[tuple[int, int]]:
-    """[(begin, end), ...] covering every row; each chunk has about the same rows + edges."""
+def row_chunks(row_ptr: np.ndarray, threads: int, partition: str = "edge-balanced",
+               per_thread: int = CHUNKS_PER_THREAD) -> list[tuple[int, int]]:
+    """[(begin, end), ...] covering every row: about `threads * per_thread` chunks of the
+    same rows + edges ("edge-balanced") or the same rows ("row-balanced"); one chunk when
+    the rows + edges are below SMALL_WORK or there is one thread."""
     n = len(row_ptr) - 1
     work = int(row_ptr[-1]) + n if n > 0 else 0
     if n <= 0:
         return []
     if threads <= 1 or work < SMALL_WORK:
         return [(0, n)]
-    k = min(n, threads * CHUNKS_PER_THREAD)
+    k = min(n, threads * per_thread)
+    if partition == "row-balanced":
+        cuts = (np.arange(1, k, dtype=np.int64) * n) // k
+        bounds = [0] + [c for c in cuts.tolist() if 0 < c < n] + [n]
+        return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    if partition != "edge-balanced":
+        raise TigaError(f"row_chunks: partition must be 'edge-balanced' or 'row-balanced', "
+                        f"found {partition!r}")
     cost = np.asarray(row_ptr[1:], dtype=np.int64) + np.arange(1, n + 1, dtype=np.int64)
     targets = (np.arange(1, k, dtype=np.int64) * work) // k
     # (sorted already: np.unique would import numpy.ma, ~15 ms on a first call)

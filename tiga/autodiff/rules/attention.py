@@ -16,6 +16,7 @@ them with the same semantics.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ...core.prims.graph import propagate_p
@@ -25,6 +26,9 @@ from ...core.reducers import sum as sum_reducer
 from ...trace import math as m
 from ...trace.math import _typeof
 
+# relations whose every destination row reads one contiguous source range [lo, hi), lo and hi
+# nondecreasing: what the streaming route (xla_free_runtime.llvm_attention) walks
+STREAMING_KINDS = ("dense", "triangular", "cu_seqlens")
 TAG = "attn."   # prefix of the operand names of the canonical VJP propagates
 
 
@@ -154,6 +158,13 @@ def edge_dkdv(q, k, v, scale, do, lse, delta):
     return dk, m.multiply(_lift(p, do), do)
 
 
+def edge_dkdvq(q, k, v, scale, do, lse, delta):
+    p, ds = _ds(q, k, v, scale, do, lse, delta)
+    sds = m.multiply(ds, m.convert(scale, _typeof(ds).dtype))
+    return (m.multiply(_lift(sds, q), q), m.multiply(_lift(p, do), do),
+            m.multiply(_lift(sds, k), k))
+
+
 def edge_dscale(q, k, v, scale, do, lse, delta):
     _, ds = _ds(q, k, v, scale, do, lse, delta)
     return m.sum(m.multiply(ds, _dot_last(q, k)))
@@ -166,10 +177,10 @@ CANONICAL = {
     "dq": (edge_dq, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer, "dst"),
     "dkdv": (edge_dkdv, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer,
              "src"),
-    # the same propagate, announcing that the dq propagate over the same operands follows:
-    # the streaming route produces dq in the same pass over key blocks and keeps it for that
-    "dkdvq": (edge_dkdv, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer,
-              "src"),
+    # dk, dv (by source) and dq (by destination) from one walk: a multi-output propagate
+    # that opt.attention_pairing makes of a dkdv and a dq propagate over the same operands
+    "dkdvq": (edge_dkdvq, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer,
+              ("src", "src", "dst")),
     "dscale": (edge_dscale, ("dst", "src", "src", "param", "dst", "dst", "dst"), sum_reducer,
                "all"),
 }
@@ -189,20 +200,19 @@ def kind_of(names) -> str | None:
     return kind if kind in CANONICAL and tuple(names) == names_of(kind) else None
 
 
-_PROGRAMS: dict = {}
-
-
 def canonical_program(kind: str, row_types) -> ClosedProgram:
+    """The edge program of canonical propagate `kind` over these row types (traced once per
+    kind and types: a pure function of them, so a bounded memo)."""
+    return _canonical_program(kind, tuple(row_types))
+
+
+@functools.lru_cache(maxsize=128)
+def _canonical_program(kind: str, row_types: tuple) -> ClosedProgram:
     from ...core.passes import cse
     from ...trace.staging import trace_flat
-    key = (kind, tuple(row_types))
-    prog = _PROGRAMS.get(key)
-    if prog is None:
-        fn = CANONICAL[kind][0]
-        p, caps, _ = trace_flat(fn, list(row_types))
-        assert not caps
-        prog = _PROGRAMS[key] = ClosedProgram(cse(p))
-    return prog
+    p, caps, _ = trace_flat(CANONICAL[kind][0], list(row_types))
+    assert not caps
+    return ClosedProgram(cse(p))
 
 
 def _bind(kind, graph, values):
@@ -214,8 +224,13 @@ def _bind(kind, graph, values):
                 names=names_of(kind), reduce_by=reduce_by, update=None)
 
 
-def attention_vjp(pat: AttentionPattern, graph, fields, y, ct):
-    """Cotangents of every field of the forward propagate (None where not differentiable)."""
+def attention_vjp(pat: AttentionPattern, graph, fields, y, ct, stats=None):
+    """Cotangents of every field of the forward propagate (None where not differentiable).
+
+    `stats`: the forward's own per-row (max, mass) outputs when it returns them (a propagate
+    with `online_softmax(stats)`, opt.attention_pairing): read, not recomputed. Without
+    them, two canonical propagates compute them (and that pass pairs them with the forward
+    when both run in one program)."""
     from ..vjp import differentiable
     q, k, v = fields[pat.q], fields[pat.k], fields[pat.v]
     dtype = _typeof(q).dtype
@@ -225,15 +240,18 @@ def attention_vjp(pat: AttentionPattern, graph, fields, y, ct):
         scale = m.full((), pat.scale[1], dtype)
     else:
         scale = fields[pat.scale[1]]
-    top = _bind("rowmax", graph, [q, k, scale, y])[0]
-    mass = _bind("mass", graph, [q, k, scale, y, top])[0]
+    if stats is not None:
+        top, mass = stats
+    else:
+        top = _bind("rowmax", graph, [q, k, scale, y])[0]
+        mass = _bind("mass", graph, [q, k, scale, y, top])[0]
     lse = m.add(top, m.log(m.where(m.greater(mass, 0), mass, m.ones_like(mass))))
     delta = _dot_last(ct, y)
     grads = [q, k, v, scale, ct, lse, delta]
     out = [None] * len(fields)
     want = [differentiable(_typeof(f)) for f in fields]
     if want[pat.k] or want[pat.v]:
-        dk, dv = _bind("dkdvq" if want[pat.q] else "dkdv", graph, grads)
+        dk, dv = _bind("dkdv", graph, grads)
         out[pat.k] = dk if want[pat.k] else None
         out[pat.v] = dv if want[pat.v] else None
     if want[pat.q]:

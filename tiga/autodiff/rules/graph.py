@@ -194,7 +194,10 @@ def propagate_vjp_rule(ct_outs, outs, graph, *fields, edge_fn, reducer, roles, n
     if pattern is not None:
         # dot-product attention: the FlashAttention-2-style canonical propagates (lse saved
         # by the streaming forward, probabilities recomputed blockwise, no per-edge array)
-        cts = attention_vjp(pattern, graph, fields, outs[0], ct_outs[0])
+        # (a propagate returning its row statistics too: its VJP reads them; their own
+        # cotangents are zero, nothing but this VJP reads these residual outputs)
+        cts = attention_vjp(pattern, graph, fields, outs[0], ct_outs[0],
+                            tuple(outs[1:3]) if reducer.stats else None)
         return (None,) + tuple(_add(a, b) for a, b in zip(cts, extra))
     ctx = _Ctx(graph, fields, roles, edge_fn, reduce_by)
     aux, ct_fn = _plan(reducer.name if reduce_by != "edge" else "sum", ctx, outs, ct_outs)

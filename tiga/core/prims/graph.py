@@ -64,6 +64,8 @@ def propagate_abstract_eval_rule(g, *fields, edge_fn, reducer, roles, names, red
                                  update):
     if not isinstance(g, GraphType):
         raise ShapeError(f"propagate: first operand must be a relation, found {g}")
+    if isinstance(reduce_by, tuple):
+        return _per_output_types(g, fields, edge_fn, reducer, roles, names, reduce_by, update)
     if reduce_by not in REDUCE_BY:
         raise ShapeError(f"propagate: reduce_by must be one of {REDUCE_BY}, found {reduce_by!r}")
     rows = _check_fields(g, fields, roles, names)
@@ -78,12 +80,39 @@ def propagate_abstract_eval_rule(g, *fields, edge_fn, reducer, roles, names, red
     if len(msgs) % k:
         raise ShapeError(f"propagate: {reducer.name} takes {k} message parts per output")
     outs = [_reduced_type(reducer, msgs[i:i + k], "propagate") for i in range(0, len(msgs), k)]
+    if reducer.stats:   # online_softmax's per-row (max, mass): one per score, after the value
+        if update is not None or len(outs) != 1:
+            raise ShapeError("propagate: online_softmax row statistics need one (score, value) "
+                             f"pair and no update, found {len(outs)} output(s), update "
+                             f"{update is not None}")
+        outs += [msgs[0].strong(), msgs[0].strong()]
     if update is not None:
         outs = _update_types(update, rows, roles, outs)
     if reduce_by == "all":
         return outs
     lead = g.num_src if reduce_by == "src" else g.num_dst
     return [TensorType((lead,) + t.shape, t.dtype) for t in outs]
+
+
+def _per_output_types(g, fields, edge_fn, reducer, roles, names, reduce_by, update):
+    """A multi-output propagate grouping each output by its own side (`reduce_by`: one of
+    "dst"/"src" per output), e.g. attention's dk, dv (by source) and dq (by destination)
+    from one walk."""
+    if update is not None or not reducer.builtin or reducer.arity != 1 or reducer.stats or \
+            any(r not in ("dst", "src") for r in reduce_by):
+        raise ShapeError(f"propagate: per-output reduce_by {reduce_by} needs a one-part built-in "
+                         f"reducer, no update and 'dst'/'src' entries, found "
+                         f"{reducer.pp_param()}, update {update is not None}")
+    rows = _check_fields(g, fields, roles, names)
+    if [t.strong() for t in edge_fn.in_types] != [t.strong() for t in rows]:
+        raise ShapeError("propagate: edge function binders do not match the field rows")
+    msgs = edge_fn.out_types
+    if len(msgs) != len(reduce_by):
+        raise ShapeError(f"propagate: reduce_by names {len(reduce_by)} outputs, the edge "
+                         f"function returns {len(msgs)} messages")
+    return [TensorType(((g.num_src if by == "src" else g.num_dst),)
+                       + _reduced_type(reducer, [m], "propagate").shape, m.strong().dtype)
+            for m, by in zip(msgs, reduce_by)]
 
 
 def _update_types(update, rows, roles, outs):
@@ -117,15 +146,34 @@ def propagate_impl_rule(graph, *fields, edge_fn, reducer, roles, names, reduce_b
     msgs = eval_rows(edge_fn, args, batched, len(col_idx))
     if reduce_by == "edge":
         return msgs if perm is None else [_unpermute(m, perm) for m in msgs]
+    if isinstance(reduce_by, tuple):   # each output grouped by its own side
+        sides = {"dst": (dst_of_edge, graph.num_dst), "src": (np.asarray(col_idx), graph.num_src)}
+        return [_reduce(reducer, [m], sides[by][0], sides[by][1],
+                        np.bincount(sides[by][0], minlength=sides[by][1]))
+                for m, by in zip(msgs, reduce_by)]
     seg, n = {"dst": (dst_of_edge, graph.num_dst), "src": (np.asarray(col_idx), graph.num_src),
               "all": (np.zeros(len(col_idx), np.int64), 1)}[reduce_by]
     seg_counts = np.bincount(seg, minlength=n)
     k = reducer.arity
     outs = [_reduce(reducer, msgs[i:i + k], seg, n, seg_counts)
             for i in range(0, len(msgs), k)]
+    if reducer.stats:
+        outs += _softmax_stats(msgs[0], seg, n, seg_counts)
     if update is not None:
         outs = _apply_update(update, fields, roles, outs, reduce_by)
     return [o[0] for o in outs] if reduce_by == "all" else outs
+
+
+def _softmax_stats(score, seg, n, counts) -> list:
+    """online_softmax's per-row statistics: the row max of the scores (0 for an empty row)
+    and mass = sum exp(score - max) (NaN where every score is -inf), as the reducer keeps."""
+    top = np.full((n,) + score.shape[1:], -np.inf, score.dtype)
+    np.maximum.at(top, seg, score)
+    top[counts == 0] = 0
+    mass = np.zeros((n,) + score.shape[1:], score.dtype)
+    with np.errstate(invalid="ignore"):
+        np.add.at(mass, seg, np.exp(score - top[seg]))
+    return [top, mass]
 
 
 def _unpermute(m, perm):

@@ -25,7 +25,7 @@ from .base import (
 )
 from .domain import Computation, ComputationOp
 from .iter import check_traversal
-from .syntax import AttrDict
+from .syntax import AttrDict, format_attr
 
 TRAVERSAL_OF = {"compressed-row": "csr-row", "dense": "dense-row",
                 "triangular": "triangular-row", "cu-seqlens": "segment-row",
@@ -54,50 +54,118 @@ def materialized_for(hierarchy: str, ordering: str) -> tuple:
     return tuple(out)
 
 
+TARGETS = ("cpu-llvm", "triton")
+# The schedule attributes each target's renderer and launcher read; the others stay None
+# and are not printed, so a launch shows only what runs. cpu-llvm: the runtime runs
+# `threads` threads over row chunks (row_partition, chunks_per_thread chunks per thread)
+# and the kernel keeps edge_unroll accumulators and prefetches prefetch_distance edges
+# ahead; its feature loops are scalar IR that LLVM vectorises for the host, so no vector
+# width is Tiga's choice there. triton: a program per block_rows rows, neighbours in tiles
+# of block_neighbors, vector_width-wide feature tiles, num_warps, pipeline_stages.
+TARGET_KEYS = {
+    "cpu-llvm": ("threads", "row_partition", "chunks_per_thread", "edge_unroll",
+                 "prefetch_distance", "parallel"),
+    "triton": ("block_rows", "block_neighbors", "vector_width", "num_warps",
+               "pipeline_stages", "parallel"),
+}
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """The schedule attributes a launch carries; num_warps/pipeline_stages serve Triton."""
+    """The schedule attributes of a launch for one target (TARGET_KEYS: the others are
+    None). `tiles` holds a walk's own tile sizes (knn-tiled-scan, attention) by name."""
 
-    block_rows: int
-    block_neighbors: int
-    vector_width: int
-    threads: int
-    num_warps: int
-    pipeline_stages: int
-    row_partition: str = "edge-balanced"
-    # what the cpu-llvm renderer reads (lower/schedule.py decides them)
-    edge_unroll: int = 1          # independent accumulators per row of a reassociable fold
-    prefetch_distance: int = 0    # edges ahead of the gathered-row software prefetch (0: none)
-    parallel: str = "rows"        # rows | partial_sums | single (how row chunks may run)
+    target: str = "cpu-llvm"
+    threads: int | None = None
+    row_partition: str | None = None
+    chunks_per_thread: int | None = None
+    edge_unroll: int | None = None       # independent accumulators per row of a sum
+    prefetch_distance: int | None = None  # edges ahead of the gathered-row prefetch (0: none)
+    parallel: str = "rows"               # rows | partial_sums | single (how row chunks run)
+    block_rows: int | None = None
+    block_neighbors: int | None = None
+    vector_width: int | None = None
+    num_warps: int | None = None
+    pipeline_stages: int | None = None
+    tiles: AttrDict = AttrDict()
 
     def attrs(self) -> list:
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+        out = [("target", self.target)]
+        out += [(k, getattr(self, k)) for k in TARGET_KEYS.get(self.target, ())]
+        return out + ([("tiles", self.tiles)] if self.tiles else [])
+
+    def tile(self, name: str) -> int:
+        found = dict(self.tiles).get(name)
+        if type(found) is not int:
+            raise CompilationError(f"schedule tiles: {name} must be an integer, found "
+                                   f"{found!r} (tiles: {dict(self.tiles)})")
+        return found
+
+    @classmethod
+    def from_attrs(cls, r: AttrReader, where: str) -> Schedule | None:
+        if not any(k in r.attrs for k in SCHEDULE_KEYS):
+            return None
+        target = r.take("target", None)
+        if target not in TARGET_KEYS:
+            raise CompilationError(f"{where}: schedule attribute target must be one of "
+                                   f"{', '.join(TARGET_KEYS)}, found {target!r}")
+        want = TARGET_KEYS[target]
+        missing = [k for k in want if k not in r.attrs]
+        if missing:
+            raise CompilationError(f"{where}: schedule attribute(s) {', '.join(missing)} "
+                                   f"missing (a {target} schedule sets all of "
+                                   f"{', '.join(want)})")
+        other = [k for k in SCHEDULE_KEYS if k in r.attrs and k not in want and k != "tiles"]
+        if other:
+            raise CompilationError(f"{where}: {', '.join(other)} is not a {target} schedule "
+                                   f"attribute (a {target} schedule sets {', '.join(want)})")
+        tiles = r.take("tiles", AttrDict())
+        return cls(target=target, tiles=tiles, **{k: r.take(k) for k in want})
 
     def verify(self, where: str) -> None:
-        pow2 = {"block_rows": 4096, "block_neighbors": 4096}
-        for key, top in pow2.items():
-            v = getattr(self, key)
-            if type(v) is not int or v < 1 or v > top or v & (v - 1):
-                raise CompilationError(f"{where}: {key} must be a power of two in [1, {top}], "
-                                       f"found {v!r}")
-        choices = {"vector_width": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8, 16, 32),
-                   "edge_unroll": (1, 2, 4, 8, 16)}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed or type(getattr(self, key)) is not int:
-                raise CompilationError(f"{where}: {key} must be one of {allowed}, found "
-                                       f"{getattr(self, key)!r}")
-        for key, low, top in (("threads", 1, 4096), ("pipeline_stages", 1, 8),
-                              ("prefetch_distance", 0, 4096)):
-            v = getattr(self, key)
-            if type(v) is not int or not low <= v <= top:
-                raise CompilationError(f"{where}: {key} must be an integer in [{low}, {top}], "
-                                       f"found {v!r}")
-        if self.row_partition not in ROW_PARTITIONS:
-            raise CompilationError(f"{where}: row_partition must be one of "
-                                   f"{', '.join(ROW_PARTITIONS)}, found {self.row_partition!r}")
-        if self.parallel not in PARALLEL_MODES:
-            raise CompilationError(f"{where}: parallel must be one of "
-                                   f"{', '.join(PARALLEL_MODES)}, found {self.parallel!r}")
+        if self.target not in TARGET_KEYS:
+            raise CompilationError(f"{where}: target must be one of {', '.join(TARGET_KEYS)}, "
+                                   f"found {self.target!r}")
+        want = TARGET_KEYS[self.target]
+        for key in SCHEDULE_KEYS:
+            if key not in want and key not in ("target", "tiles") and \
+                    getattr(self, key) is not None:
+                raise CompilationError(f"{where}: {key} is not a {self.target} schedule "
+                                       f"attribute, found {getattr(self, key)!r}")
+        for key in want:
+            _check_value(key, getattr(self, key), where)
+        if not isinstance(self.tiles, AttrDict) or any(
+                type(v) is not int or v < 1 for _, v in self.tiles):
+            raise CompilationError(f"{where}: tiles must be a dictionary of positive integers, "
+                                   f"found {format_attr(self.tiles)}")
+
+
+# key -> ("pow2", top) | ("choice", allowed) | ("range", low, top) | ("name", allowed)
+_RULES = {"block_rows": ("pow2", 4096), "block_neighbors": ("pow2", 4096),
+          "vector_width": ("choice", (1, 2, 4, 8, 16)),
+          "num_warps": ("choice", (1, 2, 4, 8, 16, 32)),
+          "edge_unroll": ("choice", (1, 2, 4, 8, 16)),
+          "threads": ("range", 1, 4096), "pipeline_stages": ("range", 1, 8),
+          "prefetch_distance": ("range", 0, 4096), "chunks_per_thread": ("range", 1, 4096),
+          "row_partition": ("name", ROW_PARTITIONS), "parallel": ("name", PARALLEL_MODES)}
+
+
+def _check_value(key: str, v, where: str) -> None:
+    rule = _RULES[key]
+    if rule[0] == "pow2":
+        if type(v) is not int or v < 1 or v > rule[1] or v & (v - 1):
+            raise CompilationError(f"{where}: {key} must be a power of two in [1, {rule[1]}], "
+                                   f"found {v!r}")
+    elif rule[0] == "choice":
+        if type(v) is not int or v not in rule[1]:
+            raise CompilationError(f"{where}: {key} must be one of {rule[1]}, found {v!r}")
+    elif rule[0] == "range":
+        if type(v) is not int or not rule[1] <= v <= rule[2]:
+            raise CompilationError(f"{where}: {key} must be an integer in [{rule[1]}, "
+                                   f"{rule[2]}], found {v!r}")
+    elif v not in rule[1]:
+        raise CompilationError(f"{where}: {key} must be one of {', '.join(rule[1])}, found "
+                               f"{v!r}")
 
 
 SCHEDULE_KEYS = tuple(f.name for f in fields(Schedule))
@@ -129,15 +197,7 @@ class LaunchOp(ComputationOp):
         r = AttrReader(g.name, g.attrs)
         own = [r.take(k) for k in ("coordinate_hierarchy", "ordering", "traversal",
                                    "materializes", "guards")]
-        present = [k for k in SCHEDULE_KEYS if k in r.attrs]
-        schedule = None
-        if present:
-            missing = [k for k in SCHEDULE_KEYS if k not in present]
-            if missing:
-                raise CompilationError(f"{g.name}: schedule attribute(s) {', '.join(missing)} "
-                                       f"missing (a schedule sets all of "
-                                       f"{', '.join(SCHEDULE_KEYS)})")
-            schedule = Schedule(*[r.take(k) for k in SCHEDULE_KEYS])
+        schedule = Schedule.from_attrs(r, g.name)
         comp = Computation.from_generic(g, r)
         r.done()
         return cls(comp, *own, schedule)

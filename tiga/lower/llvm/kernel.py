@@ -117,6 +117,9 @@ def _launch_schedule(params, sig: KernelSignature, schedule: KernelSchedule,
     runtime binds), else the schedule functions' answer for the same launch."""
     traversal = traversal or knobs.traversal_of_walk(sig.relation, sig.walk)
     if schedule.launch is not None:
+        if schedule.launch.target != "cpu-llvm":
+            raise CodegenUnsupported(f"a {schedule.launch.target} schedule (the LLVM renderer "
+                                     "renders cpu-llvm launches)")
         if schedule.launch.parallel != sig.parallel:
             raise CodegenUnsupported(f"schedule parallel={schedule.launch.parallel!r} but the "
                                      f"launch runs {sig.parallel!r}")
@@ -127,8 +130,10 @@ def _launch_schedule(params, sig: KernelSignature, schedule: KernelSchedule,
     else:
         states = [t.strong() for t in params["edge_fn"].out_types][::max(1, r.arity)]
         unroll = knobs.edge_unroll(r.name, r.builtin, states, sig.reduce_by, traversal)
-    return Schedule(1, 16, 1, 1, 1, 1, "edge-balanced", unroll,
-                    knobs.prefetch_distance(traversal), sig.parallel)
+    return Schedule(target="cpu-llvm", threads=1, row_partition=knobs.row_partition(traversal),
+                    chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=unroll,
+                    prefetch_distance=knobs.prefetch_distance(traversal),
+                    parallel=sig.parallel)
 
 
 def emit_chunk_driver(module: ir.Module, kernel: ir.Function) -> ir.Function:

@@ -45,12 +45,12 @@ TILED_SLOTS = ("geo_f", "geo_i", "panel", "pnorm", "qpos", "qnorm", "tile_d", "t
 I32 = ir.IntType(32)
 
 
-def block_shape(pos_dtype: str, wide: bool) -> tuple:
+def block_shape(pos_dtype: str, tiles: dict) -> tuple:
     """(W, R, V): lanes per vector, query rows per group, vectors per group (R x V
-    accumulators). 512-bit registers (32 of them) hold 8 x 2 accumulators plus the operands;
-    with 256-bit registers a <16 x float> is two, so groups are 4 x 1."""
-    lanes = 16 if pos_dtype == "float32" else 8
-    return (lanes, 8, 2) if wide else (lanes, 4, 1)
+    accumulators), from the launch's schedule tiles (lower/schedule.knn_tiles decides
+    them for the host's registers)."""
+    itemsize = 4 if pos_dtype == "float32" else 8
+    return (tiles["vector_bytes"] // itemsize, tiles["group_rows"], tiles["group_vectors"])
 
 
 def filter_constants(dims: int, pos_dtype: str) -> tuple:

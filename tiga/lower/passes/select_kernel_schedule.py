@@ -1,16 +1,21 @@
-"""lower/passes: Kernel -> Kernel: choose each launch's schedule from its shapes.
+"""lower/passes: Kernel -> Kernel: choose each launch's schedule for a target from its shapes.
 
-- threads: TIGA_NUM_THREADS or os.cpu_count(), capped by the number of row blocks when the
-  row count is static;
+A launch prints only the attributes its target runs (ir/kernel.TARGET_KEYS).
+
+cpu-llvm (lower/schedule.py owns the decisions; the runtime lowers each equation through this
+pass, renders from the Schedule printed here and runs its row chunks as it says):
+- threads: TIGA_NUM_THREADS or os.cpu_count(); 1 when static sizes are below the parallel
+  threshold, at most one per row;
+- row_partition, chunks_per_thread: how the runtime cuts rows into chunks;
+- edge_unroll, prefetch_distance, parallel: what the kernel's edge loop does;
+- tiles: the knn-tiled-scan register blocking and cache tiles.
+
+triton (the GPU view of the same launch):
 - block_rows: rows whose output fits about 4 KiB (a few cache lines per row), 1..64;
 - vector_width: the widest 256-bit SIMD lane count dividing the feature width;
 - block_neighbors: 16, or the degree bound rounded up to a power of two when it is smaller;
-- num_warps / pipeline_stages: the Triton view of the same tile (more warps for wider tiles,
-  a second stage once a row is at least 256 bytes);
-- row_partition: edge-balanced chunks unless every row has the same length;
-- edge_unroll, prefetch_distance, parallel: what the cpu-llvm renderer reads (lower/schedule.py
-  owns those decisions; the runtime lowers each equation through this pass and hands the
-  renderer the Schedule printed here).
+- num_warps / pipeline_stages: more warps for wider tiles, a second stage once a row is at
+  least 256 bytes.
 """
 from __future__ import annotations
 
@@ -20,8 +25,18 @@ from ...core.config import env_num_threads
 from ...core.dtypes import compute_dtype
 from ...core.errors import CompilationError
 from ...core.types import Dim
-from ..ir.kernel import KernelModule, LaunchOp, Schedule
-from ..schedule import edge_unroll, parallel_mode, prefetch_distance
+from ..ir.kernel import TARGET_KEYS, KernelModule, LaunchOp, Schedule
+from ..ir.syntax import AttrDict
+from ..schedule import (
+    CHUNKS_PER_THREAD,
+    cpu_threads,
+    edge_unroll,
+    host_wide_vectors,
+    knn_tiles,
+    parallel_mode,
+    prefetch_distance,
+    row_partition,
+)
 from .common import expect_level, map_ops
 
 ROW_BYTES_TARGET = 4096
@@ -54,7 +69,14 @@ def _row_width(op: LaunchOp) -> tuple:
     return width, itemsize
 
 
-def choose_schedule(op: LaunchOp, threads: int) -> Schedule:
+def choose_schedule(op: LaunchOp, threads: int, target: str = "cpu-llvm") -> Schedule:
+    g = op.comp.relation.type
+    rows = g.num_src if op.ordering == "source-major" else g.num_dst
+    if target == "cpu-llvm":
+        return _cpu_schedule(op, threads, rows, g.num_edges)
+    if target != "triton":
+        raise CompilationError(f"select-kernel-schedule: target must be one of "
+                               f"{', '.join(TARGET_KEYS)}, found {target!r}")
     width, itemsize = _row_width(op)
     row_bytes = width * itemsize
     block_rows = min(64, _pow2_floor(ROW_BYTES_TARGET // row_bytes))
@@ -64,32 +86,41 @@ def choose_schedule(op: LaunchOp, threads: int) -> Schedule:
         vector_width *= 2
     bound = dict(op.guards).get("max_degree")
     block_neighbors = min(16, _pow2_ceil(bound)) if type(bound) is int else 16
-    g = op.comp.relation.type
-    rows = g.num_src if op.ordering == "source-major" else g.num_dst
-    if isinstance(rows, int):
-        threads = min(threads, max(1, -(-rows // block_rows)))
     num_warps = min(8, _pow2_floor(block_rows * width // 128))
     stages = 2 if row_bytes >= 256 else 1
-    uniform = op.traversal in ("dense-row", "stencil-row")
-    return Schedule(block_rows, block_neighbors, vector_width, threads, num_warps, stages,
-                    "row-balanced" if uniform else "edge-balanced", *_renderer_knobs(op))
+    return Schedule(target="triton", block_rows=block_rows, block_neighbors=block_neighbors,
+                    vector_width=vector_width, num_warps=num_warps, pipeline_stages=stages,
+                    parallel=_parallel(op))
 
 
-def _renderer_knobs(op: LaunchOp) -> tuple:
-    """(edge_unroll, prefetch_distance, parallel) of the cpu-llvm kernel for this launch."""
+def _parallel(op: LaunchOp) -> str:
+    comp, red = op.comp, op.comp.reducer
+    return parallel_mode(comp.reduce_by, red.name, red.builtin, comp.update is not None)
+
+
+def _cpu_schedule(op: LaunchOp, threads: int, rows, edges) -> Schedule:
+    """The cpu-llvm launch: how the runtime chunks rows and what the kernel's loops do."""
     comp, red = op.comp, op.comp.reducer
     states = [group[0] for group in red.state if group]
-    return (edge_unroll(red.name, red.builtin, states, comp.reduce_by, op.traversal),
-            prefetch_distance(op.traversal),
-            parallel_mode(comp.reduce_by, red.name, red.builtin, comp.update is not None))
+    tiles = AttrDict(knn_tiles(host_wide_vectors())) if op.traversal == "knn-tile-row" \
+        else AttrDict()
+    return Schedule(target="cpu-llvm", threads=cpu_threads(threads, rows, edges),
+                    row_partition=row_partition(op.traversal),
+                    chunks_per_thread=CHUNKS_PER_THREAD,
+                    edge_unroll=edge_unroll(red.name, red.builtin, states, comp.reduce_by,
+                                            op.traversal),
+                    prefetch_distance=prefetch_distance(op.traversal),
+                    parallel=_parallel(op), tiles=tiles)
 
 
-def select_kernel_schedule(module: KernelModule, *, threads: int | None = None) -> KernelModule:
+def select_kernel_schedule(module: KernelModule, *, threads: int | None = None,
+                           target: str = "cpu-llvm") -> KernelModule:
     expect_level(module, KernelModule, "select-kernel-schedule")
     n = default_threads() if threads is None else threads
 
     def schedule(op):
-        return replace(op, schedule=choose_schedule(op, n)) if isinstance(op, LaunchOp) else op
+        return replace(op, schedule=choose_schedule(op, n, target)) \
+            if isinstance(op, LaunchOp) else op
 
     out = KernelModule(module.name, map_ops(module.body, schedule))
     out.verify()

@@ -21,6 +21,13 @@ class Storage(Protocol):
     def view(self) -> np.ndarray:
         """A zero-copy view where the tier allows it."""
 
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) on the host (a view on the host tier, only the chunks needed
+        on the disk tier)."""
+
+    def write_rows(self, start: int, rows: np.ndarray) -> None:
+        """Overwrite rows [start, start + len(rows))."""
+
     def release(self) -> None:
         """Give the buffer back; later reads fail until restored."""
 

@@ -35,6 +35,21 @@ class HostStorage:
                              f"shape {arr.shape}")
         arr[...] = value
 
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as a view."""
+        return self._live()[start:stop]
+
+    def take_rows(self, rows: np.ndarray) -> np.ndarray:
+        return np.take(self._live(), rows, axis=0)
+
+    def write_rows(self, start: int, rows) -> None:
+        arr = self._live()
+        rows = np.asarray(rows)
+        if rows.shape[1:] != arr.shape[1:] or start < 0 or start + len(rows) > len(arr):
+            raise ShapeError(f"write_rows: rows of shape {rows.shape} at row {start} do not "
+                             f"fit storage of shape {arr.shape}")
+        arr[start:start + len(rows)] = rows
+
     def release(self) -> None:
         self._array = None
 

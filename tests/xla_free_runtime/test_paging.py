@@ -1,0 +1,217 @@
+"""Paged execution over stored relations (API.md section 7): every reducer, page sizes 1..N,
+fields on the host and disk tiers, results on disk past the host budget, explain(), grads,
+Ctrl-C. Oracle: the reference interpreter on the same relation held in memory."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tiga as tg
+from tiga.xla_free_runtime import paging
+
+pytest.importorskip("zarr", minversion="3.1")
+
+REDUCERS = {"sum": tg.sum, "mean": tg.mean, "max": tg.max, "min": tg.min, "prod": tg.prod}
+
+
+class Weighted(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        return src.x * edge.w + dst.b
+
+
+class Softmax(tg.MessagePassing):
+    reducer = tg.online_softmax()
+
+    def edge(self, src, dst, edge):
+        return self.reducer((edge.w * dst.b).sum(), src.x)
+
+
+def _combine(a, b):
+    return a + 2.0 * b
+
+
+def store_of(path, rp, ci, n_src, fields=()):
+    n = len(rp) - 1
+    with tg.store.create(path, num_src=n_src, num_dst=n, overwrite=True) as w:
+        half = n // 2
+        w.append_csr_chunk(rp[:half + 1], ci[:rp[half]])
+        w.append_csr_chunk(rp[half:] - rp[half], ci[rp[half]:])
+        for name, rows, role in fields:
+            w.append_field(name, rows, role=role)
+    return tg.store.open(path)
+
+
+@st.composite
+def graphs(draw):
+    n_dst = draw(st.integers(0, 24))
+    n_src = draw(st.integers(1, 30))
+    skew = draw(st.sampled_from([0, 3, 12]))
+    deg = draw(st.lists(st.integers(0, skew), min_size=n_dst, max_size=n_dst))
+    rp = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    seed = draw(st.integers(0, 2**16))
+    ci = np.random.default_rng(seed).integers(0, n_src, rp[-1]).astype(np.int32)
+    page = draw(st.integers(1, max(n_dst, 1)))
+    return rp, ci, n_src, page, seed
+
+
+@settings(max_examples=14, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=graphs(), reducer=st.sampled_from(sorted(REDUCERS) + ["softmax", "user"]),
+       tiers=st.tuples(*[st.sampled_from(["host", "disk", "store"])] * 3))
+def test_paged_equals_in_memory(tmp_path_factory, case, reducer, tiers):
+    rp, ci, n_src, page, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.random((n_src, 2)) + 0.5
+    b = rng.random((len(rp) - 1, 1))
+    w = rng.random((len(ci), 1)) + 0.5
+    path = tmp_path_factory.mktemp("paged")
+    store = store_of(path / "s", rp, ci, n_src,
+                     [("x", x, "src"), ("b", b, "dst"), ("w", w, "edge")])
+    fields = {}
+    for (name, arr), tier in zip((("x", x), ("b", b), ("w", w)), tiers):
+        fields[name] = arr if tier == "host" else tg.asarray(arr).to("disk") \
+            if tier == "disk" else store[name]
+    model = Softmax() if reducer == "softmax" else Weighted()
+    if reducer == "user":
+        model.reducer = tg.Reducer("twice", 0.0, combine=_combine)
+    elif reducer != "softmax":
+        model.reducer = REDUCERS[reducer]()
+    mem = tg.Graph.from_csr(rp, ci, num_src=n_src)
+    want = model.reference(graph=mem, src={"x": x}, dst={"b": b}, edge={"w": w})
+    with tg.scope(page_rows=page, spill_dir=path / "spill"):
+        got = model(graph=tg.Graph.open(path / "s"), src={"x": fields["x"]},
+                    dst={"b": fields["b"]}, edge={"w": fields["w"]})
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+def ring(n, k=4):
+    """Destination i reads i+1..i+k mod n (the benchmark's periodic CSR, smaller)."""
+    rp = np.arange(n + 1, dtype=np.int64) * k
+    ci = ((np.arange(n)[:, None] + np.arange(1, k + 1)) % n).reshape(-1).astype(np.int32)
+    return rp, ci
+
+
+class Gather(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        return src.x
+
+
+def test_result_goes_to_disk_past_the_host_budget_and_the_budget_holds(tmp_path):
+    rp, ci = ring(4000)
+    x = np.arange(4000 * 8, dtype=np.float32).reshape(4000, 8) % 97
+    store = store_of(tmp_path / "s", rp, ci, 4000, [("x", x, "src")])
+    g = tg.Graph.open(tmp_path / "s")
+    want = np.asarray(Gather().reference(graph=tg.Graph.from_csr(rp, ci), src={"x": x}))
+    with tg.scope(budgets={"host": "100KB"}, page_rows=500, spill_dir=tmp_path / "sp"):
+        y = Gather()(graph=g, src={"x": store["x"]})       # the result is 128000 bytes
+        assert y.tier == "disk"
+        rep = tg.memory.report()
+        assert 0 < rep["host"]["peak"] <= 100_000
+        assert rep["disk"]["bytes"] == 4000 * 8 * 4
+        np.testing.assert_array_equal(y[1000:1500].numpy(), want[1000:1500])
+        stats = g.params["last_paged_run"]
+        assert stats.pages == 8 and stats.result_tier == "disk"
+        assert stats.bytes_written == {"host": 0, "disk": 128000}
+    with tg.scope(budgets={"host": "1MB"}, page_rows=500):
+        y = Gather()(graph=g, src={"x": x})
+        assert y.tier == "host"
+        np.testing.assert_array_equal(y.numpy(), want)
+        assert tg.memory.report()["host"]["bytes"] == 128000     # the result, counted
+    with tg.scope(budgets={"host": "1KB"}, page_rows=500):
+        with pytest.raises(tg.StorageError, match="host budget .* for page 0 buffers"):
+            Gather()(graph=g, src={"x": x})
+
+
+def test_each_distinct_source_is_gathered_once(tmp_path):
+    rp, ci = ring(1000, k=8)
+    x = np.ones((1000, 4), np.float32)
+    store_of(tmp_path / "s", rp, ci, 1000)
+    g = tg.Graph.open(tmp_path / "s")
+    with tg.scope(page_rows=100):
+        Gather()(graph=g, src={"x": x})
+    s = g.params["last_paged_run"]
+    assert (s.pages, s.page_rows, s.edges) == (10, 100, 8000)
+    assert s.distinct_sources == 10 * 107                 # rows i+1 .. i+107 per page
+    assert s.bytes_read["host"] == 10 * 107 * 16
+    assert s.bytes_read["disk"] == 10 * (101 * 8 + 800 * 4)
+
+
+def test_explain_reports_the_page_plan_and_the_last_run(tmp_path):
+    rp, ci = ring(300)
+    x = np.ones((300, 2))
+    store_of(tmp_path / "s", rp, ci, 300)
+    g = tg.Graph.open(tmp_path / "s")
+    with tg.scope(page_rows=64):
+        before = str(Gather().explain(graph=g, src={"x": x}))
+        Gather()(graph=g, src={"x": x})
+        after = str(Gather().explain(graph=g, src={"x": x}))
+    assert "paged (5 page(s) of 64 destination rows" in before
+    assert "no run measured yet" in before
+    assert "last run 5 page(s) x 64 rows, 1200 edges, distinct-source ratio" in after
+    for word in ("read host", "disk", "written host", "overlapped", "gather", "compute"):
+        assert word in after
+
+
+def test_grad_through_a_paged_program_matches_in_memory(tmp_path):
+    rp, ci = ring(50, k=3)
+    rng = np.random.default_rng(0)
+    x, w = rng.random((50, 2)), rng.random((150, 1))
+    store_of(tmp_path / "s", rp, ci, 50)
+    g, mem = tg.Graph.open(tmp_path / "s"), tg.Graph.from_csr(rp, ci)
+
+    def loss(graph):
+        def f(x, w):
+            return tg.math.sum(Weighted()(graph=graph, src={"x": x}, dst={"b": np.zeros(
+                (50, 1))}, edge={"w": w}) ** 2)
+        return f
+    with tg.scope(page_rows=7):
+        got = tg.grad(loss(g), argnums=(0, 1))(x, w)
+    want = tg.grad(loss(mem), argnums=(0, 1))(x, w)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12)
+
+
+def test_ctrl_c_stops_cleanly(tmp_path, monkeypatch):
+    rp, ci = ring(2000)
+    x = np.ones((2000, 2))
+    store_of(tmp_path / "s", rp, ci, 2000)
+    g = tg.Graph.open(tmp_path / "s")
+    calls = []
+    real = paging.run_propagate
+
+    def interrupted(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a)
+    monkeypatch.setattr(paging, "run_propagate", interrupted)
+    spill = tmp_path / "spill"
+    with tg.scope(page_rows=100, spill_dir=spill, budgets={"host": "20KB"}):
+        with pytest.raises(KeyboardInterrupt):
+            Gather()(graph=g, src={"x": x})                  # the result would go to disk
+        assert tg.memory.report()["host"]["bytes"] == 0     # page buffers given back
+    assert list(spill.iterdir()) == []
+    monkeypatch.setattr(paging, "run_propagate", real)
+    np.testing.assert_array_equal(tg.store.open(tmp_path / "s").read_csr()[1], ci)
+    with tg.scope(page_rows=100):
+        y = Gather()(graph=g, src={"x": x})
+    np.testing.assert_array_equal(np.asarray(y), np.full((2000, 2), 4.0))
+
+
+def test_field_with_the_wrong_length_is_a_shape_error(tmp_path):
+    rp, ci = ring(30)
+    store_of(tmp_path / "s", rp, ci, 30)
+    with pytest.raises(tg.ShapeError, match="src.x"):
+        Gather()(graph=tg.Graph.open(tmp_path / "s"), src={"x": np.ones((29, 2))})
+
+
+def test_page_tasks_cover_the_rows():
+    tasks = paging.page_tasks(10, np.array([0, 3, 9, 12]), 4)
+    assert [(t.rows, t.edges) for t in tasks] == [((0, 4), (0, 3)), ((4, 8), (3, 9)),
+                                                  ((8, 10), (9, 12))]

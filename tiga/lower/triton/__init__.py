@@ -1,0 +1,46 @@
+"""lower/triton: Kernel IR -> Triton source (text + signature); no triton import needed to
+render. Registers lowering_rules['triton'] (rules/<family>.py)."""
+from __future__ import annotations
+
+from ...core.prims.graph import propagate_p
+from ..ir.convert import propagate_params
+from ..ir.kernel import LaunchOp
+from ..registry import lowering_rules, register_lowered
+from . import rules  # noqa: F401  (registers lowering_rules["triton"])
+from .emitter import TritonUnsupported
+from .kernel import KernelSource, TritonSchedule, TritonSignature, render_propagate
+
+
+def schedule_of(op: LaunchOp) -> TritonSchedule:
+    """The Triton view of the launch's Schedule (select_kernel_schedule chose it)."""
+    s = op.schedule
+    if s is None or getattr(s, "target", "triton") != "triton" or s.block_rows is None:
+        raise TritonUnsupported("gf_kernel.launch has no triton schedule",
+                                hint="run --select-kernel-schedule with target triton")
+    return TritonSchedule(s.block_rows, s.block_neighbors, s.num_warps, s.pipeline_stages)
+
+
+def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False) -> KernelSource:
+    """Render one scheduled `gf_kernel.launch` (compressed-row walks; implicit relations are
+    walked through their resolved CSR, which the launcher binds)."""
+    if op.traversal not in ("csr-row", "transposed-csr-row", "dense-row", "triangular-row",
+                            "segment-row", "stencil-row"):
+        raise TritonUnsupported(f"traversal {op.traversal!r} has no Triton rendering yet")
+    gtype = op.comp.relation.type
+    in_types = [gtype] + [v.type for v in op.comp.inputs]
+    return render_propagate(propagate_params(op.comp), in_types, gtype.index_dtype, has_perm,
+                            schedule_of(op), symbol=symbol)
+
+
+def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
+    """lowering_rules['triton'][propagate_p]: [KernelSource] of a top-level propagate."""
+    if not isinstance(ctx, TritonSchedule):
+        raise TritonUnsupported("a propagate nested inside an edge/update function")
+    return [render_propagate(params, in_types, in_types[0].index_dtype, False, ctx)]
+
+
+lowering_rules["triton"][propagate_p] = propagate_lowering_rule
+register_lowered("triton")
+
+__all__ = ["render_launch", "render_propagate", "KernelSource", "TritonSchedule",
+           "TritonSignature", "TritonUnsupported", "schedule_of"]

@@ -1,0 +1,285 @@
+"""lower/triton: one fused Triton kernel per `propagate` over compressed rows (source text +
+signature; the runtime compiles and launches it: xla_free_runtime/triton_launch.py).
+
+    kernel[(cdiv(n_rows, BLOCK_R),)](row_ptr, col_idx, [edge_perm,] fields..., outs...,
+                                     n_rows, BLOCK_R=..., BLOCK_N=...)
+
+Each program owns BLOCK_R consecutive rows. For each row it loads the row's fields once,
+walks the row's edges in tiles of BLOCK_N neighbours (a degree guard masks the last tile),
+gathers the neighbour and edge rows of the tile, evaluates the edge function on the tile
+(rules/<family>.py), folds the tile into the reducer state (reducers.py), finalises, applies
+`update` and stores the row. No (num_edges, F) message array exists. reduce_by="src" walks
+the transposed CSR (rows are sources; edge ids through its permutation); "edge" stores each
+message at its edge id; "all" (sum or mean without update) stores one partial sum per row,
+which the launcher adds up.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from ...core.dtypes import as_dtype
+from ...core.prims.graph import propagate_abstract_eval_rule
+from ...core.types import GraphType
+from .emitter import TV, Emitter, TritonUnsupported, eval_program, pow2, tl_dtype
+from .reducers import reducer_folds, tile, valid_mask
+
+ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
+NBR_ROLE = {"dst": "src", "src": "dst"}
+HELPERS = {"_tiga_mul": "@triton.jit\ndef _tiga_mul(a, b):\n    return a * b\n"}
+
+
+@dataclass(frozen=True)
+class TritonSchedule:
+    """What the source and the launch depend on (from the launch's Kernel IR Schedule)."""
+
+    block_rows: int = 1
+    block_neighbors: int = 16
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@dataclass(frozen=True)
+class TritonSignature:
+    """How to launch a rendered kernel; JSON-serialisable like the LLVM signature."""
+
+    symbol: str
+    walk: str                 # "dst": the relation's CSR; "src": its transposed CSR
+    reduce_by: str
+    slots: tuple              # "row_ptr", "col_idx", "edge_perm", "field:i", "out:k"
+    roles: tuple
+    field_shapes: tuple
+    field_dtypes: tuple
+    out_shapes: tuple         # row shape per output
+    out_dtypes: tuple
+    index_dtype: str
+    block_rows: int
+    block_neighbors: int
+    num_warps: int
+    num_stages: int
+    combine: str = ""         # reduce_by="all": "sum" | "mean" of the per-row partials
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """Generated text and its signature: what a backend's renderer hands its launcher."""
+
+    text: str
+    signature: TritonSignature
+
+
+def _row_shapes(fields, roles) -> tuple:
+    return tuple(tuple(t.shape) if r == "param" else tuple(t.shape[1:])
+                 for t, r in zip(fields, roles))
+
+
+def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
+                 schedule: TritonSchedule, symbol: str) -> TritonSignature:
+    graph_t, fields = in_types[0], list(in_types[1:])
+    if not isinstance(graph_t, GraphType):
+        raise TritonUnsupported("a propagate whose first operand is not a relation")
+    index = as_dtype(index_dtype)
+    if index.name not in ("int32", "int64"):
+        raise TritonUnsupported(f"index dtype {index.name} (int32/int64 are rendered)")
+    reduce_by, roles = params["reduce_by"], tuple(params["roles"])
+    combine = ""
+    if reduce_by == "all":
+        r = params["reducer"]
+        if params["update"] is not None or r is None or not r.builtin or \
+                r.name not in ("sum", "mean"):
+            raise TritonUnsupported("reduce_by='all' with a reducer other than sum/mean or "
+                                    "with an update (per-row partials are added)")
+        combine = r.name
+    if params["update"] is not None and reduce_by != "dst":
+        raise TritonUnsupported("an update function needs reduce_by='dst'")
+    outs = propagate_abstract_eval_rule(graph_t, *fields, **params)
+    out_shapes = tuple(tuple(t.shape) if reduce_by == "all" else tuple(t.shape[1:])
+                       for t in outs)
+    for t in list(fields) + list(outs):
+        if as_dtype(t.dtype).name == "bool":
+            raise TritonUnsupported("a bool field or output (stored as bytes, not rendered)")
+    walk = "src" if reduce_by == "src" else "dst"
+    perm = has_perm or walk == "src"
+    slots = ("row_ptr", "col_idx") + (("edge_perm",) if perm else ()) + tuple(
+        f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
+    return TritonSignature(symbol, walk, reduce_by, slots, roles, _row_shapes(fields, roles),
+                           tuple(t.dtype.name for t in fields), out_shapes,
+                           tuple(t.dtype.name for t in outs), index.name,
+                           schedule.block_rows, schedule.block_neighbors, schedule.num_warps,
+                           schedule.num_stages, combine)
+
+
+def render_propagate(params: dict, in_types: list, index_dtype, has_perm: bool = False,
+                     schedule: TritonSchedule | None = None, *,
+                     symbol: str = "tiga_propagate") -> KernelSource:
+    """Triton source and signature of one fused kernel for a propagate equation.
+    Raises TritonUnsupported (a tg.UnsupportedError) naming what is not rendered."""
+    schedule = schedule or TritonSchedule()
+    sig = signature_of(params, list(in_types), index_dtype, has_perm, schedule, symbol)
+    body = _Body(params, sig).render()
+    args = [s.replace(":", "") for s in sig.slots] + ["n_rows", "BLOCK_R: tl.constexpr",
+                                                       "BLOCK_N: tl.constexpr"]
+    head = ["# generated by tiga (lower/triton); do not edit",
+            "import triton", "import triton.language as tl", ""]
+    helpers = [HELPERS[h] for h in sorted(body.helpers)]
+    text = "\n".join(head) + "\n" + "\n".join(helpers) + ("\n" if helpers else "") + \
+        f"@triton.jit\ndef {symbol}({', '.join(args)}):\n" + "\n".join(body.lines) + "\n"
+    return KernelSource(text, sig)
+
+
+class _Body:
+    """The kernel body: row loop, neighbour-tile loop, folds, finalize, update, stores."""
+
+    def __init__(self, params: dict, sig: TritonSignature):
+        self.sig, self.params = sig, params
+        self.edge_fn, self.update = params["edge_fn"], params["update"]
+        self.row_role = ROW_ROLE[sig.reduce_by]
+        self.nbr_role = NBR_ROLE[self.row_role]
+        self.ctx = Emitter(indent=1)
+        msg_types = [t.strong() for t in self.edge_fn.out_types]
+        self.folds = []
+        if sig.reduce_by != "edge":
+            reducer = params["reducer"]
+            if sig.combine:
+                from ...core.reducers import sum as sum_reducer
+                reducer = sum_reducer()
+            self.folds = reducer_folds(reducer, msg_types)
+
+    # ---- loads ---------------------------------------------------------------------------
+
+    def _gather(self, i: int, index: str, mask: str | None, lead: str) -> TV:
+        """Field i's rows at `index` ([L] int64 ids) as a [L, *padded] tile."""
+        shape, dtype = self.sig.field_shapes[i], as_dtype(self.sig.field_dtypes[i])
+        ptr = f"field{i}"
+        if not shape:
+            masked = f", mask={mask}, other=0" if mask else ""
+            return self.ctx.value(f"tl.load({ptr} + {index}{masked})", shape, dtype, lead, "x")
+        k = len(shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        offs, fmask = _lead_offsets(shape)
+        idx = f"{index}[:, {', '.join(['None'] * k)}]"
+        masks = [m for m in ((f"{mask}[:, {', '.join(['None'] * k)}]" if mask else None),
+                             fmask) if m]
+        masked = f", mask={' & '.join(masks)}, other=0" if masks else ""
+        return self.ctx.value(f"tl.load({ptr} + {idx} * {numel} + {offs}{masked})", shape,
+                              dtype, lead, "x")
+
+    def _params(self) -> dict:
+        return {i: self._gather(i, "zero1", None, "row")
+                for i, r in enumerate(self.sig.roles) if r == "param"}
+
+    # ---- body ----------------------------------------------------------------------------
+
+    def render(self) -> Emitter:
+        c = self.ctx
+        c.emit("pid = tl.program_id(0).to(tl.int64)")
+        c.emit("nb = tl.arange(0, BLOCK_N)")
+        c.emit("zero1 = tl.zeros([1], tl.int64)")
+        params = self._params()
+        c.emit("for i in range(0, BLOCK_R):")
+        c.indent += 1
+        c.emit("r = pid * BLOCK_R + i")
+        c.emit("live = r < n_rows")
+        c.emit("rr = tl.minimum(r, n_rows - 1)")
+        c.emit("e0 = tl.load(row_ptr + rr)")
+        c.emit("e1 = tl.where(live, tl.load(row_ptr + rr + 1), e0)")
+        c.emit("cnt = e1 - e0")
+        c.emit("row1 = zero1 + rr")
+        rows = {i: self._gather(i, "row1", None, "row")
+                for i, r in enumerate(self.sig.roles) if r == self.row_role}
+        states = [f.init(c) for f, _ in self.folds]
+        c.emit("for start in range(e0, e1, BLOCK_N):")
+        c.indent += 1
+        self._tile(rows, params, states)
+        c.indent -= 1
+        if self.sig.reduce_by != "edge":
+            self._finish(rows, params, states)
+        c.indent -= 1
+        return c
+
+    def _tile(self, rows: dict, params: dict, states: list) -> None:
+        c = self.ctx
+        c.emit("p = start + nb")
+        c.emit("valid = p < e1")
+        c.emit("col = tl.load(col_idx + p, mask=valid, other=0).to(tl.int64)")
+        if "edge_perm" in self.sig.slots:
+            c.emit("eid = tl.load(edge_perm + p, mask=valid, other=0).to(tl.int64)")
+        else:
+            c.emit("eid = p")
+        args = []
+        for i, role in enumerate(self.sig.roles):
+            if role == "param":
+                args.append(params[i])
+            elif role == self.row_role:
+                args.append(rows[i])
+            elif role == "edge":
+                args.append(self._gather(i, "eid", "valid", "edge"))
+            else:
+                args.append(self._gather(i, "col", "valid", "edge"))
+        msgs = eval_program(c, self.edge_fn, args)
+        if self.sig.reduce_by == "edge":
+            for k, m in enumerate(msgs):
+                self._store(k, m, "eid", "valid", edge=True)
+            return
+        for (fold, at), state in zip(self.folds, states):
+            fold.fold(c, state, [msgs[j] for j in at])
+
+    def _finish(self, rows: dict, params: dict, states: list) -> None:
+        outs = []
+        for (fold, _), state in zip(self.folds, states):
+            outs += fold.finalize(self.ctx, state)
+        if self.update is not None:
+            roles = self.sig.roles
+            dst = [rows[i] for i, r in enumerate(roles) if r == "dst"]
+            prm = [params[i] for i, r in enumerate(roles) if r == "param"]
+            outs = eval_program(self.ctx, self.update, dst + outs + prm)
+        for k, val in enumerate(outs):
+            self._store(k, val, "row1", "(zero1 == 0) & live", edge=False)
+
+    def _store(self, k: int, val: TV, index: str, mask: str, edge: bool) -> None:
+        shape = tuple(self.sig.out_shapes[k])
+        dtype = as_dtype(self.sig.out_dtypes[k])
+        if edge:
+            expr = tile(self.ctx, val, shape)
+        elif val.lead == "const":
+            expr = f"tl.full([1{''.join(f', {pow2(d)}' for d in shape)}], {val.expr}, " \
+                   f"{tl_dtype(dtype)})"
+        else:
+            expr = self.ctx.expand(val, len(shape))
+        expr = f"({expr}).to({tl_dtype(dtype)})"
+        if not shape:
+            self.ctx.emit(f"tl.store(out{k} + {index}, {expr}, mask={mask})")
+            return
+        n = len(shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        offs, fmask = _lead_offsets(shape)
+        lifted = f"{mask if mask != 'valid' else 'valid'}"
+        m = f"({lifted})[:, {', '.join(['None'] * n)}]" if not edge else valid_mask(n)
+        if fmask:
+            m = f"{m} & {fmask}"
+        self.ctx.emit(f"tl.store(out{k} + {index}[:, {', '.join(['None'] * n)}] * {numel} + "
+                      f"{offs}, {expr}, mask={m})")
+
+
+def _lead_offsets(shape: tuple) -> tuple[str, str | None]:
+    """(offsets, mask) of a row of `shape` as a [1, *padded] tensor (row-major, logical)."""
+    k = len(shape)
+    offs, masks = [], []
+    stride = 1
+    for axis in range(k - 1, -1, -1):
+        d, p = shape[axis], pow2(shape[axis])
+        sel = ", ".join(":" if j == axis + 1 else "None" for j in range(k + 1))
+        idx = f"tl.arange(0, {p})[{sel}]"
+        offs.append(idx if stride == 1 else f"{idx} * {stride}")
+        if p != d:
+            masks.append(f"({idx} < {d})")
+        stride *= d
+    return " + ".join(reversed(offs)), (" & ".join(masks) if masks else None)
+

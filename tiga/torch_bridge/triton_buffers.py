@@ -1,0 +1,33 @@
+"""torch_bridge: the torch tensors the Triton launcher passes as kernel pointers (Triton takes
+torch tensors: CPU tensors under its interpreter, CUDA tensors on the GPU). The facade hands
+these functions to xla_free_runtime/triton_launch.py, which never imports torch itself."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+           "float64": torch.float64, "int8": torch.int8, "int16": torch.int16,
+           "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
+
+
+def from_array(x, dtype: str, device: str) -> torch.Tensor:
+    """A contiguous tensor of `dtype` on `device` holding `x` (numpy or torch); never empty
+    (the interpreter reads an empty tensor's pointer as null)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=_DTYPES[dtype]).contiguous()
+    arr = np.ascontiguousarray(np.asarray(x), dtype=np.dtype(dtype))
+    if not arr.flags.writeable:
+        arr = arr.copy()   # torch wraps only writable memory without a warning
+    if arr.size == 0:
+        arr = np.zeros(1, dtype=arr.dtype)
+    t = torch.from_numpy(arr)
+    return t if device == "cpu" else t.to(device)
+
+
+def zeros(shape: tuple, dtype: str, device: str) -> torch.Tensor:
+    return torch.zeros(shape, dtype=_DTYPES[dtype], device=device)
+
+
+def to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
+    return t.cpu().numpy().astype(dtype, copy=False)

@@ -1,0 +1,230 @@
+"""runtime/distributed: DistributedGraph, one rank's share of a relation, and partition().
+
+Every rank calls `partition` with the same graph; each keeps its halo plan (built once) and
+three local relations over the renumbered CSR (halo.py): `full` (owned rows over owned +
+ghost sources), `interior` (rows that read no ghost, over owned sources only) and
+`boundary` (the rest). A program traced on a DistributedGraph sees a plain CSR relation
+with num_src == num_dst == the owned rows: fields are local, the exchange is the runtime's.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ...core.errors import DistributedError, GraphValidationError, ShapeError, UnsupportedError
+from ...core.graph import Graph
+from ...core.types import Dim, GraphType
+from .comm import Comm, init, mpi
+from .exchange import reverse_add
+from .halo import HaloPlan, build_plan
+from .partition import owners
+
+INTERIOR_CHUNK_EDGES = 1 << 16   # interior edges per launch between MPI progress tests
+
+
+class DistributedGraph:
+    """This rank's rows of a relation partitioned over the ranks of `comm`."""
+
+    tiga_distributed = True     # the runtime's dispatch mark (executor.execute)
+
+    def __init__(self, comm: Comm, plan: HaloPlan, global_type: GraphType, method: str,
+                 owner: np.ndarray):
+        self.comm, self.plan, self.method = comm, plan, method
+        self.global_type = global_type
+        self.owner = owner
+        self.kind = "csr"
+        self.num_src = self.num_dst = plan.n_owned
+        self.num_edges = len(plan.col_idx)
+        self.index_dtype = global_type.index_dtype
+        self.edge_perm = None
+        self.overlap = True          # False: communicate, then compute (benchmarks compare)
+        self.last_call: dict = {}    # timings of the latest exchange (explain() reports it)
+        self.broken: str | None = None
+        self._agreed: set = set()
+        self._all_owned = None
+        self.full = self._local(0, plan.n_owned, plan.n_owned + plan.n_ghost)
+        self.interior = self._local(0, plan.n_interior, plan.n_owned)
+        self.boundary = self._local(plan.n_interior, plan.n_owned,
+                                    plan.n_owned + plan.n_ghost)
+        self.interior_chunks = self._chunks()
+
+    # ---- what the tracer and the call checks see -------------------------------------------
+
+    def type(self, symbolic: bool = False) -> GraphType:
+        if symbolic:
+            n = Dim("N")
+            return GraphType("csr", n, n, Dim("E"), self.index_dtype, None)
+        return GraphType("csr", self.num_src, self.num_dst, self.num_edges, self.index_dtype,
+                         None)
+
+    def resolve_csr(self):
+        raise UnsupportedError(
+            "a DistributedGraph has no single CSR: its sources live on several ranks",
+            hint="call the program with graph=dg (the runtime exchanges the halo), or use "
+                 "dg.full, the local relation over owned + ghost source rows")
+
+    def ensure_valid(self) -> DistributedGraph:
+        return self
+
+    def degrees(self, by: str = "dst") -> np.ndarray:
+        """int64 in-degree of each owned row (by='dst') or out-degree of each owned source
+        over the whole relation (by='src': ghost counts are added at their owners)."""
+        if by == "dst":
+            return np.diff(self.plan.row_ptr)
+        if by != "src":
+            raise GraphValidationError(f"by: is {by!r}, expected 'dst' or 'src'")
+        n = self.plan.n_owned + self.plan.n_ghost
+        local = np.bincount(np.asarray(self.plan.col_idx, np.int64), minlength=n)
+        return reverse_add(self, local.astype(np.int64), "the reverse exchange of degrees")
+
+    def __repr__(self) -> str:
+        p = self.plan
+        return (f"DistributedGraph(rank={self.comm.rank}/{self.comm.size}, method="
+                f"{self.method!r}, owned={p.n_owned} ({p.n_interior} interior), ghosts="
+                f"{p.n_ghost}, edges={self.num_edges}, peers={p.peers()})")
+
+    # ---- fields ------------------------------------------------------------------------------
+
+    @property
+    def owned(self) -> np.ndarray:
+        """Global destination ids this rank owns, in local row order (interior first)."""
+        return self.plan.owned
+
+    def local(self, x_global):
+        """This rank's rows of a global source/destination field."""
+        x = np.asarray(x_global)
+        want = self.global_type.num_dst
+        if x.ndim == 0 or x.shape[0] != want:
+            raise ShapeError(f"x_global: expected a leading axis of {want} (the global "
+                             f"rows), found shape {x.shape}")
+        return x[self.plan.owned]
+
+    def local_edges(self, w_global):
+        """This rank's edges of a global edge field, in local edge order."""
+        w = np.asarray(w_global)
+        want = self.global_type.num_edges
+        if w.ndim == 0 or w.shape[0] != want:
+            raise ShapeError(f"w_global: expected a leading axis of {want} (the global "
+                             f"edges), found shape {w.shape}")
+        return w[self.plan.edge_ids]
+
+    def gather(self, y_local, root: int | None = None):
+        """The global array from every rank's local rows: on every rank (root=None) or only
+        on `root` (the others get None)."""
+        y = np.ascontiguousarray(np.asarray(y_local))
+        if y.ndim == 0 or y.shape[0] != self.plan.n_owned:
+            raise ShapeError(f"y_local: expected a leading axis of {self.plan.n_owned} (this "
+                             f"rank's owned rows), found shape {y.shape}")
+        if root is not None and not 0 <= root < self.comm.size:
+            raise DistributedError(f"root: must be a rank in [0, {self.comm.size}), found "
+                                   f"{root}")
+        self.comm.agree(repr((y.shape[1:], y.dtype.str, root)), "gather's row shape/dtype")
+        owned = self._owned_everywhere()
+        row_bytes = int(np.prod(y.shape[1:], dtype=np.int64)) * y.dtype.itemsize
+        counts = np.array([len(o) for o in owned], np.int64) * row_bytes
+        stacked = np.empty((sum(len(o) for o in owned),) + y.shape[1:], y.dtype)
+        MPI = mpi()
+        send = [y.reshape(-1).view(np.uint8), MPI.BYTE]
+        recv = [stacked.reshape(-1).view(np.uint8), (counts, None), MPI.BYTE]
+        if root is None:
+            req = self.comm.raw.Iallgatherv(send, recv)
+        else:
+            req = self.comm.raw.Igatherv(send, recv, root=root)
+        self.comm.wait([req], "gather")
+        if root is not None and root != self.comm.rank:
+            return None
+        out = np.empty((self.global_type.num_dst,) + y.shape[1:], y.dtype)
+        out[np.concatenate(owned)] = stacked
+        return out
+
+    def _owned_everywhere(self) -> list:
+        if self._all_owned is None:
+            sizes = self.comm.allgather_array(np.array([self.plan.n_owned], np.int64),
+                                              "gather's row counts")[:, 0]
+            every = np.empty(int(sizes.sum()), np.int64)
+            MPI = mpi()
+            req = self.comm.raw.Iallgatherv([self.plan.owned, MPI.INT64_T],
+                                            [every, (sizes, None), MPI.INT64_T])
+            self.comm.wait([req], "gather's row ids")
+            self._all_owned = np.split(every, np.cumsum(sizes)[:-1])
+        return self._all_owned
+
+    # ---- local relations ----------------------------------------------------------------------
+
+    def _local(self, first: int, stop: int, num_src: int) -> Graph:
+        p = self.plan
+        rp = p.row_ptr[first:stop + 1]
+        e0, e1 = int(rp[0]), int(rp[-1])
+        return Graph.from_csr(np.ascontiguousarray(rp - e0, dtype=np.int64),
+                              np.ascontiguousarray(p.col_idx[e0:e1]), num_src=num_src)
+
+    def _chunks(self) -> list:
+        """(row range, relation) pieces of the interior rows: between two launches the
+        runtime tests the halo requests, since MPI progresses only inside MPI calls."""
+        rp = self.plan.row_ptr[:self.plan.n_interior + 1]
+        total = int(rp[-1])
+        pieces = max(1, min(8, total // INTERIOR_CHUNK_EDGES))
+        if pieces == 1:
+            return [((0, self.plan.n_interior), self.interior)]
+        cuts = np.searchsorted(rp, np.arange(1, pieces) * total / pieces)
+        bounds = np.unique(np.concatenate([[0], cuts, [self.plan.n_interior]]))
+        return [((int(a), int(b)), self._local(int(a), int(b), self.plan.n_owned))
+                for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def halo_lines(self, row_bytes: int | None = None) -> list:
+        """Readable halo plan: ghost rows and bytes per neighbour rank."""
+        p = self.plan
+        lines = [f"rank {self.comm.rank}/{self.comm.size} ({self.method}): {p.n_owned} owned "
+                 f"rows ({p.n_interior} interior, {p.n_owned - p.n_interior} boundary), "
+                 f"{p.n_ghost} ghost rows, {self.num_edges} local edges "
+                 f"({p.interior_edges} interior)"]
+        sends = dict(p.send)
+        for q in p.peers():
+            got = sum(b - a for r, a, b in p.recv if r == q)
+            put = len(sends.get(q, ()))
+            per = "" if row_bytes is None else \
+                f" ({got * row_bytes} B in, {put * row_bytes} B out per exchange)"
+            lines.append(f"  peer rank {q}: receive {got} ghost rows, send {put} rows{per}")
+        return lines
+
+
+def partition(graph, method: str = "rows", positions=None, comm: Comm | None = None
+              ) -> DistributedGraph:
+    """This rank's DistributedGraph of `graph` (every rank passes the same graph)."""
+    if isinstance(graph, DistributedGraph):
+        raise GraphValidationError("graph: is already a DistributedGraph; partition the "
+                                   "global tg.Graph")
+    if not isinstance(graph, Graph):
+        raise GraphValidationError(f"graph: expected a tg.Graph, found "
+                                   f"{type(graph).__name__}")
+    if graph.num_src != graph.num_dst:
+        raise UnsupportedError(
+            f"graph: partitioning needs one node set (num_src == num_dst), found num_src="
+            f"{graph.num_src}, num_dst={graph.num_dst}",
+            hint="source fields are split with the destination rows' ownership")
+    comm = (comm or init()).dup()
+    graph.ensure_valid()
+    row_ptr, col_idx = graph.resolve_csr()
+    owner = owners(row_ptr, comm.size, method, positions)
+    gtype = graph.type()
+    comm.agree(repr((gtype.kind, gtype.num_src, gtype.num_dst, int(graph.num_edges), method,
+                     _fingerprint(row_ptr, col_idx, graph.edge_perm, owner))),
+               "partition (graph and method)")
+    plan = build_plan(row_ptr, col_idx, graph.edge_perm, owner, comm.rank)
+    return DistributedGraph(comm, plan, gtype, method, owner)
+
+
+def _fingerprint(*arrays) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        if a is not None:
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def is_distributed(value) -> bool:
+    return getattr(value, "tiga_distributed", False) is True
+
+
+__all__ = ["DistributedGraph", "partition", "is_distributed"]

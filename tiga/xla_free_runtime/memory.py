@@ -1,0 +1,134 @@
+"""runtime: tg.memory, the bytes Tiga's storage layer allocates per tier, budgets and LRU.
+
+Counted are the buffers the storage layer itself allocates: host copies made by `to`,
+`restore`, `load` and row slices of disk tensors, spill files and disk results, and the
+page buffers and results of paged runs. Arrays the caller passes in (tg.asarray of a numpy
+array is zero-copy) are the caller's memory and are not counted. An allocation is charged
+to every active scope and checked against the innermost budget for its tier.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+
+from ..core.errors import StorageError
+from . import scope as sc
+
+
+_LOCK = threading.RLock()     # a prefetch thread charges page buffers beside the caller
+
+
+class Charge:
+    """Bytes held on one tier, charged to the scopes active when they were allocated."""
+
+    __slots__ = ("tier", "nbytes", "scopes", "key", "__weakref__")
+
+    def __init__(self, tier: str, nbytes: int, scopes: tuple):
+        self.tier, self.nbytes, self.scopes, self.key = tier, nbytes, scopes, None
+
+    def credit(self) -> None:
+        """Give the bytes back (idempotent)."""
+        with _LOCK:
+            if self.nbytes < 0:
+                return
+            for s in self.scopes:
+                s.used[self.tier] -= self.nbytes
+                if self.key is not None:
+                    s.lru.pop(self.key, None)
+            self.nbytes = -1
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def charge(tier: str, nbytes: int, what: str = "allocation") -> Charge:
+    """Charge `nbytes` on `tier` before allocating them: over the innermost budget, idle
+    host tensors are spilled first (eviction='lru'), else tg.StorageError."""
+    with _LOCK:
+        return _charge(tier, int(nbytes), what)
+
+
+def _charge(tier: str, nbytes: int, what: str) -> Charge:
+    owner = sc.budget_scope(tier)
+    if owner is not None and owner.used[tier] + nbytes > owner.budgets[tier]:
+        if tier == "host" and sc.eviction() == "lru":
+            _evict(owner, owner.used[tier] + nbytes - owner.budgets[tier])
+        if owner.used[tier] + nbytes > owner.budgets[tier]:
+            raise StorageError(
+                f"{tier} budget {fmt_bytes(owner.budgets[tier])} cannot hold a request of "
+                f"{fmt_bytes(nbytes)} for {what}: {fmt_bytes(owner.used[tier])} already "
+                f"allocated in the scope that sets it"
+                + ("" if tier != "host" or sc.eviction() == "lru" else
+                   "; eviction='lru' would spill idle host tensors first"))
+    scopes = sc.chain()
+    for s in scopes:
+        s.used[tier] += nbytes
+        s.peak[tier] = max(s.peak[tier], s.used[tier])
+    return Charge(tier, nbytes, scopes)
+
+
+def track(tensor, ch: Charge) -> None:
+    """Make a charged host tensor an eviction candidate (most recently used)."""
+    ch.key = id(tensor)
+    ref = weakref.ref(tensor)
+    for s in ch.scopes:
+        s.lru[ch.key] = ref
+
+
+def touch(ch: Charge) -> None:
+    if ch.key is not None:
+        for s in ch.scopes:
+            if ch.key in s.lru:
+                s.lru.move_to_end(ch.key)
+
+
+def _idle(tensor) -> bool:
+    """Nobody but the tensor holds its host buffer (a view handed out keeps it alive, so
+    spilling it would free nothing)."""
+    st = tensor._storage
+    arr = getattr(st, "_array", None)
+    return st.tier == "host" and arr is not None and arr.base is None and \
+        sys.getrefcount(arr) <= 3 and not getattr(tensor, "_pins", 0)
+
+
+def _evict(owner, need: int) -> None:
+    freed = 0
+    for key, ref in list(owner.lru.items()):
+        if freed >= need:
+            return
+        t = ref()
+        if t is None:
+            owner.lru.pop(key, None)
+            continue
+        if _idle(t):
+            before = owner.used["host"]
+            t.spill()
+            freed += before - owner.used["host"]
+
+
+def report_of(s) -> dict:
+    stack = sc.chain()
+    upto = stack[:stack.index(s) + 1] if s in stack else (s,)
+
+    def budget(tier):
+        for x in reversed(upto):
+            if tier in x.budgets:
+                return x.budgets[tier]
+        return None
+
+    return {tier: {"bytes": s.used[tier], "peak": s.peak[tier], "budget": budget(tier)}
+            for tier in sc.TIERS}
+
+
+def report() -> dict:
+    """Per tier {"bytes", "peak", "budget"}: what Tiga allocated in the current scope
+    (live bytes, their high-water mark, the budget in force; None = unlimited). Not RSS."""
+    return report_of(sc.current())
+
+
+__all__ = ["report", "charge", "Charge", "fmt_bytes"]

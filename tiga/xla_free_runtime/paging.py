@@ -1,0 +1,386 @@
+"""runtime: paged execution of a propagate over a stored ("paged") relation.
+
+A page is a range of destination rows. Per page the runtime reads the CSR row range from
+the store, gathers each distinct source row once into a compact buffer (the page's column
+ids are remapped onto it with np.unique's inverse), runs the same compiled kernel as the
+in-memory path on the page-local CSR, and writes the output rows to a host array, or to a
+disk tensor when the result would not fit the host budget. A prefetch thread loads page
+k+1 while page k computes (a bounded queue of two pages). The plan is data (PagePlan, one
+PageTask per page) and explain() prints it with the last run's measurements.
+"""
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.config import config
+from ..core.errors import ShapeError, StorageError
+from ..core.graph import Graph
+from ..core.primitive import impl_rules
+from ..core.prims.graph import propagate_p
+from ..core.types import TensorType
+from . import memory
+from . import scope as sc
+from .llvm_propagate import SPECIALISED_PLANNERS, Fallback, plan_propagate, run_propagate
+from .storage import DiskStorage, HostStorage
+
+PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own
+QUEUE_PAGES = 2
+
+
+@dataclass(frozen=True)
+class PageTask:
+    """One page: destination rows [rows), edges [edges) of the stored CSR."""
+
+    index: int
+    rows: tuple
+    edges: tuple
+
+
+@dataclass
+class PageStats:
+    """What the last paged run on a relation measured (explain() prints it)."""
+
+    pages: int = 0
+    page_rows: int = 0
+    edges: int = 0
+    distinct_sources: int = 0
+    bytes_read: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
+    bytes_written: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(
+        ("read", "gather", "compute", "write", "wait", "total"), 0.0))
+    result_tier: str = "host"
+
+    @property
+    def distinct_ratio(self) -> float:
+        return self.distinct_sources / self.edges if self.edges else 0.0
+
+    @property
+    def overlapped(self) -> float:
+        """Seconds of page loading hidden behind compute."""
+        s = self.seconds
+        return max(0.0, s["read"] + s["gather"] - s["wait"])
+
+
+def page_tasks(num_dst: int, bounds: np.ndarray, page_rows: int) -> list:
+    """The plan: one PageTask per `page_rows` destination rows; `bounds` is row_ptr at
+    rows 0, page_rows, 2 page_rows, ... and num_dst."""
+    starts = list(range(0, num_dst, page_rows))
+    return [PageTask(k, (a, min(a + page_rows, num_dst)), (int(bounds[k]), int(bounds[k + 1])))
+            for k, a in enumerate(starts)]
+
+
+# ---- field access on any tier -----------------------------------------------------------------
+
+def _storage_of(value):
+    """(storage with read_rows / take_rows, tier) of a field value on any tier."""
+    st = getattr(value, "_storage", None)
+    if st is not None and hasattr(st, "take_rows"):
+        return st, st.tier
+    arr = np.asarray(value)
+    return HostStorage(arr), "host"
+
+
+def _check_lengths(eqn, graph, values) -> None:
+    want = {"src": graph.num_src, "dst": graph.num_dst, "edge": graph.num_edges}
+    for v, role, name in zip(values, eqn.params["roles"], eqn.params["names"]):
+        if role in want:
+            shape = tuple(getattr(v, "shape", np.shape(v)))
+            if not shape or shape[0] != want[role]:
+                raise ShapeError(f"{role}.{name}: expected {want[role]} rows for the paged "
+                                 f"relation, found shape {shape}")
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+class PagedPlan:
+    """The route of a propagate over a paged relation (a SPECIALISED_PLANNERS plan)."""
+
+    lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
+
+    def run(self, eqn, graph, values) -> list:
+        by = eqn.params["reduce_by"]
+        if by not in PAGED_BY:
+            return _materialised(eqn, graph, values)
+        _check_lengths(eqn, graph, values)
+        reader = graph.params["reader"]
+        rows = sc.page_rows()
+        tasks = page_tasks(graph.num_dst, reader.page_bounds(rows), rows)
+        run = _PagedRun(eqn, graph, values, reader, tasks)
+        outs = run.execute()
+        graph.params["last_paged_run"] = run.stats
+        return outs
+
+    def describe(self, ex, eqn, graph, where) -> None:
+        p = eqn.params
+        what = f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}"
+        if p["reduce_by"] not in PAGED_BY:
+            ex.routes.append(("paged", what, "grouped by source: the stored CSR is read "
+                              "whole and the in-memory kernel runs on it"))
+            ex.materialized.append(("CSR of the paged relation (read whole)",
+                                    graph.num_edges * graph.index_dtype.np.itemsize,
+                                    f"reduce_by={p['reduce_by']!r} is not paged"))
+            return
+        rows = sc.page_rows()
+        pages = -(-graph.num_dst // rows) if graph.num_dst else 0
+        ex.routes.append(("paged", what, f"{pages} page(s) of {rows} destination rows from "
+                          f"store {graph.params['path']} (version {graph.params['version']})"
+                          "; per page: read the CSR rows, gather distinct sources once, run "
+                          "the in-memory kernel on the page-local CSR, write the rows"))
+        ex.traversal.append(f"paged: prefetch thread loads page k+1 while page k computes "
+                            f"(queue of {QUEUE_PAGES} pages)")
+        last = graph.params.get("last_paged_run")
+        ex.traversal.append(describe_stats(last) if last is not None else
+                            "paged: no run measured yet on this relation")
+
+
+def describe_stats(s: PageStats) -> str:
+    t = s.seconds
+    return (f"paged: last run {s.pages} page(s) x {s.page_rows} rows, {s.edges} edges, "
+            f"distinct-source ratio {s.distinct_ratio:.3f}; read host "
+            f"{s.bytes_read['host']} B, disk {s.bytes_read['disk']} B; written host "
+            f"{s.bytes_written['host']} B, disk {s.bytes_written['disk']} B (result on "
+            f"{s.result_tier}); seconds read {t['read']:.3f}, gather {t['gather']:.3f}, "
+            f"compute {t['compute']:.3f}, write {t['write']:.3f}, waited {t['wait']:.3f}, "
+            f"overlapped {s.overlapped:.3f}")
+
+
+def _materialised(eqn, graph, values) -> list:
+    """Groupings a page cannot complete (by source, all edges): the in-memory route on the
+    whole stored CSR."""
+    rp, ci = graph.resolve_csr()
+    mem = Graph.from_csr(rp, ci, num_src=graph.num_src, validate="none", copy=False)
+    vals = [np.asarray(v) for v in values]
+    route = plan_propagate(eqn, mem)
+    if isinstance(route, Fallback):
+        return impl_rules[propagate_p](mem, *vals, **eqn.params)
+    return run_propagate(route, eqn, mem, vals)
+
+
+class _PagedRun:
+    """One paged execution: a prefetch thread loads pages, this thread computes them."""
+
+    def __init__(self, eqn, graph, values, reader, tasks):
+        self.eqn, self.graph, self.reader, self.tasks = eqn, graph, reader, tasks
+        self.roles = eqn.params["roles"]
+        self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
+                       for v, r in zip(values, self.roles)]
+        self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows())
+        self.stop = threading.Event()
+        self.room = threading.Condition()     # page buffers in flight, under the budget
+        self.inflight = 0
+        self.row_bytes = [0 if r == "param" else
+                          int(np.prod(v.shape[1:], dtype=np.int64)) * v.dtype.itemsize
+                          for v, r in zip(values, self.roles)]
+
+    def estimate(self, task: PageTask) -> int:
+        """An upper bound of a page's host buffers (CSR rows, remap, gathered rows)."""
+        rows, edges = task.rows[1] - task.rows[0], task.edges[1] - task.edges[0]
+        distinct = min(edges, self.graph.num_src)
+        n = {"src": distinct, "dst": rows, "edge": edges, "param": 0}
+        return (rows + 1) * 8 + edges * 2 * self.graph.index_dtype.np.itemsize + \
+            distinct * 8 + sum(n[r] * b for r, b in zip(self.roles, self.row_bytes))
+
+    def wait_for_room(self, task: PageTask) -> None:
+        """Hold the next page back while pages in flight leave its bytes no room."""
+        owner = sc.budget_scope("host")
+        if owner is None:
+            return
+        need = self.estimate(task)
+        with self.room:
+            while self.inflight and not self.stop.is_set() and \
+                    owner.used["host"] + need > owner.budgets["host"]:
+                self.room.wait(0.1)
+
+    def done_with(self, charge) -> None:
+        charge.credit()
+        with self.room:
+            self.inflight -= 1
+            self.room.notify_all()
+
+    # ---- loading (prefetch thread) -------------------------------------------------------
+
+    def load(self, task: PageTask):
+        t0 = time.perf_counter()
+        a, b = task.rows
+        rp, ci, elo = self.reader.read_rows(a, b)
+        if elo != task.edges[0] or elo + len(ci) != task.edges[1]:
+            raise StorageError(f"{self.graph.params['path']}: page {task.index} check failed: "
+                               f"edges [{elo}:{elo + len(ci)}) differ from the planned "
+                               f"[{task.edges[0]}:{task.edges[1]})")
+        st = self.stats
+        st.bytes_read["disk"] += rp.nbytes + ci.nbytes
+        t1 = time.perf_counter()
+        uniq, inv = np.unique(ci, return_inverse=True)
+        inv = inv.astype(self.graph.index_dtype.np, copy=False).reshape(-1)
+        vals, nbytes = [], rp.nbytes + ci.nbytes + inv.nbytes + uniq.nbytes
+        for (stor, tier), role in zip(self.fields, self.roles):
+            if role == "param":
+                vals.append(stor)
+                continue
+            v = stor.take_rows(uniq) if role == "src" else \
+                stor.read_rows(a, b) if role == "dst" else stor.read_rows(*task.edges)
+            st.bytes_read[tier] += v.nbytes
+            nbytes += v.nbytes
+            vals.append(v)
+        charge = memory.charge("host", nbytes, f"page {task.index} buffers")
+        with self.room:
+            self.inflight += 1
+        page = Graph.from_csr(rp, inv, num_src=len(uniq), validate="full", copy=False)
+        st.distinct_sources += len(uniq)
+        st.edges += len(ci)
+        t2 = time.perf_counter()
+        st.seconds["read"] += t1 - t0
+        st.seconds["gather"] += t2 - t1
+        return task, page, vals, charge
+
+    def producer(self, q: queue.Queue) -> None:
+        try:
+            for task in self.tasks:
+                self.wait_for_room(task)
+                if self.stop.is_set():
+                    return
+                item = self.load(task)
+                while not self.stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                else:
+                    self.done_with(item[3])
+            q.put(None)
+        except BaseException as exc:      # handed to the computing thread, raised there
+            q.put(exc)
+
+    # ---- computing (calling thread) ------------------------------------------------------
+
+    def execute(self) -> list:
+        t_start = time.perf_counter()
+        outs = self.allocate()
+        bar = _progress(len(self.tasks))
+        q: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
+        ctx = contextvars.copy_context()     # the thread charges the caller's scopes
+        worker = threading.Thread(target=ctx.run, args=(self.producer, q), daemon=True,
+                                  name="tiga-page-prefetch")
+        done = False
+        try:
+            if self.tasks:
+                worker.start()
+            for _ in self.tasks:
+                t0 = time.perf_counter()
+                item = q.get()
+                self.stats.seconds["wait"] += time.perf_counter() - t0
+                if isinstance(item, BaseException):
+                    raise item
+                self.compute(item, outs)
+                if bar is not None:
+                    bar.update(1)
+            done = True
+        finally:
+            self.stop.set()
+            self.drain(q)
+            if worker.is_alive():
+                worker.join()
+            self.drain(q)
+            if bar is not None:
+                bar.close()
+            if not done:
+                _discard(outs)
+        self.stats.seconds["total"] = time.perf_counter() - t_start
+        return [t for t, _ in outs]
+
+    def compute(self, item, outs) -> None:
+        task, page, vals, charge = item
+        try:
+            t0 = time.perf_counter()
+            route = plan_propagate(self.eqn, page)
+            if isinstance(route, Fallback):
+                res = impl_rules[propagate_p](page, *vals, **self.eqn.params)
+            else:
+                res = run_propagate(route, self.eqn, page, vals)
+            t1 = time.perf_counter()
+            at = task.rows[0] if self.eqn.params["reduce_by"] == "dst" else task.edges[0]
+            for (tensor, stor), r in zip(outs, res):
+                r = np.asarray(r)
+                stor.write_rows(at, r)
+                self.stats.bytes_written[stor.tier] += r.nbytes
+            self.stats.seconds["compute"] += t1 - t0
+            self.stats.seconds["write"] += time.perf_counter() - t1
+        finally:
+            self.done_with(charge)
+
+    def drain(self, q: queue.Queue) -> None:
+        while True:
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, tuple):
+                self.done_with(item[3])
+
+    def allocate(self) -> list:
+        """[(result tensor, its storage)]: on the host when the results fit the host budget
+        (with room for the page buffers), else disk tensors in the spill dir."""
+        from .tensor import Tensor, _own
+        by = self.eqn.params["reduce_by"]
+        lead = self.graph.num_dst if by == "dst" else self.graph.num_edges
+        types = [v.type for v in self.eqn.outputs]
+        shapes = [(lead,) + tuple(int(d) for d in t.shape[1:]) for t in types]
+        total = sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
+                    for s, t in zip(shapes, types))
+        owner = sc.budget_scope("host")
+        on_disk = owner is not None and \
+            owner.used["host"] + total > owner.budgets["host"] - owner.budgets["host"] // 4
+        self.stats.result_tier = "disk" if on_disk else "host"
+        outs = []
+        for s, t in zip(shapes, types):
+            ttype = TensorType(s, t.dtype)
+            nbytes = int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
+            if on_disk:
+                ch = memory.charge("disk", nbytes, "paged result")
+                stor = DiskStorage.create(sc.spill_path("paged"), s, t.dtype.np)
+                tensor = Tensor(stor, ttype)
+                _own(tensor, ch)
+                weakref.finalize(tensor, stor.release)
+            else:
+                ch = memory.charge("host", nbytes, "paged result")
+                stor = HostStorage(np.empty(s, t.dtype.np))
+                tensor = Tensor(stor, ttype)
+                _own(tensor, ch)
+            outs.append((tensor, stor))
+        return outs
+
+
+def _discard(outs) -> None:
+    for tensor, stor in outs:
+        if stor.tier == "disk":
+            stor.release()
+        if tensor._charge is not None:
+            tensor._charge.credit()
+
+
+def _progress(total: int):
+    if not config.progress or total < 2:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="tg paged run", unit="pages", delay=2.0, leave=False)
+
+
+def _planner(eqn, graph, compile):
+    if getattr(graph, "kind", None) != "paged":
+        return None
+    return PagedPlan()
+
+
+SPECIALISED_PLANNERS.insert(0, _planner)
+__all__ = ["PagedPlan", "PageTask", "PageStats", "page_tasks", "describe_stats"]

@@ -1,0 +1,258 @@
+"""runtime: disk-tier storage: zarr v3 arrays chunked along rows, every chunk checksummed.
+
+Chunks hold several MiB of whole rows, so a row range touches only the chunks it needs.
+Every chunk carries a crc32c checksum (zarr's codec) and every chunk is written, even one
+equal to the fill value: a flipped byte or a missing chunk file is a tg.StorageError naming
+the file and the check, never a value.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ...core.dtypes import as_dtype, bfloat16
+from ...core.errors import ShapeError, StorageError, UnsupportedError
+
+CHUNK_BYTES = 4 << 20          # target bytes per chunk: large sequential reads, small waste
+_RAW = {bfloat16.name: np.dtype(np.uint16)}   # dtypes zarr lacks are stored as their bits
+
+
+def _zarr():
+    try:
+        import zarr
+        from zarr.codecs import Crc32cCodec
+    except ImportError as exc:
+        raise UnsupportedError("the disk tier needs zarr>=3.1 (Python 3.11+)",
+                               hint="pip install 'zarr>=3.1,<3.2', or keep tensors on "
+                                    "the host tier") from exc
+    if int(zarr.__version__.split(".")[0]) < 3:
+        raise UnsupportedError(f"the disk tier needs zarr 3 (zarr v3 arrays), found "
+                               f"zarr {zarr.__version__}", hint="pip install 'zarr>=3.1,<3.2'")
+    return zarr, Crc32cCodec
+
+
+def chunk_rows_for(shape: tuple, itemsize: int) -> int:
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * itemsize if len(shape) > 1 else \
+        itemsize
+    return max(1, CHUNK_BYTES // max(row_bytes, 1))
+
+
+class DiskStorage:
+    """A zarr v3 array on local disk. `owned` storages (spill files, results) delete their
+    directory on release; opened ones (tg.load, stores) never touch the files."""
+
+    tier = "disk"
+    device = "cpu"
+
+    def __init__(self, path, array, dtype: np.dtype, *, owned: bool, writable: bool,
+                 scalar: bool = False):
+        self.path = Path(path)
+        self._array = array
+        self.dtype = np.dtype(dtype)
+        # zarr 3.1 cannot write 0-d arrays: a scalar is stored as one row
+        self.shape = () if scalar else tuple(int(s) for s in array.shape)
+        self.chunk_rows = int(array.chunks[0])
+        self.owned, self.writable = owned, writable
+
+    # ---- create / open ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path, shape, dtype, *, owned: bool = True,
+               chunk_rows: int | None = None) -> DiskStorage:
+        zarr, crc = _zarr()
+        dtype = np.dtype(dtype)
+        name = as_dtype(dtype).name
+        raw = _RAW.get(name, dtype)
+        shape = tuple(int(s) for s in shape)
+        scalar = not shape
+        shape = shape or (1,)
+        rows = chunk_rows or max(1, min(chunk_rows_for(shape, dtype.itemsize), shape[0]))
+        chunks = (rows,) + shape[1:]
+        try:
+            arr = zarr.create_array(store=str(path), shape=shape, chunks=chunks,
+                                    dtype=raw, compressors=[crc()], fill_value=0,
+                                    attributes={"tiga_dtype": name, "tiga_scalar": scalar},
+                                    overwrite=True, config={"write_empty_chunks": True})
+        except OSError as exc:
+            raise StorageError(f"disk tier: cannot create a zarr array at {path}: {exc}") \
+                from exc
+        return cls(path, arr, dtype, owned=owned, writable=True, scalar=scalar)
+
+    @classmethod
+    def open(cls, path, *, writable: bool = False) -> DiskStorage:
+        zarr, _ = _zarr()
+        meta = Path(path) / "zarr.json"
+        try:
+            attrs = json.loads(meta.read_text()).get("attributes", {})
+            arr = zarr.open_array(str(path), mode="r+" if writable else "r")
+        except FileNotFoundError as exc:
+            raise StorageError(f"{meta}: not found; expected a zarr v3 array written by "
+                               "tg.save or a store") from exc
+        except (ValueError, TypeError, KeyError, json.JSONDecodeError) as exc:
+            raise StorageError(f"{meta}: metadata check failed ({exc})") from exc
+        name = attrs.get("tiga_dtype", str(arr.dtype))
+        try:
+            dtype = as_dtype(name).np
+        except Exception as exc:
+            raise StorageError(f"{meta}: attribute tiga_dtype is {name!r}, not a Tiga "
+                               "dtype") from exc
+        return cls(path, arr, dtype, owned=False, writable=writable,
+                   scalar=bool(attrs.get("tiga_scalar")))
+
+    # ---- the tier protocol -----------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes (rows x row bytes; checksums and metadata are not counted)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def _live(self):
+        if self._array is None:
+            raise StorageError(f"disk storage {self.path} was released")
+        return self._array
+
+    def read(self) -> np.ndarray:
+        if not self.shape:
+            return self._get(slice(0, 1)).reshape(())
+        return self.read_rows(0, self.shape[0])
+
+    view = read
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as a fresh host array; reads only the chunks they live in."""
+        if not self.shape:
+            raise ShapeError("read_rows: a 0-d value has no rows")
+        start, stop = max(0, int(start)), min(int(stop), self.shape[0])
+        if stop <= start:
+            return np.empty((0,) + self.shape[1:], self.dtype)
+        return self._get(slice(start, stop))
+
+    def take_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows at sorted indices `rows`: each touched chunk is read once, runs of adjacent
+        chunks in one request."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows),) + self.shape[1:], self.dtype)
+        if not len(rows):
+            return out
+        cr = self.chunk_rows
+        ids = rows // cr
+        starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) > 1)   # runs of chunks
+        bounds = list(starts) + [len(rows)]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            lo, hi = int(ids[a]) * cr, min((int(ids[b - 1]) + 1) * cr, self.shape[0])
+            block = self._get(slice(lo, hi))
+            out[a:b] = block[rows[a:b] - lo]
+        return out
+
+    def write(self, value) -> None:
+        value = np.asarray(value)
+        if value.shape != self.shape:
+            raise ShapeError(f"write: value shape {value.shape} differs from storage "
+                             f"shape {self.shape}")
+        if not self.shape:
+            self._set(slice(0, 1), value.reshape(1))
+            return
+        step = self.chunk_rows * 4
+        for a in range(0, self.shape[0], step):
+            self.write_rows(a, value[a:a + step])
+
+    def write_rows(self, start: int, rows) -> None:
+        rows = np.asarray(rows, dtype=self.dtype)
+        if rows.shape[1:] != self.shape[1:] or start < 0 or start + len(rows) > self.shape[0]:
+            raise ShapeError(f"write_rows: rows of shape {rows.shape} at row {start} do not "
+                             f"fit storage of shape {self.shape}")
+        self._set(slice(start, start + len(rows)), rows)
+
+    def grow(self, rows: int) -> None:
+        """Extend the row axis to `rows` (ingest appends whole chunks)."""
+        if not self.writable:
+            raise StorageError(f"disk storage {self.path} is read-only")
+        self._live().resize((rows,) + self.shape[1:])
+        self.shape = (rows,) + self.shape[1:]
+
+    def release(self) -> None:
+        if self._array is not None and self.owned:
+            shutil.rmtree(self.path, ignore_errors=True)
+        self._array = None
+
+    # ---- checked access --------------------------------------------------------------------
+
+    def _raw(self, value: np.ndarray) -> np.ndarray:
+        raw = _RAW.get(as_dtype(self.dtype).name)
+        return value.view(raw) if raw is not None else value
+
+    def _set(self, key, value) -> None:
+        if not self.writable:
+            raise StorageError(f"disk storage {self.path} is read-only (opened by tg.load or "
+                               "a store)")
+        try:
+            self._live()[key] = self._raw(np.ascontiguousarray(value, self.dtype))
+        except OSError as exc:
+            raise StorageError(f"{self.path}: write failed ({exc})") from exc
+
+    def _get(self, key) -> np.ndarray:
+        arr = self._live()
+        self._check_chunks(key)
+        try:
+            got = np.asarray(arr[key])
+        except (ValueError, OSError, RuntimeError) as exc:
+            raise StorageError(f"{self._bad_chunk(key) or self.path}: checksum check "
+                               f"(crc32c) failed reading rows {_fmt(key)} ({exc})") from exc
+        raw = _RAW.get(as_dtype(self.dtype).name)
+        return got.view(self.dtype) if raw is not None else got
+
+    def _chunk_files(self, key) -> list:
+        lo, hi = key.start, key.stop
+        if hi <= lo:
+            return []
+        tail = "/0" * (max(len(self.shape), 1) - 1)
+        return [self.path / f"c/{k}{tail}"
+                for k in range(lo // self.chunk_rows, (hi - 1) // self.chunk_rows + 1)]
+
+    def _check_chunks(self, key) -> None:
+        # zarr reads a missing chunk as the fill value: a deleted file must not become zeros
+        for f in self._chunk_files(key):
+            if not f.exists():
+                raise StorageError(f"{f}: chunk file missing (existence check); the array "
+                                   f"at {self.path} is incomplete")
+
+    def _bad_chunk(self, key):
+        for f in self._chunk_files(key):
+            lo = int(f.relative_to(self.path).parts[1]) * self.chunk_rows
+            try:
+                self._live()[lo:lo + self.chunk_rows]
+            except (ValueError, OSError, RuntimeError):
+                return f
+        return None
+
+
+def _fmt(key) -> str:
+    return f"[{key.start}:{key.stop})"
+
+
+def fsync_tree(path) -> None:
+    """fsync every file under `path`, then the directories (so renames of them are durable)."""
+    path = Path(path)
+    dirs = [path]
+    for root, subdirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        dirs.extend(Path(root) / d for d in subdirs)
+    for d in dirs + [path.parent]:
+        fsync_dir(d)
+
+
+def fsync_dir(path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

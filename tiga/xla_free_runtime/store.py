@@ -1,0 +1,346 @@
+"""runtime: persistent graph stores: bounded-memory ingest, atomic versioned commits.
+
+Layout of a store at `path`:
+
+    path/CURRENT              the committed version's directory name (one line)
+    path/v000001/manifest.json   counts, dtypes, fields, a checksum of itself; written last
+    path/v000001/row_ptr      zarr v3 int64 [num_dst + 1]
+    path/v000001/col_idx      zarr v3 index dtype [num_edges]
+    path/v000001/fields/<name>   zarr v3 [rows, ...]
+
+A commit writes a whole new version directory, fsyncs it, writes the manifest, and then
+atomically replaces CURRENT (write a temp file, fsync, rename). Until that rename the
+previous version is the store; a killed ingest leaves only an unreferenced directory.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ..core.config import config
+from ..core.dtypes import as_dtype
+from ..core.errors import GraphValidationError, StorageError
+from ..core.graph import store_hooks
+from .storage.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for, fsync_dir, fsync_tree
+from .store_ingest import Appender, check_csr_chunk, check_field_rows
+
+FORMAT = "tiga-store/1"
+POINTER = "CURRENT"
+MANIFEST = "manifest.json"
+ROLES = ("src", "dst", "edge")
+_VERSION = re.compile(r"^v(\d{6})$")
+
+
+def _versions(path: Path) -> list:
+    return sorted(int(m.group(1)) for d in path.iterdir() if (m := _VERSION.match(d.name)))
+
+
+def _current(path: Path) -> str | None:
+    try:
+        return (path / POINTER).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+class StoreWriter:
+    """`tg.store.create(...)`: appends CSR chunks and field rows into a new version; commit()
+    makes it the store's version, abort() (or an exception in a with block) discards it."""
+
+    def __init__(self, path, num_src: int, num_dst: int, index_dtype="int32",
+                 overwrite: bool = False):
+        self.path = Path(path)
+        self.num_src = _count(num_src, "num_src")
+        self.num_dst = _count(num_dst, "num_dst")
+        self.index_dtype = as_dtype(index_dtype).np
+        if self.index_dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+            raise GraphValidationError(f"index_dtype: is {index_dtype!r}, expected 'int32' "
+                                       "or 'int64'")
+        if self.index_dtype == np.int32 and self.num_src > np.iinfo(np.int32).max:
+            raise GraphValidationError(f"index_dtype: int32 cannot hold source ids up to "
+                                       f"num_src={self.num_src}; use 'int64'")
+        self.version = self._claim(overwrite)
+        self.vdir = self.path / f"v{self.version:06d}"
+        self.vdir.mkdir()
+        self._row_ptr = Appender(self.vdir / "row_ptr", np.int64, ())
+        self._row_ptr.append(np.zeros(1, np.int64))
+        self._col = Appender(self.vdir / "col_idx", self.index_dtype, ())
+        self._fields: dict = {}
+        self._rows = self._edges = self._chunks = 0
+        self._done = False
+        self._bar = _progress(self.num_dst)
+
+    def _claim(self, overwrite: bool) -> int:
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise StorageError(f"{p}: exists and is not a directory; expected a store path")
+        p.mkdir(parents=True, exist_ok=True)
+        current = _current(p)
+        if current is not None and not overwrite:
+            raise StorageError(f"{p}: a committed store exists (version {current}); pass "
+                               "overwrite=True to write a new version")
+        if current is None and any(p.iterdir()) and not _versions(p):
+            raise StorageError(f"{p}: directory is not empty and holds no store; refusing "
+                               "to write into it")
+        keep = {current, _previous(p, current)}
+        for v in _versions(p):     # versions never committed (a killed ingest)
+            name = f"v{v:06d}"
+            if name not in keep and not (p / name / MANIFEST).exists():
+                shutil.rmtree(p / name, ignore_errors=True)
+        return (max(_versions(p), default=0)) + 1
+
+    # ---- appends ---------------------------------------------------------------------------
+
+    def append_csr_chunk(self, row_ptr_chunk, col_chunk) -> None:
+        """The next destination rows: `row_ptr_chunk` local (starts at 0, one more entry
+        than rows), `col_chunk` their source ids in edge order."""
+        self._live()
+        rp, ci = check_csr_chunk(row_ptr_chunk, col_chunk, self._chunks, self._rows,
+                                 self.num_dst, self.num_src, self.index_dtype)
+        self._row_ptr.append(rp[1:] + self._edges)
+        self._col.append(ci)
+        self._rows += len(rp) - 1
+        self._edges += len(ci)
+        self._chunks += 1
+        if self._bar is not None:
+            self._bar.update(len(rp) - 1)
+
+    def append_field(self, name: str, rows, role: str = "src") -> None:
+        """The next rows of field `name` (role "src", "dst" or "edge", in that role's
+        order; edge fields in CSR edge order)."""
+        self._live()
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise GraphValidationError(f"append_field: name {name!r} must be an identifier")
+        if role not in ROLES:
+            raise GraphValidationError(f"append_field: role of field {name!r} is {role!r}, "
+                                       f"expected one of {', '.join(ROLES)}")
+        found = self._fields.get(name)
+        rows = check_field_rows(name, rows, role, found)
+        if found is None:
+            (self.vdir / "fields").mkdir(exist_ok=True)
+            found = self._fields[name] = (role, Appender(
+                self.vdir / "fields" / name, rows.dtype, rows.shape[1:]))
+        found[1].append(rows)
+
+    # ---- commit / abort --------------------------------------------------------------------
+
+    def commit(self) -> int:
+        """Check the counts, fsync, write the manifest, switch CURRENT; returns the version."""
+        self._live()
+        if self._rows != self.num_dst:
+            raise GraphValidationError(f"commit: the CSR chunks cover {self._rows} destination "
+                                       f"rows, expected num_dst={self.num_dst}")
+        want = {"src": self.num_src, "dst": self.num_dst, "edge": self._edges}
+        for name, (role, app) in self._fields.items():
+            if app.rows != want[role]:
+                raise GraphValidationError(f"commit: field {name!r} (role {role}) has "
+                                           f"{app.rows} rows, expected {want[role]}")
+        arrays = {"row_ptr": self._row_ptr.finish(), "col_idx": self._col.finish()}
+        fields = {name: dict(app.finish(), role=role)
+                  for name, (role, app) in self._fields.items()}
+        fsync_tree(self.vdir)
+        manifest = {"format": FORMAT, "version": self.version, "num_src": self.num_src,
+                    "num_dst": self.num_dst, "num_edges": self._edges,
+                    "index_dtype": self.index_dtype.name, "arrays": arrays, "fields": fields}
+        _write_atomic(self.vdir / MANIFEST, _with_checksum(manifest))
+        _write_atomic(self.path / POINTER, f"{self.vdir.name}\n")
+        self._done = True
+        self._close_bar()
+        _prune(self.path, self.vdir.name)
+        return self.version
+
+    def abort(self) -> None:
+        """Discard this version; the committed one (if any) stays the store."""
+        if not self._done:
+            self._done = True
+            self._close_bar()
+            shutil.rmtree(self.vdir, ignore_errors=True)
+
+    def _live(self) -> None:
+        if self._done:
+            raise StorageError(f"{self.path}: this writer already committed or aborted")
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+        else:
+            self.abort()
+
+
+def _count(n, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise GraphValidationError(f"{what}: is {n!r}, expected an int >= 0")
+    return int(n)
+
+
+def _progress(total: int):
+    if not config.progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    # delay: only ingests longer than about two seconds show a bar
+    return tqdm(total=total, desc="tg.store ingest", unit="rows", delay=2.0, leave=False)
+
+
+def _previous(path: Path, current: str | None) -> str | None:
+    if current is None:
+        return None
+    older = [v for v in _versions(path) if f"v{v:06d}" < current and
+             (path / f"v{v:06d}" / MANIFEST).exists()]
+    return f"v{older[-1]:06d}" if older else None
+
+
+def _prune(path: Path, current: str) -> None:
+    """Keep the new version and the one before it (readers may still hold it open)."""
+    keep = {current, _previous(path, current)}
+    for v in _versions(path):
+        if f"v{v:06d}" not in keep:
+            shutil.rmtree(path / f"v{v:06d}", ignore_errors=True)
+
+
+def _with_checksum(manifest: dict) -> str:
+    body = json.dumps(manifest, sort_keys=True)
+    return json.dumps(dict(manifest, checksum=zlib.crc32(body.encode())), sort_keys=True,
+                      indent=1)
+
+
+def _write_atomic(target: Path, text: str) -> None:
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    with io.open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+class Store:
+    """A committed store version: counts, fields (disk tensors) and CSR row ranges."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        current = _current(self.path)
+        if current is None:
+            raise StorageError(f"{self.path / POINTER}: not found; {self.path} holds no "
+                               "committed store")
+        self.vdir = self.path / current
+        m = _read_manifest(self.vdir / MANIFEST)
+        self.version = int(m["version"])
+        self.num_src, self.num_dst = int(m["num_src"]), int(m["num_dst"])
+        self.num_edges = int(m["num_edges"])
+        self.index_dtype = np.dtype(m["index_dtype"])
+        self.fields = {k: {"role": v["role"], "dtype": v["dtype"], "shape": tuple(v["shape"])}
+                       for k, v in m["fields"].items()}
+        self._row_ptr = self._open("row_ptr", (self.num_dst + 1,))
+        self._col = self._open("col_idx", (self.num_edges,))
+        ends = self._row_ptr.read_rows(0, 1)[0], self._row_ptr.read_rows(self.num_dst,
+                                                                          self.num_dst + 1)[0]
+        if int(ends[0]) != 0 or int(ends[1]) != self.num_edges:
+            raise StorageError(f"{self._row_ptr.path}: count check failed: row_ptr runs from "
+                               f"{ends[0]} to {ends[1]}, expected 0 to {self.num_edges}")
+
+    def _open(self, rel: str, shape: tuple) -> DiskStorage:
+        st = DiskStorage.open(self.vdir / rel)
+        if st.shape != tuple(shape):
+            raise StorageError(f"{st.path}: count check failed: shape {st.shape}, the "
+                               f"manifest says {tuple(shape)}")
+        return st
+
+    def __getitem__(self, name: str):
+        from .tensor import Tensor
+        from ..core.types import TensorType
+        if name not in self.fields:
+            raise StorageError(f"store {self.path}: no field {name!r}; fields are "
+                               f"{sorted(self.fields)}")
+        st = self._open(f"fields/{name}", self.fields[name]["shape"])
+        return Tensor(st, TensorType(st.shape, as_dtype(st.dtype)))
+
+    def read_rows(self, start: int, stop: int) -> tuple:
+        """(row_ptr local to the range (starts at 0), col_idx) of destinations [start, stop),
+        checked: a range whose offsets disagree is a StorageError, never read past."""
+        rp = self._row_ptr.read_rows(start, stop + 1)
+        lo, hi = int(rp[0]), int(rp[-1])
+        if lo > hi or hi > self.num_edges or np.any(rp[1:] < rp[:-1]):
+            raise StorageError(f"{self._row_ptr.path}: row_ptr check failed in rows "
+                               f"[{start}:{stop}) (offsets not non-decreasing within "
+                               f"[0, {self.num_edges}])")
+        return rp - lo, self._col.read_rows(lo, hi), lo
+
+    def read_csr(self) -> tuple:
+        rp, ci, _ = self.read_rows(0, self.num_dst)
+        return rp, ci
+
+    def page_bounds(self, page_rows: int) -> np.ndarray:
+        """row_ptr at rows 0, page_rows, 2 page_rows, ... and num_dst (one pass over the
+        row_ptr chunks, holding one chunk at a time)."""
+        n = self.num_dst
+        at = np.append(np.arange(0, n, page_rows, dtype=np.int64), n)
+        out = np.empty(len(at), np.int64)
+        step = self._row_ptr.chunk_rows
+        for a in range(0, n + 1, step):
+            sel = (at >= a) & (at < a + step)
+            if sel.any():
+                out[sel] = self._row_ptr.read_rows(a, a + step)[at[sel] - a]
+        if np.any(np.diff(out) < 0) or out[0] != 0 or out[-1] != self.num_edges:
+            raise StorageError(f"{self._row_ptr.path}: row_ptr check failed at page bounds")
+        return out
+
+    def graph(self):
+        from ..core.graph import Graph
+        return Graph.open(self.path)
+
+    def __repr__(self) -> str:
+        return (f"tg.store({str(self.path)!r}, version={self.version}, num_src={self.num_src},"
+                f" num_dst={self.num_dst}, num_edges={self.num_edges}, "
+                f"fields={sorted(self.fields)})")
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        m = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise StorageError(f"{path}: not found (the version was never committed)") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StorageError(f"{path}: manifest check failed (not valid JSON: {exc})") from exc
+    crc = m.pop("checksum", None) if isinstance(m, dict) else None
+    if crc != zlib.crc32(json.dumps(m, sort_keys=True).encode()):
+        raise StorageError(f"{path}: manifest checksum check failed (stored {crc})")
+    if m.get("format") != FORMAT:
+        raise StorageError(f"{path}: format is {m.get('format')!r}, expected {FORMAT!r}")
+    return m
+
+
+def create(path, num_src: int, num_dst: int, index_dtype="int32",
+           overwrite: bool = False) -> StoreWriter:
+    """Start a new store version at `path` (see StoreWriter)."""
+    return StoreWriter(path, num_src, num_dst, index_dtype, overwrite)
+
+
+def open(path) -> Store:  # noqa: A001  (tg.store.open, API.md section 7)
+    """The committed version of the store at `path`."""
+    return Store(path)
+
+
+store_hooks["open"] = Store
+__all__ = ["create", "open", "Store", "StoreWriter", "CHUNK_BYTES", "chunk_rows_for"]

@@ -1,0 +1,261 @@
+"""runtime: the triton / triton-interpreter routes of one `propagate`: plan, compile, launch.
+
+`backend_plan` is the executor's planner: it reads the selected backend (lower/backends.py)
+and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
+A TritonPlan lowers the equation through the pipeline's Kernel stage (the schedule printed
+there is the one rendered), renders it (lower/triton), writes the source to
+`$TIGA_CACHE_DIR/triton/<key>.py` and imports it (with TRITON_INTERPRET=1 for the
+interpreter: Triton decides at decoration time), then launches it on torch tensors: CPU
+tensors under the interpreter, CUDA tensors on the GPU. Compiled modules are cached per key
+(the same structural key scheme as cpu-llvm, plus the backend and triton's version).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from ..core.errors import TigaError, UnsupportedError
+from ..lower.backends import BACKENDS, TRITON_BACKENDS, register_launcher, selected_backend
+from ..lower.pipeline import lower_launch, module_name
+from ..lower.triton import KernelSource, TritonUnsupported, render_launch
+from .cache import cache_dir, full_key, tiga_key
+from .llvm_propagate import Fallback, walked_csr
+from .llvm_propagate import plan_propagate as llvm_plan
+
+_MODULES: dict = {}          # key -> imported kernel function
+_LOCK = threading.Lock()
+_TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
+
+
+def backend_plan(eqn, graph, *, compile: bool = True):
+    """The plan of one propagate on the selected backend (the executor's planner)."""
+    name = selected_backend()
+    if name not in TRITON_BACKENDS:
+        return llvm_plan(eqn, graph, compile=compile)
+    ok, why = BACKENDS[name].available()
+    if not ok:
+        raise UnsupportedError(f"backend {name!r} is unavailable: {why}",
+                               hint="unset TIGA_BACKEND / tg.config.backend (cpu-llvm), or "
+                                    "install the gpu extra")
+    if BACKENDS[name].interpreter:
+        ensure_interpreter()
+    if graph is None and compile:
+        return Fallback("the relation is not known until the call")
+    try:
+        return TritonPlan.build(eqn, graph, name)
+    except TritonUnsupported as exc:
+        return Fallback(f"{name}: {exc}")
+
+
+@dataclass
+class TritonPlan:
+    """A rendered propagate kernel for one (equation structure, relation layout, backend)."""
+
+    backend: str
+    key: str
+    source: KernelSource
+    schedule: object           # the Kernel IR Schedule it was rendered with
+
+    @classmethod
+    def build(cls, eqn, graph, backend: str) -> TritonPlan:
+        walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
+        has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
+        gtype = eqn.inputs[0].type
+        if gtype.kind != "csr":   # implicit relations are walked through their resolved CSR
+            gtype = replace(gtype, kind="csr", coord_dims=None)
+        index = graph.index_dtype if graph is not None else gtype.index_dtype
+        structure = ("triton", backend, eqn.params["edge_fn"].structure_key(),
+                     repr(eqn.params["reducer"]._key()), eqn.params["roles"],
+                     eqn.params["reduce_by"], _update_key(eqn), _field_key(eqn),
+                     index.name, has_perm, _triton_version())
+        key = full_key(structure)
+        try:
+            op = lower_launch(eqn, replace(gtype, index_dtype=index),
+                              name=module_name(f"propagate_{key[:16]}"), target="triton")
+        except TritonUnsupported:
+            raise
+        except TigaError as exc:
+            raise TritonUnsupported(f"the Kernel IR stages do not express it ({exc})") from None
+        source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm)
+        return cls(backend, key, source, op.schedule)
+
+    # ---- compile -------------------------------------------------------------------------
+
+    def kernel(self):
+        fn = _MODULES.get(self.key)
+        if fn is None:
+            with _LOCK:
+                fn = _MODULES.get(self.key) or _import(self.key, self.source, self.backend)
+                _MODULES[self.key] = fn
+        return fn
+
+    # ---- run -----------------------------------------------------------------------------
+
+    def run(self, eqn, graph, values: list) -> list:
+        buf = tensors()
+        sig = self.source.signature
+        device = "cpu" if BACKENDS[self.backend].interpreter else "cuda"
+        rp, ci, perm = _torch_walk(graph, sig.walk, device)
+        rows = graph.num_src if sig.walk == "src" else graph.num_dst
+        lead = {"dst": graph.num_dst, "src": graph.num_src, "edge": graph.num_edges,
+                "all": graph.num_dst}[sig.reduce_by]
+        args = [rp, ci] + ([perm] if "edge_perm" in sig.slots else [])
+        args += [buf.from_array(x, sig.field_dtypes[i], device) for i, x in enumerate(values)]
+        outs = [buf.zeros((lead,) + tuple(s), d, device)
+                for s, d in zip(sig.out_shapes, sig.out_dtypes)]
+        if rows > 0:
+            grid = (-(-rows // sig.block_rows),)
+            kernel = self.kernel()
+            with _interpret(self.backend):
+                kernel[grid](*args, *outs, rows, BLOCK_R=sig.block_rows,
+                             BLOCK_N=sig.block_neighbors, num_warps=sig.num_warps,
+                             num_stages=sig.num_stages)
+        if sig.combine:   # reduce_by="all": per-row partial sums, added here
+            outs = [o.sum(dim=0) for o in outs]
+            if sig.combine == "mean":
+                outs = [o / max(graph.num_edges, 1) for o in outs]
+        return [buf.to_numpy(o, d) for o, d in zip(outs, sig.out_dtypes)]
+
+    # ---- explain -------------------------------------------------------------------------
+
+    def describe(self, ex, eqn, graph, where: str) -> None:
+        p, sig = eqn.params, self.source.signature
+        kind = graph.kind if graph is not None and hasattr(graph, "kind") else \
+            eqn.inputs[0].type.kind
+        ex.routes.append((self.backend, f"{where}propagate[{p['reducer'].pp_param()}] by "
+                          f"{p['reduce_by']}", "rendered as a fused Triton kernel"))
+        walk = "the transposed CSR (built once per relation and cached; no atomics)" \
+            if sig.walk == "src" else "their CSR edges"
+        resolved = "" if kind == "csr" else f" (the {kind} relation resolved to CSR)"
+        ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation"
+                            f"{resolved}, grouped by {p['reduce_by']}: one Triton program per "
+                            f"{sig.block_rows} row(s), rows walk {walk} in tiles of "
+                            f"{sig.block_neighbors} neighbours with a degree guard")
+        ex.schedule = (f"{self.backend}: block_rows={sig.block_rows}, "
+                       f"block_neighbors={sig.block_neighbors}, num_warps={sig.num_warps}, "
+                       f"num_stages={sig.num_stages}")
+        ex.cache_lines.append(f"triton kernel {self.key[:12]}: " +
+                              ("hit (memory)" if self.key in _MODULES else
+                               "miss (compiled on the first call)"))
+
+
+def relabel_routes(ex) -> None:
+    """explain(): a program whose compiled propagates all run on one Triton backend reports
+    that backend as its route (routes.py labels compiled routes cpu-llvm)."""
+    compiled = {r for r, _, _ in ex.routes if r != "reference"}
+    if len(compiled) == 1 and next(iter(compiled)) in TRITON_BACKENDS:
+        name = next(iter(compiled))
+        fallen = any(r == "reference" for r, _, _ in ex.routes)
+        ex.route = "mixed" if fallen else name
+        ex.backend = ("fused Triton kernels" + (" in Triton's interpreter (CPU)"
+                                                if BACKENDS[name].interpreter else " (CUDA)")
+                      + (" + numpy reference interpreter" if fallen else ""))
+
+
+def _update_key(eqn):
+    u = eqn.params["update"]
+    return u.structure_key() if u is not None else None
+
+
+def _field_key(eqn) -> tuple:
+    return tuple((tuple(a.type.shape) if r == "param" else tuple(a.type.shape[1:]),
+                  a.type.dtype.name) for a, r in zip(eqn.inputs[1:], eqn.params["roles"]))
+
+
+def _triton_version() -> str:
+    try:
+        from importlib import metadata
+        return metadata.version("triton")
+    except Exception:   # noqa: BLE001 - not installed: rendering still works
+        return "none"
+
+
+def _import(key: str, source: KernelSource, backend: str):
+    """Write the source beside the cache and import it (Triton reads a kernel's source
+    file, so it must exist on disk); the interpreter flag is read when @triton.jit runs."""
+    folder = cache_dir() / "triton"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"k_{key[:32]}_{tiga_key()[:8]}.py"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(source.text)
+    os.replace(tmp, path)
+    name = f"tiga_triton_{key[:32]}_{backend.replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    with _interpret(backend):
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return getattr(module, source.signature.symbol)
+
+
+def ensure_interpreter() -> None:
+    """Triton decides at its own import whether its library functions (tl.sum, tl.zeros...)
+    are interpreted: TRITON_INTERPRET=1 must be set before triton is first imported. It is
+    set here when triton is not imported yet; a triton imported without it cannot run the
+    interpreter, which is an error naming the variable."""
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language as tl
+
+    if type(tl.standard.sum).__name__ != "InterpretedFunction":
+        raise UnsupportedError(
+            "triton-interpreter: triton was imported without TRITON_INTERPRET=1, so its "
+            "library functions are compiled-only and cannot run in the interpreter",
+            hint="set TRITON_INTERPRET=1 in the environment (or select the backend before "
+                 "anything imports triton)")
+
+
+@contextmanager
+def _interpret(backend: str):
+    """TRITON_INTERPRET as the backend needs it while Triton decorates or launches (Triton
+    reads it at both times, also in modules it imports lazily on the first launch)."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if BACKENDS[backend].interpreter else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+# The torch side (tiga/torch_bridge/triton_buffers.py), handed over by the facade (tiga/api.py):
+# this layer never imports torch.
+HOOKS: dict = {}
+
+
+def tensors():
+    loader = HOOKS.get("tensors")
+    if loader is None:
+        raise UnsupportedError("the Triton backends need the torch bridge (Triton launches on "
+                               "torch tensors)", hint="import tiga (its facade registers it)")
+    return loader()
+
+
+def _torch_walk(graph, walk: str, device: str) -> tuple:
+    per_graph = _TORCH_WALKS.get(graph)
+    found = per_graph.get((walk, device)) if per_graph is not None else None
+    if found is None:
+        rp, ci, perm = walked_csr(graph, walk)
+        buf = tensors()
+        found = tuple(None if a is None else buf.from_array(a, a.dtype.name, device)
+                      for a in (rp, ci, perm))
+        _TORCH_WALKS.setdefault(graph, {})[(walk, device)] = found
+    return found
+
+
+class _Launcher:
+    """The runtime side of the Triton backends in the backend table."""
+
+    plan = staticmethod(backend_plan)
+
+
+register_launcher("triton", _Launcher)
+register_launcher("triton-interpreter", _Launcher)
+register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(llvm_plan)}))
