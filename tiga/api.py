@@ -13,12 +13,12 @@ from .core.errors import DTypeError, ShapeError, TigaError
 from .core.program import Lit
 from .core.types import GraphType, TensorType
 from .lower.pipeline import ir_text, module_name
-from .xla_free_runtime import triton_launch
 from .trace import call_cache, message_passing
 from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
+from .xla_free_runtime import triton_launch
 from .xla_free_runtime.executor import execute, explain_program
 from .xla_free_runtime.tensor import Tensor, _wrap
 
@@ -461,7 +461,7 @@ message_passing.hooks.update(execute=_execute_call, explain=_explain_call,
 
 
 def _triton_tensors():
-    from .torch_bridge import triton_buffers   # torch only when a Triton kernel launches
+    from .torch_bridge import triton_buffers  # torch only when a Triton kernel launches
     return triton_buffers
 
 

@@ -75,7 +75,8 @@ def lower_launch(eqn, relation_type=None, *, name: str = "propagate",
                                          tuple(outs))], outs)
     module = lower(program, until="kernel", name=name, target=target)
     if "task" in _dump_stages():
-        lower(module, until="task", name=name, target=target)   # only to write the Task IR this call runs
+        # only to write the Task IR this call runs
+        lower(module, until="task", name=name, target=target)
     launches = [op for op in _walk_ops(module.body) if isinstance(op, ir.LaunchOp)]
     if len(launches) != 1:
         raise TigaError(f"lower_launch: a propagate lowered to {len(launches)} launches, "

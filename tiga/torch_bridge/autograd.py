@@ -57,6 +57,8 @@ def _resolved_first(graph) -> bool:
     them; resolving first would run the O(N*M*d) numpy reference selection."""
     from ..core.graph_geometry import FAST_DIMS
 
+    if getattr(graph, "tiga_distributed", False) is True:
+        return False    # its CSR lives on several ranks; its type is already concrete
     return graph.kind != "knn" or int(graph.params.get("dims", 0)) <= FAST_DIMS
 
 

@@ -41,13 +41,13 @@ from ..core.dtypes import int64
 from ..core.errors import CompilationError
 from ..core.reducers import sum as sum_reducer
 from ..lower import CPU_LLVM_AVAILABLE
+from ..lower import schedule as knobs
 from ..lower.ir.iter import KNN_TILED, hierarchy_for
 from ..lower.ir.syntax import AttrDict
 from ..trace import math as tm
 from ..trace.message_passing import propagate
 from .cache import CACHE, full_key
 from .explain import launch_facts, schedule_line
-from ..lower import schedule as knobs
 from .llvm_propagate import (
     SPECIALISED_PLANNERS,
     Fallback,
@@ -59,7 +59,7 @@ from .llvm_propagate import (
 from .threads import num_threads, row_chunks, run_chunks
 
 if CPU_LLVM_AVAILABLE:
-    from . import llvm_knn_tiled as knn_tiled
+    from ..core.program import Eqn
     from ..lower.llvm import CodegenUnsupported
     from ..lower.llvm.generated import (
         DIRECTORY_SLOTS,
@@ -68,7 +68,7 @@ if CPU_LLVM_AVAILABLE:
         codegen_generated,
     )
     from ..lower.llvm.knn_tiled import block_shape
-    from ..core.program import Eqn
+    from . import llvm_knn_tiled as knn_tiled
 
 GEOMETRIC = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k

@@ -106,8 +106,8 @@ def describe_walk(spec, tiles: dict) -> str:
     lanes, rows, vectors = spec.block
     return (f"knn-tiled-scan (a tiled scan; {spec.dims}-D coordinates: above 3 dims the "
             f"cell directory degenerates; tiles of {tiles['rows_per_tile']} queries x chunks "
-            f"of source panels sized for L2; a register-blocked {rows} x {vectors * lanes} product |p|^2 - "
-            "2 q.p filters against each row's k-th exact distance (a proven lower bound), "
+            f"of source panels sized for L2; a register-blocked {rows} x {vectors * lanes} "
+            "product |p|^2 - 2 q.p filters against each row's k-th exact distance (a proven lower bound), "
             "and the lanes that pass are re-scored exactly in the reference's float order "
             "and kept in a sorted top-k state, ties by smaller source index; exact, "
             "O(N*M*d) work, no N x M array)")

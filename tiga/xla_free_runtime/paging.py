@@ -76,6 +76,24 @@ def page_tasks(num_dst: int, bounds: np.ndarray, page_rows: int) -> list:
             for k, a in enumerate(starts)]
 
 
+def distinct(ci: np.ndarray, index_dtype) -> tuple:
+    """(sorted distinct ids, each id's position among them): np.unique's inverse, by a
+    bitmap over the ids' span when it is small (a page of a local graph), else by sorting."""
+    if not len(ci):
+        return np.zeros(0, np.int64), np.zeros(0, index_dtype)
+    lo, hi = int(ci.min()), int(ci.max()) + 1
+    if hi - lo > 8 * len(ci):
+        uniq, inv = np.unique(ci, return_inverse=True)
+        return uniq, inv.astype(index_dtype, copy=False).reshape(-1)
+    local = ci - lo if lo else ci
+    mark = np.zeros(hi - lo, bool)
+    mark[local] = True
+    uniq = np.flatnonzero(mark)
+    remap = np.empty(hi - lo, index_dtype)
+    remap[uniq] = np.arange(len(uniq), dtype=index_dtype)
+    return uniq + lo, remap[local]
+
+
 # ---- field access on any tier -----------------------------------------------------------------
 
 def _storage_of(value):
@@ -217,8 +235,7 @@ class _PagedRun:
         st = self.stats
         st.bytes_read["disk"] += rp.nbytes + ci.nbytes
         t1 = time.perf_counter()
-        uniq, inv = np.unique(ci, return_inverse=True)
-        inv = inv.astype(self.graph.index_dtype.np, copy=False).reshape(-1)
+        uniq, inv = distinct(ci, self.graph.index_dtype.np)
         vals, nbytes = [], rp.nbytes + ci.nbytes + inv.nbytes + uniq.nbytes
         for (stor, tier), role in zip(self.fields, self.roles):
             if role == "param":
@@ -232,7 +249,10 @@ class _PagedRun:
         charge = memory.charge("host", nbytes, f"page {task.index} buffers")
         with self.room:
             self.inflight += 1
-        page = Graph.from_csr(rp, inv, num_src=len(uniq), validate="full", copy=False)
+        # the page is valid by construction: row_ptr checked by the reader, ids remapped
+        # onto [0, len(uniq)) here
+        page = Graph(kind="csr", num_src=len(uniq), num_dst=len(rp) - 1, num_edges=len(inv),
+                     index_dtype=self.graph.index_dtype, csr=(rp, inv))
         st.distinct_sources += len(uniq)
         st.edges += len(ci)
         t2 = time.perf_counter()

@@ -14,9 +14,9 @@ from ..core.types import GraphType
 from .explain import Explanation, launch_facts, schedule_line
 from .llvm_generated import GeneratedType, generated_relations
 from .llvm_propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
+from .threads import num_threads, row_chunks
 from .triton_launch import backend_plan as plan_propagate  # the selected backend's planner
 from .triton_launch import relabel_routes
-from .threads import num_threads, row_chunks
 
 WALK = {"dst": "destination rows walk their CSR edges",
         "src": "source rows walk the transposed CSR (built once per relation and cached; "

@@ -375,10 +375,11 @@ class _Forward:
         def join(ty, kept, moved, name=""):
             return k.phi(ty, [(kept, "qk.done"), (moved, "sm.move")], name)
 
-        self.mn = [join(F32, self.m[r], mm[r], f"mn{r}") for r in range(RB)]
-        self.lsc = [join(F32, self.l[r], lsm[r]) for r in range(RB)]
-        self.oa = [[join(VF, self.o[r][c], oam[r][c]) for c in range(self.C)]
-                   for r in range(RB)]
+        self.mn, self.lsc, self.oa = [], [], []
+        for r in range(RB):
+            self.mn.append(join(F32, self.m[r], mm[r], f"mn{r}"))
+            self.lsc.append(join(F32, self.l[r], lsm[r]))
+            self.oa.append([join(VF, self.o[r][c], oam[r][c]) for c in range(self.C)])
 
     def _probabilities(self) -> None:
         """p = exp(s * scale - m) into pbuf, and the rows' new mass."""

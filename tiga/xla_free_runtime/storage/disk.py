@@ -135,6 +135,8 @@ class DiskStorage:
         """Rows at sorted indices `rows`: each touched chunk is read once, runs of adjacent
         chunks in one request."""
         rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and rows[-1] - rows[0] + 1 == len(rows):     # one run: no gather
+            return self.read_rows(int(rows[0]), int(rows[-1]) + 1)
         out = np.empty((len(rows),) + self.shape[1:], self.dtype)
         if not len(rows):
             return out

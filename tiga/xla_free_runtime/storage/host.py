@@ -40,7 +40,11 @@ class HostStorage:
         return self._live()[start:stop]
 
     def take_rows(self, rows: np.ndarray) -> np.ndarray:
-        return np.take(self._live(), rows, axis=0)
+        """Rows at sorted distinct indices (a view when they are one run)."""
+        arr = self._live()
+        if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+            return arr[int(rows[0]):int(rows[-1]) + 1]
+        return np.take(arr, rows, axis=0)
 
     def write_rows(self, start: int, rows) -> None:
         arr = self._live()
