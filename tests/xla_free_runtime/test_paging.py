@@ -215,3 +215,12 @@ def test_page_tasks_cover_the_rows():
     tasks = paging.page_tasks(10, np.array([0, 3, 9, 12]), 4)
     assert [(t.rows, t.edges) for t in tasks] == [((0, 4), (0, 3)), ((4, 8), (3, 9)),
                                                   ((8, 10), (9, 12))]
+
+
+def test_progress_bars_follow_the_config_flag(monkeypatch):
+    monkeypatch.setattr(tg.config, "progress", False)
+    assert paging._progress(100) is None
+    monkeypatch.setattr(tg.config, "progress", True)
+    bar = paging._progress(100)
+    assert bar is not None and bar.total == 100     # shown only after ~2 s (tqdm delay)
+    bar.close()

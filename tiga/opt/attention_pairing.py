@@ -33,8 +33,8 @@ from ..autodiff.rules.attention import (
     match_attention,
     names_of,
 )
-from ..core.prims.graph import propagate_p
 from ..core.primitive import abstract_eval_rules, impl_rules
+from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.reducers import sum as sum_reducer
 from .facts import ProgramFacts

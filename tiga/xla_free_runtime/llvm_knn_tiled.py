@@ -97,7 +97,8 @@ def adopt_csr(graph) -> None:
 def panel_bytes(m: int, n: int, spec) -> int:
     lanes, _, vectors = spec.block
     itemsize = np.dtype(spec.pos_dtype).itemsize
-    blocks = -(-(-(-max(m, 1) // lanes)) // vectors) * vectors
+    blocks = -(-max(m, 1) // lanes)
+    blocks = -(-blocks // vectors) * vectors            # whole groups of V panels
     panels = blocks * lanes * (spec.dims + 1) * itemsize
     return panels + n * itemsize + n * (spec.k * (itemsize + 8) + itemsize + 8)
 
@@ -107,7 +108,7 @@ def describe_walk(spec, tiles: dict) -> str:
     return (f"knn-tiled-scan (a tiled scan; {spec.dims}-D coordinates: above 3 dims the "
             f"cell directory degenerates; tiles of {tiles['rows_per_tile']} queries x chunks "
             f"of source panels sized for L2; a register-blocked {rows} x {vectors * lanes} "
-            "product |p|^2 - 2 q.p filters against each row's k-th exact distance (a proven lower bound), "
-            "and the lanes that pass are re-scored exactly in the reference's float order "
-            "and kept in a sorted top-k state, ties by smaller source index; exact, "
-            "O(N*M*d) work, no N x M array)")
+            "product |p|^2 - 2 q.p filters against each row's k-th exact distance (a proven "
+            "lower bound), and the lanes that pass are re-scored exactly in the reference's "
+            "float order and kept in a sorted top-k state, ties by smaller source index; "
+            "exact, O(N*M*d) work, no N x M array)")

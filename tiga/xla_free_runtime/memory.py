@@ -15,7 +15,6 @@ import weakref
 from ..core.errors import StorageError
 from . import scope as sc
 
-
 _LOCK = threading.RLock()     # a prefetch thread charges page buffers beside the caller
 
 

@@ -327,7 +327,7 @@ class _PagedRun:
                 res = run_propagate(route, self.eqn, page, vals)
             t1 = time.perf_counter()
             at = task.rows[0] if self.eqn.params["reduce_by"] == "dst" else task.edges[0]
-            for (tensor, stor), r in zip(outs, res):
+            for (_, stor), r in zip(outs, res):
                 r = np.asarray(r)
                 stor.write_rows(at, r)
                 self.stats.bytes_written[stor.tier] += r.nbytes

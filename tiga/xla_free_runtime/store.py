@@ -14,7 +14,7 @@ previous version is the store; a killed ingest leaves only an unreferenced direc
 """
 from __future__ import annotations
 
-import io
+import builtins
 import json
 import os
 import re
@@ -225,7 +225,7 @@ def _with_checksum(manifest: dict) -> str:
 
 def _write_atomic(target: Path, text: str) -> None:
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    with io.open(tmp, "w") as f:
+    with builtins.open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -268,8 +268,8 @@ class Store:
         return st
 
     def __getitem__(self, name: str):
-        from .tensor import Tensor
         from ..core.types import TensorType
+        from .tensor import Tensor
         if name not in self.fields:
             raise StorageError(f"store {self.path}: no field {name!r}; fields are "
                                f"{sorted(self.fields)}")

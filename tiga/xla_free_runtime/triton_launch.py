@@ -16,15 +16,17 @@ import os
 import sys
 import threading
 import weakref
+
+import numpy as np
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from ..core.errors import TigaError, UnsupportedError
 from ..lower.backends import BACKENDS, TRITON_BACKENDS, register_launcher, selected_backend
 from ..lower.pipeline import lower_launch, module_name
-from ..lower.triton import KernelSource, TritonUnsupported, render_launch
+from ..lower.triton import KernelSource, TritonUnsupported, relation_of, render_launch
 from .cache import cache_dir, full_key, tiga_key
-from .llvm_propagate import Fallback, walked_csr
+from .llvm_propagate import Fallback, walk_arrays, walked_csr
 from .llvm_propagate import plan_propagate as llvm_plan
 
 _MODULES: dict = {}          # key -> imported kernel function
@@ -65,14 +67,15 @@ class TritonPlan:
     def build(cls, eqn, graph, backend: str) -> TritonPlan:
         walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
         has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
+        relation = relation_of(graph, walk)
         gtype = eqn.inputs[0].type
-        if gtype.kind != "csr":   # implicit relations are walked through their resolved CSR
+        if gtype.kind != "csr" and relation == ("csr",):   # walked through its resolved CSR
             gtype = replace(gtype, kind="csr", coord_dims=None)
         index = graph.index_dtype if graph is not None else gtype.index_dtype
         structure = ("triton", backend, eqn.params["edge_fn"].structure_key(),
                      repr(eqn.params["reducer"]._key()), eqn.params["roles"],
                      eqn.params["reduce_by"], _update_key(eqn), _field_key(eqn),
-                     index.name, has_perm, _triton_version())
+                     index.name, has_perm, relation, _triton_version())
         key = full_key(structure)
         try:
             op = lower_launch(eqn, replace(gtype, index_dtype=index),
@@ -81,7 +84,8 @@ class TritonPlan:
             raise
         except TigaError as exc:
             raise TritonUnsupported(f"the Kernel IR stages do not express it ({exc})") from None
-        source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm)
+        source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm,
+                               relation=relation)
         return cls(backend, key, source, op.schedule)
 
     # ---- compile -------------------------------------------------------------------------
@@ -100,11 +104,11 @@ class TritonPlan:
         buf = tensors()
         sig = self.source.signature
         device = "cpu" if BACKENDS[self.backend].interpreter else "cuda"
-        rp, ci, perm = _torch_walk(graph, sig.walk, device)
+        walk = _torch_walk(graph, sig, device)
         rows = graph.num_src if sig.walk == "src" else graph.num_dst
         lead = {"dst": graph.num_dst, "src": graph.num_src, "edge": graph.num_edges,
                 "all": graph.num_dst}[sig.reduce_by]
-        args = [rp, ci] + ([perm] if "edge_perm" in sig.slots else [])
+        args = [walk[s] for s in sig.slots if not s.startswith(("field:", "out:"))]
         args += [buf.from_array(x, sig.field_dtypes[i], device) for i, x in enumerate(values)]
         outs = [buf.zeros((lead,) + tuple(s), d, device)
                 for s, d in zip(sig.out_shapes, sig.out_dtypes)]
@@ -238,15 +242,23 @@ def tensors():
     return loader()
 
 
-def _torch_walk(graph, walk: str, device: str) -> tuple:
+def _torch_walk(graph, sig, device: str) -> dict:
+    """{slot: tensor} of the walk a kernel reads (cached per relation, walk and device)."""
+    relation = tuple(sig.relation)
     per_graph = _TORCH_WALKS.get(graph)
-    found = per_graph.get((walk, device)) if per_graph is not None else None
+    found = per_graph.get((sig.walk, relation, device)) if per_graph is not None else None
     if found is None:
-        rp, ci, perm = walked_csr(graph, walk)
+        if relation == ("csr",):
+            rp, ci, perm = walked_csr(graph, sig.walk)
+            arrays = {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}
+        else:
+            arrays = dict(walk_arrays(graph, sig)[0])
+            if relation[0] == "stencil":
+                arrays["stencil_offsets"] = np.asarray(relation[2], np.int64).reshape(-1)
         buf = tensors()
-        found = tuple(None if a is None else buf.from_array(a, a.dtype.name, device)
-                      for a in (rp, ci, perm))
-        _TORCH_WALKS.setdefault(graph, {})[(walk, device)] = found
+        found = {k: None if a is None else buf.from_array(a, a.dtype.name, device)
+                 for k, a in arrays.items()}
+        _TORCH_WALKS.setdefault(graph, {})[(sig.walk, relation, device)] = found
     return found
 
 

@@ -276,7 +276,7 @@ class _Forward:
         k.br("qk.loop")
         self._scores()
         self._mask()
-        self._softmax()
+        self._lazy_max()
         self._probabilities()
         self._pv()
         k.enter("pv.done")
@@ -331,7 +331,7 @@ class _Forward:
         self.S = [[k.phi(VF, [(self.sp[r][u], "qk.exit"), (sx[r][u], "qk.mask")],
                          f"S{r}_{u}") for u in range(NV)] for r in range(RB)]
 
-    def _softmax(self) -> None:
+    def _lazy_max(self) -> None:
         """The rows' reference m (the max of the scores before a lazy step) moves only when
         a score exceeds it by more than LAZY: otherwise p = exp(s - m) <= e^LAZY, and the
         step skips the row max reductions, the rescale exp and the accumulator rescale.
@@ -352,6 +352,12 @@ class _Forward:
             anyv = gt if anyv is None else b.or_(anyv, gt)
         moved = b.icmp_unsigned("!=", b.bitcast(anyv, I16), ir.Constant(I16, 0), name="moved")
         k.cbr(moved, "sm.move", "sm.join")
+        self._rescale(lane_max)
+
+    def _rescale(self, lane_max) -> None:
+        """sm.move: the rows' new reference max and the rescaled mass and accumulators;
+        sm.join: the rows' state after the step's (possible) move."""
+        k, b = self.k, self.b
         k.enter("sm.move")
         adv, mm = VZERO, []
         for r in range(RB):

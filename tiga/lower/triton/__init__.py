@@ -9,6 +9,7 @@ from ..registry import lowering_rules, register_lowered
 from . import rules  # noqa: F401  (registers lowering_rules["triton"])
 from .emitter import TritonUnsupported
 from .kernel import KernelSource, TritonSchedule, TritonSignature, render_propagate
+from .walks import TRAVERSAL_RELATION, relation_of
 
 
 def schedule_of(op: LaunchOp) -> TritonSchedule:
@@ -20,16 +21,20 @@ def schedule_of(op: LaunchOp) -> TritonSchedule:
     return TritonSchedule(s.block_rows, s.block_neighbors, s.num_warps, s.pipeline_stages)
 
 
-def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False) -> KernelSource:
-    """Render one scheduled `gf_kernel.launch` (compressed-row walks; implicit relations are
-    walked through their resolved CSR, which the launcher binds)."""
+def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,
+                  relation: tuple | None = None) -> KernelSource:
+    """Render one scheduled `gf_kernel.launch`. `relation` (walks.relation_of) names the walk
+    the launcher binds; without it the traversal names it where the IR text holds the whole
+    walk (csr, dense, triangular) and the others walk their resolved CSR."""
     if op.traversal not in ("csr-row", "transposed-csr-row", "dense-row", "triangular-row",
                             "segment-row", "stencil-row"):
         raise TritonUnsupported(f"traversal {op.traversal!r} has no Triton rendering yet")
+    if relation is None:
+        relation = TRAVERSAL_RELATION.get(op.traversal, ("csr",))
     gtype = op.comp.relation.type
     in_types = [gtype] + [v.type for v in op.comp.inputs]
     return render_propagate(propagate_params(op.comp), in_types, gtype.index_dtype, has_perm,
-                            schedule_of(op), symbol=symbol)
+                            schedule_of(op), symbol=symbol, relation=relation)
 
 
 def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
@@ -43,4 +48,4 @@ lowering_rules["triton"][propagate_p] = propagate_lowering_rule
 register_lowered("triton")
 
 __all__ = ["render_launch", "render_propagate", "KernelSource", "TritonSchedule",
-           "TritonSignature", "TritonUnsupported", "schedule_of"]
+           "TritonSignature", "TritonUnsupported", "schedule_of", "relation_of"]

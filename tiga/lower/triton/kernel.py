@@ -23,6 +23,7 @@ from ...core.prims.graph import propagate_abstract_eval_rule
 from ...core.types import GraphType
 from .emitter import TV, Emitter, TritonUnsupported, eval_program, pow2, tl_dtype
 from .reducers import reducer_folds, tile, valid_mask
+from .walks import emit_row, emit_tile, loop_header, walk_slots
 
 ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
 NBR_ROLE = {"dst": "src", "src": "dst"}
@@ -58,6 +59,7 @@ class TritonSignature:
     num_warps: int
     num_stages: int
     combine: str = ""         # reduce_by="all": "sum" | "mean" of the per-row partials
+    relation: tuple = ("csr",)   # the walk (walks.py): csr, or an implicit relation's own
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -77,7 +79,8 @@ def _row_shapes(fields, roles) -> tuple:
 
 
 def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
-                 schedule: TritonSchedule, symbol: str) -> TritonSignature:
+                 schedule: TritonSchedule, symbol: str,
+                 relation: tuple = ("csr",)) -> TritonSignature:
     graph_t, fields = in_types[0], list(in_types[1:])
     if not isinstance(graph_t, GraphType):
         raise TritonUnsupported("a propagate whose first operand is not a relation")
@@ -102,23 +105,27 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
         if as_dtype(t.dtype).name == "bool":
             raise TritonUnsupported("a bool field or output (stored as bytes, not rendered)")
     walk = "src" if reduce_by == "src" else "dst"
-    perm = has_perm or walk == "src"
-    slots = ("row_ptr", "col_idx") + (("edge_perm",) if perm else ()) + tuple(
+    if walk == "src":
+        relation = ("csr",)
+    perm = (has_perm and relation == ("csr",)) or walk == "src"
+    slots = walk_slots(relation) + (("edge_perm",) if perm else ()) + tuple(
         f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
     return TritonSignature(symbol, walk, reduce_by, slots, roles, _row_shapes(fields, roles),
                            tuple(t.dtype.name for t in fields), out_shapes,
                            tuple(t.dtype.name for t in outs), index.name,
                            schedule.block_rows, schedule.block_neighbors, schedule.num_warps,
-                           schedule.num_stages, combine)
+                           schedule.num_stages, combine, tuple(relation))
 
 
 def render_propagate(params: dict, in_types: list, index_dtype, has_perm: bool = False,
                      schedule: TritonSchedule | None = None, *,
-                     symbol: str = "tiga_propagate") -> KernelSource:
+                     symbol: str = "tiga_propagate",
+                     relation: tuple = ("csr",)) -> KernelSource:
     """Triton source and signature of one fused kernel for a propagate equation.
     Raises TritonUnsupported (a tg.UnsupportedError) naming what is not rendered."""
     schedule = schedule or TritonSchedule()
-    sig = signature_of(params, list(in_types), index_dtype, has_perm, schedule, symbol)
+    sig = signature_of(params, list(in_types), index_dtype, has_perm, schedule, symbol,
+                       relation)
     body = _Body(params, sig).render()
     args = [s.replace(":", "") for s in sig.slots] + ["n_rows", "BLOCK_R: tl.constexpr",
                                                        "BLOCK_N: tl.constexpr"]
@@ -186,14 +193,12 @@ class _Body:
         c.emit("r = pid * BLOCK_R + i")
         c.emit("live = r < n_rows")
         c.emit("rr = tl.minimum(r, n_rows - 1)")
-        c.emit("e0 = tl.load(row_ptr + rr)")
-        c.emit("e1 = tl.where(live, tl.load(row_ptr + rr + 1), e0)")
-        c.emit("cnt = e1 - e0")
+        emit_row(c, self.sig.relation)
         c.emit("row1 = zero1 + rr")
         rows = {i: self._gather(i, "row1", None, "row")
                 for i, r in enumerate(self.sig.roles) if r == self.row_role}
         states = [f.init(c) for f, _ in self.folds]
-        c.emit("for start in range(e0, e1, BLOCK_N):")
+        c.emit(loop_header(self.sig.relation))
         c.indent += 1
         self._tile(rows, params, states)
         c.indent -= 1
@@ -204,13 +209,7 @@ class _Body:
 
     def _tile(self, rows: dict, params: dict, states: list) -> None:
         c = self.ctx
-        c.emit("p = start + nb")
-        c.emit("valid = p < e1")
-        c.emit("col = tl.load(col_idx + p, mask=valid, other=0).to(tl.int64)")
-        if "edge_perm" in self.sig.slots:
-            c.emit("eid = tl.load(edge_perm + p, mask=valid, other=0).to(tl.int64)")
-        else:
-            c.emit("eid = p")
+        emit_tile(c, self.sig.relation, "edge_perm" in self.sig.slots)
         args = []
         for i, role in enumerate(self.sig.roles):
             if role == "param":

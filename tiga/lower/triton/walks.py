@@ -1,0 +1,166 @@
+"""lower/triton: how a propagate program finds the edges of its destination row.
+
+A walk is named by a relation descriptor (part of the kernel's cache key): ("csr",) walks
+row_ptr / col_idx (every walk by source, and the relations a walk below does not express);
+the implicit relations are walked from indices, with no resolved CSR:
+
+- ("dense",): row r owns edges [r*S, r*S + S), edge r*S + j reads source j (S: walk_params).
+- ("triangular",): row r owns edges [r(r+1)/2, ... + r + 1), edge start + j reads source j.
+- ("cu_seqlens", causal): row r's sequence k by a binary search over cu_ext (K + 2 entries);
+  sources cu[k] .. r (causal) or cu[k] .. cu[k+1]-1; seq_edges (K + 1) counts the edges
+  before each sequence, so the walk reads O(K) integers and nothing per edge.
+- ("stencil", shape, offsets, periodic): row r's lattice coordinates from the static shape,
+  plus each offset (stencil_offsets, K x d) gives the neighbour; outside ones are masked (or
+  wrapped when periodic). Edge ids: r*K + j (periodic) or row_ptr[r] + the number of
+  inside neighbours before j (non-periodic: the O(N) row_ptr the reference numbers by).
+
+Each walk emits, in the row loop, `e0`, `e1` (the row's edge range) and `cnt` (its degree),
+the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge ids).
+"""
+from __future__ import annotations
+
+IMPLICIT_KINDS = ("dense", "triangular", "cu_seqlens", "stencil")
+MAX_STENCIL_OFFSETS = 64
+# traversals whose walk is fully named by the Kernel IR text (program.ir("triton", ...))
+TRAVERSAL_RELATION = {"dense-row": ("dense",), "triangular-row": ("triangular",)}
+
+
+def relation_of(graph, walk: str) -> tuple:
+    """The walk descriptor of a relation (by destination; a walk by source reads the
+    transposed CSR)."""
+    kind = getattr(graph, "kind", "csr")
+    params = getattr(graph, "params", {}) or {}
+    if walk != "dst" or kind not in IMPLICIT_KINDS:
+        return ("csr",)
+    if kind == "cu_seqlens":
+        return ("cu_seqlens", bool(params["causal"]))
+    if kind == "stencil":
+        shape = tuple(int(n) for n in params["shape"])
+        offsets = tuple(tuple(int(o) for o in off) for off in params["offsets"])
+        if not offsets or len(offsets) > MAX_STENCIL_OFFSETS or 0 in shape:
+            return ("csr",)
+        return ("stencil", shape, offsets, bool(params["periodic"]))
+    return (kind,)
+
+
+def walk_slots(relation: tuple) -> tuple:
+    """The pointer arguments a walk reads, in kernel-argument order."""
+    kind = relation[0]
+    if kind == "csr":
+        return ("row_ptr", "col_idx")
+    if kind == "dense":
+        return ("walk_params",)
+    if kind == "triangular":
+        return ()
+    if kind == "cu_seqlens":
+        return ("walk_params", "cu_ext", "seq_edges")
+    return ("stencil_offsets",) + (() if relation[3] else ("row_ptr",))
+
+
+def emit_row(c, relation: tuple) -> None:
+    """`e0`, `e1`, `cnt` of row `rr` (`live` false past the last row: no edges)."""
+    kind = relation[0]
+    if kind == "csr":
+        c.emit("e0 = tl.load(row_ptr + rr)")
+        c.emit("e1 = tl.where(live, tl.load(row_ptr + rr + 1), e0)")
+    elif kind == "dense":
+        c.emit("n_src = tl.load(walk_params)")
+        c.emit("e0 = rr * n_src")
+        c.emit("e1 = tl.where(live, e0 + n_src, e0)")
+        c.emit("s0 = rr * 0")
+    elif kind == "triangular":
+        c.emit("e0 = rr * (rr + 1) // 2")
+        c.emit("e1 = tl.where(live, e0 + rr + 1, e0)")
+        c.emit("s0 = rr * 0")
+    elif kind == "cu_seqlens":
+        _emit_sequence_row(c, relation[1])
+    else:
+        _emit_stencil_row(c, relation)
+    c.emit("cnt = e1 - e0")
+
+
+def _emit_sequence_row(c, causal: bool) -> None:
+    # the last sequence k with cu[k] <= r (empty sequences repeat an offset: the last one
+    # holding r is the one it belongs to)
+    c.emit("lo = rr * 0")
+    c.emit("hi = lo + tl.load(walk_params) - 1")
+    c.emit("while lo < hi:")
+    c.emit("    mid = (lo + hi + 1) // 2")
+    c.emit("    go = tl.load(cu_ext + mid) <= rr")
+    c.emit("    lo = tl.where(go, mid, lo)")
+    c.emit("    hi = tl.where(go, hi, mid - 1)")
+    c.emit("s0 = tl.load(cu_ext + lo)")
+    c.emit("i_seq = rr - s0")
+    if causal:
+        c.emit("e0 = tl.load(seq_edges + lo) + i_seq * (i_seq + 1) // 2")
+        c.emit("e1 = tl.where(live, e0 + i_seq + 1, e0)")
+    else:
+        c.emit("n_seq = tl.load(cu_ext + lo + 1) - s0")
+        c.emit("e0 = tl.load(seq_edges + lo) + i_seq * n_seq")
+        c.emit("e1 = tl.where(live, e0 + n_seq, e0)")
+
+
+def _emit_stencil_row(c, relation: tuple) -> None:
+    _, shape, offsets, periodic = relation
+    stride = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        c.emit(f"coord{axis} = (rr // {stride}) % {shape[axis]}")
+        stride *= shape[axis]
+    if periodic:
+        c.emit(f"e0 = rr * {len(offsets)}")
+        c.emit(f"e1 = tl.where(live, e0 + {len(offsets)}, e0)")
+    else:
+        c.emit("e0 = tl.load(row_ptr + rr)")
+        c.emit("e1 = tl.where(live, tl.load(row_ptr + rr + 1), e0)")
+    c.emit("seen = e0 * 0")
+
+
+def loop_header(relation: tuple) -> str:
+    if relation[0] == "stencil":
+        return f"for start in range(0, {len(relation[2])}, BLOCK_N):"
+    return "for start in range(e0, e1, BLOCK_N):"
+
+
+def emit_tile(c, relation: tuple, has_perm: bool) -> None:
+    """`valid`, `col` (int64 source ids) and `eid` (edge ids) of one neighbour tile."""
+    kind = relation[0]
+    if kind == "stencil":
+        _emit_stencil_tile(c, relation)
+        return
+    c.emit("p = start + nb")
+    c.emit("valid = p < e1")
+    if kind == "csr":
+        c.emit("col = tl.load(col_idx + p, mask=valid, other=0).to(tl.int64)")
+    else:   # a contiguous source range from s0
+        c.emit("col = tl.where(valid, s0 + (p - e0), 0)")
+    if has_perm:
+        c.emit("eid = tl.load(edge_perm + p, mask=valid, other=0).to(tl.int64)")
+    else:
+        c.emit("eid = p")
+
+
+def _emit_stencil_tile(c, relation: tuple) -> None:
+    _, shape, offsets, periodic = relation
+    rank = len(shape)
+    c.emit("j = start + nb")
+    c.emit(f"valid = (j < {len(offsets)}) & live")
+    c.emit("col = (j * 0).to(tl.int64)")
+    stride = 1
+    for axis in range(rank - 1, -1, -1):
+        n = shape[axis]
+        c.emit(f"off = tl.load(stencil_offsets + j * {rank} + {axis}, mask=valid, other=0)")
+        if periodic:   # (x + o) mod n for any offset: Python-style modulo on int64
+            c.emit(f"q = (coord{axis} + off) % {n}")
+            c.emit(f"q = tl.where(q < 0, q + {n}, q)")
+        else:
+            c.emit(f"q = coord{axis} + off")
+            c.emit(f"valid = valid & (q >= 0) & (q < {n})")
+        c.emit(f"col = col + q * {stride}")
+        stride *= n
+    c.emit("col = tl.where(valid, col, 0)")
+    if periodic:
+        c.emit("eid = tl.where(valid, e0 + j, 0)")
+    else:   # edges are numbered over the inside neighbours only, in offset order
+        c.emit("inside = valid.to(tl.int64)")
+        c.emit("eid = tl.where(valid, e0 + seen + tl.cumsum(inside, axis=0) - 1, 0)")
+        c.emit("seen = seen + tl.sum(inside, axis=0)")
