@@ -320,8 +320,10 @@ class _Run:
         """(forward program returning its outputs then the residuals, VJP program taking
         (*ins, *cts, *outs, *residuals)); derived once per signature, requires-grad pattern
         and relation kinds."""
-        kinds = {id(v): opt.relation_kind(a) for v, a in zip(self.program.in_binders,
-                                                               self.args)
+        # a DistributedGraph's walks never merge: a source-grouped one sends ghost rows back
+        kinds = {id(v): None if getattr(a, "tiga_distributed", False) is True
+                 else opt.relation_kind(a)
+                 for v, a in zip(self.program.in_binders, self.args)
                  if isinstance(v.type, GraphType)}
         key = (tuple(self.wrt), tuple(kinds.values()))
         hit = self.vjps.get(key)

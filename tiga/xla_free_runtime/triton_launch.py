@@ -16,10 +16,10 @@ import os
 import sys
 import threading
 import weakref
-
-import numpy as np
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ..core.errors import TigaError, UnsupportedError
 from ..lower.backends import BACKENDS, TRITON_BACKENDS, register_launcher, selected_backend
@@ -135,7 +135,10 @@ class TritonPlan:
                           f"{p['reduce_by']}", "rendered as a fused Triton kernel"))
         walk = "the transposed CSR (built once per relation and cached; no atomics)" \
             if sig.walk == "src" else "their CSR edges"
-        resolved = "" if kind == "csr" else f" (the {kind} relation resolved to CSR)"
+        if sig.relation[0] != "csr":
+            walk = f"their {sig.relation[0]} edges computed from indices (no CSR)"
+        resolved = "" if kind == "csr" or sig.relation[0] != "csr" else \
+            f" (the {kind} relation resolved to CSR)"
         ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation"
                             f"{resolved}, grouped by {p['reduce_by']}: one Triton program per "
                             f"{sig.block_rows} row(s), rows walk {walk} in tiles of "

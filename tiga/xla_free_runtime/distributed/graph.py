@@ -8,6 +8,7 @@ with num_src == num_dst == the owned rows: fields are local, the exchange is the
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 
 import numpy as np
@@ -16,6 +17,7 @@ from ...core.errors import DistributedError, GraphValidationError, ShapeError, U
 from ...core.graph import Graph
 from ...core.types import Dim, GraphType
 from .comm import Comm, init, mpi
+from .geometric import check_radius, checked_positions, geometric_params, radius_plan
 from .exchange import reverse_add
 from .halo import HaloPlan, build_plan
 from .partition import owners
@@ -33,7 +35,8 @@ class DistributedGraph:
         self.comm, self.plan, self.method = comm, plan, method
         self.global_type = global_type
         self.owner = owner
-        self.kind = "csr"
+        self.kind = "csr"           # "radius" over a partitioned radius relation
+        self.params: dict = {}       # a radius relation's: its owned coordinates (geometric.py)
         self.num_src = self.num_dst = plan.n_owned
         self.num_edges = len(plan.col_idx)
         self.index_dtype = global_type.index_dtype
@@ -83,6 +86,26 @@ class DistributedGraph:
         return (f"DistributedGraph(rank={self.comm.rank}/{self.comm.size}, method="
                 f"{self.method!r}, owned={p.n_owned} ({p.n_interior} interior), ghosts="
                 f"{p.n_ghost}, edges={self.num_edges}, peers={p.peers()})")
+
+    # ---- coordinates of a partitioned radius relation --------------------------------------
+
+    @property
+    def positions(self):
+        """This rank's owned coordinates in local row order (a radius relation), else None."""
+        return self.params.get("inputs", (None,))[0]
+
+    def at(self, positions) -> DistributedGraph:
+        """The same partition and topology read with other owned coordinates (local row
+        order): a torch tensor that requires grad or a traced value gets the gradients of
+        `edge.displacement` / `edge.distance`. The topology stays the one selected at
+        partition (selection is not differentiated): partition again once points move."""
+        if self.kind != "radius":
+            raise UnsupportedError("at: only a partitioned radius relation has coordinates",
+                                   hint="partition tg.Graph.radius(...) with "
+                                        "method='spatial'")
+        other = copy.copy(self)
+        other.params = dict(self.params, inputs=(checked_positions(self, positions), None))
+        return other
 
     # ---- fields ------------------------------------------------------------------------------
 
@@ -204,6 +227,8 @@ def partition(graph, method: str = "rows", positions=None, comm: Comm | None = N
             f"{graph.num_src}, num_dst={graph.num_dst}",
             hint="source fields are split with the destination rows' ownership")
     comm = (comm or init()).dup()
+    if graph.kind == "radius":
+        return _partition_radius(graph, method, positions, comm)
     graph.ensure_valid()
     row_ptr, col_idx = graph.resolve_csr()
     owner = owners(row_ptr, comm.size, method, positions)
@@ -213,6 +238,42 @@ def partition(graph, method: str = "rows", positions=None, comm: Comm | None = N
                "partition (graph and method)")
     plan = build_plan(row_ptr, col_idx, graph.edge_perm, owner, comm.rank)
     return DistributedGraph(comm, plan, gtype, method, owner)
+
+
+def _partition_radius(graph: Graph, method: str, positions, comm: Comm) -> DistributedGraph:
+    """Boxes by recursive coordinate bisection; each rank searches its own rows only."""
+    check_radius(graph, method, positions)
+    pos = graph.params["positions"]
+    p = graph.params
+    comm.agree(repr((graph.num_dst, pos.shape, pos.dtype.str, float(p["cutoff"]),
+                     bool(p["loop"]), _fingerprint(pos))), "partition (radius relation)")
+    owner = owners(np.zeros(graph.num_dst + 1, np.int64), comm.size, "spatial", pos)
+
+    def degrees_of(mine, counts):
+        every = _allgatherv(comm, counts.astype(np.int64), "the radius rows' degrees")
+        order = np.argsort(owner, kind="stable")      # rank by rank, ascending id
+        degree = np.empty(graph.num_dst, np.int64)
+        degree[order] = every
+        return degree
+
+    plan, owned_pos = radius_plan(graph, owner, comm.rank, comm.size, degrees_of)
+    total = int(comm.sum(np.array([len(plan.col_idx)], np.int64), "the radius edge count")[0])
+    gtype = GraphType("csr", graph.num_src, graph.num_dst, total, graph.type().index_dtype,
+                      None)
+    dg = DistributedGraph(comm, plan, gtype, "spatial", owner)
+    dg.kind, dg.params = "radius", geometric_params(graph, owned_pos)
+    return dg
+
+
+def _allgatherv(comm: Comm, mine: np.ndarray, what: str) -> np.ndarray:
+    """Every rank's int64 vector, concatenated by rank (bounded)."""
+    sizes = comm.allgather_array(np.array([len(mine)], np.int64), what)[:, 0]
+    every = np.empty(int(sizes.sum()), np.int64)
+    MPI = mpi()
+    req = comm.raw.Iallgatherv([np.ascontiguousarray(mine), MPI.INT64_T],
+                               [every, (sizes, None), MPI.INT64_T])
+    comm.wait([req], what)
+    return every
 
 
 def _fingerprint(*arrays) -> str:
