@@ -15,7 +15,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..core.config import config
@@ -106,9 +108,60 @@ def check_backend_name(name: str, where: str = "tg.config.backend") -> str:
     return name
 
 
+_CALL = threading.local()   # the backend one call's inputs chose (using_backend)
+
+
+@contextmanager
+def using_backend(name: str | None) -> Iterator[None]:
+    """Run the enclosed execution on backend `name` (the backend a call's CUDA inputs chose;
+    None: no change). Thread-local, so concurrent calls on other threads are not affected."""
+    old = getattr(_CALL, "name", None)
+    _CALL.name = name if name is not None else old
+    try:
+        yield
+    finally:
+        _CALL.name = old
+
+
+def route_for_devices(devices: Mapping[str, str], selected: str, *, strict: bool,
+                      gpu: tuple[bool, str]) -> str | None:
+    """The backend a call whose inputs live on `devices` ({field label: 'cpu' | 'cuda:N' |
+    other accelerator}) runs on, given the selected backend, strict mode and whether the
+    triton GPU backend is usable (`gpu`: (ok, why not)). None: every input is on the host
+    (the selected backend decides as usual). Never a silent copy of CUDA data to the host:
+    CUDA inputs run on `triton`, or this raises UnsupportedError naming the field."""
+    off_host = [(label, dev) for label, dev in devices.items() if dev != "cpu"]
+    if not off_host:
+        return None
+    label, dev = off_host[0]
+    if not dev.startswith("cuda"):
+        raise UnsupportedError(f"{label}: lives on {dev}; Tiga runs on the host (cpu-llvm) "
+                               "and on CUDA devices (triton), not on this device",
+                               hint="copy it to the host (.cpu()) or to a CUDA device")
+    if selected in (AUTO, "triton"):
+        ok, why = gpu
+        if not ok:
+            raise UnsupportedError(f"{label}: lives on {dev}, so the call runs on the triton "
+                                   f"backend, which is unavailable: {why}",
+                                   hint="install the gpu extra (pip install -e '.[gpu]') on a "
+                                        "machine with a CUDA device, or pass host data "
+                                        "(.cpu()) to run on the CPU")
+        return "triton"
+    if strict:
+        raise UnsupportedError(f"{label}: lives on {dev}, but the selected backend "
+                               f"{selected!r} runs on the CPU; strict mode refuses a CPU "
+                               "fallback for CUDA inputs",
+                               hint="select backend 'triton' or 'auto', or pass host data "
+                                    "(.cpu())")
+    return selected   # an explicit CPU backend for CUDA data: the caller asked for it
+
+
 def selected_backend() -> str:
-    """The backend propagates run on: tg.config.backend, else TIGA_BACKEND, else "auto"
-    (cpu-llvm for host inputs)."""
+    """The backend propagates run on: the one a call's CUDA inputs chose (using_backend),
+    else tg.config.backend, else TIGA_BACKEND, else "auto" (cpu-llvm for host inputs)."""
+    chosen = getattr(_CALL, "name", None)
+    if chosen is not None:
+        return chosen
     name = config.backend
     where = "tg.config.backend" if config.backend_set else "TIGA_BACKEND"
     return check_backend_name(name, where)

@@ -4,8 +4,8 @@ An online_softmax propagate whose edge function is `score = (dst.q * src.k).sum(
 (scale: a parameter, a literal or absent) with `src.v` as the value is attention. Its VJP is
 written FlashAttention-2 style as four canonical propagates over the same relation:
 
-- row max and row mass of the scores (together the per-row log-sum-exp; the streaming
-  forward keeps both, so the runtime returns them without recomputing),
+- row max and row mass of the scores (together the per-row log-sum-exp; read from the
+  forward's own residual outputs when it returns them, `online_softmax(stats)`),
 - dq grouped by destination and (dk, dv) grouped by source, each recomputing the
   probabilities from the log-sum-exp: p = exp(s - lse), ds = p * (dO . v - delta),
   delta = dO . y. No per-edge array exists in any of them.

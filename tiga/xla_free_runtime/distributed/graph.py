@@ -18,6 +18,7 @@ from ...core.graph import Graph
 from ...core.types import Dim, GraphType
 from .comm import Comm, init, mpi
 from .geometric import check_radius, checked_positions, geometric_params, radius_plan
+from .stored import check_store_method, store_bounds, store_plan
 from .exchange import reverse_add
 from .halo import HaloPlan, build_plan
 from .partition import owners
@@ -116,12 +117,17 @@ class DistributedGraph:
 
     def local(self, x_global):
         """This rank's rows of a global source/destination field."""
-        x = np.asarray(x_global)
         want = self.global_type.num_dst
-        if x.ndim == 0 or x.shape[0] != want:
+        shape = tuple(getattr(x_global, "shape", np.shape(x_global)))
+        if not shape or shape[0] != want:
             raise ShapeError(f"x_global: expected a leading axis of {want} (the global "
-                             f"rows), found shape {x.shape}")
-        return x[self.plan.owned]
+                             f"rows), found shape {shape}")
+        if not isinstance(x_global, np.ndarray) and hasattr(x_global, "tier") and \
+                self.plan.n_owned:
+            # a tg.Tensor (a store's field on disk): read only the range of the owned rows
+            lo, hi = int(self.plan.owned.min()), int(self.plan.owned.max()) + 1
+            return np.asarray(x_global[lo:hi])[self.plan.owned - lo]
+        return np.asarray(x_global)[self.plan.owned]
 
     def local_edges(self, w_global):
         """This rank's edges of a global edge field, in local edge order."""
@@ -229,6 +235,8 @@ def partition(graph, method: str = "rows", positions=None, comm: Comm | None = N
     comm = (comm or init()).dup()
     if graph.kind == "radius":
         return _partition_radius(graph, method, positions, comm)
+    if graph.kind == "paged":
+        return _partition_store(graph, method, positions, comm)
     graph.ensure_valid()
     row_ptr, col_idx = graph.resolve_csr()
     owner = owners(row_ptr, comm.size, method, positions)
@@ -263,6 +271,31 @@ def _partition_radius(graph: Graph, method: str, positions, comm: Comm) -> Distr
     dg = DistributedGraph(comm, plan, gtype, "spatial", owner)
     dg.kind, dg.params = "radius", geometric_params(graph, owned_pos)
     return dg
+
+
+def _partition_store(graph: Graph, method: str, positions, comm: Comm) -> DistributedGraph:
+    """Contiguous row ranges; each rank reads its own rows of the store, nothing else."""
+    check_store_method(method, positions)
+    reader = graph.params["reader"]
+    comm.agree(repr((graph.num_src, graph.num_dst, int(graph.num_edges), method,
+                     reader.version)), "partition (store-backed graph and method)")
+    bounds = store_bounds(reader, comm.size, method)
+
+    def exchange_ids(per_peer: list) -> list:
+        counts = np.array([len(ids) for ids in per_peer], np.int64)
+        matrix = comm.allgather_array(counts, "the halo id counts")   # [from, to]
+        theirs = matrix[:, comm.rank]
+        got = np.empty(int(theirs.sum()), np.int64)
+        MPI = mpi()
+        sent = np.concatenate(per_peer).astype(np.int64) if per_peer else np.zeros(0, np.int64)
+        req = comm.raw.Ialltoallv([sent, (counts, None), MPI.INT64_T],
+                                  [got, (theirs, None), MPI.INT64_T])
+        comm.wait([req], "the halo id exchange")
+        return np.split(got, np.cumsum(theirs)[:-1])
+
+    plan = store_plan(reader, bounds, comm.rank, exchange_ids)
+    owner = np.searchsorted(bounds, plan.owned, side="right") - 1    # own rows only
+    return DistributedGraph(comm, plan, graph.type(), method, owner)
 
 
 def _allgatherv(comm: Comm, mine: np.ndarray, what: str) -> np.ndarray:
