@@ -395,6 +395,9 @@ def _has_torch(call) -> bool:
 
 
 def _execute_call(call):
+    # CUDA inputs run on the triton backend or raise here, before any copy to the host
+    if triton_launch.call_backend(call) is not None and not _has_torch(call):
+        _triton_tensors().adopt_cuda(call)   # CUDA DLPack producers as torch tensors
     if _has_torch(call):
         return _torch_call(call, "auto")
     try:

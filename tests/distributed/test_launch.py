@@ -1,4 +1,4 @@
-"""Launches the MPI tests under mpiexec (2 and 4 ranks) from the normal pytest session, so
+"""Launches the MPI tests under mpiexec (2, 3 and 4 ranks) from the normal pytest session, so
 `make test` and CI run them; plus the failure paths (a rank that stalls or raises ends the
 job with an error, never a hang). Skipped without mpi4py / mpiexec, and inside mpiexec."""
 from __future__ import annotations
@@ -44,10 +44,11 @@ def _launch(ranks: int, args: list, limit: int, **env_extra) -> tuple:
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_mpi_suite(ranks):
     rc, out, _ = _launch(ranks, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                 "-p", "no:randomly", str(HERE / "test_mpi_equivalence.py")],
+                                 "-p", "no:randomly", str(HERE / "test_mpi_equivalence.py"),
+                                 str(HERE / "test_mpi_relations.py")],
                          limit=400)
     assert rc == 0, out[-6000:]
     assert " passed" in out and "skipped" not in out.split(" passed")[-1][:40], out[-3000:]

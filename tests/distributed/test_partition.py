@@ -98,3 +98,34 @@ def test_import_tiga_does_not_import_mpi4py():
 
     code = "import sys, tiga; assert 'mpi4py' not in sys.modules; print(tiga.distributed.init)"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 5), st.floats(0.05, 0.6), st.booleans(),
+       st.integers(0, 2 ** 31))
+def test_radius_plans_cover_the_relation_and_match_across_ranks(n, size, cutoff, loop, seed):
+    from tiga.xla_free_runtime.distributed.geometric import radius_plan
+
+    rng = np.random.default_rng(seed)
+    pos = np.round(rng.random((n, 2)), 1)        # a coarse grid: ties and coincident points
+    g = tg.Graph.radius(pos, cutoff, loop=loop)
+    row_ptr, col = g.resolve_csr()                # the oracle: one process's relation
+    owner = owners(np.zeros(n + 1, np.int64), size, "spatial", pos)
+    plans = [radius_plan(g, owner, r, size, lambda mine, counts: np.diff(row_ptr))[0]
+             for r in range(size)]
+    got = {}
+    for p in plans:
+        ids = np.concatenate([p.owned, p.ghosts])
+        dst = np.repeat(p.owned, np.diff(p.row_ptr))
+        for k, eid in enumerate(p.edge_ids):
+            got[int(eid)] = (int(dst[k]), int(ids[p.col_idx[k]]))
+        assert (p.col_idx[:p.interior_edges] < p.n_owned).all()
+        assert (owner[p.ghosts] != p.rank).all()
+    want = {k: (int(d), int(s)) for k, (d, s) in
+            enumerate(zip(np.repeat(np.arange(n), np.diff(row_ptr)), col))}
+    assert got == want
+    for q, pq in enumerate(plans):
+        for r, a, b in pq.recv:
+            assert np.array_equal(plans[r].owned[dict(plans[r].send)[q]], pq.ghosts[a:b])
+        for r, _ in pq.send:
+            assert any(rr == q for rr, _, _ in plans[r].recv)

@@ -224,3 +224,114 @@ def test_progress_bars_follow_the_config_flag(monkeypatch):
     bar = paging._progress(100)
     assert bar is not None and bar.total == 100     # shown only after ~2 s (tqdm delay)
     bar.close()
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=graphs(), reducer=st.sampled_from(sorted(REDUCERS) + ["softmax"]),
+       src_tier=st.sampled_from(["host", "store"]))
+def test_paged_grad_equals_in_memory_grad(tmp_path_factory, case, reducer, src_tier):
+    rp, ci, n_src, page, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.random((n_src, 2)) + 0.5
+    b = rng.random((len(rp) - 1, 1)) + 0.5
+    w = rng.random((len(ci), 1)) + 0.5
+    path = tmp_path_factory.mktemp("pgrad") / "s"
+    store = store_of(path, rp, ci, n_src, [("x", x, "src")])
+    model = Softmax() if reducer == "softmax" else Weighted()
+    if reducer != "softmax":
+        model.reducer = REDUCERS[reducer]()
+
+    def loss(graph, xs):
+        def f(x, b, w):
+            y = model(graph=graph, src={"x": xs if xs is not None else x}, dst={"b": b},
+                      edge={"w": w})
+            return tg.math.sum(y * y)
+        return f
+    mem = tg.Graph.from_csr(rp, ci, num_src=n_src)
+    want = tg.grad(loss(mem, None), argnums=(0, 1, 2))(x, b, w)
+    g = tg.Graph.open(path)
+    with tg.scope(page_rows=page):
+        got = tg.grad(loss(g, None), argnums=(0, 1, 2))(x, b, w)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-10, atol=1e-12)
+    if len(ci):        # source cotangents walked the transposed CSR, stored in the store
+        assert tg.store.open(path).transposed is not None
+    if src_tier == "store":     # the source field itself on disk: grad w.r.t. b and w
+        with tg.scope(page_rows=page):
+            got = tg.grad(loss(g, store["x"]), argnums=(1, 2))(x, b, w)
+        for a, e in zip(got, want[1:]):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-10, atol=1e-12)
+
+
+def test_transposed_csr_is_built_once_into_a_new_store_version(tmp_path, monkeypatch):
+    rp, ci = ring(300, k=5)
+    x = np.random.default_rng(3).random((300, 3))
+    store_of(tmp_path / "s", rp, ci, 300)
+    builds = []
+    real = paging.store_transpose.build
+    monkeypatch.setattr(paging.store_transpose, "build",
+                        lambda s: builds.append(s.version) or real(s))
+    g = tg.Graph.open(tmp_path / "s")
+    v0 = g.params["version"]
+
+    def f(x):
+        return tg.math.sum(Gather()(graph=g, src={"x": x}) ** 2)
+    with tg.scope(page_rows=64):
+        g1 = tg.grad(f)(x)
+        stats = g.params["last_paged_run"]
+        g2 = tg.grad(f)(x)
+        again = tg.grad(lambda x: tg.math.sum(Gather()(graph=tg.Graph.open(tmp_path / "s"),
+                                                       src={"x": x}) ** 2))(x)
+    assert builds == [v0]
+    s = tg.store.open(tmp_path / "s")
+    assert s.version == v0 + 1 and g.params["version"] == v0 + 1
+    # the transposed relation is the oracle's: sources' out-edges, edge ids in stored order
+    t = s.transposed
+    trp, tci, _ = t.read_rows(0, 300)
+    order = np.argsort(ci, kind="stable")
+    np.testing.assert_array_equal(trp[1:], np.cumsum(np.bincount(ci, minlength=300)))
+    np.testing.assert_array_equal(t.edge_perm.read(), order)
+    np.testing.assert_array_equal(tci, np.repeat(np.arange(300), 5)[order])
+    np.testing.assert_array_equal(s.read_csr()[1], ci)        # the relation is unchanged
+    mem = tg.Graph.from_csr(rp, ci)
+    want = tg.grad(lambda x: tg.math.sum(Gather()(graph=mem, src={"x": x}) ** 2))(x)
+    for got in (g1, g2, again):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
+    assert stats.pages == 5 and stats.edges == 1500     # the source walk, paged
+
+
+def test_transpose_build_in_small_buckets_matches_a_sort(tmp_path, monkeypatch):
+    rng = np.random.default_rng(5)
+    deg = rng.integers(0, 9, 400)
+    rp = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    ci = rng.integers(0, 250, rp[-1]).astype(np.int32)
+    ci[:40] = 7                          # one source with more edges than a bucket holds
+    store_of(tmp_path / "s", rp, ci, 250)
+    monkeypatch.setattr(paging.store_transpose, "BUCKET_EDGES", 32)
+    t = tg.store.open(tmp_path / "s").transpose()
+    order = np.argsort(ci, kind="stable")
+    trp, tci, _ = t.read_rows(0, 250)
+    np.testing.assert_array_equal(trp[1:], np.cumsum(np.bincount(ci, minlength=250)))
+    np.testing.assert_array_equal(t.edge_perm.read(), order)
+    np.testing.assert_array_equal(tci, np.repeat(np.arange(400), deg)[order])
+    assert not (t.vdir / "transpose" / "runs").exists()
+
+
+def test_distinct_matches_np_unique():
+    rng = np.random.default_rng(11)
+    for case in range(60):
+        n = int(rng.integers(1, 100_000))
+        e = int(rng.integers(1, 3000))
+        if case % 3 == 0:
+            ci = rng.integers(0, n, e)
+        elif case % 3 == 1:            # a band
+            ci = (rng.integers(-40, 40, e) + int(rng.integers(0, n))) % n
+        else:                          # a band that wraps around: two far windows
+            ci = np.concatenate([rng.integers(0, 20, e), rng.integers(max(n - 20, 0), n, e)])
+        ci = ci.astype(np.int32)
+        u, inv = paging.distinct(ci, np.int32)
+        uu, ii = np.unique(ci, return_inverse=True)
+        np.testing.assert_array_equal(u, uu)
+        np.testing.assert_array_equal(inv, ii.reshape(-1))
+        assert inv.dtype == np.int32

@@ -18,10 +18,12 @@ from ..core.passes import dce
 from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram, Var
 from ..core.types import GraphType
+from ..lower.backends import using_backend
 from ..trace import call_cache
 from ..trace.staging import leaf_value
 from ..trace.tracer import resolving
 from ..xla_free_runtime.executor import execute, explain_program
+from ..xla_free_runtime.triton_launch import call_backend
 from .dlpack import is_torch, to_numpy, to_torch
 from .nn import TracedModule
 
@@ -37,8 +39,10 @@ def run_call_torch(call, route: str = "auto"):
     """
     if route not in ROUTES:
         raise TigaError(f"route: expected one of {ROUTES}, found {route!r}")
+    # CUDA inputs: the triton backend, or an error before _prepare copies them to the host
+    backend = call_backend(call) if route == "auto" else None
     program, np_args, originals, vjps = _prepare(call)
-    run = _Run(program, np_args, originals, route, vjps)
+    run = _Run(program, np_args, originals, route, vjps, backend)
     if not any(run.wrt):
         outs = run.forward()
     else:
@@ -271,17 +275,24 @@ class _CapturedTensors:
         return x if hit is None else hit[1]
 
 
-def _runner(route: str):
+def _runner(route: str, backend: str | None = None):
     if route == "reference":
         return lambda program, args: eval_program(program, *args)
-    return execute  # "auto": the executor picks the route and honours strict mode
+    if backend is None:
+        return execute  # "auto": the executor picks the route and honours strict mode
+
+    def on_backend(program, args):   # the backend the call's CUDA inputs chose
+        with using_backend(backend):
+            return execute(program, args)
+    return on_backend
 
 
 class _Run:
     """One call's program, host operands and the torch inputs gradients flow back to."""
 
-    def __init__(self, program, np_args, originals, route, vjps=None):
+    def __init__(self, program, np_args, originals, route, vjps=None, backend=None):
         self.program, self.args, self.route = program, np_args, route
+        self.backend = backend   # "triton" for CUDA inputs (forward and backward run there)
         self.vjps = {} if vjps is None else vjps   # shared by calls of one signature
         grad_on = torch.is_grad_enabled()
         self.wrt = [grad_on and is_torch(o) and o.requires_grad for o in originals]
@@ -299,7 +310,7 @@ class _Run:
         program = self.program
         if any(self.wrt):   # the forward also returns the values its VJP would recompute
             program = self._derived()[0]
-        outs = _runner(self.route)(program, self.args)
+        outs = _runner(self.route, self.backend)(program, self.args)
         n_out = len(self.program.outs)
         outs, self.residuals = outs[:n_out], list(outs[n_out:])
         outs = [np.asarray(o, t.dtype.np) for o, t in zip(outs, self.program.out_types)]
@@ -359,7 +370,7 @@ class _Run:
             cts.append(np.zeros(shape, dtype) if g is None
                        else np.asarray(to_numpy(g, "output cotangent"), dtype))
         vjp = self._derived()[1]
-        grads = _runner(self.route)(vjp, list(self.args) + cts + list(self.outs) +
+        grads = _runner(self.route, self.backend)(vjp, list(self.args) + cts + list(self.outs) +
                                     list(self.residuals))
         return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
                 for g, x in zip(grads, self.inputs)]

@@ -31,3 +31,17 @@ def zeros(shape: tuple, dtype: str, device: str) -> torch.Tensor:
 
 def to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
     return t.cpu().numpy().astype(dtype, copy=False)
+
+
+def adopt_cuda(call) -> None:
+    """Replace a call's CUDA DLPack producers (not torch) by torch tensors on the same memory
+    (torch.from_dlpack: zero-copy), so the call runs through the torch bridge on the GPU."""
+    from ..core.graph_validate import input_device
+
+    def adopt(v):
+        if isinstance(v, torch.Tensor) or input_device(v) == "cpu":
+            return v
+        return torch.from_dlpack(v)
+
+    call.fields = {role: {n: adopt(v) for n, v in f.items()} for role, f in call.fields.items()}
+    call.params = {k: adopt(v) for k, v in call.params.items()}

@@ -415,18 +415,7 @@ class GeneratedPlan:
         facts = f"{launch_facts(self.launch)}: " if self.launch is not None else ""
         ex.traversal.append(f"propagate[{red}] over {graph.kind} relation, grouped by {by}: "
                             f"{facts}{walk}; {fold}")
-        if symmetric(graph):
-            vjp = ("vjp over this relation: cotangent propagates grouped by destination and "
-                   "by source (source-field and coordinate cotangents) all take this fused "
-                   "walk (symmetric relation: roles swapped), no CSR; mean's degrees are "
-                   "counted by the same walk")
-        else:
-            why = ("knn is not symmetric" if spec.kind == "knn" else
-                   "max_neighbors truncation makes it asymmetric" if spec.k else
-                   "a query set makes it asymmetric")
-            vjp = ("vjp over this relation: destination-grouped cotangent propagates take "
-                   "this fused walk; source-grouped ones (source and coordinate cotangents) "
-                   f"walk the CSR transposed where needed ({why})")
+        vjp = _vjp_line(graph, spec)
         if vjp not in ex.traversal:
             ex.traversal.append(vjp)
         typed = isinstance(graph, GeneratedType)
@@ -466,6 +455,20 @@ class GeneratedPlan:
                                          "coordinates)",
                                "disk": "hit (disk cache, no LLVM run)",
                                "miss": "miss (compiled on the first call)"}[status])
+
+
+def _vjp_line(graph, spec: GeoSpec) -> str:
+    if symmetric(graph):
+        return ("vjp over this relation: cotangent propagates grouped by destination and by "
+                "source (source-field and coordinate cotangents) all take this fused walk "
+                "(symmetric relation: roles swapped), no CSR; mean's degrees are counted by "
+                "the same walk")
+    why = ("knn is not symmetric" if spec.kind == "knn" else
+           "max_neighbors truncation makes it asymmetric" if spec.k else
+           "a query set makes it asymmetric")
+    return ("vjp over this relation: destination-grouped cotangent propagates take this "
+            "fused walk; source-grouped ones (source and coordinate cotangents) walk the CSR "
+            f"transposed where needed ({why})")
 
 
 def _count_edge(src, dst, edge):

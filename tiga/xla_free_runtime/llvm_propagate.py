@@ -144,8 +144,9 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
                         "this is a Tiga bug, please report")
 
 
-# (cache key, pool threads) -> the scheduled `gf_kernel.launch` its kernel renders and its
-# calls run by (one per kernel and TIGA_NUM_THREADS value; None: the IR does not express it)
+# (cache key, pool threads, relation type) -> the scheduled `gf_kernel.launch` its kernel
+# renders and its calls run by (None: the IR does not express it). One kernel serves every
+# relation size, but a schedule may depend on static sizes (threads: small work runs on one).
 _LAUNCHES: dict = {}
 
 
@@ -154,14 +155,14 @@ def lowered_launch(eqn, key: str, gtype):
     pipeline's Kernel stage (TIGA_DUMP writes that IR here, once per kernel and thread count),
     or None for an equation the IR stages do not express yet (its renderer then asks the
     same schedule functions itself: lower/schedule.py)."""
-    threads = num_threads()
-    found = _LAUNCHES.get((key, threads), False)
+    at = (key, num_threads(), gtype)
+    found = _LAUNCHES.get(at, False)
     if found is False:
         try:
             found = lower_launch(eqn, gtype, name=module_name(f"propagate_{key[:16]}"))
         except TigaError:
             found = None
-        _LAUNCHES[(key, threads)] = found
+        _LAUNCHES[at] = found
     return found
 
 
@@ -180,7 +181,7 @@ def _launch_schedule(eqn, key: str, relation: tuple):
 
 
 def launch_op(eqn, graph):
-    """The scheduled launch the compiled kernel of this equation renders and runs with
+    """The scheduled launch the compiled kernel of this equation renders and its calls run
     (lowered now if this process has not yet; None when the IR stages do not express the
     equation). `graph` None: decided from the relation's type, as explain() before a call."""
     graph = _TypeOnly(eqn.inputs[0].type) if graph is None else graph
@@ -190,7 +191,8 @@ def launch_op(eqn, graph):
 def _run_schedule(exe, eqn, sig):
     """The schedule a call of `exe` chunks its rows by, for the pool size now."""
     threads = num_threads()
-    found = _RUNS.get((exe.key, threads))
+    per_eqn = _RUNS.get(eqn)
+    found = per_eqn.get((exe.key, threads)) if per_eqn is not None else None
     if found is not None:
         return found
     found = _launch_schedule(eqn, exe.key, tuple(sig.relation))
@@ -200,11 +202,12 @@ def _run_schedule(exe, eqn, sig):
                          row_partition=knobs.row_partition(traversal),
                          chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
                          prefetch_distance=0, parallel=sig.parallel)
-    _RUNS[(exe.key, threads)] = found
+    _RUNS.setdefault(eqn, {})[(exe.key, threads)] = found
     return found
 
 
-_RUNS: dict = {}    # (cache key, pool threads) -> the schedule calls run by (never None)
+# eqn -> {(cache key, pool threads): the schedule its calls run by (never None)}
+_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def walked_csr(graph, walk: str) -> tuple:

@@ -11,6 +11,7 @@ PageTask per page) and explain() prints it with the last run's measurements.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import queue
 import threading
 import time
@@ -23,9 +24,10 @@ from ..core.config import config
 from ..core.errors import ShapeError, StorageError
 from ..core.graph import Graph
 from ..core.primitive import impl_rules
+from ..core.program import Var
 from ..core.prims.graph import propagate_p
 from ..core.types import TensorType
-from . import memory
+from . import memory, store_transpose
 from . import scope as sc
 from .llvm_propagate import SPECIALISED_PLANNERS, Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
@@ -76,22 +78,46 @@ def page_tasks(num_dst: int, bounds: np.ndarray, page_rows: int) -> list:
             for k, a in enumerate(starts)]
 
 
+BLOCK_SHIFT = 12      # id blocks of 4096 for pages whose ids sit in a few far-apart windows
+
+
 def distinct(ci: np.ndarray, index_dtype) -> tuple:
-    """(sorted distinct ids, each id's position among them): np.unique's inverse, by a
-    bitmap over the ids' span when it is small (a page of a local graph), else by sorting."""
+    """(sorted distinct ids, each id's position among them), i.e. np.unique's inverse,
+    without a sort when cheap: a mark array over the ids' span (a page of a banded graph),
+    or over the occupied 4096-id blocks (a page whose ids wrap around or sit in a few
+    windows); a sort only for ids spread thin over a wide span."""
     if not len(ci):
         return np.zeros(0, np.int64), np.zeros(0, index_dtype)
     lo, hi = int(ci.min()), int(ci.max()) + 1
-    if hi - lo > 8 * len(ci):
+    if hi - lo <= 8 * len(ci):
+        uniq, inv = _marked(ci - lo if lo else ci, hi - lo, index_dtype)
+        return uniq + lo, inv
+    blk = ci >> BLOCK_SHIFT
+    occupied = np.zeros((hi - 1 >> BLOCK_SHIFT) + 1, bool)
+    occupied[blk] = True
+    blocks = np.flatnonzero(occupied)
+    span = len(blocks) << BLOCK_SHIFT
+    if span > 8 * len(ci):
         uniq, inv = np.unique(ci, return_inverse=True)
         return uniq, inv.astype(index_dtype, copy=False).reshape(-1)
-    local = ci - lo if lo else ci
-    mark = np.zeros(hi - lo, bool)
-    mark[local] = True
-    uniq = np.flatnonzero(mark)
-    remap = np.empty(hi - lo, index_dtype)
+    slot = np.zeros(len(occupied), ci.dtype)
+    slot[blocks] = np.arange(len(blocks), dtype=ci.dtype)
+    local = slot[blk]
+    local <<= BLOCK_SHIFT
+    local |= ci & ((1 << BLOCK_SHIFT) - 1)
+    pos, inv = _marked(local, span, index_dtype)
+    return (blocks[pos >> BLOCK_SHIFT] << BLOCK_SHIFT) | (pos & ((1 << BLOCK_SHIFT) - 1)), inv
+
+
+def _marked(local: np.ndarray, span: int, index_dtype) -> tuple:
+    """distinct() of ids in [0, span) by a mark array; a window every id of which occurs
+    (a banded page) needs no remap: the ids are their own positions."""
+    uniq = np.flatnonzero(np.bincount(local, minlength=span))    # (faster than a scatter)
+    if len(uniq) == span:
+        return uniq, local.astype(index_dtype, copy=False)
+    remap = np.empty(span, index_dtype)
     remap[uniq] = np.arange(len(uniq), dtype=index_dtype)
-    return uniq + lo, remap[local]
+    return uniq, remap[local]
 
 
 # ---- field access on any tier -----------------------------------------------------------------
@@ -123,14 +149,13 @@ class PagedPlan:
     lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
 
     def run(self, eqn, graph, values) -> list:
-        by = eqn.params["reduce_by"]
-        if by not in PAGED_BY:
+        walk = walk_of(eqn, graph)
+        if walk is None:
             return _materialised(eqn, graph, values)
         _check_lengths(eqn, graph, values)
-        reader = graph.params["reader"]
         rows = sc.page_rows()
-        tasks = page_tasks(graph.num_dst, reader.page_bounds(rows), rows)
-        run = _PagedRun(eqn, graph, values, reader, tasks)
+        tasks = page_tasks(walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
+        run = _PagedRun(eqn, graph, values, walk, tasks)
         outs = run.execute()
         graph.params["last_paged_run"] = run.stats
         return outs
@@ -138,7 +163,7 @@ class PagedPlan:
     def describe(self, ex, eqn, graph, where) -> None:
         p = eqn.params
         what = f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}"
-        if p["reduce_by"] not in PAGED_BY:
+        if not pageable(p):
             ex.routes.append(("paged", what, "grouped by source: the stored CSR is read "
                               "whole and the in-memory kernel runs on it"))
             ex.materialized.append(("CSR of the paged relation (read whole)",
@@ -146,8 +171,14 @@ class PagedPlan:
                                     f"reduce_by={p['reduce_by']!r} is not paged"))
             return
         rows = sc.page_rows()
-        pages = -(-graph.num_dst // rows) if graph.num_dst else 0
-        ex.routes.append(("paged", what, f"{pages} page(s) of {rows} destination rows from "
+        walked = graph.num_src if p["reduce_by"] == "src" else graph.num_dst
+        pages = -(-walked // rows) if walked else 0
+        if p["reduce_by"] == "src":
+            ex.traversal.append("paged: grouped by source, pages walk the transposed CSR "
+                                "stored beside the relation (built once, out of core, into a "
+                                "new store version when missing)")
+        kind = "source" if p["reduce_by"] == "src" else "destination"
+        ex.routes.append(("paged", what, f"{pages} page(s) of {rows} {kind} rows from "
                           f"store {graph.params['path']} (version {graph.params['version']})"
                           "; per page: read the CSR rows, gather distinct sources once, run "
                           "the in-memory kernel on the page-local CSR, write the rows"))
@@ -169,6 +200,58 @@ def describe_stats(s: PageStats) -> str:
             f"overlapped {s.overlapped:.3f}")
 
 
+@dataclass(frozen=True)
+class Walk:
+    """How pages traverse the relation: by destination (the stored CSR) or by source (its
+    transpose, whose kernel is the destination-grouped one with the roles exchanged)."""
+
+    reader: object        # read_rows(a, b) / page_bounds(rows) over the walked rows
+    rows: str             # role of the walked rows: "dst" or "src"
+    gathered: str         # role gathered distinct once per page: the other endpoint
+    eqn: object           # the equation the page kernel runs
+    edge_perm: object     # None, or the stored edge id of each transposed edge
+    lead: int | None      # rows of the result (None: one value summed over pages)
+
+
+_SWAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pageable(params) -> bool:
+    by = params["reduce_by"]
+    return by in PAGED_BY or by == "src" or (by == "all" and params["reducer"].builtin and
+                                             params["reducer"].name == "sum")
+
+
+def walk_of(eqn, graph):
+    """The page walk of `eqn` over the paged relation, or None (read the CSR whole)."""
+    p = eqn.params
+    if not pageable(p):
+        return None
+    reader = graph.params["reader"]
+    if p["reduce_by"] != "src":
+        lead = {"dst": graph.num_dst, "edge": graph.num_edges, "all": None}[p["reduce_by"]]
+        return Walk(reader, "dst", "src", eqn, None, lead)
+    if reader.transposed is None:         # built once; later opens find it in the store
+        reader = store_transpose.build(reader)
+        graph.params.update(reader=reader, version=reader.version)
+    t = reader.transposed
+    swapped = _SWAPPED.get(eqn)
+    if swapped is None:
+        swapped = _SWAPPED[eqn] = _swapped(eqn)
+    return Walk(t, "src", "dst", swapped, t.edge_perm, graph.num_src)
+
+
+def _swapped(eqn):
+    """A propagate grouped by source as one grouped by destination over the transposed
+    relation: the roles (and the relation type's endpoints) exchanged. The edge function
+    takes its operands by position, so only the labels change."""
+    p, gt = eqn.params, eqn.inputs[0].type
+    flip = {"src": "dst", "dst": "src"}
+    relation = Var(dataclasses.replace(gt, num_src=gt.num_dst, num_dst=gt.num_src))
+    return dataclasses.replace(eqn, inputs=(relation,) + tuple(eqn.inputs[1:]), params=dict(
+        p, roles=tuple(flip.get(r, r) for r in p["roles"]), reduce_by="dst"))
+
+
 def _materialised(eqn, graph, values) -> list:
     """Groupings a page cannot complete (by source, all edges): the in-memory route on the
     whole stored CSR."""
@@ -184,8 +267,9 @@ def _materialised(eqn, graph, values) -> list:
 class _PagedRun:
     """One paged execution: a prefetch thread loads pages, this thread computes them."""
 
-    def __init__(self, eqn, graph, values, reader, tasks):
-        self.eqn, self.graph, self.reader, self.tasks = eqn, graph, reader, tasks
+    def __init__(self, eqn, graph, values, walk: Walk, tasks):
+        self.eqn, self.graph, self.walk, self.tasks = eqn, graph, walk, tasks
+        self.reader = walk.reader
         self.roles = eqn.params["roles"]
         self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
                        for v, r in zip(values, self.roles)]
@@ -201,7 +285,9 @@ class _PagedRun:
         """An upper bound of a page's host buffers (CSR rows, remap, gathered rows)."""
         rows, edges = task.rows[1] - task.rows[0], task.edges[1] - task.edges[0]
         distinct = min(edges, self.graph.num_src)
-        n = {"src": distinct, "dst": rows, "edge": edges, "param": 0}
+        n = {self.walk.gathered: distinct, self.walk.rows: rows, "edge": edges, "param": 0}
+        if self.walk.edge_perm is not None:
+            edges *= 2          # the page's stored edge ids and their remap
         return (rows + 1) * 8 + edges * 2 * self.graph.index_dtype.np.itemsize + \
             distinct * 8 + sum(n[r] * b for r, b in zip(self.roles, self.row_bytes))
 
@@ -237,12 +323,13 @@ class _PagedRun:
         t1 = time.perf_counter()
         uniq, inv = distinct(ci, self.graph.index_dtype.np)
         vals, nbytes = [], rp.nbytes + ci.nbytes + inv.nbytes + uniq.nbytes
+        edge_rows = self.edge_rows(task)
         for (stor, tier), role in zip(self.fields, self.roles):
             if role == "param":
                 vals.append(stor)
                 continue
-            v = stor.take_rows(uniq) if role == "src" else \
-                stor.read_rows(a, b) if role == "dst" else stor.read_rows(*task.edges)
+            v = stor.take_rows(uniq) if role == self.walk.gathered else \
+                stor.read_rows(a, b) if role == self.walk.rows else edge_rows(stor)
             st.bytes_read[tier] += v.nbytes
             nbytes += v.nbytes
             vals.append(v)
@@ -259,6 +346,21 @@ class _PagedRun:
         st.seconds["read"] += t1 - t0
         st.seconds["gather"] += t2 - t1
         return task, page, vals, charge
+
+    def edge_rows(self, task: PageTask):
+        """Edge fields of a page: a row range of the stored order, or (walking the
+        transpose) the page's stored edge ids, each row read once, in transposed order."""
+        if self.walk.edge_perm is None:
+            return lambda stor: stor.read_rows(*task.edges)
+        ids = []
+
+        def take(stor):
+            if not ids:
+                perm = self.walk.edge_perm.read_rows(*task.edges)
+                self.stats.bytes_read["disk"] += perm.nbytes
+                ids.extend(distinct(perm, np.intp))
+            return stor.take_rows(ids[0])[ids[1]]
+        return take
 
     def producer(self, q: queue.Queue) -> None:
         try:
@@ -320,16 +422,20 @@ class _PagedRun:
         task, page, vals, charge = item
         try:
             t0 = time.perf_counter()
-            route = plan_propagate(self.eqn, page)
+            eqn = self.walk.eqn
+            route = plan_propagate(eqn, page)
             if isinstance(route, Fallback):
-                res = impl_rules[propagate_p](page, *vals, **self.eqn.params)
+                res = impl_rules[propagate_p](page, *vals, **eqn.params)
             else:
-                res = run_propagate(route, self.eqn, page, vals)
+                res = run_propagate(route, eqn, page, vals)
             t1 = time.perf_counter()
-            at = task.rows[0] if self.eqn.params["reduce_by"] == "dst" else task.edges[0]
+            at = task.edges[0] if eqn.params["reduce_by"] == "edge" else task.rows[0]
             for (_, stor), r in zip(outs, res):
                 r = np.asarray(r)
-                stor.write_rows(at, r)
+                if self.walk.lead is None:      # summed over all edges: add the page's sum
+                    stor._live()[...] += r
+                else:
+                    stor.write_rows(at, r)
                 self.stats.bytes_written[stor.tier] += r.nbytes
             self.stats.seconds["compute"] += t1 - t0
             self.stats.seconds["write"] += time.perf_counter() - t1
@@ -349,10 +455,10 @@ class _PagedRun:
         """[(result tensor, its storage)]: on the host when the results fit the host budget
         (with room for the page buffers), else disk tensors in the spill dir."""
         from .tensor import Tensor, _own
-        by = self.eqn.params["reduce_by"]
-        lead = self.graph.num_dst if by == "dst" else self.graph.num_edges
+        lead = self.walk.lead
         types = [v.type for v in self.eqn.outputs]
-        shapes = [(lead,) + tuple(int(d) for d in t.shape[1:]) for t in types]
+        shapes = [tuple(int(d) for d in t.shape) if lead is None else
+                  (lead,) + tuple(int(d) for d in t.shape[1:]) for t in types]
         total = sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
                     for s, t in zip(shapes, types))
         owner = sc.budget_scope("host")
@@ -371,7 +477,8 @@ class _PagedRun:
                 weakref.finalize(tensor, stor.release)
             else:
                 ch = memory.charge("host", nbytes, "paged result")
-                stor = HostStorage(np.empty(s, t.dtype.np))
+                stor = HostStorage(np.empty(s, t.dtype.np) if lead is not None else
+                                   np.zeros(s, t.dtype.np))
                 tensor = Tensor(stor, ttype)
                 _own(tensor, ch)
             outs.append((tensor, stor))
@@ -396,11 +503,12 @@ def _progress(total: int):
     return tqdm(total=total, desc="tg paged run", unit="pages", delay=2.0, leave=False)
 
 
-def _planner(eqn, graph, compile):
+def plan_paged(eqn, graph):
+    """The route of a propagate over a stored ("paged") relation, or None (not paged)."""
     if getattr(graph, "kind", None) != "paged":
         return None
     return PagedPlan()
 
 
-SPECIALISED_PLANNERS.insert(0, _planner)
-__all__ = ["PagedPlan", "PageTask", "PageStats", "page_tasks", "describe_stats"]
+SPECIALISED_PLANNERS.insert(0, lambda eqn, graph, compile: plan_paged(eqn, graph))
+__all__ = ["PagedPlan", "plan_paged", "Walk", "PageTask", "PageStats", "page_tasks", "describe_stats"]

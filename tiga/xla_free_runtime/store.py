@@ -245,7 +245,7 @@ class Store:
             raise StorageError(f"{self.path / POINTER}: not found; {self.path} holds no "
                                "committed store")
         self.vdir = self.path / current
-        m = _read_manifest(self.vdir / MANIFEST)
+        m = self.manifest = _read_manifest(self.vdir / MANIFEST)
         self.version = int(m["version"])
         self.num_src, self.num_dst = int(m["num_src"]), int(m["num_dst"])
         self.num_edges = int(m["num_edges"])
@@ -259,6 +259,15 @@ class Store:
         if int(ends[0]) != 0 or int(ends[1]) != self.num_edges:
             raise StorageError(f"{self._row_ptr.path}: count check failed: row_ptr runs from "
                                f"{ends[0]} to {ends[1]}, expected 0 to {self.num_edges}")
+        self.transposed = Transposed(self) if "transpose" in m else None
+
+    def transpose(self) -> Transposed:
+        """The transposed relation (rows are sources), built once into a new version of
+        the store when this version has none (store_transpose)."""
+        if self.transposed is not None:
+            return self.transposed
+        from .store_transpose import build
+        return build(self).transposed
 
     def _open(self, rel: str, shape: tuple) -> DiskStorage:
         st = DiskStorage.open(self.vdir / rel)
@@ -314,6 +323,23 @@ class Store:
         return (f"tg.store({str(self.path)!r}, version={self.version}, num_src={self.num_src},"
                 f" num_dst={self.num_dst}, num_edges={self.num_edges}, "
                 f"fields={sorted(self.fields)})")
+
+
+class Transposed:
+    """The transposed CSR of a store version: rows are sources, columns destinations, and
+    `edge_perm` maps each transposed edge to its id in the stored (by destination) order.
+    Reads rows and page bounds like the Store itself."""
+
+    def __init__(self, store: Store):
+        self.path, self.vdir = store.path, store.vdir
+        self.num_src, self.num_dst = store.num_dst, store.num_src
+        self.num_edges, self.index_dtype = store.num_edges, store.index_dtype
+        self._row_ptr = store._open("transpose/row_ptr", (self.num_dst + 1,))
+        self._col = store._open("transpose/col_idx", (self.num_edges,))
+        self.edge_perm = store._open("transpose/edge_perm", (self.num_edges,))
+
+    read_rows = Store.read_rows
+    page_bounds = Store.page_bounds
 
 
 def _read_manifest(path: Path) -> dict:

@@ -21,17 +21,56 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..core.config import config
 from ..core.errors import TigaError, UnsupportedError
-from ..lower.backends import BACKENDS, TRITON_BACKENDS, register_launcher, selected_backend
+from ..core.graph_validate import input_device
+from ..lower.backends import (
+    BACKENDS,
+    TRITON_BACKENDS,
+    register_launcher,
+    route_for_devices,
+    selected_backend,
+)
 from ..lower.pipeline import lower_launch, module_name
-from ..lower.triton import KernelSource, TritonUnsupported, relation_of, render_launch
-from .cache import cache_dir, full_key, tiga_key
+from ..lower.triton import (
+    KernelSource,
+    TritonSignature,
+    TritonUnsupported,
+    relation_of,
+    render_launch,
+)
+from . import triton_cache
+from .cache import full_key
 from .llvm_propagate import Fallback, walk_arrays, walked_csr
 from .llvm_propagate import plan_propagate as llvm_plan
 
-_MODULES: dict = {}          # key -> imported kernel function
+_MODULES: dict = {}          # module key -> imported kernel function
+_SOURCES: dict = {}          # module key -> KernelSource (rendered or read from disk)
 _LOCK = threading.Lock()
 _TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
+
+
+def call_devices(call) -> dict:
+    """{label: device} of a message-passing call's relation, fields and keyword operands
+    (read from DLPack / the relation's recorded device; nothing is copied)."""
+    out = {"graph": str(getattr(call.graph, "device", "cpu") or "cpu")}
+    for role, name, value in call.field_items():
+        out[f"{role}.{name}"] = input_device(value)
+    for key, value in call.param_items():
+        out[key] = input_device(value)
+    return out
+
+
+def call_backend(call) -> str | None:
+    """The backend a call runs on because of where its inputs live: None for host inputs,
+    "triton" for CUDA inputs, else tg.UnsupportedError naming the field (no triton, no GPU,
+    strict mode with a CPU backend selected) before any CUDA data is copied."""
+    devices = call_devices(call)
+    if all(d == "cpu" for d in devices.values()):
+        return None
+    name = config.backend
+    return route_for_devices(devices, name, strict=config.strict,
+                             gpu=BACKENDS["triton"].available())
 
 
 def backend_plan(eqn, graph, *, compile: bool = True):
@@ -84,9 +123,11 @@ class TritonPlan:
             raise
         except TigaError as exc:
             raise TritonUnsupported(f"the Kernel IR stages do not express it ({exc})") from None
-        source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm,
-                               relation=relation)
-        return cls(backend, key, source, op.schedule)
+        mkey = triton_cache.module_key(str(op), (relation, has_perm), backend,
+                                       _triton_version())
+        source = _SOURCES.get(mkey) or _stored_or_rendered(op, mkey, has_perm, relation)
+        _SOURCES[mkey] = source
+        return cls(backend, mkey, source, op.schedule)
 
     # ---- compile -------------------------------------------------------------------------
 
@@ -182,15 +223,25 @@ def _triton_version() -> str:
         return "none"
 
 
+def _stored_or_rendered(op, key: str, has_perm: bool, relation: tuple) -> KernelSource:
+    """The module stored on disk under `key` (triton_cache.py), else rendered and stored."""
+    found = triton_cache.load(key)
+    if found is not None:
+        text, signature = found
+        return KernelSource(text, TritonSignature.from_json(signature))
+    source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm,
+                           relation=relation)
+    text = triton_cache.store(key, source.text, source.signature.to_json())
+    return KernelSource(text, source.signature)
+
+
 def _import(key: str, source: KernelSource, backend: str):
-    """Write the source beside the cache and import it (Triton reads a kernel's source
-    file, so it must exist on disk); the interpreter flag is read when @triton.jit runs."""
-    folder = cache_dir() / "triton"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"k_{key[:32]}_{tiga_key()[:8]}.py"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(source.text)
-    os.replace(tmp, path)
+    """Import the module stored on disk (Triton reads a kernel's source file, so it must
+    exist there: a file removed since is written again); the interpreter flag is read when
+    @triton.jit runs."""
+    path = triton_cache.path_of(key)
+    if not path.exists() or path.read_text() != source.text:
+        triton_cache.write(key, source.text)
     name = f"tiga_triton_{key[:32]}_{backend.replace('-', '_')}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)

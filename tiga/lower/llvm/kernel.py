@@ -45,9 +45,11 @@ NBR_ROLE = {"dst": "src", "src": "dst"}
 
 @dataclass(frozen=True)
 class KernelSchedule:
-    """Compile-time choices the kernel depends on (the run-time chunking is the runtime's).
-    `launch` is the Kernel IR schedule select_kernel_schedule chose for this launch; without
-    one the kernel asks lower/schedule.py itself (the same functions that pass calls)."""
+    """Compile-time choices the kernel depends on. `launch` is the cpu-llvm Kernel IR
+    schedule select_kernel_schedule chose for this launch (the renderer reads edge_unroll,
+    prefetch_distance and parallel; the runtime chunks rows by its threads, row_partition
+    and chunks_per_thread); without one the kernel asks lower/schedule.py itself (the same
+    functions that pass calls)."""
 
     has_edge_perm: bool = False   # the walked CSR order differs from the user's edge order
     relation: tuple = ("csr",)    # walks.relation_descriptor: how rows find their edges

@@ -64,6 +64,15 @@ class TritonSignature:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
+    @classmethod
+    def from_json(cls, data: dict) -> TritonSignature:
+        """The signature `to_json` wrote (JSON lists back to the tuples it holds)."""
+        return cls(**{k: _tuples(v) for k, v in data.items()})
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
 
 @dataclass(frozen=True)
 class KernelSource:

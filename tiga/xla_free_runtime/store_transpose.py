@@ -1,0 +1,190 @@
+"""runtime: the transposed relation of a store, built out of core once and stored beside it.
+
+Source-field cotangents (and any propagate grouped by source) walk the relation by source.
+The transposed CSR (row_ptr over sources, the destination of each edge, and each edge's id
+in the stored CSR order) is built by a bounded-memory external sort keyed by source id:
+
+1. one pass over the column chunks counts each source's out-degree, so the transposed
+   row_ptr is known and the sources split into ranges ("buckets") of at most `bucket_edges`
+   edges each;
+2. one pass over CSR pages distributes each (source, destination, edge id) triple to its
+   bucket's run file on disk;
+3. each bucket is loaded, stably sorted by source in memory (within a source the edges stay
+   in stored order) and appended to the transposed arrays.
+
+Memory is one page plus one bucket plus the degree counts (8 bytes a source). The result is
+a new store version: the current version's files hard-linked (copied where links fail), the
+transposed arrays and a manifest naming them, committed by the same atomic pointer switch.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..core.config import config
+from ..core.errors import StorageError
+from . import memory
+from . import scope as sc
+from .storage.disk import fsync_tree
+from .store_ingest import Appender
+
+BUCKET_EDGES = 1 << 23       # edges sorted in memory at once without a host budget
+TRANSPOSE = "transpose"
+
+
+def bucket_edges(index_itemsize: int) -> int:
+    """Edges per in-memory sort: a quarter of the host budget left, at most BUCKET_EDGES."""
+    owner = sc.budget_scope("host")
+    per_edge = 3 * (2 * index_itemsize + 8)      # the triple, its sort order, the outputs
+    if owner is None:
+        return BUCKET_EDGES
+    room = owner.budgets["host"] - owner.used["host"]
+    return int(max(1 << 12, min(BUCKET_EDGES, room // (4 * per_edge))))
+
+
+def out_degrees(store, step: int) -> np.ndarray:
+    """int64 out-degree per source, one column chunk range at a time (bincount over the
+    chunk's own id span, so a pass costs edges + spans, not chunks x sources)."""
+    counts = np.zeros(store.num_src, np.int64)
+    for a in range(0, store.num_edges, step):
+        ci = store._col.read_rows(a, min(a + step, store.num_edges))
+        if len(ci):
+            lo = int(ci.min())
+            part = np.bincount(ci - lo if lo else ci)
+            counts[lo:lo + len(part)] += part
+    return counts
+
+
+def build(store):
+    """Build the transposed relation of `store` (a committed Store) as a new version and
+    return the Store of it."""
+    from .store import MANIFEST, POINTER, _current, _prune, _versions, _with_checksum, \
+        _write_atomic
+    path, base = store.path, store.vdir.name
+    version = max(_versions(path), default=0) + 1
+    vdir = path / f"v{version:06d}"
+    vdir.mkdir()        # (fails if a concurrent writer took the number)
+    try:
+        _link_tree(store.vdir, vdir)
+        arrays = _sorted_runs(store, vdir / TRANSPOSE)
+        fsync_tree(vdir)
+        manifest = dict(store.manifest, version=version, transpose=arrays)
+        if _current(path) != base:
+            raise StorageError(f"{path}: the store changed (version {_current(path)}) while "
+                               f"the transposed relation of {base} was built; open it again")
+        _write_atomic(vdir / MANIFEST, _with_checksum(manifest))
+        _write_atomic(path / POINTER, f"{vdir.name}\n")
+    except BaseException:
+        shutil.rmtree(vdir, ignore_errors=True)
+        raise
+    _prune(path, vdir.name)
+    return type(store)(path)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """The version's files under a new version directory (hard links: no bytes copied)."""
+    for root, _, files in os.walk(src):
+        rel = Path(root).relative_to(src)
+        if rel.parts and rel.parts[0] == TRANSPOSE:
+            continue
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if rel == Path(".") and name.startswith(("manifest", ".")):
+                continue
+            try:
+                os.link(Path(root) / name, dst / rel / name)
+            except OSError:
+                shutil.copy2(Path(root) / name, dst / rel / name)
+
+
+def _sorted_runs(store, out: Path) -> dict:
+    idx = store.index_dtype
+    triple = np.dtype([("s", idx), ("d", idx), ("e", np.int64)])
+    limit = bucket_edges(idx.itemsize)
+    ch = memory.charge("host", store.num_src * 8 + 3 * limit * triple.itemsize,
+                       "transpose build")
+    bar = _progress(store.num_edges)
+    try:
+        counts = out_degrees(store, limit)
+        out.mkdir()
+        row_ptr = Appender(out / "row_ptr", np.int64, ())
+        row_ptr.append(np.zeros(1, np.int64))
+        total = 0
+        for a in range(0, len(counts), 1 << 20):
+            piece = np.cumsum(counts[a:a + (1 << 20)]) + total
+            row_ptr.append(piece)
+            total = int(piece[-1])
+        starts = _bucket_starts(counts, limit)
+        del counts
+        runs = _distribute(store, out / "runs", starts, triple, limit, bar)
+        col = Appender(out / "col_idx", idx, ())
+        perm = Appender(out / "edge_perm", np.int64, ())
+        for run in runs:
+            t = np.fromfile(run, dtype=triple)
+            order = np.argsort(t["s"], kind="stable")
+            col.append(t["d"][order])
+            perm.append(t["e"][order])
+            os.remove(run)
+        shutil.rmtree(out / "runs", ignore_errors=True)
+        return {"row_ptr": row_ptr.finish(), "col_idx": col.finish(),
+                "edge_perm": perm.finish()}
+    finally:
+        ch.credit()
+        if bar is not None:
+            bar.close()
+
+
+def _bucket_starts(counts: np.ndarray, limit: int) -> np.ndarray:
+    """First source of each bucket: contiguous source ranges of at most `limit` edges (a
+    source with more edges than that is a bucket of its own)."""
+    ends = np.cumsum(counts)
+    starts, at, n = [0], 0, len(counts)
+    while at < n:
+        base = int(ends[at - 1]) if at else 0
+        nxt = int(np.searchsorted(ends, base + limit, side="right"))
+        at = max(nxt, at + 1)
+        if at < n:
+            starts.append(at)
+    return np.asarray(starts, np.int64)
+
+
+def _distribute(store, runs: Path, starts: np.ndarray, triple: np.dtype, limit: int,
+                bar) -> list:
+    """Pass 2: every edge's triple appended to its bucket's run file, in stored order."""
+    runs.mkdir()
+    files = [runs / f"{k:06d}" for k in range(len(starts))]
+    for f in files:
+        f.touch()
+    rows = max(1, limit // max(1, store.num_edges // max(store.num_dst, 1) + 1))
+    for a in range(0, store.num_dst, rows):
+        b = min(store.num_dst, a + rows)
+        rp, ci, lo = store.read_rows(a, b)
+        t = np.empty(len(ci), triple)
+        t["s"] = ci
+        t["d"] = np.repeat(np.arange(a, b, dtype=triple["d"]), np.diff(rp))
+        t["e"] = np.arange(lo, lo + len(ci), dtype=np.int64)
+        which = np.searchsorted(starts, ci, side="right") - 1
+        if len(starts) <= 1 << 16:          # numpy's stable sort of 16-bit keys is a radix sort
+            which = which.astype(np.uint16)
+        order = np.argsort(which, kind="stable")
+        t, which = t[order], which[order]
+        cuts = np.searchsorted(which, np.arange(len(starts) + 1, dtype=np.int64))
+        for k in np.flatnonzero(np.diff(cuts)):
+            with open(files[k], "ab") as fh:
+                t[cuts[k]:cuts[k + 1]].tofile(fh)
+        if bar is not None:
+            bar.update(len(ci))
+    return files
+
+
+def _progress(total: int):
+    if not config.progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="tg.store transpose", unit="edges", delay=2.0, leave=False)
