@@ -31,6 +31,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -149,7 +150,9 @@ CONFIGS = (("1 rank x 1 thread", 1, 1, True), ("1 rank x 2 threads", 1, 2, True)
 
 
 def launch(ranks: int, threads: int, spec: dict, limit: int) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    mpiexec = Path(sys.executable).parent / "mpiexec"     # the mpich wheel's
+    if not mpiexec.exists():
+        mpiexec = shutil.which("mpiexec") or "mpiexec"     # a cluster's own MPI
     env = dict(os.environ, TIGA_NUM_THREADS=str(threads), MPIEXEC_TIMEOUT=str(limit))
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__,
            "--worker", json.dumps(spec)]
@@ -226,9 +229,10 @@ def model_seconds(stats: dict, t_edge: float, lat: float, bw: float,
 
 def check_lattice_model(side: int) -> list:
     """The lattice counts against the real partitioner and halo plans at `side`."""
+    from workloads.hex_mesh import mesh_csr
+
     from tiga.xla_free_runtime.distributed.halo import build_plan
     from tiga.xla_free_runtime.distributed.partition import owners
-    from workloads.hex_mesh import mesh_csr
 
     row_ptr, col = mesh_csr(side)
     axes = np.indices((side,) * 3).reshape(3, -1).T.astype(np.float64)

@@ -12,6 +12,7 @@ from .autodiff import vjp_program
 from .core.errors import DTypeError, ShapeError, TigaError
 from .core.program import Lit
 from .core.types import GraphType, TensorType
+from .lower.backends import using_backend
 from .lower.pipeline import ir_text, module_name
 from .trace import call_cache, message_passing
 from .trace.guards import pinned_ids
@@ -416,6 +417,15 @@ def _torch_call(call, route):
 
 
 def _explain_call(call):
+    # CUDA inputs: explained on the backend the call runs on (triton), or the call's error
+    backend = triton_launch.call_backend(call)
+    if backend is not None and not _has_torch(call):
+        _triton_tensors().adopt_cuda(call)
+    with using_backend(backend):
+        return _explain_selected(call)
+
+
+def _explain_selected(call):
     staged = None
     if not any(_is_torch(v) for v in call.values()):
         try:
@@ -451,11 +461,16 @@ def _reference_call(call):
 
 
 def _ir_call(call, stage):
-    program, _ = call.staged_program()
+    program, args = call.staged_program()
     if stage == "program":
         return str(program)
     owner = getattr(call.edge_fn, "__self__", None)
     name = type(owner).__name__ if owner is not None else getattr(call.edge_fn, "__name__", "")
+    if stage == "task":     # over a stored relation: the page plan the call runs
+        from .xla_free_runtime.paging import task_ir
+        text = task_ir(program, args)
+        if text is not None:
+            return text
     return ir_text(program, stage, name=module_name(name))
 
 

@@ -14,4 +14,4 @@ def under_mpiexec() -> bool:
 
 needs_mpiexec = pytest.mark.skipif(
     not under_mpiexec(), reason="runs under mpiexec (tests/distributed/test_launch.py "
-                                "launches it with 2 and 4 ranks)")
+                                "launches it with 2 and 3 or 4 ranks)")

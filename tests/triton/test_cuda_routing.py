@@ -130,3 +130,16 @@ def test_cuda_inputs_route_to_triton_forward_and_backward(monkeypatch):
     np.testing.assert_allclose(x.grad.numpy(), np.asarray(dx))
     np.testing.assert_allclose(w.grad.numpy(), np.asarray(dw))
     assert selected_backend() != "triton"    # the choice was the call's only
+
+
+def test_explain_for_cuda_inputs_reports_triton_and_schedule(monkeypatch):
+    monkeypatch.setattr(BACKENDS["triton"], "availability", lambda: OK)
+    monkeypatch.setattr(BACKENDS["triton"], "interpreter", False)   # explained, never run
+    x = torch.tensor(X).as_subclass(CudaLooking)
+    text = str(WeightedSum().explain(graph=G, src={"x": x}, dst={}, edge={"w": torch.tensor(W)}))
+    assert "route:      triton (fused Triton kernels (CUDA))" in text
+    assert "schedule:   triton: block_rows=" in text and "num_stages=" in text
+    assert selected_backend() != "triton"
+    monkeypatch.setattr(BACKENDS["triton"], "availability", lambda: NO_GPU)
+    with pytest.raises(tg.UnsupportedError, match=r"src\.x: lives on cuda:0.*unavailable"):
+        WeightedSum().explain(graph=G, src={"x": x}, dst={}, edge={"w": torch.tensor(W)})

@@ -300,3 +300,56 @@ def test_native_chunk_loop_equals_one_call_and_serves_concurrent_callers(monkeyp
     assert not errors and len(results) == 3
     for i, o in results:
         np.testing.assert_allclose(o, want * i, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 3000), degree=st.integers(1, 40), threads=st.integers(1, 8),
+       per_thread=st.integers(1, 20))
+def test_row_balanced_chunks_cover_rows_in_equal_parts(rows, degree, threads, per_thread):
+    row_ptr = np.arange(rows + 1, dtype=np.int64) * degree
+    chunks = row_chunks(row_ptr, threads, "row-balanced", per_thread)
+    assert chunks[0][0] == 0 and chunks[-1][1] == rows
+    assert all(a < b and b == c for (a, b), (c, _) in zip(chunks, chunks[1:] + [(rows, 0)]))
+    if rows + rows * degree < 1 << 15 or threads == 1:
+        assert chunks == [(0, rows)]        # below the parallel threshold: one call
+    else:
+        sizes = [b - a for a, b in chunks]
+        assert len(chunks) == min(rows, threads * per_thread)
+        assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("kind", ["csr", "stencil"])
+def test_runtime_chunks_rows_as_the_launch_schedule_says(monkeypatch, kind):
+    """The threads, partition and chunk granularity a call runs with are the ones its
+    scheduled Kernel IR prints (launch_op is what TIGA_DUMP writes and explain() shows)."""
+    from tiga.xla_free_runtime import llvm_propagate as lp
+
+    monkeypatch.setenv("TIGA_NUM_THREADS", "2")
+    rng = np.random.default_rng(7)
+    n = 8000            # (rows + edges above the parallel threshold: 2 threads)
+    if kind == "csr":   # uneven rows: edge-balanced chunks differ in rows
+        deg = rng.integers(0, 20, n)
+        g = tg.Graph.from_csr(np.concatenate([[0], np.cumsum(deg)]),
+                              rng.integers(0, n, int(deg.sum())), num_src=n)
+    else:
+        g = tg.Graph.stencil((80, 100), [(0, 1), (1, 0), (0, -1), (-1, 0)])
+    x = rng.standard_normal((n, 4))
+    m = WeightedSum() if kind == "csr" else None
+    if m is not None:
+        m(graph=g, src={"x": x}, edge={"w": np.ones(g.num_edges)})
+        program, _ = m._call(g, {"x": x}, {}, {"w": np.ones(g.num_edges)}, {}).staged_program()
+    else:
+        def f(g, x):
+            return tg.propagate(g, lambda s, d, e: s.x, tg.sum(), src={"x": x})
+        program = tg.make_program(f)(g, x)
+        execute(program, [g, x])
+    eqn = program.eqns[0]
+    s = lp.launch_op(eqn, g).schedule
+    assert s.target == "cpu-llvm" and s.threads == 2 and s.chunks_per_thread == 16
+    assert s.row_partition == ("edge-balanced" if kind == "csr" else "row-balanced")
+    used = [c for key, c in lp._CHUNKS[g].items() if key[1:4] == (2, s.row_partition, 16)]
+    assert used, lp._CHUNKS[g].keys()
+    rp = lp.chunk_row_ptr(g, "dst")
+    assert used[0] == row_chunks(rp, 2, s.row_partition, 16)
+    sizes = [b - a for a, b in used[0]]
+    assert len(used[0]) == 32 and (max(sizes) - min(sizes) <= 1) == (kind == "stencil")

@@ -335,3 +335,38 @@ def test_distinct_matches_np_unique():
         np.testing.assert_array_equal(u, uu)
         np.testing.assert_array_equal(inv, ii.reshape(-1))
         assert inv.dtype == np.int32
+
+
+def test_task_ir_of_a_paged_call_is_the_page_plan_that_runs(tmp_path):
+    from tiga.lower.ir.task import TaskLaunchOp, TransferOp, parse_task
+    rp, ci = ring(300, k=3)
+    x = np.random.default_rng(2).random((300, 2))
+    store = store_of(tmp_path / "s", rp, ci, 300, [("x", x, "src"), ("w", np.ones((900, 1)),
+                                                                       "edge")])
+    g = tg.Graph.open(tmp_path / "s")
+    with tg.scope(page_rows=128):
+        kw = dict(graph=g, src={"x": store["x"]}, dst={"b": np.zeros((300, 1))},
+                  edge={"w": store["w"]})
+        text = Weighted().ir("task", **kw)
+        y = Weighted()(**kw)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(Weighted().reference(
+        graph=tg.Graph.from_csr(rp, ci), src={"x": x}, dst={"b": np.zeros((300, 1))},
+        edge={"w": np.ones((900, 1))})), rtol=1e-12)
+    assert str(g.params["last_paged_plan"]) == text           # printed == interpreted
+    module = parse_task(text)
+    module.verify()
+    assert str(module) == text                                # round trip
+    ops = module.body.ops
+    launches = [op for op in ops if isinstance(op, TaskLaunchOp)]
+    assert [(t.page, t.num_pages, t.page_rows, t.task_kind) for t in launches] == \
+        [(0, 3, (0, 128), "page"), (1, 3, (128, 256), "page"), (2, 3, (256, 300), "page")]
+    moves = {(op.value.name, op.page): op for op in ops if isinstance(op, TransferOp)}
+    assert (moves["graph", 1].kind, moves["graph", 1].src_tier) == ("page", "disk")
+    assert (moves["x", 1].kind, moves["x", 1].src_tier, moves["x", 1].rows) == \
+        ("gather", "disk", (128, 256))
+    assert (moves["b", 2].kind, moves["b", 2].src_tier, moves["b", 2].rows) == \
+        ("page", "host", (256, 300))
+    assert (moves["w", 1].kind, moves["w", 1].rows) == ("page", (384, 768))  # edge offsets
+    writes = [op for op in ops if isinstance(op, TransferOp) and op.kind == "write"]
+    assert [(w.page, w.rows, w.dst_tier) for w in writes] == \
+        [(0, (0, 128), "host"), (1, (128, 256), "host"), (2, (256, 300), "host")]

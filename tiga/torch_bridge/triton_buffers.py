@@ -29,6 +29,24 @@ def zeros(shape: tuple, dtype: str, device: str) -> torch.Tensor:
     return torch.zeros(shape, dtype=_DTYPES[dtype], device=device)
 
 
+def cell_directory(pos: torch.Tensor, lo, inv_w: float, dims) -> tuple:
+    """(cell_start int64[cells + 1], order int64[N]) of points `pos` [N, d] on their own
+    device: a counting sort by C-order linear cell, stable (cell coordinates in float64,
+    clamped to the grid, as core.graph_geometry.cell_coords places them)."""
+    lo_t = torch.as_tensor(np.asarray(lo, np.float64), device=pos.device)
+    dims_t = torch.as_tensor(np.asarray(dims, np.int64), device=pos.device)
+    c = torch.floor((pos.to(torch.float64) - lo_t) * inv_w)
+    c = torch.minimum(torch.clamp(c, min=0), (dims_t - 1).to(torch.float64)).to(torch.int64)
+    lin = torch.zeros(pos.shape[0], dtype=torch.int64, device=pos.device)
+    for k in range(pos.shape[1]):
+        lin = lin * int(dims[k]) + c[:, k]
+    cells = int(np.prod(np.asarray(dims, np.int64)))
+    start = torch.zeros(cells + 1, dtype=torch.int64, device=pos.device)
+    torch.cumsum(torch.bincount(lin, minlength=cells), 0, out=start[1:])
+    order = torch.sort(lin, stable=True).indices
+    return start, (order if order.numel() else start.new_zeros(1))
+
+
 def to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
     return t.cpu().numpy().astype(dtype, copy=False)
 

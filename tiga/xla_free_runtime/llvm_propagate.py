@@ -345,11 +345,20 @@ def _check_field(x, i: int, sig, lead, name: str) -> np.ndarray:
     return arr
 
 
-def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
-    """Run a compiled propagate on concrete field values; returns the output arrays."""
+def run_propagate(exe: Executable, eqn, graph, values: list, outs: list | None = None
+                  ) -> list:
+    """Run a compiled propagate on concrete field values; returns the output arrays.
+
+    `outs` (optional): C-contiguous arrays of the outputs' shapes and dtypes to write into,
+    e.g. row ranges of a larger result (the distributed runtime's interior chunks); a
+    specialised plan, or arrays that do not match, get fresh outputs instead."""
     if not isinstance(exe, Executable):       # a specialised plan runs itself
         return exe.run(eqn, graph, values)
     bound = _bound(exe, graph, eqn)
+    if outs is not None and not all(
+            o.shape == tuple(shape) and o.dtype == dtype and o.flags.c_contiguous
+            for o, (shape, dtype) in zip(outs, bound.outs)):
+        outs = None
     sig = exe.signature
     names = eqn.params["names"]
     fields = [_check_field(x, i, sig, bound.sizes[i], names[i]) for i, x in enumerate(values)]
@@ -362,15 +371,16 @@ def run_propagate(exe: Executable, eqn, graph, values: list) -> list:
         try:   # (the copies are reused by the next call: hold them until the kernel is done)
             for i in staged:
                 fields[i] = _aligned_copy(fields[i], i, exe.native)
-            return _launch(exe, bound, graph, fields, eqn)
+            return _launch(exe, bound, graph, fields, eqn, outs)
         finally:
             _STAGE_LOCK.release()
-    return _launch(exe, bound, graph, fields, eqn)
+    return _launch(exe, bound, graph, fields, eqn, outs)
 
 
-def _launch(exe, bound, graph, fields: list, eqn) -> list:
+def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None) -> list:
     sig = exe.signature
-    outs = [np.empty(shape, dtype) for shape, dtype in bound.outs]
+    if outs is None:
+        outs = [np.empty(shape, dtype) for shape, dtype in bound.outs]
     addrs = list(bound.template)
     for at, f in zip(bound.field_at, fields):
         addrs[at] = _address(f)

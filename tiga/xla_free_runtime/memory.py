@@ -12,6 +12,8 @@ import sys
 import threading
 import weakref
 
+import numpy as np
+
 from ..core.errors import StorageError
 from . import scope as sc
 
@@ -91,8 +93,16 @@ def _idle(tensor) -> bool:
     spilling it would free nothing)."""
     st = tensor._storage
     arr = getattr(st, "_array", None)
-    return st.tier == "host" and arr is not None and arr.base is None and \
+    return st.tier == "host" and arr is not None and _owns(arr) and \
         sys.getrefcount(arr) <= 3 and not getattr(tensor, "_pins", 0)
+
+
+def _owns(arr) -> bool:
+    """The array owns its buffer, or is the one view of an aligned byte buffer that only
+    it references (disk.aligned_empty)."""
+    base = arr.base
+    return base is None or (type(base) is np.ndarray and base.base is None and
+                            base.dtype == np.uint8 and sys.getrefcount(base) <= 3)
 
 
 def _evict(owner, need: int) -> None:

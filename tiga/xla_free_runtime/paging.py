@@ -27,7 +27,8 @@ from ..core.primitive import impl_rules
 from ..core.program import Var
 from ..core.prims.graph import propagate_p
 from ..core.types import TensorType
-from . import memory, store_transpose
+from . import memory, paging_plan, store_transpose
+from .page_buffers import PageBuffers
 from . import scope as sc
 from .llvm_propagate import SPECIALISED_PLANNERS, Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
@@ -131,6 +132,12 @@ def _storage_of(value):
     return HostStorage(arr), "host"
 
 
+def _row_layout(stor) -> tuple:
+    """(row shape, numpy dtype) of a storage on any tier."""
+    arr = stor._live() if stor.tier == "host" else stor
+    return tuple(arr.shape[1:]), np.dtype(arr.dtype)
+
+
 def _check_lengths(eqn, graph, values) -> None:
     want = {"src": graph.num_src, "dst": graph.num_dst, "edge": graph.num_edges}
     for v, role, name in zip(values, eqn.params["roles"], eqn.params["names"]):
@@ -158,6 +165,7 @@ class PagedPlan:
         run = _PagedRun(eqn, graph, values, walk, tasks)
         outs = run.execute()
         graph.params["last_paged_run"] = run.stats
+        graph.params["last_paged_plan"] = run.module       # the Task IR that ran
         return outs
 
     def describe(self, ex, eqn, graph, where) -> None:
@@ -222,8 +230,9 @@ def pageable(params) -> bool:
                                              params["reducer"].name == "sum")
 
 
-def walk_of(eqn, graph):
-    """The page walk of `eqn` over the paged relation, or None (read the CSR whole)."""
+def walk_of(eqn, graph, build: bool = True):
+    """The page walk of `eqn` over the paged relation, or None (read the CSR whole).
+    build=False: a missing transposed relation is not built (the walk's reader is None)."""
     p = eqn.params
     if not pageable(p):
         return None
@@ -231,14 +240,14 @@ def walk_of(eqn, graph):
     if p["reduce_by"] != "src":
         lead = {"dst": graph.num_dst, "edge": graph.num_edges, "all": None}[p["reduce_by"]]
         return Walk(reader, "dst", "src", eqn, None, lead)
-    if reader.transposed is None:         # built once; later opens find it in the store
+    if reader.transposed is None and build:    # built once; later opens find it stored
         reader = store_transpose.build(reader)
         graph.params.update(reader=reader, version=reader.version)
     t = reader.transposed
     swapped = _SWAPPED.get(eqn)
     if swapped is None:
         swapped = _SWAPPED[eqn] = _swapped(eqn)
-    return Walk(t, "src", "dst", swapped, t.edge_perm, graph.num_src)
+    return Walk(t, "src", "dst", swapped, getattr(t, "edge_perm", None), graph.num_src)
 
 
 def _swapped(eqn):
@@ -273,10 +282,12 @@ class _PagedRun:
         self.roles = eqn.params["roles"]
         self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
                        for v, r in zip(values, self.roles)]
+        self.module = self.plan = None       # the Task-IR page plan (execute builds it)
+        key = (str(walk.reader.vdir), walk.rows, sc.page_rows())
+        self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
         self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows())
         self.stop = threading.Event()
-        self.room = threading.Condition()     # page buffers in flight, under the budget
-        self.inflight = 0
+        self.buffers = PageBuffers(QUEUE_PAGES + 2)    # queued, computing, loading pages
         self.row_bytes = [0 if r == "param" else
                           int(np.prod(v.shape[1:], dtype=np.int64)) * v.dtype.itemsize
                           for v, r in zip(values, self.roles)]
@@ -291,29 +302,21 @@ class _PagedRun:
         return (rows + 1) * 8 + edges * 2 * self.graph.index_dtype.np.itemsize + \
             distinct * 8 + sum(n[r] * b for r, b in zip(self.roles, self.row_bytes))
 
-    def wait_for_room(self, task: PageTask) -> None:
-        """Hold the next page back while pages in flight leave its bytes no room."""
-        owner = sc.budget_scope("host")
-        if owner is None:
-            return
-        need = self.estimate(task)
-        with self.room:
-            while self.inflight and not self.stop.is_set() and \
-                    owner.used["host"] + need > owner.budgets["host"]:
-                self.room.wait(0.1)
-
-    def done_with(self, charge) -> None:
-        charge.credit()
-        with self.room:
-            self.inflight -= 1
-            self.room.notify_all()
-
     # ---- loading (prefetch thread) -------------------------------------------------------
 
-    def load(self, task: PageTask):
+    def load(self, task: PageTask, transfers: list, bufs):
+        """Run a page's transfers into the host (into the buffer set `bufs`): the
+        relation's rows, then each field's rows (kind "page") or the distinct rows the page
+        reads (kind "gather")."""
         t0 = time.perf_counter()
-        a, b = task.rows
-        rp, ci, elo = self.reader.read_rows(a, b)
+        relation = self.module.body.args[0]
+        ops = {op.value.name: op for op in transfers}
+        a, b = ops[relation.name].rows
+        what = f"page {task.index} buffers"
+        out = (bufs.get("row_ptr", b - a + 1, (), np.int64, what),
+               bufs.get("col_idx", task.edges[1] - task.edges[0], (),
+                        self.graph.index_dtype.np, what))
+        rp, ci, elo = self.reader.read_rows(a, b, out)
         if elo != task.edges[0] or elo + len(ci) != task.edges[1]:
             raise StorageError(f"{self.graph.params['path']}: page {task.index} check failed: "
                                f"edges [{elo}:{elo + len(ci)}) differ from the planned "
@@ -321,21 +324,21 @@ class _PagedRun:
         st = self.stats
         st.bytes_read["disk"] += rp.nbytes + ci.nbytes
         t1 = time.perf_counter()
-        uniq, inv = distinct(ci, self.graph.index_dtype.np)
-        vals, nbytes = [], rp.nbytes + ci.nbytes + inv.nbytes + uniq.nbytes
+        uniq, inv = self.distinct(task.index, ci)
+        vals = []
         edge_rows = self.edge_rows(task)
-        for (stor, tier), role in zip(self.fields, self.roles):
+        for (stor, tier), role, arg in zip(self.fields, self.roles, self.module.body.args[1:]):
             if role == "param":
                 vals.append(stor)
                 continue
-            v = stor.take_rows(uniq) if role == self.walk.gathered else \
-                stor.read_rows(a, b) if role == self.walk.rows else edge_rows(stor)
+            op = ops[arg.name]
+            n = op.rows[1] - op.rows[0] if op.kind == "page" else len(uniq)
+            buf = bufs.get(arg.name, n, *_row_layout(stor), what) if tier == "disk" or \
+                (op.kind == "gather" and role != "edge") else None
+            v = stor.read_rows(*op.rows, buf) if op.kind == "page" else \
+                edge_rows(stor) if role == "edge" else stor.take_rows(uniq, buf)
             st.bytes_read[tier] += v.nbytes
-            nbytes += v.nbytes
             vals.append(v)
-        charge = memory.charge("host", nbytes, f"page {task.index} buffers")
-        with self.room:
-            self.inflight += 1
         # the page is valid by construction: row_ptr checked by the reader, ids remapped
         # onto [0, len(uniq)) here
         page = Graph(kind="csr", num_src=len(uniq), num_dst=len(rp) - 1, num_edges=len(inv),
@@ -345,7 +348,22 @@ class _PagedRun:
         t2 = time.perf_counter()
         st.seconds["read"] += t1 - t0
         st.seconds["gather"] += t2 - t1
-        return task, page, vals, charge
+        return task, page, vals, bufs
+
+    def distinct(self, page: int, ci: np.ndarray) -> tuple:
+        """distinct() of a page's source ids; a page whose ids filled a window [lo, hi) on
+        an earlier run over this store version and page size does so again (the stored
+        relation is immutable), so its ids are only shifted."""
+        window = self.windows.get(page)
+        if window is not None:
+            lo, hi = window
+            if lo:
+                np.subtract(ci, lo, out=ci)      # (ci is this page's own buffer)
+            return np.arange(lo, hi, dtype=np.int64), ci
+        uniq, inv = distinct(ci, self.graph.index_dtype.np)
+        if len(uniq) and int(uniq[-1]) - int(uniq[0]) + 1 == len(uniq):
+            self.windows[page] = (int(uniq[0]), int(uniq[-1]) + 1)
+        return uniq, inv
 
     def edge_rows(self, task: PageTask):
         """Edge fields of a page: a row range of the stored order, or (walking the
@@ -363,12 +381,18 @@ class _PagedRun:
         return take
 
     def producer(self, q: queue.Queue) -> None:
+        """The prefetch thread: walks the plan's transfers into the host, page by page."""
         try:
-            for task in self.tasks:
-                self.wait_for_room(task)
-                if self.stop.is_set():
+            for transfers, launches, _ in self.plan:
+                task = self.tasks[launches[0].page]
+                bufs = self.buffers.acquire(self.estimate(task), self.stop)
+                if bufs is None:
                     return
-                item = self.load(task)
+                try:
+                    item = self.load(task, transfers, bufs)
+                except BaseException:
+                    self.buffers.release(bufs)
+                    raise
                 while not self.stop.is_set():
                     try:
                         q.put(item, timeout=0.1)
@@ -376,7 +400,7 @@ class _PagedRun:
                     except queue.Full:
                         continue
                 else:
-                    self.done_with(item[3])
+                    self.buffers.release(bufs)
             q.put(None)
         except BaseException as exc:      # handed to the computing thread, raised there
             q.put(exc)
@@ -386,6 +410,12 @@ class _PagedRun:
     def execute(self) -> list:
         t_start = time.perf_counter()
         outs = self.allocate()
+        tiers = [tier for _, tier in self.fields]
+        self.module = paging_plan.page_module(self.walk, self.tasks, self.roles, tiers,
+                                              self.stats.result_tier)
+        if config.check:
+            self.module.verify()
+        self.plan = paging_plan.steps(self.module)
         bar = _progress(len(self.tasks))
         q: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
         ctx = contextvars.copy_context()     # the thread charges the caller's scopes
@@ -395,13 +425,13 @@ class _PagedRun:
         try:
             if self.tasks:
                 worker.start()
-            for _ in self.tasks:
+            for _, launches, writes in self.plan:      # the calling thread: tasks, writes
                 t0 = time.perf_counter()
                 item = q.get()
                 self.stats.seconds["wait"] += time.perf_counter() - t0
                 if isinstance(item, BaseException):
                     raise item
-                self.compute(item, outs)
+                self.compute(item, outs, writes)
                 if bar is not None:
                     bar.update(1)
             done = True
@@ -411,6 +441,7 @@ class _PagedRun:
             if worker.is_alive():
                 worker.join()
             self.drain(q)
+            self.buffers.close()
             if bar is not None:
                 bar.close()
             if not done:
@@ -418,8 +449,9 @@ class _PagedRun:
         self.stats.seconds["total"] = time.perf_counter() - t_start
         return [t for t, _ in outs]
 
-    def compute(self, item, outs) -> None:
-        task, page, vals, charge = item
+    def compute(self, item, outs, writes: list) -> None:
+        """A page's gf_task.launch (the kernel on the page-local CSR), then its writes."""
+        task, page, vals, bufs = item
         try:
             t0 = time.perf_counter()
             eqn = self.walk.eqn
@@ -429,18 +461,17 @@ class _PagedRun:
             else:
                 res = run_propagate(route, eqn, page, vals)
             t1 = time.perf_counter()
-            at = task.edges[0] if eqn.params["reduce_by"] == "edge" else task.rows[0]
-            for (_, stor), r in zip(outs, res):
+            for (_, stor), r, op in zip(outs, res, writes):
                 r = np.asarray(r)
-                if self.walk.lead is None:      # summed over all edges: add the page's sum
+                if op.kind == "accumulate":     # summed over all edges: add the page's sum
                     stor._live()[...] += r
                 else:
-                    stor.write_rows(at, r)
+                    stor.write_rows(op.rows[0], r)
                 self.stats.bytes_written[stor.tier] += r.nbytes
             self.stats.seconds["compute"] += t1 - t0
             self.stats.seconds["write"] += time.perf_counter() - t1
         finally:
-            self.done_with(charge)
+            self.buffers.release(bufs)
 
     def drain(self, q: queue.Queue) -> None:
         while True:
@@ -449,21 +480,13 @@ class _PagedRun:
             except queue.Empty:
                 return
             if isinstance(item, tuple):
-                self.done_with(item[3])
+                self.buffers.release(item[3])
 
     def allocate(self) -> list:
         """[(result tensor, its storage)]: on the host when the results fit the host budget
         (with room for the page buffers), else disk tensors in the spill dir."""
         from .tensor import Tensor, _own
-        lead = self.walk.lead
-        types = [v.type for v in self.eqn.outputs]
-        shapes = [tuple(int(d) for d in t.shape) if lead is None else
-                  (lead,) + tuple(int(d) for d in t.shape[1:]) for t in types]
-        total = sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
-                    for s, t in zip(shapes, types))
-        owner = sc.budget_scope("host")
-        on_disk = owner is not None and \
-            owner.used["host"] + total > owner.budgets["host"] - owner.budgets["host"] // 4
+        shapes, types, on_disk = result_layout(self.eqn, self.walk)
         self.stats.result_tier = "disk" if on_disk else "host"
         outs = []
         for s, t in zip(shapes, types):
@@ -477,12 +500,51 @@ class _PagedRun:
                 weakref.finalize(tensor, stor.release)
             else:
                 ch = memory.charge("host", nbytes, "paged result")
-                stor = HostStorage(np.empty(s, t.dtype.np) if lead is not None else
+                stor = HostStorage(np.empty(s, t.dtype.np) if self.walk.lead is not None else
                                    np.zeros(s, t.dtype.np))
                 tensor = Tensor(stor, ttype)
                 _own(tensor, ch)
             outs.append((tensor, stor))
         return outs
+
+
+def result_layout(eqn, walk) -> tuple:
+    """(shapes, types, on disk?) of the results: on disk when they would not fit the host
+    budget with a quarter of it left for the page buffers."""
+    lead = walk.lead
+    types = [v.type for v in eqn.outputs]
+    shapes = [tuple(int(d) for d in t.shape) if lead is None else
+              (lead,) + tuple(int(d) for d in t.shape[1:]) for t in types]
+    total = sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
+                for s, t in zip(shapes, types))
+    owner = sc.budget_scope("host")
+    on_disk = owner is not None and lead is not None and \
+        owner.used["host"] + total > owner.budgets["host"] - owner.budgets["host"] // 4
+    return shapes, types, on_disk
+
+
+def task_ir(program, args: list) -> str | None:
+    """The Task IR a call of `program` runs when it is one propagate over a paged relation
+    (the page plan, as _PagedRun interprets it), else None. Builds nothing: a walk by source
+    whose transposed relation is not built yet shows its pages without edge offsets."""
+    eqns = program.eqns
+    if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
+            getattr(args[0], "kind", None) != "paged":
+        return None
+    eqn, graph = eqns[0], args[0]
+    walk = walk_of(eqn, graph, build=False)
+    if walk is None:
+        return None
+    rows = sc.page_rows()
+    n = walk.reader.num_dst if walk.reader is not None else graph.num_src
+    bounds = walk.reader.page_bounds(rows) if walk.reader is not None else \
+        np.zeros(-(-n // rows) + 1, np.int64)
+    tiers = ["param" if r == "param" else _storage_of(v)[1]
+             for v, r in zip(args[1:], eqn.params["roles"])]
+    on_disk = result_layout(eqn, walk)[2]
+    module = paging_plan.page_module(walk, page_tasks(n, bounds, rows), eqn.params["roles"],
+                                     tiers, "disk" if on_disk else "host")
+    return str(module)
 
 
 def _discard(outs) -> None:
@@ -511,4 +573,4 @@ def plan_paged(eqn, graph):
 
 
 SPECIALISED_PLANNERS.insert(0, lambda eqn, graph, compile: plan_paged(eqn, graph))
-__all__ = ["PagedPlan", "plan_paged", "Walk", "PageTask", "PageStats", "page_tasks", "describe_stats"]
+__all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "PageTask", "PageStats", "page_tasks", "describe_stats"]

@@ -285,16 +285,18 @@ class Store:
         st = self._open(f"fields/{name}", self.fields[name]["shape"])
         return Tensor(st, TensorType(st.shape, as_dtype(st.dtype)))
 
-    def read_rows(self, start: int, stop: int) -> tuple:
-        """(row_ptr local to the range (starts at 0), col_idx) of destinations [start, stop),
-        checked: a range whose offsets disagree is a StorageError, never read past."""
-        rp = self._row_ptr.read_rows(start, stop + 1)
+    def read_rows(self, start: int, stop: int, out: tuple = (None, None)) -> tuple:
+        """(row_ptr local to the range (starts at 0), col_idx, first edge) of destinations
+        [start, stop), checked: a range whose offsets disagree is a StorageError, never read
+        past. `out`: buffers to reuse for row_ptr and col_idx (see DiskStorage.read_rows)."""
+        rp = self._row_ptr.read_rows(start, stop + 1, out[0])
         lo, hi = int(rp[0]), int(rp[-1])
         if lo > hi or hi > self.num_edges or np.any(rp[1:] < rp[:-1]):
             raise StorageError(f"{self._row_ptr.path}: row_ptr check failed in rows "
                                f"[{start}:{stop}) (offsets not non-decreasing within "
                                f"[0, {self.num_edges}])")
-        return rp - lo, self._col.read_rows(lo, hi), lo
+        rp -= lo
+        return rp, self._col.read_rows(lo, hi, out[1]), lo
 
     def read_csr(self) -> tuple:
         rp, ci, _ = self.read_rows(0, self.num_dst)

@@ -133,6 +133,8 @@ class Tensor(ArrayOps):
         return arr.__dlpack__(stream=stream, **kwargs)
 
     def __dlpack_device__(self):
+        if self._storage.tier in ("host", "disk"):
+            return (1, 0)        # kDLCPU: a disk tensor is read to the host, never read here
         return self.numpy().__dlpack_device__()
 
     def __len__(self) -> int:

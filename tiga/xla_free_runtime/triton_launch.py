@@ -87,6 +87,10 @@ def backend_plan(eqn, graph, *, compile: bool = True):
         ensure_interpreter()
     if graph is None and compile:
         return Fallback("the relation is not known until the call")
+    from .triton_attention import attention_plan  # (it imports this module)
+    found = attention_plan(eqn, graph, name)
+    if found is not None:
+        return found
     try:
         return TritonPlan.build(eqn, graph, name)
     except TritonUnsupported as exc:
@@ -107,6 +111,9 @@ class TritonPlan:
         walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
         has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
         relation = relation_of(graph, walk)
+        if relation[0] == "radius" and ("edge" in eqn.params["roles"] or
+                                        eqn.params["reduce_by"] == "edge"):
+            relation = ("csr",)    # edge ids in the reference's order: its CSR
         gtype = eqn.inputs[0].type
         if gtype.kind != "csr" and relation == ("csr",):   # walked through its resolved CSR
             gtype = replace(gtype, kind="csr", coord_dims=None)
@@ -176,9 +183,15 @@ class TritonPlan:
                           f"{p['reduce_by']}", "rendered as a fused Triton kernel"))
         walk = "the transposed CSR (built once per relation and cached; no atomics)" \
             if sig.walk == "src" else "their CSR edges"
-        if sig.relation[0] != "csr":
+        if sig.relation[0] == "radius":
+            walk = (f"the {3 ** sig.relation[1]} neighbour cells of a cell directory "
+                    "counting-sorted on the launch device, exact distance test per candidate")
+        elif sig.relation[0] != "csr":
             walk = f"their {sig.relation[0]} edges computed from indices (no CSR)"
-        resolved = "" if kind == "csr" or sig.relation[0] != "csr" else \
+        elif kind == "knn" and sig.walk == "dst" and "edge_perm" not in sig.slots:
+            walk = ("the k nearest sources a Triton kernel selected on the launch device "
+                    "(nearest first, ties by index)")
+        resolved = "" if kind in ("csr", "knn") or sig.relation[0] != "csr" else \
             f" (the {kind} relation resolved to CSR)"
         ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation"
                             f"{resolved}, grouped by {p['reduce_by']}: one Triton program per "
@@ -251,6 +264,26 @@ def _import(key: str, source: KernelSource, backend: str):
     return getattr(module, source.signature.symbol)
 
 
+def import_text(text: str, tag: str, backend: str):
+    """The module of a fixed Triton source (attention, kNN selection): stored in the disk
+    cache under its key and imported once per backend."""
+    if BACKENDS[backend].interpreter:
+        ensure_interpreter()
+    key = triton_cache.module_key(text, (tag,), backend, _triton_version())
+    name = f"tiga_triton_{tag}_{key[:16]}_{backend.replace('-', '_')}"
+    found = sys.modules.get(name)
+    if found is not None:
+        return found
+    if triton_cache.load(key) is None or not triton_cache.path_of(key).exists():
+        triton_cache.store(key, text, "{}")
+    spec = importlib.util.spec_from_file_location(name, triton_cache.path_of(key))
+    module = importlib.util.module_from_spec(spec)
+    with _interpret(backend):
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
 def ensure_interpreter() -> None:
     """Triton decides at its own import whether its library functions (tl.sum, tl.zeros...)
     are interpreted: TRITON_INTERPRET=1 must be set before triton is first imported. It is
@@ -302,6 +335,12 @@ def _torch_walk(graph, sig, device: str) -> dict:
     per_graph = _TORCH_WALKS.get(graph)
     found = per_graph.get((sig.walk, relation, device)) if per_graph is not None else None
     if found is None:
+        if relation[0] == "radius" or (getattr(graph, "kind", None) == "knn" and
+                                       sig.walk == "dst" and "edge_perm" not in sig.slots):
+            from .triton_generated import generated_walk  # (it imports this module)
+            found = generated_walk(graph, relation, device)
+            _TORCH_WALKS.setdefault(graph, {})[(sig.walk, relation, device)] = found
+            return found
         if relation == ("csr",):
             rp, ci, perm = walked_csr(graph, sig.walk)
             arrays = {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}

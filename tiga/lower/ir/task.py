@@ -32,7 +32,10 @@ from .kernel import LaunchOp
 from .syntax import EVENT, format_type
 
 TIERS = ("host", "device", "disk")
-TRANSFER_KINDS = ("page", "halo")
+# page: a row range; halo: ghost rows from a peer; gather: the distinct rows a page of a
+# relation reads (paged runs); write / accumulate: a task's output rows stored into
+# (added onto) the result on dst_tier
+TRANSFER_KINDS = ("page", "halo", "gather", "write", "accumulate")
 TASK_KINDS = ("interior", "boundary", "page")
 
 
@@ -69,7 +72,8 @@ def _split_events(operands: tuple) -> tuple:
 @register_op
 @dataclass(frozen=True)
 class TransferOp:
-    """`%e = gf_storage.transfer(%value, deps...)`: rows of a value made ready on a tier."""
+    """`%e = gf_storage.transfer(%value, deps...)`: rows of a value made ready on a tier (or,
+    kinds write / accumulate, a task's output rows stored into the result)."""
 
     event: Value
     value: Value

@@ -1,16 +1,25 @@
 """lower/triton: tiled online-softmax attention over a row-range relation (dense,
 triangular, cu_seqlens), forward and backward, as Triton source.
 
-Query row i attends to keys [lo_i, hi_i) (dense: [0, N); triangular: [0, i]; cu_seqlens:
+Query row i attends to keys [lo_i, hi_i) (dense: [0, S); triangular: [0, i]; cu_seqlens:
 its sequence, causal or not), and key j is read by queries [qlo_j, qhi_j) (the transposed
 ranges), so every walk is computed from O(N) range bounds, never from a CSR.
 
-- forward: one program per BLOCK_M queries, a flash-attention tile loop over BLOCK_N keys
-  with a running max and mass; stores O and the row statistic lse = m + log(l).
-- backward, no atomics: `attn_bwd_kv` per key block loops over the query blocks that read
-  it and accumulates dK, dV; `attn_bwd_q` per query block loops over its key blocks and
-  accumulates dQ. Both recompute P = exp(S - lse) from the saved lse, and
-  delta_i = sum(dO_i * O_i) is computed where it is read.
+Fields are row-major (rows, H, D): grid axis 1 is the head. D and DV (the value width) are
+the true widths; BD and BDV their power-of-two padding (>= 16, what tl.dot takes): the padded
+lanes load as 0 (a zero lane adds nothing to q.k) and are never stored. CT is the compute
+type (float32, or float64 for float64 fields); products are IEEE (no TF32), so results
+match the reference interpreter within rounding. The scale is read from a 1-element tensor
+in CT (a Python float argument would be narrowed to float32).
+
+- forward: one program per (BLOCK_M queries, head), a flash-attention tile loop over BLOCK_N
+  keys with a running max and mass; stores O and the per-row statistics the program's
+  `online_softmax(stats)` returns: top (row max of the scaled scores, 0 for an empty row)
+  and mass (sum of exp(score - top)).
+- backward, no atomics, from the program's lse and delta (inputs, as in the canonical VJP
+  propagates): `attn_bwd_kv` per key block loops over the query blocks that read it and
+  accumulates dK, dV; `attn_bwd_q` per query block loops over its key blocks and
+  accumulates dQ. Both recompute P = exp(S - lse).
 """
 from __future__ import annotations
 
@@ -20,109 +29,118 @@ import triton.language as tl
 
 
 @triton.jit
-def _scores(qt, kt, rows, cols, lo, hi, scale):
-    s = tl.dot(qt, tl.trans(kt)) * scale
+def _tile(ptr, rows, n, h, H, W: tl.constexpr, BW: tl.constexpr, CT: tl.constexpr):
+    w = tl.arange(0, BW)
+    mask = (rows[:, None] < n) & (w[None, :] < W)
+    return tl.load(ptr + (rows[:, None] * H + h) * W + w[None, :], mask=mask, other=0.0).to(CT)
+
+
+@triton.jit
+def _put(ptr, val, rows, n, h, H, W: tl.constexpr, BW: tl.constexpr):
+    w = tl.arange(0, BW)
+    mask = (rows[:, None] < n) & (w[None, :] < W)
+    tl.store(ptr + (rows[:, None] * H + h) * W + w[None, :], val, mask=mask)
+
+
+@triton.jit
+def _scores(qt, kt, cols, lo, hi, scale, CT: tl.constexpr):
+    s = tl.dot(qt, tl.trans(kt), input_precision="ieee", out_dtype=CT) * scale
     valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
     return tl.where(valid, s, float("-inf")), valid
 
 
 @triton.jit
-def attn_fwd(q, k, v, lo_ptr, hi_ptr, o, lse, n, scale, D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
+             D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+             CT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    h = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = rows < n
-    d = tl.arange(0, D)
-    qt = tl.load(q + rows[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-    qt = qt.to(tl.float32)
-    lo = tl.load(lo_ptr + rows, mask=live, other=n)
+    live = rows < nq
+    scale = tl.load(scale_ptr).to(CT)
+    qt = _tile(q, rows, nq, h, H, D, BD, CT)
+    lo = tl.load(lo_ptr + rows, mask=live, other=nk)
     hi = tl.load(hi_ptr + rows, mask=live, other=0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    mass = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), CT)
+    mass = tl.zeros([BLOCK_M], CT)
+    acc = tl.zeros([BLOCK_M, BDV], CT)
     for start in range(tl.min(lo, axis=0), tl.max(hi, axis=0), BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        inside = cols < n
-        kt = tl.load(k + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
-        vt = tl.load(v + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
-        s, valid = _scores(qt, kt.to(tl.float32), rows, cols, lo, hi, scale)
+        kt = _tile(k, cols, nk, h, H, D, BD, CT)
+        vt = _tile(v, cols, nk, h, H, DV, BDV, CT)
+        s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        base = tl.where(m_new == float("-inf"), 0.0, m_new).to(CT)
         alpha = tl.exp(m - base)
-        p = tl.where(valid, tl.exp(s - base[:, None]), 0.0)
+        p = tl.where(valid, tl.exp(s - base[:, None]), 0.0).to(CT)
         mass = mass * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
+        acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee", out_dtype=CT)
         m = m_new
     safe = tl.where(mass > 0, mass, 1.0)
     out = tl.where(mass[:, None] > 0, acc / safe[:, None], 0.0)
-    tl.store(o + rows[:, None] * D + d[None, :], out, mask=live[:, None])
-    stat = tl.where(mass > 0, tl.where(m == float("-inf"), 0.0, m) + tl.log(safe), 0.0)
-    tl.store(lse + rows, stat, mask=live)
+    _put(o, out, rows, nq, h, H, DV, BDV)
+    tl.store(top + rows * H + h, tl.where(m == float("-inf"), 0.0, m), mask=live)
+    tl.store(mass_ptr + rows * H + h, mass, mask=live)
 
 
 @triton.jit
-def attn_bwd_kv(q, k, v, o, do, lse, lo_ptr, hi_ptr, qlo_ptr, qhi_ptr, dk, dv, n, scale,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi_ptr, dk, dv,
+                nq, nk, H, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+                BDV: tl.constexpr, CT: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    h = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = cols < n
-    d = tl.arange(0, D)
-    kt = tl.load(k + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
-    vt = tl.load(v + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
-    kt = kt.to(tl.float32)
-    vt = vt.to(tl.float32)
-    qlo = tl.load(qlo_ptr + cols, mask=inside, other=n)
+    inside = cols < nk
+    scale = tl.load(scale_ptr).to(CT)
+    kt = _tile(k, cols, nk, h, H, D, BD, CT)
+    vt = _tile(v, cols, nk, h, H, DV, BDV, CT)
+    qlo = tl.load(qlo_ptr + cols, mask=inside, other=nq)
     qhi = tl.load(qhi_ptr + cols, mask=inside, other=0)
-    dk_acc = tl.zeros([BLOCK_N, D], tl.float32)
-    dv_acc = tl.zeros([BLOCK_N, D], tl.float32)
+    dk_acc = tl.zeros([BLOCK_N, BD], CT)
+    dv_acc = tl.zeros([BLOCK_N, BDV], CT)
     for start in range(tl.min(qlo, axis=0), tl.max(qhi, axis=0), BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
-        live = rows < n
-        qt = tl.load(q + rows[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        ot = tl.load(o + rows[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        dot_ = tl.load(do + rows[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        qt = qt.to(tl.float32)
-        dot_ = dot_.to(tl.float32)
-        lo = tl.load(lo_ptr + rows, mask=live, other=n)
+        live = rows < nq
+        qt = _tile(q, rows, nq, h, H, D, BD, CT)
+        dot_ = _tile(do, rows, nq, h, H, DV, BDV, CT)
+        lo = tl.load(lo_ptr + rows, mask=live, other=nk)
         hi = tl.load(hi_ptr + rows, mask=live, other=0)
-        stat = tl.load(lse + rows, mask=live, other=0.0)
-        delta = tl.sum(dot_ * ot.to(tl.float32), axis=1)
-        s, valid = _scores(qt, kt, rows, cols, lo, hi, scale)
-        p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0)          # [BLOCK_M, BLOCK_N]
-        dv_acc += tl.dot(tl.trans(p), dot_)
-        dp = tl.dot(dot_, tl.trans(vt))
-        ds = p * (dp - delta[:, None])
-        dk_acc += tl.dot(tl.trans(ds), qt) * scale
-    tl.store(dk + cols[:, None] * D + d[None, :], dk_acc, mask=inside[:, None])
-    tl.store(dv + cols[:, None] * D + d[None, :], dv_acc, mask=inside[:, None])
+        stat = tl.load(lse + rows * H + h, mask=live, other=0.0).to(CT)
+        dl = tl.load(delta + rows * H + h, mask=live, other=0.0).to(CT)
+        s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
+        p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
+        dv_acc += tl.dot(tl.trans(p), dot_, input_precision="ieee", out_dtype=CT)
+        dp = tl.dot(dot_, tl.trans(vt), input_precision="ieee", out_dtype=CT)
+        ds = (p * (dp - dl[:, None]) * scale).to(CT)
+        dk_acc += tl.dot(tl.trans(ds), qt, input_precision="ieee", out_dtype=CT)
+    _put(dk, dk_acc, cols, nk, h, H, D, BD)
+    _put(dv, dv_acc, cols, nk, h, H, DV, BDV)
 
 
 @triton.jit
-def attn_bwd_q(q, k, v, o, do, lse, lo_ptr, hi_ptr, dq, n, scale, D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def attn_bwd_q(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, dq, nq, nk, H,
+               D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+               CT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    h = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = rows < n
-    d = tl.arange(0, D)
-    qt = tl.load(q + rows[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-    ot = tl.load(o + rows[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-    dot_ = tl.load(do + rows[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-    qt = qt.to(tl.float32)
-    dot_ = dot_.to(tl.float32)
-    lo = tl.load(lo_ptr + rows, mask=live, other=n)
+    live = rows < nq
+    scale = tl.load(scale_ptr).to(CT)
+    qt = _tile(q, rows, nq, h, H, D, BD, CT)
+    dot_ = _tile(do, rows, nq, h, H, DV, BDV, CT)
+    lo = tl.load(lo_ptr + rows, mask=live, other=nk)
     hi = tl.load(hi_ptr + rows, mask=live, other=0)
-    stat = tl.load(lse + rows, mask=live, other=0.0)
-    delta = tl.sum(dot_ * ot.to(tl.float32), axis=1)
-    dq_acc = tl.zeros([BLOCK_M, D], tl.float32)
+    stat = tl.load(lse + rows * H + h, mask=live, other=0.0).to(CT)
+    dl = tl.load(delta + rows * H + h, mask=live, other=0.0).to(CT)
+    dq_acc = tl.zeros([BLOCK_M, BD], CT)
     for start in range(tl.min(lo, axis=0), tl.max(hi, axis=0), BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        inside = cols < n
-        kt = tl.load(k + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
-        vt = tl.load(v + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
-        kt = kt.to(tl.float32)
-        s, valid = _scores(qt, kt, rows, cols, lo, hi, scale)
-        p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0)
-        dp = tl.dot(dot_, tl.trans(vt.to(tl.float32)))
-        ds = p * (dp - delta[:, None])
-        dq_acc += tl.dot(ds, kt) * scale
-    tl.store(dq + rows[:, None] * D + d[None, :], dq_acc, mask=live[:, None])
+        kt = _tile(k, cols, nk, h, H, D, BD, CT)
+        vt = _tile(v, cols, nk, h, H, DV, BDV, CT)
+        s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
+        p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
+        dp = tl.dot(dot_, tl.trans(vt), input_precision="ieee", out_dtype=CT)
+        ds = (p * (dp - dl[:, None]) * scale).to(CT)
+        dq_acc += tl.dot(ds, kt, input_precision="ieee", out_dtype=CT)
+    _put(dq, dq_acc, rows, nq, h, H, D, BD)
 '''
 
 

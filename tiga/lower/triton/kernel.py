@@ -23,7 +23,7 @@ from ...core.prims.graph import propagate_abstract_eval_rule
 from ...core.types import GraphType
 from .emitter import TV, Emitter, TritonUnsupported, eval_program, pow2, tl_dtype
 from .reducers import reducer_folds, tile, valid_mask
-from .walks import emit_row, emit_tile, loop_header, walk_slots
+from .walks import emit_row, emit_tile, open_loops, walk_slots
 
 ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
 NBR_ROLE = {"dst": "src", "src": "dst"}
@@ -114,9 +114,12 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
         if as_dtype(t.dtype).name == "bool":
             raise TritonUnsupported("a bool field or output (stored as bytes, not rendered)")
     walk = "src" if reduce_by == "src" else "dst"
-    if walk == "src":
+    if walk == "src" and relation[0] != "radius":   # (symmetric radius: the same walk)
         relation = ("csr",)
-    perm = (has_perm and relation == ("csr",)) or walk == "src"
+    if relation[0] == "radius" and ("edge" in roles or reduce_by == "edge"):
+        raise TritonUnsupported("edge fields over a radius cell walk (its edges are not "
+                                "numbered in the reference's order)")
+    perm = relation == ("csr",) and (has_perm or walk == "src")
     slots = walk_slots(relation) + (("edge_perm",) if perm else ()) + tuple(
         f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
     return TritonSignature(symbol, walk, reduce_by, slots, roles, _row_shapes(fields, roles),
@@ -207,10 +210,9 @@ class _Body:
         rows = {i: self._gather(i, "row1", None, "row")
                 for i, r in enumerate(self.sig.roles) if r == self.row_role}
         states = [f.init(c) for f, _ in self.folds]
-        c.emit(loop_header(self.sig.relation))
-        c.indent += 1
+        depth = open_loops(c, self.sig.relation)
         self._tile(rows, params, states)
-        c.indent -= 1
+        c.indent -= depth
         if self.sig.reduce_by != "edge":
             self._finish(rows, params, states)
         c.indent -= 1

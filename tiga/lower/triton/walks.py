@@ -13,6 +13,15 @@ the implicit relations are walked from indices, with no resolved CSR:
   plus each offset (stencil_offsets, K x d) gives the neighbour; outside ones are masked (or
   wrapped when periodic). Edge ids: r*K + j (periodic) or row_ptr[r] + the number of
   inside neighbours before j (non-periodic: the O(N) row_ptr the reference numbers by).
+- ("radius", dims, exclude_self): a generated relation walked through a cell directory of
+  the source points (cells at least `cutoff` wide, counting-sorted on the launch device:
+  cell_start, cell_order; grid_lo, grid_dims, walk_scal = (1 / width, squared cutoff)).
+  The row's cell from its query coordinates (clamped to the grid), then the 3^dims
+  neighbour cells, each in tiles of BLOCK_N candidates with the exact test d2 <= c2 (d2
+  summed over axes in axis order in the coordinates' dtype; c2 the largest value whose
+  sqrt is <= cutoff, so the test is the reference's sqrt(d2) <= cutoff). Edges are not
+  numbered (no edge fields), the degree is counted as the tiles go. Symmetric radius (one
+  point set, no max_neighbors) is walked the same way by source.
 
 Each walk emits, in the row loop, `e0`, `e1` (the row's edge range) and `cnt` (its degree),
 the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge ids).
@@ -20,6 +29,9 @@ the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge 
 from __future__ import annotations
 
 IMPLICIT_KINDS = ("dense", "triangular", "cu_seqlens", "stencil")
+RADIUS_MAX_DIMS = 3          # 3^dims neighbour cells per row; higher dims resolve to CSR
+RADIUS_SLOTS = ("wpos", "wqpos", "cell_start", "cell_order", "grid_lo", "grid_dims",
+                "walk_scal")
 MAX_STENCIL_OFFSETS = 64
 # traversals whose walk is fully named by the Kernel IR text (program.ir("triton", ...))
 TRAVERSAL_RELATION = {"dense-row": ("dense",), "triangular-row": ("triangular",)}
@@ -30,6 +42,8 @@ def relation_of(graph, walk: str) -> tuple:
     transposed CSR)."""
     kind = getattr(graph, "kind", "csr")
     params = getattr(graph, "params", {}) or {}
+    if kind == "radius":
+        return _radius_of(params, walk)
     if walk != "dst" or kind not in IMPLICIT_KINDS:
         return ("csr",)
     if kind == "cu_seqlens":
@@ -43,6 +57,18 @@ def relation_of(graph, walk: str) -> tuple:
     return (kind,)
 
 
+def _radius_of(params: dict, walk: str) -> tuple:
+    """The radius walk, where it is exact without numbering edges in the reference's order:
+    no max_neighbors (nearest-first truncation), at most RADIUS_MAX_DIMS dims, and by
+    source only over one point set (symmetric)."""
+    same = params.get("query") is None
+    dims = int(params["dims"])
+    if params.get("max_neighbors") is not None or not 1 <= dims <= RADIUS_MAX_DIMS or \
+            (walk != "dst" and not same):
+        return ("csr",)
+    return ("radius", dims, bool(same and not params["loop"]))
+
+
 def walk_slots(relation: tuple) -> tuple:
     """The pointer arguments a walk reads, in kernel-argument order."""
     kind = relation[0]
@@ -54,6 +80,8 @@ def walk_slots(relation: tuple) -> tuple:
         return ()
     if kind == "cu_seqlens":
         return ("walk_params", "cu_ext", "seq_edges")
+    if kind == "radius":
+        return RADIUS_SLOTS
     return ("stencil_offsets",) + (() if relation[3] else ("row_ptr",))
 
 
@@ -74,6 +102,9 @@ def emit_row(c, relation: tuple) -> None:
         c.emit("s0 = rr * 0")
     elif kind == "cu_seqlens":
         _emit_sequence_row(c, relation[1])
+    elif kind == "radius":
+        _emit_radius_row(c, relation)
+        return
     else:
         _emit_stencil_row(c, relation)
     c.emit("cnt = e1 - e0")
@@ -115,10 +146,47 @@ def _emit_stencil_row(c, relation: tuple) -> None:
     c.emit("seen = e0 * 0")
 
 
-def loop_header(relation: tuple) -> str:
+def _emit_radius_row(c, relation: tuple) -> None:
+    # the row's cell (query coordinates in float64, as the directory places the sources)
+    dims = relation[1]
+    c.emit("inv_w = tl.load(walk_scal)")
+    c.emit("c2 = tl.load(walk_scal + 1)")
+    for k in range(dims):
+        c.emit(f"qx{k} = tl.load(wqpos + rr * {dims} + {k})")
+        c.emit(f"gd{k} = tl.load(grid_dims + {k})")
+        c.emit(f"qc{k} = tl.floor((qx{k}.to(tl.float64) - tl.load(grid_lo + {k})) * inv_w)"
+               ".to(tl.int64)")
+        c.emit(f"qc{k} = tl.minimum(tl.maximum(qc{k}, 0), gd{k} - 1)")
+    c.emit("cnt = rr * 0")
+
+
+def open_loops(c, relation: tuple) -> int:
+    """Emit the neighbour-tile loop header(s) (indenting `c`); returns how many it opened."""
     if relation[0] == "stencil":
-        return f"for start in range(0, {len(relation[2])}, BLOCK_N):"
-    return "for start in range(e0, e1, BLOCK_N):"
+        c.emit(f"for start in range(0, {len(relation[2])}, BLOCK_N):")
+    elif relation[0] == "radius":
+        _open_radius_loops(c, relation[1])
+        return 2
+    else:
+        c.emit("for start in range(e0, e1, BLOCK_N):")
+    c.indent += 1
+    return 1
+
+
+def _open_radius_loops(c, dims: int) -> None:
+    c.emit(f"for cell in range(0, {3 ** dims}):")
+    c.indent += 1
+    c.emit("ok = live")
+    c.emit("lin = rr * 0")
+    for k in range(dims):
+        c.emit(f"nc = qc{k} + (cell // {3 ** (dims - 1 - k)}) % 3 - 1")
+        c.emit(f"ok = ok & (nc >= 0) & (nc < gd{k})")
+        c.emit(f"lin = lin * gd{k} + nc")
+    c.emit("lin = tl.where(ok, lin, 0)")
+    c.emit("e0 = tl.load(cell_start + lin)")
+    c.emit("e1 = tl.where(ok, tl.load(cell_start + lin + 1), e0)")
+    c.emit("for start in range(e0, e1, BLOCK_N):")
+    c.indent += 1
 
 
 def emit_tile(c, relation: tuple, has_perm: bool) -> None:
@@ -126,6 +194,9 @@ def emit_tile(c, relation: tuple, has_perm: bool) -> None:
     kind = relation[0]
     if kind == "stencil":
         _emit_stencil_tile(c, relation)
+        return
+    if kind == "radius":
+        _emit_radius_tile(c, relation)
         return
     c.emit("p = start + nb")
     c.emit("valid = p < e1")
@@ -164,3 +235,17 @@ def _emit_stencil_tile(c, relation: tuple) -> None:
         c.emit("inside = valid.to(tl.int64)")
         c.emit("eid = tl.where(valid, e0 + seen + tl.cumsum(inside, axis=0) - 1, 0)")
         c.emit("seen = seen + tl.sum(inside, axis=0)")
+
+
+def _emit_radius_tile(c, relation: tuple) -> None:
+    _, dims, exclude_self = relation
+    c.emit("p = start + nb")
+    c.emit("valid = p < e1")
+    c.emit("col = tl.load(cell_order + p, mask=valid, other=0).to(tl.int64)")
+    for k in range(dims):   # the reference's order: (src - dst) per axis, summed in order
+        c.emit(f"dx = tl.load(wpos + col * {dims} + {k}, mask=valid, other=0) - qx{k}")
+        c.emit("d2 = dx * dx" if k == 0 else "d2 = d2 + dx * dx")
+    c.emit("valid = valid & (d2 <= c2)" + (" & (col != rr)" if exclude_self else ""))
+    c.emit("col = tl.where(valid, col, 0)")
+    c.emit("eid = p")
+    c.emit("cnt = cnt + tl.sum(valid.to(tl.int64), axis=0)")

@@ -73,8 +73,12 @@ class Comm:
         while not MPI.Request.Testall(requests):
             spins += 1
             if spins > 64:
-                # ranks may outnumber cores: yield so the rank we wait for can run
-                time.sleep(0 if spins < 2048 else 1e-4)
+                # ranks may outnumber cores: give the core to the rank we wait for (a real
+                # yield; with a core per rank it returns at once), then sleep briefly
+                if spins < 2048:
+                    _yield()
+                else:
+                    time.sleep(1e-4)
             if time.monotonic() > deadline:
                 _cancel(requests)
                 raise DistributedError(
@@ -113,6 +117,9 @@ class Comm:
     def sum(self, value: np.ndarray, what: str) -> np.ndarray:
         """The elementwise sum of `value` over ranks, on every rank (bounded, rank order)."""
         return self.allgather_array(np.asarray(value), what).sum(axis=0)
+
+
+_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 def _cancel(requests) -> None:

@@ -17,11 +17,11 @@ from ...core.errors import DistributedError, GraphValidationError, ShapeError, U
 from ...core.graph import Graph
 from ...core.types import Dim, GraphType
 from .comm import Comm, init, mpi
-from .geometric import check_radius, checked_positions, geometric_params, radius_plan
-from .stored import check_store_method, store_bounds, store_plan
 from .exchange import reverse_add
+from .geometric import check_radius, checked_positions, geometric_params, radius_plan
 from .halo import HaloPlan, build_plan
 from .partition import owners
+from .stored import check_store_method, store_bounds, store_plan
 
 INTERIOR_CHUNK_EDGES = 1 << 16   # interior edges per launch between MPI progress tests
 
@@ -220,7 +220,12 @@ class DistributedGraph:
 
 def partition(graph, method: str = "rows", positions=None, comm: Comm | None = None
               ) -> DistributedGraph:
-    """This rank's DistributedGraph of `graph` (every rank passes the same graph)."""
+    """This rank's DistributedGraph of `graph` (every rank passes the same graph).
+
+    A `tg.Graph.radius` relation (one point set) partitions with method="spatial" over its
+    own coordinates (boxes, ghosts within the cutoff: geometric.py); a store-backed one
+    (`tg.Graph.open`) by contiguous "rows" or "edges", reading only this rank's rows
+    (stored.py)."""
     if isinstance(graph, DistributedGraph):
         raise GraphValidationError("graph: is already a DistributedGraph; partition the "
                                    "global tg.Graph")

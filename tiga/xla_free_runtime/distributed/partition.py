@@ -22,6 +22,8 @@ def owners(row_ptr: np.ndarray, size: int, method: str, positions=None) -> np.nd
     if positions is not None:
         raise GraphValidationError(f"positions: only method='spatial' reads positions, "
                                    f"found method={method!r}")
+    if n == 0:
+        return np.zeros(0, np.int32)
     if method == "rows":
         bounds = (np.arange(size + 1, dtype=np.int64) * n) // size
     else:

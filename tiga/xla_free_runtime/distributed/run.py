@@ -174,9 +174,10 @@ class _Runner:
         return call
 
 
-def launch(eqn, graph, values: list) -> list:
+def launch(eqn, graph, values: list, outs: list | None = None) -> list:
     """The equation on one (local, concrete) relation: the compiled kernel, else the
-    reference interpreter (strict mode refuses that)."""
+    reference interpreter (strict mode refuses that). The kernel writes into `outs` (row
+    ranges of the whole result) when given and they fit; the caller copies otherwise."""
     if graph.num_dst == 0 and eqn.params["reduce_by"] in ("dst", "edge") or \
             graph.num_src == 0 and eqn.params["reduce_by"] == "src":
         lead = 0
@@ -189,7 +190,7 @@ def launch(eqn, graph, values: list) -> list:
                                    f"the reference interpreter: {route.reason}",
                                    hint="unset TIGA_STRICT / tg.config.strict")
         return impl_rules[propagate_p](graph, *values, **eqn.params)
-    return run_propagate(route, eqn, graph, values)
+    return run_propagate(route, eqn, graph, values, outs)
 
 
 def _read_fields(eqn) -> set:
@@ -273,24 +274,42 @@ def _overlapped(eqn, dg: DistributedGraph, fields: list) -> list:
     exchanges = _start(dg, eqn, fields)
     live = [ex for ex in dict.fromkeys(exchanges.values()) if ex is not None]
     waited = wait_exchanges(dg, live, "the halo exchange") if not dg.overlap else 0.0
-    parts, t1 = [], time.perf_counter()
+    owned = list(fields)
+    for i, ex in exchanges.items():
+        if ex is not None:
+            owned[i] = ex.owned()       # aligned: no per-launch staging copy
+    outs = _outputs(eqn, p.n_owned)
+    t1 = time.perf_counter()
     for (a, b), g in dg.interior_chunks:
         e = (int(p.row_ptr[a]), int(p.row_ptr[b]))
-        parts.append(launch(eqn, g, _rows(eqn, fields, (a, b), e)))
+        _into(outs, a, b, launch(eqn, g, _rows(eqn, owned, (a, b), e),
+                                 [o[a:b] for o in outs]))
         for ex in live:
             ex.test()
     t2 = time.perf_counter()
     if dg.overlap:
         waited = wait_exchanges(dg, live, "the halo exchange")
     ext = _extended(dg, fields, exchanges)
-    parts.append(launch(eqn, dg.boundary,
-                        _rows(eqn, ext, (p.n_interior, p.n_owned),
-                              (p.interior_edges, len(p.col_idx)))))
+    a, b = p.n_interior, p.n_owned
+    _into(outs, a, b, launch(eqn, dg.boundary,
+                             _rows(eqn, ext, (a, b), (p.interior_edges, len(p.col_idx))),
+                             [o[a:b] for o in outs]))
     t3 = time.perf_counter()
-    outs = [np.concatenate([part[k] for part in parts]) if len(parts) > 1 else parts[0][k]
-            for k in range(len(eqn.outputs))]
     _record(dg, live, t0, t1, t2, t3, waited)
     return outs
+
+
+def _outputs(eqn, rows: int) -> list:
+    """The whole results (owned rows), written a row range per launch: no concatenation."""
+    return [np.empty((rows,) + tuple(int(d) for d in v.type.shape[1:]), v.type.dtype.np)
+            for v in eqn.outputs]
+
+
+def _into(outs: list, a: int, b: int, got: list) -> None:
+    """Rows [a, b) of the results from a launch (a copy unless it wrote them in place)."""
+    for o, g in zip(outs, got):
+        if not (isinstance(g, np.ndarray) and g.size and np.shares_memory(g, o[a:b])):
+            o[a:b] = np.asarray(g).reshape(o[a:b].shape)
 
 
 def _record(dg, live, t0, t1, t2, t3, waited) -> None:

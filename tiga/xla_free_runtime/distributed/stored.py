@@ -14,6 +14,7 @@ from ...core.errors import UnsupportedError
 from .halo import HaloPlan
 from .partition import owners
 
+
 def check_store_method(method: str, positions) -> None:
     if method not in ("rows", "edges") or positions is not None:
         raise UnsupportedError(

@@ -64,7 +64,7 @@ class DiskStorage:
         self.shape = () if scalar else tuple(int(s) for s in array.shape)
         self.chunk_rows = int(array.chunks[0])
         self.owned, self.writable = owned, writable
-        self._partial = None      # (chunk, its decoded bytes): see _read_direct
+        self._partial = None      # ((chunk, its decoded bytes), ...): see _read_direct
         self._direct = _direct_layout(Path(path), tuple(int(c) for c in array.chunks),
                                       self.shape or (1,))
 
@@ -132,22 +132,26 @@ class DiskStorage:
 
     view = read
 
-    def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) as a fresh host array; reads only the chunks they live in."""
+    def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, stop) as a fresh host array (or into `out`, a reused buffer of at
+        least that many rows: its leading rows are returned); reads only their chunks."""
         if not self.shape:
             raise ShapeError("read_rows: a 0-d value has no rows")
         start, stop = max(0, int(start)), min(int(stop), self.shape[0])
         if stop <= start:
             return np.empty((0,) + self.shape[1:], self.dtype)
+        if out is not None and self._direct and out.dtype == self.dtype:
+            return self._read_direct(start, stop, out[:stop - start])
         return self._get(slice(start, stop))
 
-    def take_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Rows at sorted indices `rows`: each touched chunk is read once, runs of adjacent
-        chunks in one request."""
+    def take_rows(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows at sorted indices `rows` (into `out` as read_rows): each touched chunk is
+        read once, runs of adjacent chunks in one request."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and rows[-1] - rows[0] + 1 == len(rows):     # one run: no gather
-            return self.read_rows(int(rows[0]), int(rows[-1]) + 1)
-        out = np.empty((len(rows),) + self.shape[1:], self.dtype)
+            return self.read_rows(int(rows[0]), int(rows[-1]) + 1, out)
+        out = aligned_empty((len(rows),) + self.shape[1:], self.dtype) if out is None else \
+            out[:len(rows)]
         if not len(rows):
             return out
         cr = self.chunk_rows
@@ -223,35 +227,35 @@ class DiskStorage:
         raw = _RAW.get(as_dtype(self.dtype).name)
         return got.view(self.dtype) if raw is not None else got
 
-    def _read_direct(self, lo: int, hi: int) -> np.ndarray:
+    def _read_direct(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows [lo, hi) read from the chunk files straight into the result (whole chunks
-        inside the range) or through one scratch chunk (the partial ends), each chunk's
+        inside the range) or through a scratch chunk (the partial ends), each chunk's
         crc32c checked. Same files and checks as zarr's decode without its event loop and
-        copies; file reads and the checksum release the GIL, so a prefetch thread overlaps."""
+        copies; file reads and the checksum release the GIL, so a prefetch thread overlaps.
+        The range's edge chunks stay decoded (two chunks): a sweep of ranges that share a
+        chunk with the next one (pages of a banded graph) decodes every chunk once."""
         raw = _RAW.get(as_dtype(self.dtype).name, self.dtype)
         row_shape = self.shape[1:] if self.shape else ()
-        out = np.empty((hi - lo,) + row_shape, raw)
+        out = aligned_empty((hi - lo,) + row_shape, raw) if out is None else out.view(raw)
         flat = out.reshape(-1).view(np.uint8)
         row_bytes = flat.nbytes // max(hi - lo, 1)
-        cr = self.chunk_rows
-        for k in range(lo // cr, (hi - 1) // cr + 1):
+        cr, last = self.chunk_rows, (hi - 1) // self.chunk_rows
+        kept = dict(self._partial or ())
+        for k in range(lo // cr, last + 1):
             a, b = max(lo, k * cr), min(hi, (k + 1) * cr)
-            if a == k * cr and b == (k + 1) * cr:
-                self._read_chunk(k, flat[(a - lo) * row_bytes:(b - lo) * row_bytes],
-                                 key=slice(lo, hi))
-            else:
-                # a partial chunk is kept: a sweep of row ranges (pages) that do not align
-                # with chunks reads the chunk it shares with the next range once
-                kept = self._partial
-                if kept is not None and kept[0] == k:
-                    scratch = kept[1]
-                else:
-                    scratch = np.empty(cr * row_bytes, np.uint8)
-                    self._read_chunk(k, scratch, key=slice(lo, hi))
-                    self._partial = (k, scratch)
-                off = (a - k * cr) * row_bytes
-                flat[(a - lo) * row_bytes:(b - lo) * row_bytes] = \
-                    scratch[off:off + (b - a) * row_bytes]
+            dst = flat[(a - lo) * row_bytes:(b - lo) * row_bytes]
+            chunk = kept.get(k)
+            if chunk is None and a == k * cr and b == (k + 1) * cr:
+                self._read_chunk(k, dst, key=slice(lo, hi))
+                if k == last:
+                    kept[k] = dst.copy()
+                continue
+            if chunk is None:
+                chunk = kept[k] = np.empty(cr * row_bytes, np.uint8)
+                self._read_chunk(k, chunk, key=slice(lo, hi))
+            dst[...] = chunk[(a - k * cr) * row_bytes:(b - k * cr) * row_bytes]
+        ends = {lo // cr, last}
+        self._partial = tuple((k, v) for k, v in kept.items() if k in ends)[-2:]
         return out
 
     def _read_chunk(self, k: int, target: np.ndarray, key) -> None:
@@ -311,6 +315,16 @@ def _direct_layout(path: Path, chunks: tuple, shape: tuple) -> bool:
     enc = meta.get("chunk_key_encoding", {})
     return meta.get("codecs") == _DIRECT_CODECS and enc.get("name") == "default" and \
         enc.get("configuration", {}).get("separator") == "/"
+
+
+def aligned_empty(shape: tuple, dtype) -> np.ndarray:
+    """np.empty on a 64-byte boundary: kernels read these rows in place (an unaligned
+    gathered field would be staged into an aligned copy first)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = np.empty(n + 64, np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + n].view(dtype).reshape(shape)
 
 
 def _fmt(key) -> str:

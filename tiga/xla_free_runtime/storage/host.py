@@ -35,16 +35,19 @@ class HostStorage:
                              f"shape {arr.shape}")
         arr[...] = value
 
-    def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) as a view."""
+    def read_rows(self, start: int, stop: int, out=None) -> np.ndarray:
+        """Rows [start, stop) as a view (`out`, a buffer to reuse, is not needed)."""
         return self._live()[start:stop]
 
-    def take_rows(self, rows: np.ndarray) -> np.ndarray:
+    def take_rows(self, rows: np.ndarray, out=None) -> np.ndarray:
         """Rows at sorted distinct indices (a view when they are one run)."""
         arr = self._live()
         if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
             return arr[int(rows[0]):int(rows[-1]) + 1]
-        return np.take(arr, rows, axis=0)
+        from .disk import aligned_empty       # (kernels read gathered pages in place)
+        out = aligned_empty((len(rows),) + arr.shape[1:], arr.dtype) if out is None or \
+            out.dtype != arr.dtype else out[:len(rows)]
+        return np.take(arr, rows, axis=0, out=out, mode="clip")   # (ids checked by the caller)
 
     def write_rows(self, start: int, rows) -> None:
         arr = self._live()

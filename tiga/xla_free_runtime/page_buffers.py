@@ -1,0 +1,83 @@
+"""runtime: host buffers of the pages in flight of a paged run, reused page after page.
+
+Fresh memory costs a page fault per 4 KiB on first touch (for a page of 65536 rows of 32
+float32 features, as much as reading them); so a run keeps a few buffer sets (one per page
+in flight: queued, computing, loading) and every page reads into a free set. Each buffer is
+charged to the host budget while the run holds it; a new set is only made while the
+budget has room for a page, else the loader waits for a set to come back.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import memory
+from . import scope as sc
+from .storage.disk import aligned_empty
+
+
+class PageSet:
+    """One page's buffers by name; `get` hands out the leading rows of a buffer, growing it
+    (with slack, so pages of varying size settle on one allocation) when too small."""
+
+    def __init__(self):
+        self.bufs: dict = {}         # name -> (array, its charge)
+
+    def get(self, name: str, n: int, row_shape: tuple, dtype, what: str) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        held = self.bufs.get(name)
+        if held is not None:
+            arr, ch = held
+            if arr.shape[0] >= n and arr.dtype == dtype and arr.shape[1:] == tuple(row_shape):
+                return arr[:n]
+            ch.credit()
+            del self.bufs[name]
+        cap = max(1, n + n // 8)
+        row = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
+        ch = memory.charge("host", cap * row, what)
+        arr = aligned_empty((cap,) + tuple(row_shape), dtype)
+        self.bufs[name] = (arr, ch)
+        return arr[:n]
+
+    def credit(self) -> None:
+        for _, ch in self.bufs.values():
+            ch.credit()
+        self.bufs.clear()
+
+
+class PageBuffers:
+    """At most `sets` buffer sets; acquire() blocks while none is free and the budget
+    leaves no room for another page."""
+
+    def __init__(self, sets: int):
+        self.max_sets = sets
+        self.sets: list = []
+        self.free: list = []
+        self.cond = threading.Condition()
+
+    def acquire(self, need: int, stop: threading.Event) -> PageSet | None:
+        owner = sc.budget_scope("host")
+        with self.cond:
+            while not stop.is_set():
+                if self.free:
+                    return self.free.pop()
+                fits = owner is None or owner.used["host"] + need <= owner.budgets["host"]
+                if not self.sets or (len(self.sets) < self.max_sets and fits):
+                    self.sets.append(PageSet())
+                    return self.sets[-1]
+                self.cond.wait(0.1)
+        return None
+
+    def release(self, s: PageSet) -> None:
+        with self.cond:
+            self.free.append(s)
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        """Give every buffer back (the run is over, or interrupted)."""
+        with self.cond:
+            for s in self.sets:
+                s.credit()
+            self.sets, self.free = [], []
+            self.cond.notify_all()
