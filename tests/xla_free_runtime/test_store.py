@@ -207,7 +207,7 @@ def test_open_without_a_store(tmp_path):
 
 
 INGEST = textwrap.dedent("""
-    import sys, numpy as np, tiga as tg
+    import sys, time, numpy as np, tiga as tg
     path, n = sys.argv[1], 200000
     w = tg.store.create(path, num_src=n, num_dst=n, overwrite=True)
     rp = np.arange(1001, dtype=np.int64) * 4
@@ -215,6 +215,8 @@ INGEST = textwrap.dedent("""
         w.append_csr_chunk(rp, (np.arange(4000) + k) % n)
         if k == 5:
             print("ingesting", flush=True)
+        if k >= 5:
+            time.sleep(0.01)     # (the appends alone finish before the kill could land)
     w.commit()
 """)
 

@@ -308,8 +308,10 @@ def _outputs(eqn, rows: int) -> list:
 def _into(outs: list, a: int, b: int, got: list) -> None:
     """Rows [a, b) of the results from a launch (a copy unless it wrote them in place)."""
     for o, g in zip(outs, got):
-        if not (isinstance(g, np.ndarray) and g.size and np.shares_memory(g, o[a:b])):
-            o[a:b] = np.asarray(g).reshape(o[a:b].shape)
+        rows = o[a:b]
+        if not (isinstance(g, np.ndarray) and g.shape == rows.shape and
+                g.ctypes.data == rows.ctypes.data):
+            rows[...] = np.asarray(g).reshape(rows.shape)
 
 
 def _record(dg, live, t0, t1, t2, t3, waited) -> None:
