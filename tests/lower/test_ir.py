@@ -237,7 +237,7 @@ BAD_TEXT = [
      "'compressed-row')"),
     ("iter", 'coordinate_hierarchy = "compressed-row"', 'coordinate_hierarchy = "zigzag"',
      "coordinate_hierarchy must be one of compressed-row, dense, triangular, cu-seqlens, "
-     "stencil, cat, cell-directory, knn-shells, knn-tiled-scan, found 'zigzag'"),
+     "stencil, cat, cell-directory, knn-shells, knn-tiled-scan, attention-tiles, found 'zigzag'"),
     ("iter", '"destination-major"', '"source-major"',
      "ordering 'source-major' cannot reduce by 'dst' (expected 'destination-major')"),
     ("kernel", "edge_unroll = 4", "edge_unroll = 3",

@@ -9,14 +9,22 @@ from .program import ClosedProgram, GraphProgram, Lit
 from .types import Dim, GraphType
 
 
-def eval_program(program: GraphProgram, *args) -> list:
-    """Run `program` on concrete values with the numpy impl rules."""
+def eval_program(program: GraphProgram, *args, overrides: dict | None = None) -> list:
+    """Run `program` on concrete values with the numpy impl rules.
+
+    `overrides` maps a primitive, or an equation's `id()`, to `rule(eqn, values) -> outputs`
+    run instead of the impl rule (the runtime's compiled propagates and loops); a rule that
+    returns None hands the equation back to the impl rule. An equation id wins over its
+    primitive.
+    """
     if len(args) != len(program.in_binders):
         raise ProgramError(f"eval_program: program takes {len(program.in_binders)} inputs, "
                            f"got {len(args)}")
     env: dict[int, object] = {}
     for v, x in zip(program.in_binders, args):
         env[id(v)] = x if isinstance(v.type, GraphType) else np.asarray(x)
+    if overrides is not None:
+        return _eval_overridden(program, env, overrides)
     dims = bind_dims(program.in_binders, [env[id(v)] for v in program.in_binders])
     read = _reader(env)
     for eqn in program.eqns:
@@ -31,15 +39,41 @@ def eval_program(program: GraphProgram, *args) -> list:
     return [read(a) for a in program.outs]
 
 
-def bind_dims(binders, values) -> dict:
-    """Sizes of the symbolic dims (N, S, E) of one call, read off its arguments."""
+def _eval_overridden(program: GraphProgram, env: dict, overrides: dict) -> list:
+    """eval_program's loop with per-primitive / per-equation rules in front of the impl
+    rules. A generated relation's edge count stays unbound: counting it walks its CSR, which
+    a compiled route keeps unmaterialised."""
+    dims = bind_dims(program.in_binders, [env[id(v)] for v in program.in_binders],
+                     resolve=False)
+    read = _reader(env)
+    for eqn in program.eqns:
+        vals = [read(a) for a in eqn.inputs]
+        rule = overrides.get(id(eqn)) or overrides.get(eqn.primitive)
+        outs = None if rule is None else rule(eqn, vals)
+        if outs is None:
+            impl = impl_rules.get(eqn.primitive)
+            if impl is None:
+                raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
+            params = eqn.params if not dims else {k: resolve_dims(p, dims)
+                                                  for k, p in eqn.params.items()}
+            outs = impl(*vals, **params)
+        for v, o in zip(eqn.outputs, outs):
+            env[id(v)] = o
+    return [read(a) for a in program.outs]
+
+
+def bind_dims(binders, values, *, resolve: bool = True) -> dict:
+    """Sizes of the symbolic dims (N, S, E) of one call, read off its arguments
+    (`resolve=False`: a generated relation's unknown edge count is left unbound)."""
     dims: dict[Dim, int] = {}
     for v, x in zip(binders, values):
         t = v.type
         if isinstance(t, GraphType):
-            if x.num_edges is None:   # a generated relation: the interpreter walks its CSR
+            if x.num_edges is None and resolve:   # generated: the interpreter walks its CSR
                 x.resolve_csr()
-            pairs = [(t.num_src, x.num_src), (t.num_dst, x.num_dst), (t.num_edges, x.num_edges)]
+            pairs = [(t.num_src, x.num_src), (t.num_dst, x.num_dst)]
+            if x.num_edges is not None:
+                pairs.append((t.num_edges, x.num_edges))
         else:
             pairs = list(zip(t.shape, np.shape(x)))
         for d, n in pairs:

@@ -22,6 +22,9 @@ no Schedule (direct `codegen_propagate` callers), so each decision has one owner
   inside native code, one atomic add each, so fine chunks cost nothing measurable). Below
   PARALLEL_MIN_WORK rows + edges one call on the caller's thread wins.
 - knn_tiles: the register blocking and cache tiles of the knn-tiled-scan walk.
+- attention_tiles: the register tiles and key blocks of the float32 attention kernels
+  (lower/llvm/attention.py forward, attention_backward.py backward), which the runtime also
+  cuts its jobs and scratch arrays by.
 """
 from __future__ import annotations
 
@@ -125,3 +128,24 @@ def knn_tiles(wide: bool) -> tuple:
     return (("vector_bytes", KNN_VECTOR_BYTES), ("group_rows", rows),
             ("group_vectors", vectors), ("rows_per_tile", KNN_ROWS_PER_TILE),
             ("chunk_bytes", KNN_CHUNK_BYTES))
+
+
+# The attention-tiles walk (lower/llvm/attention.py, attention_backward.py; names: their
+# TILES). Forward: group_rows query rows x step_vectors <16 x float> score vectors per
+# register tile (6 x 4: 24 accumulators, 4 K^T loads and 6 q broadcasts per 24 FMAs;
+# measured with benchmarks/attention.py: 6 x 64 keys beat 4 x 16, 4 x 32, 4 x 64 and 8 x 64,
+# which spills), row_groups groups per job pass over one key block of key_block keys while
+# its K^T and V tiles stay in cache, pv_unroll keys per trip of the P @ V loop. Backward:
+# group_rows rows per register group, tile_rows rows per tile (their q, dO rows and P, dS
+# tiles on the stack), key_block keys per packed key block, group_keys keys per register
+# group of the dk / dv products.
+ATTENTION_FORWARD_TILES = (("group_rows", 6), ("row_groups", 8), ("key_block", 256),
+                           ("step_vectors", 4), ("pv_unroll", 4))
+ATTENTION_BACKWARD_TILES = (("group_rows", 6), ("tile_rows", 48), ("key_block", 64),
+                            ("group_keys", 4))
+
+
+def attention_tiles(kernel: str) -> tuple:
+    """The tiles of the "forward" or "backward" attention kernel as (name, value) pairs
+    (Schedule.tiles)."""
+    return ATTENTION_FORWARD_TILES if kernel == "forward" else ATTENTION_BACKWARD_TILES

@@ -16,21 +16,18 @@ import numpy as np
 from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError
-from ..core.primitive import impl_rules
+from ..core.eval import eval_program
 from ..core.prims.control import run_scan, run_while, scan_p, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
-from . import llvm_attention  # noqa: F401  (registers the tiled attention planner)
 from .cache import CACHE
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
+from .launch import plan
 from .llvm_generated import fused_degrees, generated_relations
-from .llvm_propagate import Fallback, plan_propagate, run_propagate
+from .llvm_propagate import Fallback, run_propagate
 from .routes import describe_program
-# backend table dispatch (issue 17): the selected backend (tg.config.backend / TIGA_BACKEND)
-# plans every propagate; cpu-llvm's planner unless a Triton backend is selected
-from .triton_launch import backend_plan as plan_propagate  # noqa: E402,F811
 
 GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
@@ -52,7 +49,7 @@ def plan_routes(program: GraphProgram, args: list) -> dict:
     routes = {}
     for eqn in program.eqns:
         if eqn.primitive is propagate_p:
-            routes[id(eqn)] = plan_propagate(eqn, _graph_of(eqn, known))
+            routes[id(eqn)] = plan(eqn, _graph_of(eqn, known))
     return routes
 
 
@@ -77,7 +74,7 @@ def execute(program: GraphProgram, args: list) -> list:
     if eqn is not None:
         graph = args[0]
         if getattr(graph, "kind", None) not in GENERATED and hasattr(graph, "resolve_csr"):
-            route = plan_propagate(eqn, graph)
+            route = plan(eqn, graph)
             if not isinstance(route, Fallback):
                 # a paged plan reads fields by rows on their own tier (no whole-array read)
                 vals = list(args[1:]) if getattr(route, "lazy_fields", False) else \
@@ -110,54 +107,47 @@ def _single_propagate(program: GraphProgram):
 
 
 def _run(program: GraphProgram, args: list) -> list:
-    """The interpreter loop: compiled propagates, control flow here, numpy for the rest."""
+    """eval_program with this runtime's rules for compiled propagates and loops."""
     routes = plan_routes(program, args)
     _strict_check(routes)
-    env: dict[int, object] = {}
-    for v, x in zip(program.in_binders, args):
-        env[id(v)] = x if isinstance(v.type, GraphType) else np.asarray(x)
+    return eval_program(program, *args, overrides=_overrides(routes))
 
-    def read(a):
-        return a.value if isinstance(a, Lit) else env[id(a)]
 
-    for eqn in program.eqns:
-        vals = [read(a) for a in eqn.inputs]
+def _overrides(routes: dict) -> dict:
+    def propagate(eqn, vals):
         route = routes.get(id(eqn))
         if isinstance(route, Fallback) and getattr(vals[0], "kind", None) in GENERATED:
             # a relation generated inside the program (radius/knn on traced coordinates)
             # is known only now: plan its propagate on the concrete relation
-            route = plan_propagate(eqn, vals[0])
-        if route is not None and not isinstance(route, Fallback):
-            outs = run_propagate(route, eqn, vals[0], vals[1:])
-        elif eqn.primitive is scan_p:
-            outs = _scan(vals, **eqn.params)
-        elif eqn.primitive is while_loop_p:
-            outs = _while(vals, **eqn.params)
-        elif eqn.primitive is degrees_p and getattr(vals[0], "kind", None) in GENERATED and (
-                deg := fused_degrees(vals[0], eqn.params["by"])) is not None:
-            outs = [deg]        # counted by the fused walk: the relation stays unmaterialised
-        else:
-            rule = impl_rules.get(eqn.primitive)
-            if rule is None:
-                raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
-            outs = rule(*vals, **eqn.params)
-        for v, o in zip(eqn.outputs, outs):
-            env[id(v)] = o
-    return [read(a) for a in program.outs]
+            route = plan(eqn, vals[0])
+        if route is None or isinstance(route, Fallback):
+            return None     # the reference impl rule
+        return run_propagate(route, eqn, vals[0], vals[1:])
+
+    return {propagate_p: propagate, scan_p: _scan, while_loop_p: _while, degrees_p: _degrees}
 
 
 def _call(closed, args: list) -> list:
     return _run(closed.program, list(closed.consts) + list(args))
 
 
-def _scan(vals, **params):
+def _scan(eqn, vals):
     """scan, with the body run by this executor (so its propagates compile)."""
-    return run_scan(_call, vals, **params)
+    return run_scan(_call, vals, **eqn.params)
 
 
-def _while(vals, **params):
+def _while(eqn, vals):
     """while_loop, with cond and body run by this executor."""
-    return run_while(_call, vals, **params)
+    return run_while(_call, vals, **eqn.params)
+
+
+def _degrees(eqn, vals):
+    """Degrees of a generated relation counted by its fused walk (the relation stays
+    unmaterialised); None: the impl rule counts them."""
+    if getattr(vals[0], "kind", None) not in GENERATED:
+        return None
+    deg = fused_degrees(vals[0], eqn.params["by"])
+    return None if deg is None else [deg]
 
 
 def select_route(program: GraphProgram, args: list | None = None) -> str:

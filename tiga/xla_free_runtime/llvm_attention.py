@@ -1,6 +1,6 @@
 """runtime: the tiled streaming route of dot-product attention (forward and fused VJP).
 
-A planner in `llvm_propagate.SPECIALISED_PLANNERS` claims
+A planner in `launch.PLANNERS` claims
 
 - the forward: an online_softmax propagate whose edge function is attention
   (`autodiff.rules.attention.match_attention`) over a dense, triangular or cu_seqlens
@@ -68,7 +68,8 @@ def row_ranges(graph) -> tuple:
     return found
 
 
-def _planner(eqn, graph, compile):
+def plan_attention(eqn, graph, compile: bool):
+    """The tiled attention route (a launch.PLANNERS entry), or None: not attention."""
     if getattr(graph, "kind", None) not in KINDS:
         return None
     p = eqn.params
@@ -722,12 +723,3 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
                 want[h0:h1] = got[h0:h1]
 
         run_jobs(copy, heads, num_threads())
-
-
-def _register() -> None:
-    from .llvm_propagate import SPECIALISED_PLANNERS
-    if _planner not in SPECIALISED_PLANNERS:
-        SPECIALISED_PLANNERS.append(_planner)
-
-
-_register()

@@ -1,6 +1,6 @@
 """runtime: the cpu-llvm route of a propagate over a generated relation (radius, knn).
 
-A planner in llvm_propagate.SPECIALISED_PLANNERS claims propagates grouped by destination
+A planner in launch.PLANNERS claims propagates grouped by destination
 over a radius/knn relation without edge fields. Per call it builds the cell directory of the
 source coordinates (O(N): sorted indices, sorted coordinates, cell starts, row visiting
 order) and runs the fused kernel of lower/llvm/generated.py on row chunks: no edge list,
@@ -49,7 +49,6 @@ from ..trace.message_passing import propagate
 from .cache import CACHE, full_key
 from .explain import launch_facts, schedule_line
 from .llvm_propagate import (
-    SPECIALISED_PLANNERS,
     Fallback,
     _address,
     _check_field,
@@ -524,8 +523,6 @@ def fused_degrees(graph, by: str) -> np.ndarray | None:
     graph.params["_degrees"] = degrees
     return degrees.copy()
 
-
-SPECIALISED_PLANNERS.append(plan_generated)
 
 __all__ = ["plan_generated", "GeneratedPlan", "GeneratedType", "directory_arrays",
            "generated_relations", "symmetric", "fused_degrees", "resolved"]

@@ -40,13 +40,6 @@ class Fallback:
     reason: str
 
 
-# Specialised routes (generated relations, tiled attention, ...) may claim an equation before
-# the generic fused kernel. A planner is `planner(eqn, graph, compile) -> None | Fallback | plan`
-# (None: not mine). A plan has `run(eqn, graph, values) -> list of outputs` and
-# `describe(explanation, eqn, graph, where)` (what explain() says; `compile=False` plans must
-# not compile anything). Planners are tried in registration order.
-SPECIALISED_PLANNERS: list = []
-
 _UNSUPPORTED: dict[str, str] = {}       # key -> reason (deterministic, so memoised)
 _UNSUPPORTED_LOCK = threading.Lock()
 _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key}
@@ -95,18 +88,15 @@ def _key_of(eqn, graph) -> str:
 
 
 def plan_propagate(eqn, graph, *, compile: bool = True):
-    """Executable (compile=True) or key (compile=False) for cpu-llvm, else a Fallback."""
+    """The generic fused kernel: Executable (compile=True) or key (compile=False), else a
+    Fallback. Specialised routes (paged, attention, generated) are tried before it by
+    launch.plan, the function callers use."""
     if not CPU_LLVM_AVAILABLE:
         return Fallback("llvmlite is not installed, so the cpu-llvm backend is unavailable")
     if graph is None:
         if compile:
             return Fallback("the relation is not known until the call")
         graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
-    else:
-        for planner in SPECIALISED_PLANNERS:
-            plan = planner(eqn, graph, compile)
-            if plan is not None:
-                return plan
     key = _key_of(eqn, graph)
     reason = _UNSUPPORTED.get(key)
     if reason is not None:

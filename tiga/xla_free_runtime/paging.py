@@ -30,11 +30,12 @@ from ..core.types import TensorType
 from . import memory, paging_plan, store_transpose
 from .page_buffers import PageBuffers
 from . import scope as sc
-from .llvm_propagate import SPECIALISED_PLANNERS, Fallback, plan_propagate, run_propagate
+from .llvm_propagate import Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
 
 PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own
 QUEUE_PAGES = 2
+LOADERS = 2         # prefetch threads: file reads, checksums and numpy copies release the GIL
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def _check_lengths(eqn, graph, values) -> None:
 # ---- the plan ----------------------------------------------------------------------------------
 
 class PagedPlan:
-    """The route of a propagate over a paged relation (a SPECIALISED_PLANNERS plan)."""
+    """The route of a propagate over a paged relation (a launch.PLANNERS plan)."""
 
     lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
 
@@ -287,7 +288,8 @@ class _PagedRun:
         self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
         self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows())
         self.stop = threading.Event()
-        self.buffers = PageBuffers(QUEUE_PAGES + 2)    # queued, computing, loading pages
+        self.buffers = PageBuffers(QUEUE_PAGES + 1 + LOADERS)   # queued, computing, loading
+        self.lock = threading.Lock()
         self.row_bytes = [0 if r == "param" else
                           int(np.prod(v.shape[1:], dtype=np.int64)) * v.dtype.itemsize
                           for v, r in zip(values, self.roles)]
@@ -321,12 +323,11 @@ class _PagedRun:
             raise StorageError(f"{self.graph.params['path']}: page {task.index} check failed: "
                                f"edges [{elo}:{elo + len(ci)}) differ from the planned "
                                f"[{task.edges[0]}:{task.edges[1]})")
-        st = self.stats
-        st.bytes_read["disk"] += rp.nbytes + ci.nbytes
+        reads = {"disk": rp.nbytes + ci.nbytes, "host": 0}
         t1 = time.perf_counter()
         uniq, inv = self.distinct(task.index, ci)
         vals = []
-        edge_rows = self.edge_rows(task)
+        edge_rows = self.edge_rows(task, reads)
         for (stor, tier), role, arg in zip(self.fields, self.roles, self.module.body.args[1:]):
             if role == "param":
                 vals.append(stor)
@@ -337,17 +338,21 @@ class _PagedRun:
                 (op.kind == "gather" and role != "edge") else None
             v = stor.read_rows(*op.rows, buf) if op.kind == "page" else \
                 edge_rows(stor) if role == "edge" else stor.take_rows(uniq, buf)
-            st.bytes_read[tier] += v.nbytes
+            reads[tier] += v.nbytes
             vals.append(v)
         # the page is valid by construction: row_ptr checked by the reader, ids remapped
         # onto [0, len(uniq)) here
         page = Graph(kind="csr", num_src=len(uniq), num_dst=len(rp) - 1, num_edges=len(inv),
                      index_dtype=self.graph.index_dtype, csr=(rp, inv))
-        st.distinct_sources += len(uniq)
-        st.edges += len(ci)
         t2 = time.perf_counter()
-        st.seconds["read"] += t1 - t0
-        st.seconds["gather"] += t2 - t1
+        with self.lock:        # (loaders run in parallel)
+            st = self.stats
+            for tier, n in reads.items():
+                st.bytes_read[tier] += n
+            st.distinct_sources += len(uniq)
+            st.edges += len(ci)
+            st.seconds["read"] += t1 - t0
+            st.seconds["gather"] += t2 - t1
         return task, page, vals, bufs
 
     def distinct(self, page: int, ci: np.ndarray) -> tuple:
@@ -365,25 +370,29 @@ class _PagedRun:
             self.windows[page] = (int(uniq[0]), int(uniq[-1]) + 1)
         return uniq, inv
 
-    def edge_rows(self, task: PageTask):
-        """Edge fields of a page: a row range of the stored order, or (walking the
-        transpose) the page's stored edge ids, each row read once, in transposed order."""
-        if self.walk.edge_perm is None:
-            return lambda stor: stor.read_rows(*task.edges)
+    def edge_rows(self, task: PageTask, reads: dict):
+        """Edge fields of a page walking the transpose: the page's stored edge ids, each
+        row read once, in transposed order."""
         ids = []
 
         def take(stor):
             if not ids:
                 perm = self.walk.edge_perm.read_rows(*task.edges)
-                self.stats.bytes_read["disk"] += perm.nbytes
+                reads["disk"] += perm.nbytes
                 ids.extend(distinct(perm, np.intp))
             return stor.take_rows(ids[0])[ids[1]]
         return take
 
-    def producer(self, q: queue.Queue) -> None:
-        """The prefetch thread: walks the plan's transfers into the host, page by page."""
+    def producer(self, q: queue.Queue, pages) -> None:
+        """A prefetch thread: walks the plan's transfers into the host, taking the next
+        page of `pages` (shared by the loaders) each time."""
         try:
-            for transfers, launches, _ in self.plan:
+            while True:
+                with self.lock:
+                    step = next(pages, None)
+                if step is None:
+                    break
+                transfers, launches, _ = step
                 task = self.tasks[launches[0].page]
                 bufs = self.buffers.acquire(self.estimate(task), self.stop)
                 if bufs is None:
@@ -418,28 +427,38 @@ class _PagedRun:
         self.plan = paging_plan.steps(self.module)
         bar = _progress(len(self.tasks))
         q: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
-        ctx = contextvars.copy_context()     # the thread charges the caller's scopes
-        worker = threading.Thread(target=ctx.run, args=(self.producer, q), daemon=True,
-                                  name="tiga-page-prefetch")
+        pages = iter(self.plan)
+        # a sum over all edges adds pages in plan order (one loader: the same float sum on
+        # every run); other results are written to disjoint rows, in any order
+        n = LOADERS if self.walk.lead is not None and len(self.plan) > 1 else 1
+        workers = [threading.Thread(target=contextvars.copy_context().run, daemon=True,
+                                    args=(self.producer, q, pages),
+                                    name=f"tiga-page-prefetch-{i}") for i in range(n)]
+        writes = {step[1][0].page: step[2] for step in self.plan}
         done = False
         try:
-            if self.tasks:
-                worker.start()
-            for _, launches, writes in self.plan:      # the calling thread: tasks, writes
+            for w in workers if self.tasks else ():
+                w.start()
+            left = len(self.plan)
+            while left:                 # the calling thread: each page's task, its writes
                 t0 = time.perf_counter()
                 item = q.get()
                 self.stats.seconds["wait"] += time.perf_counter() - t0
                 if isinstance(item, BaseException):
                     raise item
-                self.compute(item, outs, writes)
+                if item is None:        # a loader finished
+                    continue
+                self.compute(item, outs, writes[item[0].index])
+                left -= 1
                 if bar is not None:
                     bar.update(1)
             done = True
         finally:
             self.stop.set()
             self.drain(q)
-            if worker.is_alive():
-                worker.join()
+            for w in workers:
+                if w.is_alive():
+                    w.join()
             self.drain(q)
             self.buffers.close()
             if bar is not None:
@@ -458,14 +477,18 @@ class _PagedRun:
             route = plan_propagate(eqn, page)
             if isinstance(route, Fallback):
                 res = impl_rules[propagate_p](page, *vals, **eqn.params)
-            else:
-                res = run_propagate(route, eqn, page, vals)
+            else:       # a write to host rows: the kernel writes them in place
+                into = [stor._live()[op.rows[0]:op.rows[1]] for (_, stor), op in
+                        zip(outs, writes)] if self.stats.result_tier == "host" and \
+                    all(op.kind == "write" for op in writes) else None
+                res = run_propagate(route, eqn, page, vals, into)
             t1 = time.perf_counter()
             for (_, stor), r, op in zip(outs, res, writes):
                 r = np.asarray(r)
                 if op.kind == "accumulate":     # summed over all edges: add the page's sum
                     stor._live()[...] += r
-                else:
+                elif not (stor.tier == "host" and
+                          np.shares_memory(r, stor._live()[op.rows[0]:op.rows[1]])):
                     stor.write_rows(op.rows[0], r)
                 self.stats.bytes_written[stor.tier] += r.nbytes
             self.stats.seconds["compute"] += t1 - t0
@@ -572,5 +595,4 @@ def plan_paged(eqn, graph):
     return PagedPlan()
 
 
-SPECIALISED_PLANNERS.insert(0, lambda eqn, graph, compile: plan_paged(eqn, graph))
 __all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "PageTask", "PageStats", "page_tasks", "describe_stats"]

@@ -12,10 +12,10 @@ from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from .explain import Explanation, launch_facts, schedule_line
+from .launch import plan
 from .llvm_generated import GeneratedType, generated_relations
 from .llvm_propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .threads import num_threads, row_chunks
-from .triton_launch import backend_plan as plan_propagate  # the selected backend's planner
 from .triton_launch import relabel_routes
 
 WALK = {"dst": "destination rows walk their CSR edges",
@@ -34,18 +34,18 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
                      program=str(program))
     compiled = fallen = 0
     for eqn, graph, where in _propagates(program, known, ""):
-        plan = plan_propagate(eqn, graph, compile=False)
-        if hasattr(plan, "describe"):
+        found = plan(eqn, graph, compile=False)
+        if hasattr(found, "describe"):
             compiled += 1
-            plan.describe(ex, eqn, graph, where)
-        elif isinstance(plan, Fallback):
+            found.describe(ex, eqn, graph, where)
+        elif isinstance(found, Fallback):
             fallen += 1
             typed = isinstance(graph, GeneratedType)   # edge count known only at the call
-            _explain_reference(ex, eqn, None if typed else graph, plan.reason, where)
+            _explain_reference(ex, eqn, None if typed else graph, found.reason, where)
         else:
             compiled += 1
             typed = isinstance(graph, GeneratedType)   # concrete only at the call
-            _explain_compiled(ex, eqn, None if typed else graph, cache.status(plan), where)
+            _explain_compiled(ex, eqn, None if typed else graph, cache.status(found), where)
             if typed:
                 ex.materialized.append((
                     f"CSR of the {graph.kind} relation generated in the program"

@@ -363,4 +363,3 @@ class _Launcher:
 
 register_launcher("triton", _Launcher)
 register_launcher("triton-interpreter", _Launcher)
-register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(llvm_plan)}))

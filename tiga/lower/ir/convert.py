@@ -92,7 +92,8 @@ def reducer_from_spec(spec) -> reducers.Reducer:
         if spec.name not in reducers.BUILTIN:
             raise CompilationError(f"reducer {spec.name!r} is not built in")
         if spec.name == "online_softmax":
-            return reducers.online_softmax(spec.prune_threshold)
+            found = reducers.online_softmax(spec.prune_threshold)
+            return found.with_stats() if spec.stats else found
         return getattr(reducers, spec.name)()
     r = reducers.Reducer(spec.name, spec.identity, combine=_region_only,
                          commutative=spec.commutative, associative=spec.associative)

@@ -49,6 +49,8 @@ class ReducerSpec:
     lift: Region | None = None
     combine: Region | None = None
     finalize: Region | None = None
+    # online_softmax(stats): the per-row (max, mass) are outputs too (residuals the VJP reads)
+    stats: bool = False
 
     @property
     def arity(self) -> int:
@@ -76,7 +78,7 @@ class Computation:
     input_roles: tuple
     input_names: tuple
     reducer: ReducerSpec
-    reduce_by: str
+    reduce_by: str | tuple            # a side, or one side per output (a multi-output walk)
     edge: Region
     update: Region | None = None
 
@@ -101,6 +103,8 @@ class Computation:
                     ("reducer_associative", r.associative)]
         if r.prune_threshold is not None:
             out.append(("reducer_prune_threshold", r.prune_threshold))
+        if r.stats:
+            out.append(("reducer_stats", True))
         out.append(("region_kinds", tuple(k for k, _ in self.named_regions())))
         return out
 
@@ -118,10 +122,11 @@ class Computation:
         comm = r.take("reducer_commutative") if user else True
         assoc = r.take("reducer_associative") if user else True
         prune = r.take("reducer_prune_threshold", None)
+        stats = r.take("reducer_stats", False)
         regions = _regions_by_kind(g, r.take("region_kinds"))
         spec = ReducerSpec(name, not user, identity, state, comm, assoc, prune,
                            regions.get("reducer.lift"), regions.get("reducer.combine"),
-                           regions.get("reducer.finalize"))
+                           regions.get("reducer.finalize"), stats)
         return cls(g.results, g.operands[0], g.operands[1:], roles, names, spec, reduce_by,
                    regions["edge"], regions.get("update"))
 
@@ -150,11 +155,18 @@ class Computation:
             if role not in ROLES:
                 raise CompilationError(f"{where}: input role {role!r} of {name!r} is not one "
                                        f"of {', '.join(ROLES)}")
-            if not name.isidentifier():
-                raise CompilationError(f"{where}: input name {name!r} is not an identifier")
-        if self.reduce_by not in REDUCE_BY:
+            # (dotted names: the canonical attention VJP operands, `attn.dq.q`)
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise CompilationError(f"{where}: input name {name!r} is not an identifier "
+                                       "(or dotted identifiers)")
+        by = self.reduce_by
+        if isinstance(by, tuple):
+            if not by or any(side not in ("dst", "src") for side in by):
+                raise CompilationError(f"{where}: a per-output reduce_by lists dst or src per "
+                                       f"output, found {list(by)!r}")
+        elif by not in REDUCE_BY:
             raise CompilationError(f"{where}: reduce_by must be one of {', '.join(REDUCE_BY)}, "
-                                   f"found {self.reduce_by!r}")
+                                   f"or a list of dst/src per output, found {by!r}")
 
     def _verify_reducer(self, where: str) -> None:
         r = self.reducer
@@ -168,8 +180,9 @@ class Computation:
             if r.identity != BUILTIN_IDENTITY[r.name]:
                 raise CompilationError(f"{where}: the {r.name} identity is "
                                        f"{BUILTIN_IDENTITY[r.name]!r}, found {r.identity!r}")
-            if r.prune_threshold is not None and r.name != "online_softmax":
-                raise CompilationError(f"{where}: only online_softmax takes a prune threshold")
+            if (r.prune_threshold is not None or r.stats) and r.name != "online_softmax":
+                raise CompilationError(f"{where}: only online_softmax takes a prune threshold "
+                                       "or reducer_stats")
         elif r.combine is None:
             raise CompilationError(f"{where}: user reducer {r.name!r} needs a reducer.combine "
                                    "region")

@@ -21,6 +21,7 @@ from .base import (
     register_level,
     register_op,
 )
+from ..attention_walk import ATTENTION_TILES, claim_computation
 from .domain import Computation, ComputationOp
 
 # relation kind -> coordinate producer. cat is a block-diagonal union that Graph.cat
@@ -35,7 +36,10 @@ HIERARCHY_OF_KIND = {"csr": "compressed-row", "dense": "dense", "triangular": "t
 # blocks with a register-blocked distance product, a threshold filter and an exact re-check
 # of the few candidates that pass it (lower/llvm/knn_tiled.py)
 KNN_TILED = "knn-tiled-scan"
-HIERARCHIES = tuple(HIERARCHY_OF_KIND.values()) + (KNN_TILED,)
+# dot-product attention over a dense, triangular or cu_seqlens relation (the forward and its
+# canonical VJP propagates, lower/attention_walk.py): blocks of destination rows against
+# blocks of their contiguous source ranges, all heads per tile
+HIERARCHIES = tuple(HIERARCHY_OF_KIND.values()) + (KNN_TILED, ATTENTION_TILES)
 
 
 def hierarchy_for(relation_type) -> str:
@@ -49,12 +53,24 @@ def hierarchy_for(relation_type) -> str:
     if kind == "knn" and dims is not None and dims > FAST_DIMS:
         return KNN_TILED
     return HIERARCHY_OF_KIND[kind]
+
+
+def walk_hierarchy(comp: Computation) -> str:
+    """The hierarchy the Iter stage chooses for a computation: the tiled attention walk when
+    it claims the computation (the runtime's predicate), else the relation's (hierarchy_for)."""
+    if claim_computation(comp) is not None:
+        return ATTENTION_TILES
+    return hierarchy_for(comp.relation.type)
+
+
 ORDERINGS = ("destination-major", "source-major")
 
 
-def ordering_for(reduce_by: str) -> str:
-    """Reducing by source walks the transposed relation; everything else walks dst rows."""
-    return "source-major" if reduce_by == "src" else "destination-major"
+def ordering_for(reduce_by) -> str:
+    """Reducing by source walks the transposed relation; everything else walks dst rows. A
+    walk with one side per output is grouped by its first output's side."""
+    first = reduce_by[0] if isinstance(reduce_by, tuple) else reduce_by
+    return "source-major" if first == "src" else "destination-major"
 
 
 def check_traversal(comp: Computation, hierarchy, ordering, where: str) -> None:
@@ -64,7 +80,7 @@ def check_traversal(comp: Computation, hierarchy, ordering, where: str) -> None:
                                f"{', '.join(HIERARCHIES)}, found {hierarchy!r}")
     if kind not in HIERARCHY_OF_KIND:
         raise CompilationError(f"{where}: relation kind {kind!r} has no coordinate hierarchy")
-    want = hierarchy_for(comp.relation.type)
+    want = walk_hierarchy(comp)
     if want != hierarchy:
         raise CompilationError(f"{where}: coordinate_hierarchy {hierarchy!r} does not match "
                                f"the {kind} relation (expected {want!r})")

@@ -31,7 +31,7 @@ TRAVERSAL_OF = {"compressed-row": "csr-row", "dense": "dense-row",
                 "triangular": "triangular-row", "cu-seqlens": "segment-row",
                 "stencil": "stencil-row", "cat": "csr-row",
                 "cell-directory": "cell-directory-row", "knn-shells": "knn-shell-row",
-                "knn-tiled-scan": "knn-tile-row"}
+                "knn-tiled-scan": "knn-tile-row", "attention-tiles": "attention-tiles"}
 READS_ROW_PTR = ("csr-row", "transposed-csr-row")
 MATERIALIZABLE = ("csr", "transposed-csr")
 GUARD_KEYS = ("row_ptr", "col_idx", "max_degree")
@@ -40,13 +40,18 @@ PARALLEL_MODES = ("rows", "partial_sums", "single")
 
 
 def traversal_for(hierarchy: str, ordering: str) -> str:
-    return "transposed-csr-row" if ordering == "source-major" else TRAVERSAL_OF[hierarchy]
+    # (attention walks both ways over its row ranges: key blocks for the backward)
+    if ordering == "source-major" and hierarchy != "attention-tiles":
+        return "transposed-csr-row"
+    return TRAVERSAL_OF[hierarchy]
 
 
 def materialized_for(hierarchy: str, ordering: str) -> tuple:
     """Arrays a traversal needs that the relation does not store: implicit relations walked
     by source resolve their CSR before transposing it."""
     out = []
+    if hierarchy == "attention-tiles":   # (per-row source ranges, not CSR: no arrays here)
+        return ()
     if hierarchy == "cat" or (ordering == "source-major" and hierarchy != "compressed-row"):
         out.append("csr")
     if ordering == "source-major":

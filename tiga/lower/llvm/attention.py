@@ -28,7 +28,7 @@ from .values import F32, I64, PTR, i64
 
 # ---- LLVM micro-kernel: float32 forward ------------------------------------------------
 #
-# `forward_ir(symbol, D)` is a kernel `void(i64 begin, i64 end, ptr argv)`; prm[PHASE]
+# `forward_ir(symbol, D, tiles)` is a kernel `void(i64 begin, i64 end, ptr argv)`; prm[PHASE]
 # selects what a job is.
 #
 # Phase 0, (head, 16 keys): K (any row and head strides, unit element stride) is transposed
@@ -51,32 +51,29 @@ from .values import F32, I64, PTR, i64
 # whose range excludes a key mask it to -inf.
 # argv: q (strided), k (strided), kt, v (strided), out (strided), top/mass (H, Nq), lo/hi
 # (Npad,), prm, glo/ghi per row group (KS-aligned key range), blo/bhi per row block.
-# Measured (benchmarks/attention.py): 6 x 64 beat 4 x 16, 4 x 32, 4 x 64 and 8 x 64 (spills).
-RB = 6       # query rows per register tile
-GB = 8       # row groups per job (48 query rows)
-KB = 256     # keys per key block
-NV = 4       # <16 x float> score vectors per row and step: KS = NV * W keys per step
-KS = NV * W
-PV_UNROLL = 4   # keys per trip of the P @ V loop
+# The tile sizes are the launch's schedule (lower/schedule.attention_tiles("forward") owns
+# them; Schedule.tiles names them): group_rows (RB, query rows per register tile),
+# row_groups (GB, row groups per job), key_block (KB, keys per key block, a multiple of KS),
+# step_vectors (NV, <16 x float> score vectors per row and step: KS = NV * 16 keys per
+# step) and pv_unroll (keys per trip of the P @ V loop).
+TILES = ("group_rows", "row_groups", "key_block", "step_vectors", "pv_unroll")
 LAZY = 8.0      # p <= e^LAZY between moves of a row's reference max (measured 3-5% faster)
 PRM = ("npad", "kpad", "nks", "qblocks", "nq", "nk", "qhs", "qrs", "vhs", "vrs", "scbits",
        "khs", "krs", "ohs", "ors", "phase")
 PHASE = PRM.index("phase")
 ARGV = ("q", "k", "kt", "v", "out", "top", "mass", "lo", "hi", "prm", "glo", "ghi", "blo",
         "bhi")
-ROWS = GB * RB
 D_UNROLL = 4    # head-width elements per trip of the score loop
-PARTS = 2 if NV == 1 else 1     # partial sums per score vector (one vector: two FMA chains)
 
-__all__ = ["forward_ir", "W", "RB", "GB", "KB", "NV", "KS", "PV_UNROLL", "LAZY", "PRM",
-           "PHASE", "EXP_POLY"]
+__all__ = ["forward_ir", "W", "TILES", "LAZY", "PRM", "PHASE", "EXP_POLY"]
 
 
-def forward_ir(symbol: str, D: int) -> str:
-    """LLVM IR of the float32 streaming forward for head width D (a multiple of 16)."""
+def forward_ir(symbol: str, D: int, tiles: dict) -> str:
+    """LLVM IR of the float32 streaming forward for head width D (a multiple of 16) with
+    the schedule's `tiles` (TILES by name)."""
     assert D % W == 0
     k = AttentionIR(symbol)
-    f = _Forward(k, D)
+    f = _Forward(k, D, tiles)
     f.entry()
     f.pack_phase()
     f.job_start()
@@ -95,20 +92,26 @@ class _Forward:
     """Emits the forward kernel's parts in order; values one part defines and a later one
     uses (pointers, parameters, a row group's state) are attributes."""
 
-    def __init__(self, k: AttentionIR, D: int):
+    def __init__(self, k: AttentionIR, D: int, tiles: dict):
         self.k, self.b, self.D, self.C = k, k.b, D, D // W
+        self.RB, self.GB, self.KB, self.NV, self.PV_UNROLL = (int(tiles[nm]) for nm in TILES)
+        self.KS = self.NV * W
+        assert self.KB % self.KS == 0
+        self.ROWS = self.GB * self.RB
+        # partial sums per score vector (one vector: two FMA chains)
+        self.PARTS = 2 if self.NV == 1 else 1
 
     def entry(self) -> None:
         k, b = self.k, self.b
         # the step's probabilities, RB x KS: P @ V broadcasts them from here (as register
         # values the RB x NV vectors spill, and a variable lane extract copies the spilled
         # vector first)
-        self.pbuf = k.stack(RB * KS, "pbuf")
+        self.pbuf = k.stack(self.RB * self.KS, "pbuf")
         # the row block's running state
-        self.st = k.stack(ROWS * self.D, "st")
-        self.mb = k.stack(ROWS, "mb")
-        self.lb = k.stack(ROWS, "lb")
-        self.mv = k.stack(ROWS * W, "mv")
+        self.st = k.stack(self.ROWS * self.D, "st")
+        self.mb = k.stack(self.ROWS, "mb")
+        self.lb = k.stack(self.ROWS, "lb")
+        self.mv = k.stack(self.ROWS * W, "mv")
         self.a = k.unpack(ARGV)
         self.p = k.params(self.a["prm"], PRM)
         self.nq1 = b.sub(self.p["nq"], i64(1), name="nq1")
@@ -138,16 +141,16 @@ class _Forward:
         for t in range(W):
             key = k.smin(b.add(key0, i64(t)), self.nk1)
             prow.append(b.add(b.mul(key, p["krs"]), pkh, name=f"prow{t}"))
-        pstep = b.udiv(key0, i64(KS))
-        plane = b.urem(key0, i64(KS))
+        pstep = b.udiv(key0, i64(self.KS))
+        plane = b.urem(key0, i64(self.KS))
         ptile = b.add(b.mul(ph, p["nks"]), pstep)
-        pbase = b.add(b.mul(ptile, i64(D * KS)), plane, name="pbase")
+        pbase = b.add(b.mul(ptile, i64(D * self.KS)), plane, name="pbase")
         for c in range(self.C):
             rows = [k.vload(self.a["k"], b.add(prow[t], i64(c * W)), 4) for t in range(W)]
             cols = k.transpose16(rows)
             for dd in range(W):
                 z = b.select(pvalid, cols[dd], VZERO)
-                k.vstore(z, self.a["kt"], b.add(pbase, i64((c * W + dd) * KS)), 4)
+                k.vstore(z, self.a["kt"], b.add(pbase, i64((c * W + dd) * self.KS)), 4)
         pj.add_incoming(b.add(pj, i64(1)), b.block)
         k.br("pack.head")
 
@@ -164,8 +167,8 @@ class _Forward:
         qb = b.urem(self.job, p["qblocks"], name="qb")
         self.bstart = k.fetch(self.a["blo"], qb, I64, "bstart")
         self.bend = k.fetch(self.a["bhi"], qb, I64, "bend")
-        self.g0 = b.mul(qb, i64(GB), name="g0")
-        self.qb_rows = b.mul(qb, i64(ROWS), name="qb.rows")
+        self.g0 = b.mul(qb, i64(self.GB), name="g0")
+        self.qb_rows = b.mul(qb, i64(self.ROWS), name="qb.rows")
         self.qh = b.mul(self.h, p["qhs"], name="qh")
         self.vh = b.mul(self.h, p["vhs"], name="vh")
         self.kth = b.mul(self.h, p["nks"], name="kth")
@@ -178,7 +181,7 @@ class _Forward:
         ii = k.phi(I64, [(i64(0), "job.body")], "ii")
         iio = b.mul(ii, i64(W))
         k.vstore(VZERO, self.st, iio, 64)
-        k.cbr(b.icmp_unsigned("<", ii, i64(ROWS)), "init.row", "init.next")
+        k.cbr(b.icmp_unsigned("<", ii, i64(self.ROWS)), "init.row", "init.next")
         k.enter("init.row")
         b.store(fconst(NEG_INF), k.at(self.mb, ii))
         b.store(fconst(0.0), k.at(self.lb, ii))
@@ -187,7 +190,7 @@ class _Forward:
         k.enter("init.next")
         nxt = b.add(ii, i64(1))
         ii.add_incoming(nxt, b.block)
-        k.cbr(b.icmp_unsigned("<", nxt, i64(ROWS * self.C)), "init.loop", "kb.head")
+        k.cbr(b.icmp_unsigned("<", nxt, i64(self.ROWS * self.C)), "init.loop", "kb.head")
 
     def key_block_loops(self) -> None:
         """for kb in key blocks: for gi in the block's row groups (bodies: group_setup...)."""
@@ -196,13 +199,13 @@ class _Forward:
         self.kb = k.phi(I64, [(self.bstart, "init.next")], "kb")
         k.cbr(b.icmp_signed("<", self.kb, self.bend), "kb.body", "fin.head")
         k.enter("kb.body")
-        self.kbe = b.add(self.kb, i64(KB), name="kbe")
+        self.kbe = b.add(self.kb, i64(self.KB), name="kbe")
         k.br("grp.head")
         k.enter("grp.head")
         self.gi = k.phi(I64, [(i64(0), "kb.body")], "gi")
-        k.cbr(b.icmp_signed("<", self.gi, i64(GB)), "grp.body", "grp.exit")
+        k.cbr(b.icmp_signed("<", self.gi, i64(self.GB)), "grp.body", "grp.exit")
         k.enter("grp.exit")
-        self.kb.add_incoming(b.add(self.kb, i64(KB)), b.block)
+        self.kb.add_incoming(b.add(self.kb, i64(self.KB)), b.block)
         k.br("kb.head")
 
     def group_setup(self) -> None:
@@ -214,10 +217,10 @@ class _Forward:
         glo, ghi = k.fetch(a["glo"], g, I64), k.fetch(a["ghi"], g, I64)
         self.kstart = k.smax(self.kb, glo, "kstart")
         self.kmax = k.smin(self.kbe, ghi, "kmax")
-        r0 = b.mul(g, i64(RB))
-        lrb = b.mul(self.gi, i64(RB))
+        r0 = b.mul(g, i64(self.RB))
+        lrb = b.mul(self.gi, i64(self.RB))
         rows, lo, hi, self.lov, self.hiv = [], [], [], [], []
-        for r in range(RB):
+        for r in range(self.RB):
             rows.append(b.add(r0, i64(r), name=f"row{r}"))
             lo.append(k.fetch(a["lo"], rows[r], I64, f"lo{r}"))
             hi.append(k.fetch(a["hi"], rows[r], I64, f"hi{r}"))
@@ -226,16 +229,16 @@ class _Forward:
             self.hiv.append(k.splat(hi_t, f"hiv{r}"))
         # a step wholly inside every row's range needs no mask (padding rows: hi = 0, never)
         self.mlo, mhi = lo[0], hi[0]
-        for r in range(1, RB):
+        for r in range(1, self.RB):
             self.mlo, mhi = k.smax(self.mlo, lo[r]), k.smin(mhi, hi[r])
-        self.inhi = b.sub(mhi, i64(KS), name="inhi")
+        self.inhi = b.sub(mhi, i64(self.KS), name="inhi")
         self._load_group_state(rows, lrb)
         k.br("k.head")
 
     def _load_group_state(self, rows, lrb) -> None:
         k, b, p = self.k, self.b, self.p
         self.qsrc, self.tp, self.mp, self.mvp, self.yp, self.state_in = [], [], [], [], [], []
-        for r in range(RB):
+        for r in range(self.RB):
             lr = b.add(lrb, i64(r))
             so = b.mul(lr, i64(self.D))
             # q is read in place (head stride qhs, row stride qrs); padding rows read row
@@ -270,9 +273,9 @@ class _Forward:
                            for c, x in enumerate(o_in)])
         k.cbr(b.icmp_signed("<", self.j, self.kmax), "k.body", "k.exit")
         k.enter("k.body")
-        self.lanes = k.key_lanes(k.splat_index(self.j, "jv"), NV)
-        ktile = b.add(self.kth, b.udiv(self.j, i64(KS)))
-        self.ktbase = b.mul(ktile, i64(self.D * KS), name="ktbase")
+        self.lanes = k.key_lanes(k.splat_index(self.j, "jv"), self.NV)
+        ktile = b.add(self.kth, b.udiv(self.j, i64(self.KS)))
+        self.ktbase = b.mul(ktile, i64(self.D * self.KS), name="ktbase")
         k.br("qk.loop")
         self._scores()
         self._mask()
@@ -280,8 +283,8 @@ class _Forward:
         self._probabilities()
         self._pv()
         k.enter("pv.done")
-        self.j.add_incoming(b.add(self.j, i64(KS)), b.block)
-        for r in range(RB):
+        self.j.add_incoming(b.add(self.j, i64(self.KS)), b.block)
+        for r in range(self.RB):
             self.m[r].add_incoming(self.mn[r], b.block)
             self.l[r].add_incoming(self.ln[r], b.block)
             for c in range(self.C):
@@ -293,19 +296,19 @@ class _Forward:
         k, b = self.k, self.b
         k.enter("qk.loop")
         d = k.phi(I64, [(i64(0), "k.body")], "d")
-        ids = [(r, u, q) for r in range(RB) for u in range(NV) for q in range(PARTS)]
+        ids = [(r, u, q) for r in range(self.RB) for u in range(self.NV) for q in range(self.PARTS)]
         acc = {i: k.phi(VF, [(VZERO, "k.body")], "pa{}_{}_{}".format(*i)) for i in ids}
         cur = dict(acc)
-        ktoff = b.add(self.ktbase, b.mul(d, i64(KS)))
+        ktoff = b.add(self.ktbase, b.mul(d, i64(self.KS)))
         for dd in range(D_UNROLL):
             ddv = b.add(d, i64(dd))
-            kt = [k.vload(self.a["kt"], b.add(ktoff, i64(dd * KS + u * W)), 4, f"kt{dd}_{u}")
-                  for u in range(NV)]
-            for r in range(RB):
+            kt = [k.vload(self.a["kt"], b.add(ktoff, i64(dd * self.KS + u * W)), 4, f"kt{dd}_{u}")
+                  for u in range(self.NV)]
+            for r in range(self.RB):
                 qs = k.fetch(self.a["q"], b.add(self.qsrc[r], ddv), name=f"qs{r}_{dd}")
                 qb = k.splat(qs)
-                for u in range(NV):
-                    key = (r, u, dd % PARTS)
+                for u in range(self.NV):
+                    key = (r, u, dd % self.PARTS)
                     cur[key] = k.fma(qb, kt[u], cur[key])
         for i in ids:
             acc[i].add_incoming(cur[i], b.block)
@@ -313,8 +316,8 @@ class _Forward:
         d.add_incoming(d_next, b.block)
         k.cbr(b.icmp_signed("<", d_next, i64(self.D)), "qk.loop", "qk.exit")
         k.enter("qk.exit")
-        self.sp = [[cur[(r, u, 0)] if PARTS == 1 else b.fadd(cur[(r, u, 0)], cur[(r, u, 1)])
-                    for u in range(NV)] for r in range(RB)]
+        self.sp = [[cur[(r, u, 0)] if self.PARTS == 1 else b.fadd(cur[(r, u, 0)], cur[(r, u, 1)])
+                    for u in range(self.NV)] for r in range(self.RB)]
 
     def _mask(self) -> None:
         """Scores of keys outside a row's range -inf, unless the step is inside every row's
@@ -325,11 +328,11 @@ class _Forward:
         k.cbr(b.and_(in_a, in_b, name="inner"), "qk.done", "qk.mask")
         k.enter("qk.mask")
         sx = [[b.select(k.in_range(self.lanes[u], self.lov[r], self.hiv[r]), self.sp[r][u],
-                        vconst(NEG_INF)) for u in range(NV)] for r in range(RB)]
+                        vconst(NEG_INF)) for u in range(self.NV)] for r in range(self.RB)]
         k.br("qk.done")
         k.enter("qk.done")
         self.S = [[k.phi(VF, [(self.sp[r][u], "qk.exit"), (sx[r][u], "qk.mask")],
-                         f"S{r}_{u}") for u in range(NV)] for r in range(RB)]
+                         f"S{r}_{u}") for u in range(self.NV)] for r in range(self.RB)]
 
     def _lazy_max(self) -> None:
         """The rows' reference m (the max of the scores before a lazy step) moves only when
@@ -339,9 +342,9 @@ class _Forward:
         per row at the end."""
         k, b = self.k, self.b
         anyv, lane_max = None, []
-        for r in range(RB):
+        for r in range(self.RB):
             top = self.S[r][0]
-            for u in range(1, NV):
+            for u in range(1, self.NV):
                 top = k.vmax(top, self.S[r][u])
             lane_max.append(top)
             mvn = k.vmax(k.load(self.mvp[r], VF, 64), top)
@@ -360,7 +363,7 @@ class _Forward:
         k, b = self.k, self.b
         k.enter("sm.move")
         adv, mm = VZERO, []
-        for r in range(RB):
+        for r in range(self.RB):
             # scale > 0 (the runtime checks): max(scale * s) = scale * max(s), rounding
             # included
             mx = b.fmul(k.hmax(lane_max[r]), self.scale)
@@ -370,7 +373,7 @@ class _Forward:
         # the rows' rescale factors exp(m_old - m_new) in one vector exp (unused lanes: exp(0))
         alpha = k.vexp(adv, "alpha")
         lsm, oam = [], []
-        for r in range(RB):
+        for r in range(self.RB):
             al = b.extract_element(alpha, i32(r))
             alv = k.splat(al)
             lsm.append(b.fmul(self.l[r], al))
@@ -382,7 +385,7 @@ class _Forward:
             return k.phi(ty, [(kept, "qk.done"), (moved, "sm.move")], name)
 
         self.mn, self.lsc, self.oa = [], [], []
-        for r in range(RB):
+        for r in range(self.RB):
             self.mn.append(join(F32, self.m[r], mm[r], f"mn{r}"))
             self.lsc.append(join(F32, self.l[r], lsm[r]))
             self.oa.append([join(VF, self.o[r][c], oam[r][c]) for c in range(self.C)])
@@ -391,16 +394,16 @@ class _Forward:
         """p = exp(s * scale - m) into pbuf, and the rows' new mass."""
         k, b = self.k, self.b
         self.ln = []
-        for r in range(RB):
+        for r in range(self.RB):
             ms = b.select(b.fcmp_ordered("==", self.mn[r], fconst(NEG_INF)), fconst(0.0),
                           self.mn[r])
             msv = k.splat(b.fneg(ms))
             probs = []
-            for u in range(NV):
+            for u in range(self.NV):
                 probs.append(k.vexp(k.fma(self.S[r][u], self.scalev, msv), f"P{r}_{u}"))
-                k.vstore(probs[u], self.pbuf, r * KS + u * W, 64)
+                k.vstore(probs[u], self.pbuf, r * self.KS + u * W, 64)
             tot = probs[0]
-            for u in range(1, NV):
+            for u in range(1, self.NV):
                 tot = b.fadd(tot, probs[u])
             ps = k.call("llvm.vector.reduce.fadd.v16f32", F32, [fconst(0.0), tot], ("reassoc",))
             self.ln.append(b.fadd(self.lsc[r], ps, name=f"ln{r}"))
@@ -409,28 +412,28 @@ class _Forward:
         """P @ V over the step's keys below kmax (later keys have p = 0 in every row, and
         may lie past the last key): PV_UNROLL keys per trip, then one at a time."""
         k, b, p = self.k, self.b, self.p
-        tc = k.smin(b.sub(self.kmax, self.j), KS, "tc")
-        tc4 = b.sub(tc, i64(PV_UNROLL - 1))
+        tc = k.smin(b.sub(self.kmax, self.j), self.KS, "tc")
+        tc4 = b.sub(tc, i64(self.PV_UNROLL - 1))
         # V rows through a pointer stepped by the row stride (a multiply per key would take
         # an FMA port's slot)
         vrow0 = k.at(self.a["v"], b.add(b.mul(self.j, p["vrs"]), self.vh))
-        vstep = b.mul(p["vrs"], i64(PV_UNROLL))
+        vstep = b.mul(p["vrs"], i64(self.PV_UNROLL))
         k.br("pv.head")
         k.enter("pv.head")
         t = k.phi(I64, [(i64(0), "sm.join")], "t")
         vq = k.phi(PTR, [(vrow0, "sm.join")], "vq")
         ov = [[k.phi(VF, [(self.oa[r][c], "sm.join")]) for c in range(self.C)]
-              for r in range(RB)]
+              for r in range(self.RB)]
         k.cbr(b.icmp_signed("<", t, tc4), "pv.loop", "pv.tail")
         k.enter("pv.loop")
-        on = self._pv_keys(t, vq, PV_UNROLL, ov)
-        self._close(ov, on, [(t, b.add(t, i64(PV_UNROLL))), (vq, k.at(vq, vstep))])
+        on = self._pv_keys(t, vq, self.PV_UNROLL, ov)
+        self._close(ov, on, [(t, b.add(t, i64(self.PV_UNROLL))), (vq, k.at(vq, vstep))])
         k.br("pv.head")
         k.enter("pv.tail")
         tq = k.phi(I64, [(t, "pv.head")], "tq")
         vt = k.phi(PTR, [(vq, "pv.head")], "vt")
         self.ot = [[k.phi(VF, [(ov[r][c], "pv.head")]) for c in range(self.C)]
-                   for r in range(RB)]
+                   for r in range(self.RB)]
         k.cbr(b.icmp_signed("<", tq, tc), "pv.one", "pv.done")
         k.enter("pv.one")
         oq = self._pv_keys(tq, vt, 1, self.ot)
@@ -440,7 +443,7 @@ class _Forward:
     def _close(self, phis, values, pairs) -> None:
         """Close a loop's phis (the accumulators and (phi, next) pairs) from this block."""
         block = self.b.block
-        for r in range(RB):
+        for r in range(self.RB):
             for c in range(self.C):
                 phis[r][c].add_incoming(values[r][c], block)
         for phi, nxt in pairs:
@@ -454,8 +457,8 @@ class _Forward:
             ttv = b.add(t, i64(tt))
             vr = k.at(vptr, b.mul(self.p["vrs"], i64(tt)))
             vals = [k.vload(vr, c * W, 4) for c in range(self.C)]
-            for r in range(RB):
-                pb = k.splat(k.fetch(self.pbuf, b.add(ttv, i64(r * KS))))
+            for r in range(self.RB):
+                pb = k.splat(k.fetch(self.pbuf, b.add(ttv, i64(r * self.KS))))
                 for c in range(self.C):
                     cur[r][c] = k.fma(pb, vals[c], cur[r][c])
         return cur
@@ -464,7 +467,7 @@ class _Forward:
         """The group's state back to the stack; next group."""
         k, b = self.k, self.b
         k.enter("k.exit")
-        for r in range(RB):
+        for r in range(self.RB):
             b.store(self.m[r], self.tp[r])
             b.store(self.l[r], self.mp[r])
             for c in range(self.C):
@@ -481,7 +484,7 @@ class _Forward:
         k.enter("fin.head")
         fr = k.phi(I64, [(i64(0), "kb.head")], "fr")
         frow = b.add(self.qb_rows, fr, name="frow")
-        more = b.and_(b.icmp_unsigned("<", fr, i64(ROWS)), b.icmp_signed("<", frow, p["nq"]))
+        more = b.and_(b.icmp_unsigned("<", fr, i64(self.ROWS)), b.icmp_signed("<", frow, p["nq"]))
         k.cbr(more, "fin.body", "fin.exit")
         k.enter("fin.body")
         fm = k.fetch(self.mb, fr)

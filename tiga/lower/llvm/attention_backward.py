@@ -1,6 +1,6 @@
 """lower: LLVM micro-kernel of the float32 attention backward (FlashAttention-2 style).
 
-`backward_ir(symbol, D)` is a kernel `void(i64 begin, i64 end, ptr argv)` over jobs: a head
+`backward_ir(symbol, D, tiles)` is a kernel `void(i64 begin, i64 end, ptr argv)` over jobs: a head
 and a range of its key blocks. A job owns the dk and dv rows of its keys and adds into its
 own dq (the head's when the head is one job; a partial sum per job when the runtime splits
 heads, with fewer heads than threads), so no two threads add into the same row. The outer
@@ -47,29 +47,22 @@ PARAMS = ("n", "nk", "kblocks", "qhs", "qrs", "khs", "krs", "vhs", "vrs", "dhs",
           "want")
 ARGV = ("q", "k", "v", "do", "lse", "delta", "dq", "dk", "dv", "lo", "hi", "prm", "rbeg",
         "rend", "jobs")
-RB = 6        # query rows per register group
-BR = 48       # query rows per tile (RB groups)
-KB = 64       # keys per key block
-KR = 4        # keys per register group of the dk / dv products
-NK = KB // W  # <16 x float> vectors per row of a score tile
+# The tile sizes are the launch's schedule (lower/schedule.attention_tiles("backward") owns
+# them; Schedule.tiles names them): group_rows (RB, query rows per register group),
+# tile_rows (BR, query rows per tile, a multiple of RB), key_block (KB, keys per key block,
+# a multiple of 16) and group_keys (KR, keys per register group of the dk / dv products).
+TILES = ("group_rows", "tile_rows", "key_block", "group_keys")
 CHUNK = 4     # <16 x float> output vectors per register tile of dq, dk, dv
 
-
-def _stack_arrays(D: int) -> tuple:
-    """(name, floats) of the stack arrays: the key block (packed K^T, V^T, K), the tile's P
-    and dS, its q and dO rows, and the key block's dk and dv sums."""
-    return (("ktb", D * KB), ("vtb", D * KB), ("kbb", KB * D), ("pbuf", BR * KB),
-            ("dsbuf", BR * KB), ("qtile", BR * D), ("dotile", BR * D), ("dkacc", KB * D),
-            ("dvacc", KB * D))
-
-__all__ = ["backward_ir", "W", "RB", "BR", "KB", "KR", "NK", "PARAMS"]
+__all__ = ["backward_ir", "W", "TILES", "PARAMS"]
 
 
-def backward_ir(symbol: str, D: int) -> str:
-    """LLVM IR of the float32 attention backward for head width D (a multiple of 16)."""
+def backward_ir(symbol: str, D: int, tiles: dict) -> str:
+    """LLVM IR of the float32 attention backward for head width D (a multiple of 16) with
+    the schedule's `tiles` (TILES by name)."""
     assert D % W == 0
     k = AttentionIR(symbol)
-    g = _Backward(k, D)
+    g = _Backward(k, D, tiles)
     g.entry()
     g.job_start()
     g.key_block_start()
@@ -126,13 +119,24 @@ class _Backward:
     """Emits the backward kernel's parts in order; values one part defines and a later one
     uses (pointers, parameters, loop variables, a row group's rows) are attributes."""
 
-    def __init__(self, k: AttentionIR, D: int):
+    def __init__(self, k: AttentionIR, D: int, tiles: dict):
         self.k, self.b, self.D, self.C = k, k.b, D, D // W
         self.chunks = [list(range(c, min(c + CHUNK, self.C))) for c in range(0, self.C, CHUNK)]
+        self.RB, self.BR, self.KB, self.KR = (int(tiles[nm]) for nm in TILES)
+        assert self.BR % self.RB == 0 and self.KB % W == 0 and self.KB % self.KR == 0
+        self.NK = self.KB // W     # <16 x float> vectors per row of a score tile
+
+    def _stack_arrays(self) -> tuple:
+        """(name, floats) of the stack arrays: the key block (packed K^T, V^T, K), the tile's
+        P and dS, its q and dO rows, and the key block's dk and dv sums."""
+        D, KB, BR = self.D, self.KB, self.BR
+        return (("ktb", D * KB), ("vtb", D * KB), ("kbb", KB * D), ("pbuf", BR * KB),
+                ("dsbuf", BR * KB), ("qtile", BR * D), ("dotile", BR * D),
+                ("dkacc", KB * D), ("dvacc", KB * D))
 
     def entry(self) -> None:
         k, b, D = self.k, self.b, self.D
-        self.s = {nm: k.stack(size, nm) for nm, size in _stack_arrays(D)}
+        self.s = {nm: k.stack(size, nm) for nm, size in self._stack_arrays()}
         # padding rows and keys (past n, nk) add their zeros into this row, not the outputs
         self.dummy = k.stack(D, "dummy")
         for c in range(self.C):
@@ -173,11 +177,11 @@ class _Backward:
         self.job.add_incoming(b.add(self.job, i64(1)), b.block)
         k.br("job.head")
         k.enter("kb.body")
-        self.j0 = b.mul(self.kb, i64(KB), name="j0")
+        self.j0 = b.mul(self.kb, i64(self.KB), name="j0")
         self.r0 = k.fetch(a["rbeg"], self.kb, I64, "r0")
         self.r1 = k.fetch(a["rend"], self.kb, I64, "r1")
-        self.lanes = k.key_lanes(k.splat_index(self.j0, "j0v"), NK)
-        self.jend = b.add(self.j0, i64(KB), name="jend")
+        self.lanes = k.key_lanes(k.splat_index(self.j0, "j0v"), self.NK)
+        self.jend = b.add(self.j0, i64(self.KB), name="jend")
         k.br("pack.head")
 
     def pack_block(self) -> None:
@@ -210,10 +214,10 @@ class _Backward:
                     if src == "k":
                         k.vstore(vals[t], self.s["kbb"], b.add(kbrow[t], i64(c * W)), 64)
                 for i, col in enumerate(k.transpose16(vals)):
-                    k.vstore(col, self.s[tgt], b.add(jg0, i64((c * W + i) * KB)), 64)
+                    k.vstore(col, self.s[tgt], b.add(jg0, i64((c * W + i) * self.KB)), 64)
         nxt = b.add(jg, i64(1))
         jg.add_incoming(nxt, b.block)
-        k.cbr(b.icmp_signed("<", nxt, i64(KB // W)), "pack.head", "tile.head")
+        k.cbr(b.icmp_signed("<", nxt, i64(self.KB // W)), "pack.head", "tile.head")
 
     def tile_loop(self) -> None:
         """for i0 in r0, r0 + BR, ... < r1: the tiles of rows that see the key block."""
@@ -226,7 +230,7 @@ class _Backward:
         """The key block's dk, dv rows (accumulated on the stack) to the outputs, keys < nk."""
         k, b, p, D = self.k, self.b, self.p, self.D
         k.enter("tile.exit")
-        wn = k.smin(b.sub(p["nk"], self.j0), KB, "wn")
+        wn = k.smin(b.sub(p["nk"], self.j0), self.KB, "wn")
         k.br("wb.body")
         k.enter("wb.body")
         wj = k.phi(I64, [(i64(0), "tile.exit")], "wj")
@@ -250,10 +254,10 @@ class _Backward:
         conflicts in the L1 cache's sets."""
         k, b, p, D = self.k, self.b, self.p, self.D
         k.enter("tile.body")
-        left = k.smin(b.sub(self.r1, self.i0), BR)
+        left = k.smin(b.sub(self.r1, self.i0), self.BR)
         # rows of the tile that groups cover: a whole number of groups
-        self.ngroups = b.udiv(b.add(left, i64(RB - 1)), i64(RB), name="ngroups")
-        self.trows = b.mul(self.ngroups, i64(RB), name="trows")
+        self.ngroups = b.udiv(b.add(left, i64(self.RB - 1)), i64(self.RB), name="ngroups")
+        self.trows = b.mul(self.ngroups, i64(self.RB), name="trows")
         k.br("cp.head")
         k.enter("cp.head")
         ct = k.phi(I64, [(i64(0), "tile.body")], "ct")
@@ -276,11 +280,11 @@ class _Backward:
         inside every row's range."""
         k, b, a, p, D = self.k, self.b, self.a, self.p, self.D
         k.enter("grp.body")
-        gr = b.mul(self.g, i64(RB))
+        gr = b.mul(self.g, i64(self.RB))
         grow = b.add(self.i0, gr)
         self.tr, self.rowc, self.valid, self.lov, self.hiv = [], [], [], [], []
         self.qr, self.dr, self.nlsev, self.dlv, lo, hi = [], [], [], [], [], []
-        for r in range(RB):
+        for r in range(self.RB):
             row = b.add(grow, i64(r))
             self.tr.append(b.add(gr, i64(r), name=f"tr{r}"))
             self.rowc.append(k.smin(row, self.n1, f"rowc{r}"))
@@ -299,7 +303,7 @@ class _Backward:
             self.nlsev.append(k.splat(b.fneg(k.fetch(a["lse"], st, name=f"lse{r}"))))
             self.dlv.append(k.splat(k.fetch(a["delta"], se, name=f"dl{r}")))
         mlo, mhi = lo[0], hi[0]
-        for r in range(1, RB):
+        for r in range(1, self.RB):
             mlo, mhi = k.smax(mlo, lo[r]), k.smin(mhi, hi[r])
         in_a = b.icmp_signed(">=", self.j0, mlo)
         in_b = b.icmp_signed("<=", self.jend, mhi)
@@ -308,43 +312,43 @@ class _Backward:
     def _row_scalars(self, offsets: list, array):
         """t -> {r: the float at offsets[r] + t of `array`}, for _fma_loop."""
         def f(t):
-            return {r: self.k.at(array, self.b.add(offsets[r], t)) for r in range(RB)}
+            return {r: self.k.at(array, self.b.add(offsets[r], t)) for r in range(self.RB)}
         return f
 
     def _key_rows(self, buf):
         """t -> {u: vector u of row t of a D x KB packed block}, for _fma_loop."""
         def f(t):
-            row = self.b.mul(t, i64(KB))
-            return {u: self.k.at(buf, self.b.add(row, i64(u * W))) for u in range(NK)}
+            row = self.b.mul(t, i64(self.KB))
+            return {u: self.k.at(buf, self.b.add(row, i64(u * W))) for u in range(self.NK)}
         return f
 
     def scores(self) -> None:
         """S = Q K^T (RB x KB in registers) -> P = exp(S * scale - lse), 0 outside the
         rows' ranges, into pbuf."""
         k, b = self.k, self.b
-        zero = {(r, u): VZERO for r in range(RB) for u in range(NK)}
+        zero = {(r, u): VZERO for r in range(self.RB) for u in range(self.NK)}
         s = _fma_loop(k, "qk", zero, self.D, 4, self._row_scalars(self.qr, self.s["qtile"]),
                       self._key_rows(self.s["ktb"]))
         every = ir.Constant(VB, [ir.Constant(I1, 1)] * W)
         self.pptr, self.pbo = {}, {}
-        for r in range(RB):
-            for u in range(NK):
+        for r in range(self.RB):
+            for u in range(self.NK):
                 pe = k.vexp(k.fma(s[(r, u)], self.scalev, self.nlsev[r]))
                 ok_m = k.in_range(self.lanes[u], self.lov[r], self.hiv[r])
                 ok = b.select(self.inner, every, ok_m)
                 prob = b.select(ok, pe, VZERO, name=f"P{r}_{u}")
-                self.pbo[(r, u)] = b.add(b.mul(self.tr[r], i64(KB)), i64(u * W))
+                self.pbo[(r, u)] = b.add(b.mul(self.tr[r], i64(self.KB)), i64(u * W))
                 self.pptr[(r, u)] = k.at(self.s["pbuf"], self.pbo[(r, u)])
                 b.store(prob, self.pptr[(r, u)], align=4)
 
     def score_grads(self) -> None:
         """dP = dO V^T (RB x KB in registers) -> dS = P (dP - delta) scale, into dsbuf."""
         k, b = self.k, self.b
-        zero = {(r, u): VZERO for r in range(RB) for u in range(NK)}
+        zero = {(r, u): VZERO for r in range(self.RB) for u in range(self.NK)}
         dp = _fma_loop(k, "dv", zero, self.D, 4, self._row_scalars(self.dr, self.s["dotile"]),
                        self._key_rows(self.s["vtb"]))
-        for r in range(RB):
-            for u in range(NK):
+        for r in range(self.RB):
+            for u in range(self.NK):
                 dd = b.fsub(dp[(r, u)], self.dlv[r])
                 # P reloaded from pbuf: kept in registers across the dP loop, the 24 P and 24
                 # dP vectors exceed the 32 registers and the loop spills
@@ -359,7 +363,7 @@ class _Backward:
         k.enter("dq.go")
         for ci, cols in enumerate(self.chunks):
             acc, ptrs = {}, {}
-            for r in range(RB):
+            for r in range(self.RB):
                 row = k.at(self.a["dq"], b.add(b.mul(self.rowc[r], p["gqrs"]), self.base["gq"]))
                 row = b.select(self.valid[r], row, self.dummy)
                 for c in cols:
@@ -367,14 +371,14 @@ class _Backward:
                     acc[(r, c)] = k.load(ptrs[(r, c)], VF, 4)
 
             def ds_scalars(t):
-                return {r: k.at(self.s["dsbuf"], b.add(b.mul(self.tr[r], i64(KB)), t))
-                        for r in range(RB)}
+                return {r: k.at(self.s["dsbuf"], b.add(b.mul(self.tr[r], i64(self.KB)), t))
+                        for r in range(self.RB)}
 
             def k_rows(t, cols=cols):
                 row = b.mul(t, i64(D))
                 return {c: k.at(self.s["kbb"], b.add(row, i64(c * W))) for c in cols}
 
-            res = _fma_loop(k, f"dq{ci}", acc, KB, 4, ds_scalars, k_rows)
+            res = _fma_loop(k, f"dq{ci}", acc, self.KB, 4, ds_scalars, k_rows)
             for key, val in res.items():
                 b.store(val, ptrs[key], align=4)
         k.br("grp.next")
@@ -389,9 +393,9 @@ class _Backward:
         k.cbr(self.wantkv, "kg.head", "dk.done")
         k.enter("kg.head")
         kg = k.phi(I64, [(i64(0), "grp.exit")], "kg")
-        k.cbr(b.icmp_signed("<", kg, i64(KB // KR)), "kg.body", "dk.done")
+        k.cbr(b.icmp_signed("<", kg, i64(self.KB // self.KR)), "kg.body", "dk.done")
         k.enter("kg.body")
-        kj = b.mul(kg, i64(KR), name="kj")
+        kj = b.mul(kg, i64(self.KR), name="kj")
         for ci, cols in enumerate(self.chunks):
             for which, buf, arr in (("v", "pbuf", "dotile"), ("k", "dsbuf", "qtile")):
                 self._kv_tile(f"kg{which}{ci}", kj, cols, self.s[f"d{which}acc"],
@@ -401,22 +405,22 @@ class _Backward:
         kg.add_incoming(b.add(kg, i64(1)), b.block)
         k.br("kg.head")
         k.enter("dk.done")
-        self.i0.add_incoming(b.add(self.i0, i64(BR)), b.block)
+        self.i0.add_incoming(b.add(self.i0, i64(self.BR)), b.block)
         k.br("tile.head")
 
     def _kv_tile(self, tag, kj, cols, out, probs, src) -> None:
         """out[kj + a, cols] += sum over the tile's rows t of probs[t, kj + a] src[t, cols]."""
         k, b, D = self.k, self.b, self.D
         acc, ptrs = {}, {}
-        for a in range(KR):
+        for a in range(self.KR):
             row = k.at(out, b.mul(b.add(kj, i64(a)), i64(D)))
             for c in cols:
                 ptrs[(a, c)] = k.at(row, c * W)
                 acc[(a, c)] = k.load(ptrs[(a, c)], VF, 4)
 
         def p_scalars(t):
-            pk = b.add(b.mul(t, i64(KB)), kj)
-            return {a: k.at(probs, b.add(pk, i64(a))) for a in range(KR)}
+            pk = b.add(b.mul(t, i64(self.KB)), kj)
+            return {a: k.at(probs, b.add(pk, i64(a))) for a in range(self.KR)}
 
         def src_rows(t):
             rb = b.mul(t, i64(D))

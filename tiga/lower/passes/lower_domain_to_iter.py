@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...core.errors import CompilationError
 from ..ir.domain import ApplyOp, DomainModule
-from ..ir.iter import HIERARCHY_OF_KIND, IterModule, TraverseOp, hierarchy_for, ordering_for
+from ..ir.iter import HIERARCHY_OF_KIND, IterModule, TraverseOp, ordering_for, walk_hierarchy
 from .common import expect_level, map_ops
 
 
@@ -15,9 +15,9 @@ def _traverse(op):
     if kind not in HIERARCHY_OF_KIND:
         raise CompilationError(f"lower-domain-to-iter: relation kind {kind!r} has no "
                                f"coordinate hierarchy (known: {', '.join(HIERARCHY_OF_KIND)})")
-    # the walk is chosen here: by kind, and for kNN by coordinate dims (hierarchy_for)
-    return TraverseOp(op.comp, hierarchy_for(op.comp.relation.type),
-                      ordering_for(op.comp.reduce_by))
+    # the walk is chosen here: tiled attention for the propagates its runtime claims, else by
+    # kind, and for kNN by coordinate dims (walk_hierarchy)
+    return TraverseOp(op.comp, walk_hierarchy(op.comp), ordering_for(op.comp.reduce_by))
 
 
 def lower_domain_to_iter(module: DomainModule) -> IterModule:

@@ -138,7 +138,8 @@ def reducer_spec(reducer: Reducer, msgs: list) -> ReducerSpec:
     if reducer.builtin:
         return ReducerSpec(reducer.name, True, to_attr(float(reducer.identity)),
                            tuple(builtin_state(reducer.name, g) for g in groups),
-                           prune_threshold=reducer.prune_threshold)
+                           prune_threshold=reducer.prune_threshold,
+                           stats=bool(getattr(reducer, "stats", False)))
     if reducer.regions is None:
         raise CompilationError(f"reducer {reducer.name!r} was never traced into regions")
     lift, combine, finalize = reducer.regions

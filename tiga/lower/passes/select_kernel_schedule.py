@@ -8,7 +8,10 @@ pass, renders from the Schedule printed here and runs its row chunks as it says)
   threshold, at most one per row;
 - row_partition, chunks_per_thread: how the runtime cuts rows into chunks;
 - edge_unroll, prefetch_distance, parallel: what the kernel's edge loop does;
-- tiles: the knn-tiled-scan register blocking and cache tiles.
+- tiles: the knn-tiled-scan register blocking and cache tiles; the attention-tiles walk's
+  register tiles and key blocks (forward or backward kernel; none for the row-statistics
+  walks, which run numpy tiles). An attention launch runs on the whole pool (its runtime
+  cuts head x row-block jobs of equal work: edge-balanced, chunks_per_thread per thread).
 
 triton (the GPU view of the same launch):
 - block_rows: rows whose output fits about 4 KiB (a few cache lines per row), 1..64;
@@ -25,10 +28,12 @@ from ...core.config import env_num_threads
 from ...core.dtypes import compute_dtype
 from ...core.errors import CompilationError
 from ...core.types import Dim
+from ..attention_walk import ATTENTION_TILES, attention_kernel
 from ..ir.kernel import TARGET_KEYS, KernelModule, LaunchOp, Schedule
 from ..ir.syntax import AttrDict
 from ..schedule import (
     CHUNKS_PER_THREAD,
+    attention_tiles,
     cpu_threads,
     edge_unroll,
     host_wide_vectors,
@@ -101,6 +106,8 @@ def _parallel(op: LaunchOp) -> str:
 def _cpu_schedule(op: LaunchOp, threads: int, rows, edges) -> Schedule:
     """The cpu-llvm launch: how the runtime chunks rows and what the kernel's loops do."""
     comp, red = op.comp, op.comp.reducer
+    if op.traversal == ATTENTION_TILES:
+        return _attention_schedule(op, threads)
     states = [group[0] for group in red.state if group]
     tiles = AttrDict(knn_tiles(host_wide_vectors())) if op.traversal == "knn-tile-row" \
         else AttrDict()
@@ -111,6 +118,14 @@ def _cpu_schedule(op: LaunchOp, threads: int, rows, edges) -> Schedule:
                                             op.traversal),
                     prefetch_distance=prefetch_distance(op.traversal),
                     parallel=_parallel(op), tiles=tiles)
+
+
+def _attention_schedule(op: LaunchOp, threads: int) -> Schedule:
+    kernel = attention_kernel(op.comp)
+    tiles = AttrDict(attention_tiles(kernel)) if kernel is not None else AttrDict()
+    return Schedule(target="cpu-llvm", threads=threads, row_partition="edge-balanced",
+                    chunks_per_thread=CHUNKS_PER_THREAD, edge_unroll=1, prefetch_distance=0,
+                    parallel="rows", tiles=tiles)
 
 
 def select_kernel_schedule(module: KernelModule, *, threads: int | None = None,

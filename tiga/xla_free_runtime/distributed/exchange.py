@@ -81,10 +81,13 @@ def wait_exchanges(dg, exchanges: list, what: str) -> float:
 
 def reverse_add(dg, partial: np.ndarray, what: str, tag: int = TAG_REVERSE) -> np.ndarray:
     """Owned rows of `partial` (n_owned + n_ghost rows) plus the ghost-row contributions the
-    peers computed for them."""
+    peers computed for them. `partial` is the caller's scratch (a launch's fresh result):
+    its owned rows are added to in place and returned as a view, not copied."""
     plan, raw = dg.plan, dg.comm.raw
     partial = np.ascontiguousarray(partial)
-    out = partial[:plan.n_owned].copy()
+    if not partial.flags.writeable:
+        partial = partial.copy()
+    out = partial[:plan.n_owned]
     if not plan.peers():
         return out
     bufs = [np.empty((len(rows),) + partial.shape[1:], partial.dtype) for _, rows in plan.send]

@@ -22,7 +22,8 @@ from ...core.primitive import impl_rules
 from ...core.prims.control import run_scan, run_while, scan_p, while_loop_p
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
-from ..llvm_propagate import Fallback, plan_propagate, run_propagate
+from ..launch import plan_cpu as plan_propagate  # (the cpu-llvm route table)
+from ..llvm_propagate import Fallback, run_propagate
 from .exchange import HaloExchange, reverse_add, wait_exchanges
 from .graph import DistributedGraph, is_distributed
 

@@ -1,0 +1,53 @@
+"""runtime: the route of one `propagate`, from one explicit, ordered table of planners.
+
+`plan(eqn, graph)` is the one question every caller asks ("which plan runs this
+propagate?"): the executor, explain(), the distributed runtime. The selected backend
+(lower/backends.py) decides first: a Triton backend plans through triton_launch; cpu-llvm
+tries the specialised planners of `PLANNERS` in order and then the generic fused kernel
+(llvm_propagate.plan_propagate). The planners import llvm_propagate, never this module, so
+the dispatch sits above them and no import order fills a registry.
+
+A planner is `planner(eqn, graph, compile) -> None | Fallback | plan` (None: not mine). A
+plan has `run(eqn, graph, values) -> outputs` and `describe(explanation, eqn, graph, where)`;
+`compile=False` plans must not compile anything (explain() before a call).
+"""
+from __future__ import annotations
+
+from ..lower import CPU_LLVM_AVAILABLE
+from ..lower.backends import TRITON_BACKENDS, register_launcher, selected_backend
+from . import llvm_attention, llvm_generated, paging
+from .llvm_propagate import Fallback, plan_propagate
+from .triton_launch import backend_plan
+
+
+def _paged(eqn, graph, compile: bool):
+    return paging.plan_paged(eqn, graph)   # (reads rows per page; nothing compiles ahead)
+
+
+# Tried in this order before the generic fused kernel: a stored relation pages whatever its
+# edge function; attention and generated (radius/knn) relations have their own walks.
+PLANNERS = (_paged, llvm_attention.plan_attention, llvm_generated.plan_generated)
+
+
+def plan_cpu(eqn, graph, *, compile: bool = True):
+    """The cpu-llvm route: the first specialised planner that claims the equation, else the
+    generic fused kernel (an Executable, its key when compile=False, or a Fallback)."""
+    if graph is not None and CPU_LLVM_AVAILABLE:
+        for planner in PLANNERS:
+            found = planner(eqn, graph, compile)
+            if found is not None:
+                return found
+    return plan_propagate(eqn, graph, compile=compile)
+
+
+def plan(eqn, graph, *, compile: bool = True):
+    """The plan of one propagate on the selected backend, or a Fallback naming why the
+    reference interpreter runs it (`graph` None: decided from the relation's type)."""
+    if selected_backend() in TRITON_BACKENDS:
+        return backend_plan(eqn, graph, compile=compile)
+    return plan_cpu(eqn, graph, compile=compile)
+
+
+register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(plan_cpu)}))
+
+__all__ = ["PLANNERS", "plan", "plan_cpu", "Fallback"]
