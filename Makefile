@@ -37,7 +37,7 @@ $(INSTALL_STAMP): pyproject.toml | $(VPY)
 	@touch $@
 
 # The dist extra (mpi4py + the mpich wheel) lets tests/distributed/test_launch.py run the
-# MPI tests under mpiexec -n 2 and -n 4; the gpu extra (triton) runs every Triton kernel in
+# MPI tests under mpiexec with 2, 3 and 4 ranks; the gpu extra (triton) runs every Triton kernel in
 # Triton's interpreter; torch_geometric is the PyG oracle of the GNN-layer tests. Where one
 # cannot install, its tests skip (and say why).
 $(TEST_STAMP): pyproject.toml | $(VPY)

@@ -15,11 +15,13 @@ from . import Peer, Workload
 
 DEGREE, FEATURES = 16, 32
 OFFSETS = np.array([o for o in range(-8, 9) if o], dtype=np.int64)
-# sizes are edge counts; 100M and 1B edges (6.25M / 62.5M nodes, 7 GiB of features at 1B)
-# only with TIGA_BENCH_PAGING_LARGE=1
-SIZES = (10_000_000,) + ((100_000_000, 1_000_000_000)
-                         if os.environ.get("TIGA_BENCH_PAGING_LARGE") == "1" else ())
+# sizes are edge counts; 1B edges (62.5M nodes, 7.5 GiB of features) only with
+# TIGA_BENCH_PAGING_LARGE=1
+SIZES = (10_000_000, 100_000_000) + ((1_000_000_000,)
+                                     if os.environ.get("TIGA_BENCH_PAGING_LARGE") == "1" else ())
 PAGE_ROWS = 65536
+SWEEP_EDGES = 10_000_000
+SWEEP_ROWS = (16384, 65536, 262144)      # the report's page-size sweep
 INGEST_ROWS = 65536
 TEXT = (f"Destination i reads sources i±1 .. i±8 mod N ({DEGREE} per row, N = edges / "
         f"{DEGREE}), {FEATURES} float32 integer-valued features (x[s, f] = (7 s + f) mod 13), "
@@ -41,9 +43,15 @@ def csr_rows(a: int, b: int, n: int) -> tuple:
     return np.arange(b - a + 1, dtype=np.int64) * DEGREE, col
 
 
+_STORES: dict = {}
+
+
 def setup(edges: int) -> dict:
+    """The store of `edges` edges (ingested once per process)."""
     import tiga as tg
 
+    if edges in _STORES:
+        return _STORES[edges]
     n = edges // DEGREE
     root = tempfile.mkdtemp(prefix="tiga-paging-", dir=os.environ.get("TIGA_BENCH_PAGING_DIR"))
     atexit.register(shutil.rmtree, root, True)
@@ -53,7 +61,12 @@ def setup(edges: int) -> dict:
             b = min(n, a + INGEST_ROWS)
             w.append_csr_chunk(*csr_rows(a, b, n))
             w.append_field("x", features(np.arange(a, b)), role="src")
-    return {"n": n, "path": path}
+    _STORES[edges] = {"n": n, "path": path, "page_rows": PAGE_ROWS}
+    return _STORES[edges]
+
+
+def setup_sweep(page_rows: int) -> dict:
+    return dict(setup(SWEEP_EDGES), page_rows=page_rows)
 
 
 def expected(d: dict, i: int) -> list:
@@ -85,9 +98,10 @@ def peer_paged(d: dict, threads: int):
     layer = _layer()
 
     def run(i):
-        with tg.scope(budgets={"host": "512MiB"}, page_rows=PAGE_ROWS):
+        with tg.scope(budgets={"host": "512MiB"}, page_rows=d["page_rows"]):
             y = layer(graph=g, src={"x": x})
             return y.numpy() if y.tier == "host" else y.to("host").numpy()
+    run.graph = g           # (its params hold the last run's page statistics)
     return run
 
 
@@ -111,4 +125,49 @@ WORKLOADS = [
               "tiga in-memory": Peer(peer_in_memory, tiga=True,
                                      note="tg.Graph.from_csr, numpy x")},
              size_label="edges", quick_sizes=(1_000_000,)),
+    Workload("paging.pages", "Paged forward at 10M edges: the page-size sweep",
+             TEXT + " Sizes here are destination rows per page, over the 10M-edge store.",
+             SWEEP_ROWS, setup_sweep, expected,
+             {"tiga paged": Peer(peer_paged, tiga=True,
+                                 note="tg.Graph.open + store field on disk, 0.5 GiB host "
+                                      "budget")},
+             size_label="page rows", quick_sizes=(65536,)),
 ]
+
+
+def stages(edges: int, page_rows: int, repeat: int = 5) -> dict:
+    """Median per-stage seconds of the paged run (explain()'s last-run statistics), the
+    in-memory peer's median seconds, their ratio, peak RSS and the load, in one process."""
+    import resource
+    import statistics
+    import time
+
+    d = dict(setup(edges), page_rows=page_rows)
+    paged, mem = peer_paged(d, 0), peer_in_memory(d, 0)
+    g_times, m_times, st = [], [], []
+    for i in range(repeat + 1):            # the first call of each compiles: not counted
+        t = time.perf_counter()
+        mem(i)
+        m_times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        paged(i)
+        g_times.append(time.perf_counter() - t)
+        st.append(paged.graph.params["last_paged_run"].seconds)
+    gm, mm = statistics.median(g_times[1:]), statistics.median(m_times[1:])
+    per_stage = {k: round(statistics.median(s[k] for s in st[1:]), 4) for k in st[0]}
+    return {"edges": edges, "page_rows": page_rows, "paged_s": gm, "in_memory_s": mm,
+            "ratio": gm / mm, "stages_s": per_stage, "peak_rss_mib": resource.getrusage(
+                resource.RUSAGE_SELF).ru_maxrss / 1024, "loadavg": os.getloadavg()[0]}
+
+
+if __name__ == "__main__":     # per-stage times: cd benchmarks; python -m workloads.paging --quick
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="1M edges")
+    ap.add_argument("--edges", type=int, default=SWEEP_EDGES)
+    ap.add_argument("--page-rows", type=int, nargs="*", default=list(SWEEP_ROWS))
+    a = ap.parse_args()
+    for rows in a.page_rows:
+        print(json.dumps(stages(1_000_000 if a.quick else a.edges, rows)))

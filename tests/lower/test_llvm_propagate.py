@@ -23,7 +23,7 @@ from tiga.trace.message_passing import PropagateCall
 from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime import llvm_jit
 from tiga.xla_free_runtime.executor import execute, explain_program
-from tiga.xla_free_runtime.llvm_propagate import _structure
+from tiga.xla_free_runtime.llvm_propagate import _key_of
 from tiga.xla_free_runtime.threads import row_chunks
 
 m = tg.math
@@ -420,20 +420,36 @@ def test_corrupt_disk_entry_is_discarded_and_rebuilt(fresh_cache, damage):
     assert cache.stats.disk_hits == 1 and cache.stats.corrupt_discarded == 1
 
 
-def test_cache_key_changes_with_structure_and_types_not_values():
+def _combine_a(a, b):
+    return a + b
+
+
+def _combine_b(a, b):
+    return a * 0.5 + b
+
+
+def test_cache_key_changes_with_structure_and_types_not_values(monkeypatch):
+    """The key is the printed Kernel op (+ walk binding, versions): values and the pool size
+    do not change it; the edge body, field types and a user reducer's combine body do."""
     g = tg.Graph.from_csr(np.array([0, 1]), np.array([0]), num_src=1)
 
-    def key(fn, x):
-        program, args = PropagateCall(g, fn, tg.sum(), {"x": x}, {}, {}, None,
+    def key(fn, x, reducer=None):
+        program, args = PropagateCall(g, fn, reducer or tg.sum(), {"x": x}, {}, {}, None,
                                       {}).staged_program()
-        eqn = program.eqns[0]
-        return cache_mod.full_key(_structure(eqn, g))
+        return _key_of(program.eqns[0], g)
 
     base = key(lambda s, d, e: s.x * 2.0, np.ones((1, 3)))
     assert base == key(lambda s, d, e: s.x * 2.0, np.full((1, 3), 7.0))
     assert base != key(lambda s, d, e: s.x * 3.0, np.ones((1, 3)))
     assert base != key(lambda s, d, e: s.x * 2.0, np.ones((1, 4)))
     assert base != key(lambda s, d, e: s.x * 2.0, np.ones((1, 3), np.float32))
+    mine_a = tg.Reducer("mine", 0.0, combine=_combine_a)
+    mine_b = tg.Reducer("mine", 0.0, combine=_combine_b)   # same name, other body
+    assert key(lambda s, d, e: s.x, np.ones((1, 3)), mine_a) != \
+        key(lambda s, d, e: s.x, np.ones((1, 3)), mine_b)
+    for threads in ("1", "3"):
+        monkeypatch.setenv("TIGA_NUM_THREADS", threads)
+        assert key(lambda s, d, e: s.x * 2.0, np.ones((1, 3))) == base
 
 
 # ---- threads ------------------------------------------------------------------------------------

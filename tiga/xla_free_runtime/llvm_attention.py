@@ -28,16 +28,13 @@ import weakref
 
 import numpy as np
 
-from ..autodiff.rules.attention import (
-    CANONICAL,
-    STREAMING_KINDS,
-    canonical_program,
-    kind_of,
-    match_attention,
-)
-from ..core.prims.graph import row_type
+from ..autodiff.rules.attention import STREAMING_KINDS
+from ..core.errors import TigaError
+from ..lower.attention_walk import claim_attention
 from ..lower.llvm import attention as kernel
+from ..lower.schedule import CHUNKS_PER_THREAD, attention_tiles
 from . import attention_tiles as tiles
+from .explain import launch_facts, schedule_line
 from .threads import num_threads, run_jobs
 
 KINDS = STREAMING_KINDS
@@ -70,28 +67,57 @@ def row_ranges(graph) -> tuple:
 
 def plan_attention(eqn, graph, compile: bool):
     """The tiled attention route (a launch.PLANNERS entry), or None: not attention."""
-    if getattr(graph, "kind", None) not in KINDS:
-        return None
+    # the Iter stage's predicate (lower/attention_walk.py): what it claims lowers to an
+    # attention-tiles launch (attention_launch), and that is what runs here
+    found = claim_attention(getattr(graph, "kind", None), eqn.params,
+                            [a.type for a in eqn.inputs[1:]])
+    return None if found is None else AttentionPlan(*found)
+
+
+# The scheduled `gf_kernel.launch` of each claimed equation (TIGA_DUMP writes it when it is
+# lowered): a memo per equation over one per kernel structure and pool size. Lowering is
+# the cold path only; what these hold is derived from types, never from a call's values.
+_EQN_LAUNCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LAUNCHES: dict = {}
+
+
+def attention_launch(eqn):
+    """The attention-tiles launch this equation runs by: its schedule's tiles are the
+    kernels' tile sizes, and explain() prints its attributes."""
+    threads = num_threads()
+    per_eqn = _EQN_LAUNCH.get(eqn)
+    found = per_eqn.get(threads) if per_eqn is not None else None
+    if found is not None:
+        return found
+    from ..lower.pipeline import lower_launch
+
     p = eqn.params
-    if p["update"] is not None:
-        return None
-    kind = kind_of(p["names"])
-    if kind is not None:
-        if kind == "dscale" or p["reduce_by"] != CANONICAL[kind][3]:
-            return None
-        types = [row_type(a.type) if r != "param" else a.type.strong()
-                 for a, r in zip(eqn.inputs[1:], CANONICAL[kind][1])]
-        if canonical_program(kind, types).structure_key() != p["edge_fn"].structure_key():
-            return None
-        if eqn.inputs[1].type.dtype.name not in ("float32", "float64"):
-            return None
-        return AttentionPlan(kind, None)
-    if p["reduce_by"] != "dst" or p["reducer"].name != "online_softmax":
-        return None
-    pat = match_attention(p["edge_fn"], p["roles"], p["reducer"])
-    if pat is None:
-        return None
-    return AttentionPlan("forward", pat)
+    key = (p["edge_fn"].structure_key(), repr(p["reducer"]._key()), p["roles"], p["names"],
+           p["reduce_by"], tuple(a.type for a in eqn.inputs),
+           tuple(v.type for v in eqn.outputs), threads)
+    found = _LAUNCHES.get(key)
+    if found is None:
+        found = lower_launch(eqn, name=f"attention_{len(_LAUNCHES)}")
+        if len(_LAUNCHES) >= 256:
+            _LAUNCHES.pop(next(iter(_LAUNCHES)))
+        _LAUNCHES[key] = found
+    _EQN_LAUNCH.setdefault(eqn, {})[threads] = found
+    return found
+
+
+def _launch_tiles(eqn, which: str) -> dict:
+    """The `which` ("forward", "backward") kernel's tiles from the launch's schedule."""
+    from ..lower.llvm import attention_backward as bwd
+    tiles = dict(attention_launch(eqn).schedule.tiles)
+    want = kernel.TILES if which == "forward" else bwd.TILES
+    if set(tiles) != set(want):
+        raise TigaError(f"attention launch: schedule tiles {sorted(tiles)} are not the "
+                        f"{which} kernel's ({', '.join(want)}); this is a Tiga bug")
+    return tiles
+
+
+def _tiles_or_default(tiles, which: str) -> dict:
+    return dict(attention_tiles(which)) if tiles is None else tiles
 
 
 def _heads(x: np.ndarray, heads: bool = True) -> np.ndarray:
@@ -150,7 +176,7 @@ class AttentionPlan:
         if prune is None and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and \
                 _fast_math_exact(scale, k.shape[0], (q, k), v):
             _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top, mass,
-                            lo, hi, scale)
+                            lo, hi, scale, _launch_tiles(eqn, "forward"))
             STATS["native_calls"] += 1
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
@@ -184,7 +210,7 @@ class AttentionPlan:
             # dq alone (no dk, dv wanted): the fused kernel skips its dk and dv products
             _native_backward(*(_heads(x, heads) for x in ops), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), _heads(dq, heads), None, None,
-                             lo, hi, scale)
+                             lo, hi, scale, _launch_tiles(eqn, "backward"))
             return dq
         tiles.backward_dq(_heads(q, heads), _heads(k, heads), _heads(v, heads), _heads(do, heads),
                           _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dq, heads),
@@ -206,7 +232,7 @@ class AttentionPlan:
                              _heads(do, heads), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), None if dq is None else
                              _heads(dq, heads), _heads(dk, heads), _heads(dv, heads),
-                             lo, hi, float(scale))
+                             lo, hi, float(scale), _launch_tiles(eqn, "backward"))
             return [dk, dv] if dq is None else [dk, dv, dq]
         tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                             _heads(do, heads), _rows_heads(lse, heads),
@@ -232,19 +258,22 @@ class AttentionPlan:
         # dq, (dk, dv) and dq alone: the LLVM backward kernel (skipping the products not wanted)
         bnative = self.kind in ("dq", "dkdv", "dkdvq") and _bwd_native_ok(
             *(_avals(eqn, i) for i in (0, 1, 2, 4)), _avals(eqn, None))
+        op = attention_launch(eqn)      # the scheduled Kernel IR the kernels run by
+        t = dict(op.schedule.tiles)
+        ks = t.get("step_vectors", 0) * kernel.W
         if native:
-            blocks = (f"per head, blocks of {kernel.RB * kernel.GB} destination rows x "
-                      f"{kernel.KS} source rows per step (K^T packed by the kernel into "
+            blocks = (f"per head, blocks of {t['group_rows'] * t['row_groups']} destination "
+                      f"rows x {ks} source rows per step (K^T packed by the kernel into "
                       "contiguous per-step tiles)")
         elif bnative:
-            from ..lower.llvm import attention_backward as bwd
-            blocks = (f"per head, {bwd.KB}-key blocks (K^T, V^T packed on the stack) x "
-                      f"{bwd.BR} query rows")
+            blocks = (f"per head, {t['key_block']}-key blocks (K^T, V^T packed on the stack) "
+                      f"x {t['tile_rows']} query rows")
         else:
             blocks = (f"blocks of {tiles.BLOCK_M} destination rows x {tiles.BLOCK_N} source "
                       "rows, all heads per tile")
         ex.traversal.append(
-            f"{what[self.kind]} over {graph.kind} relation: dot-product attention recognised; "
+            f"{what[self.kind]} over {graph.kind} relation: {launch_facts(op)}: dot-product "
+            "attention recognised; "
             f"{blocks}, running (max, mass, accumulator) per row and head; each row reads "
             "one contiguous source range (lo, hi), no N x N score or probability array")
         # every attention route takes any strides (torch's head-major views included): the
@@ -253,20 +282,21 @@ class AttentionPlan:
         if native:
             kt = eqn.inputs[1 + self.pattern.k].type
             heads = kt.shape[1] if len(kt.shape) == 3 else 1
-            keys = -(-graph.num_src // kernel.KS) * kernel.KS
+            keys = -(-graph.num_src // ks) * ks
             ex.materialized.append((
                 "K^T packed by the kernel into per-step tiles", 4 * heads * keys * kt.shape[-1],
                 "scratch reused between calls; V is packed head-major too when its rows are "
                 "head-interleaved"))
-        ex.schedule = _bwd_schedule() + "; " + _FALLBACK if bnative else (
+        detail = _bwd_schedule(t) + "; " + _FALLBACK if bnative else (
             f"tiled streaming attention: {num_threads()} thread(s) claim row-block jobs "
             "of equal (causal) work; " + (
-                           f"LLVM micro-kernel (float32): {kernel.RB} query rows x {kernel.KS} "
-                           "keys per register tile, <16 x float> accumulators, polynomial "
+                           f"LLVM micro-kernel (float32): {t.get('group_rows')} query rows x "
+                           f"{ks} keys per register tile, <16 x float> accumulators, polynomial "
                            "exp, output normalised and written by the kernel; " + _FALLBACK
                            if native else
                            "each tile's two products are batched BLAS matrix products over "
                            "the heads (numpy), the softmax update vectorised numpy on the tile"))
+        ex.schedule = f"{schedule_line(op)}; {detail}"
         nh = eqn.inputs[1].type.shape[1] if len(eqn.inputs[1].type.shape) == 3 else 1
         isz = eqn.inputs[1].type.dtype.np.itemsize
         ex.materialized.append(("per-row source ranges (lo, hi)", 16 * graph.num_dst,
@@ -287,12 +317,12 @@ class AttentionPlan:
             from .cache import CACHE
             width = eqn.inputs[1].type.shape[-1]
             ex.cache_lines.append(f"{what[self.kind]}: LLVM backward kernel (width {width}) "
-                                  f"{CACHE.status(_bwd_native_key(width))}")
+                                  f"{CACHE.status(_bwd_native_key(width, t))}")
         elif native:
             from .cache import CACHE
             width = eqn.inputs[1 + self.pattern.q].type.shape[-1]
             ex.cache_lines.append(f"{what[self.kind]}: LLVM forward kernel (width {width}) "
-                                  f"{CACHE.status(_native_key(width))}")
+                                  f"{CACHE.status(_native_key(width, t))}")
         else:
             ex.cache_lines.append(f"{what[self.kind]}: numpy tiles (nothing to compile)")
 
@@ -360,37 +390,43 @@ def _bwd_fast_math_exact(scale: float, q, k, v, do, lse, delta) -> bool:
             and ds * max(nq, nk) * rows < _FAST_LIMIT and ndo * rows < _FAST_LIMIT)
 
 
-def _native_key(width: int) -> str:
+def _native_key(width: int, tiles: dict | None = None) -> str:
     from .cache import full_key
-    return full_key(("attention-forward-f32", width, kernel.RB, kernel.GB, kernel.KB,
-                     kernel.NV, kernel.PV_UNROLL))
+    tiles = _tiles_or_default(tiles, "forward")
+    return full_key(("attention-forward-f32", width) + tuple(tiles[t] for t in kernel.TILES))
 
 
-def _native_kernel(width: int):
+def _native_kernel(width: int, tiles: dict):
     from ..lower.llvm import KernelSignature
     from .cache import CACHE
-    key = _native_key(width)
+    key = _native_key(width, tiles)
 
     def build(symbol):
+        # (relation: the tiles the kernel was rendered with, as the schedule named them)
         sig = KernelSignature(symbol=symbol, walk="dst", reduce_by="dst", slots=(), roles=(),
                               field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
-                              index_dtype="int64", parallel="rows", relation=("attention",))
-        return kernel.forward_ir(symbol, width), sig
+                              index_dtype="int64", parallel="rows",
+                              relation=("attention",) + tuple(sorted(tiles.items())))
+        return kernel.forward_ir(symbol, width, tiles), sig
 
     return CACHE.get(key, build)
 
 
-def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
-    """Run the LLVM kernel: its phase 0 packs K^T (any K strides), phase 1 writes the
+def _native_forward(q, k, v, out, top, mass, lo, hi, scale, tiles=None) -> None:
+    """Run the LLVM kernel with the launch schedule's `tiles` (kernel.TILES; None: the
+    schedule's default): its phase 0 packs K^T (any K strides), phase 1 writes the
     normalised output (any strides) and the per-row top and mass. scale > 0."""
     import ctypes
     nh, n, width = q.shape
     s = k.shape[1]
-    exe = _native_kernel(width)
+    tiles = _tiles_or_default(tiles, "forward")
+    exe = _native_kernel(width, tiles)
     threads = num_threads()
-    rows = kernel.RB * kernel.GB
+    rb, gb = tiles["group_rows"], tiles["row_groups"]
+    ks = tiles["step_vectors"] * kernel.W
+    rows = rb * gb
     npad = -(-max(n, 1) // rows) * rows
-    kpad = -(-max(s, 1) // kernel.KS) * kernel.KS
+    kpad = -(-max(s, 1) // ks) * ks
     f32 = np.float32
     # q, K and the output go through their strides (q: a few scalars per row and trip). V is
     # read in place when each head's rows are contiguous (head-major storage); head-
@@ -407,12 +443,12 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
             vp[h0:h1] = v[h0:h1]
 
         run_jobs(pack, _head_jobs(nh), threads)
-    scratch = _take_scratch((nh, kpad // kernel.KS, width, kernel.KS))
+    scratch = _take_scratch((nh, kpad // ks, width, ks))
     (kt,) = scratch
-    lop, hip, glo, ghi, blo, bhi = _group_ranges(lo, hi, n, npad)
+    lop, hip, glo, ghi, blo, bhi = _group_ranges(lo, hi, n, npad, rb, gb, ks)
     qblocks = npad // rows
     scbits = int(np.array(scale, f32).view(np.uint32))
-    prm = {"npad": npad, "kpad": kpad, "nks": kpad // kernel.KS, "qblocks": qblocks,
+    prm = {"npad": npad, "kpad": kpad, "nks": kpad // ks, "qblocks": qblocks,
            "nq": n, "nk": s, "qhs": qp.strides[0] // 4, "qrs": qp.strides[1] // 4,
            "vhs": vp.strides[0] // 4, "vrs": vp.strides[1] // 4, "scbits": scbits,
            "khs": kp.strides[0] // 4, "krs": kp.strides[1] // 4,
@@ -428,32 +464,34 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale) -> None:
     step = max(1, -(-jobs // (4 * threads)))
     run_jobs(exe.native, [(a, min(a + step, jobs), argvs[0]) for a in range(0, jobs, step)],
              threads)
-    run_jobs(exe.native, [(a, b, argvs[1]) for a, b in _cost_chunks(blo, bhi, nh, threads)],
+    run_jobs(exe.native, [(a, b, argvs[1]) for a, b in _cost_chunks(blo, bhi, nh, threads, ks)],
              threads)
     if op is not out:
         out[...] = op
     _give_scratch(scratch)
 
 
-def _cost_chunks(blo, bhi, nh: int, threads: int) -> list:
+def _cost_chunks(blo, bhi, nh: int, threads: int, ks: int) -> list:
     """Contiguous ranges of (head, row block) jobs of about equal work (a block's keys, plus
     a fixed share): threads pull them in turn, so the last one bounds the idle tail (under
     causal masking, equal job counts are unequal work)."""
-    cost = np.tile(np.maximum(bhi - blo, 0) + kernel.KS, nh)
+    cost = np.tile(np.maximum(bhi - blo, 0) + ks, nh)
     cum = np.cumsum(cost)
-    parts = min(len(cost), 16 * threads)
+    parts = min(len(cost), CHUNKS_PER_THREAD * threads)
     cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts, side="left") + 1
     bounds = [0] + sorted(set(int(c) for c in cuts if 0 < c < len(cost))) + [len(cost)]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-_GROUPS: dict = {}      # (id(lo), id(hi), n, npad) -> (weakrefs to lo and hi, arrays)
+# (id(lo), id(hi), n, npad, tiles) -> (weakrefs to lo and hi, arrays)
+_GROUPS: dict = {}
 
 
-def _group_ranges(lo, hi, n, npad):
-    """Padded per-row ranges, per row group KS-aligned key ranges (glo, ghi) and per row
-    block key ranges (blo, bhi); kept per relation (row_ranges returns the same arrays)."""
-    key = (id(lo), id(hi), n, npad)
+def _group_ranges(lo, hi, n, npad, rb: int, gb: int, ks: int):
+    """Padded per-row ranges, per group of rb rows ks-aligned key ranges (glo, ghi) and per
+    row block (gb groups) key ranges (blo, bhi); kept per relation (row_ranges returns the
+    same arrays)."""
+    key = (id(lo), id(hi), n, npad, rb, gb, ks)
     found = _GROUPS.get(key)
     if found is not None and found[0]() is lo and found[1]() is hi:
         return found[2]
@@ -461,11 +499,11 @@ def _group_ranges(lo, hi, n, npad):
     hip = np.zeros(npad, np.int64)
     lop[:n], hip[:n] = lo, hi
     empty = hip <= lop
-    glo = np.where(empty, np.iinfo(np.int64).max, lop).reshape(-1, kernel.RB).min(1)
-    ghi = np.where(empty, 0, hip).reshape(-1, kernel.RB).max(1)
-    glo = np.where(ghi > 0, glo, 0) // kernel.KS * kernel.KS
-    blo = glo.reshape(-1, kernel.GB).min(1)
-    bhi = ghi.reshape(-1, kernel.GB).max(1)
+    glo = np.where(empty, np.iinfo(np.int64).max, lop).reshape(-1, rb).min(1)
+    ghi = np.where(empty, 0, hip).reshape(-1, rb).max(1)
+    glo = np.where(ghi > 0, glo, 0) // ks * ks
+    blo = glo.reshape(-1, gb).min(1)
+    bhi = ghi.reshape(-1, gb).max(1)
     arrays = (lop, hip, glo, ghi, blo, bhi)
     try:
         refs = (weakref.ref(lo), weakref.ref(hi))
@@ -580,23 +618,25 @@ def _bwd_native_ok(q, k, v, do, dtype) -> bool:
             and v.shape[-1] == q.shape[-1] == k.shape[-1] == do.shape[-1])
 
 
-def _bwd_schedule() -> str:
-    from ..lower.llvm import attention_backward as bwd
+def _bwd_schedule(t: dict) -> str:
+    kb = t["key_block"]
     return (f"attention backward: LLVM micro-kernel (float32), one job per head on "
             f"{num_threads()} thread(s) (a head's dq, dk, dv belong to one thread); per key "
-            f"block of {bwd.KB} keys, the query rows that see it in tiles of {bwd.BR}: S and "
-            f"P = exp(S * scale - lse) recomputed in registers ({bwd.RB} rows x {bwd.KB} keys "
+            f"block of {kb} keys, the query rows that see it in tiles of {t['tile_rows']}: S "
+            f"and P = exp(S * scale - lse) recomputed in registers ({t['group_rows']} rows x "
+            f"{kb} keys "
             "of <16 x float>), dS = P (dP - delta); dq += dS K, dv += P^T dO, dk += dS^T Q "
             "as register-blocked FMA tiles, written in place through the operands' strides")
 
 
-def _bwd_native_key(width: int) -> str:
+def _bwd_native_key(width: int, tiles: dict | None = None) -> str:
     from ..lower.llvm import attention_backward as bwd
     from .cache import full_key
-    return full_key(("attention-backward-f32", width, bwd.RB, bwd.BR, bwd.KB, bwd.KR))
+    tiles = _tiles_or_default(tiles, "backward")
+    return full_key(("attention-backward-f32", width) + tuple(tiles[t] for t in bwd.TILES))
 
 
-def _bwd_native_kernel(width: int):
+def _bwd_native_kernel(width: int, tiles: dict):
     from ..lower.llvm import KernelSignature
     from ..lower.llvm import attention_backward as bwd
     from .cache import CACHE
@@ -605,10 +645,10 @@ def _bwd_native_kernel(width: int):
         sig = KernelSignature(symbol=symbol, walk="src", reduce_by="src", slots=(), roles=(),
                               field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
                               index_dtype="int64", parallel="rows",
-                              relation=("attention-backward",))
-        return bwd.backward_ir(symbol, width), sig
+                              relation=("attention-backward",) + tuple(sorted(tiles.items())))
+        return bwd.backward_ir(symbol, width, tiles), sig
 
-    return CACHE.get(_bwd_native_key(width), build)
+    return CACHE.get(_bwd_native_key(width, tiles), build)
 
 
 def _strided_ok(x: np.ndarray) -> bool:
@@ -636,7 +676,7 @@ def _bwd_scratch(role, shape) -> np.ndarray:
     return found
 
 
-def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None:
+def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, tiles=None) -> None:
     """dq, dk, dv ((H, N, D) views, any of them None when not wanted) from the LLVM kernel.
 
     q, k, v, do: (H, N, D) float32 views; lse, delta: (H, N). A job is a head, or with few
@@ -648,12 +688,14 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
     nh, n, width = q.shape
     nk = k.shape[1]
     f32, i64 = np.float32, np.int64
-    exe = _bwd_native_kernel(width)
+    tiles = _tiles_or_default(tiles, "backward")
+    kb = tiles["key_block"]
+    exe = _bwd_native_kernel(width, tiles)
     ins = [x if _strided_ok(x) else np.ascontiguousarray(x, f32)
            for x in (q, k, v, do, lse, delta)]
     # q and dO rows are read once per key block that sees them: rows lying H * D apart
     # (a (N, H, D) field) measured ~10% slower than a head-major copy (TLB and L1 sets)
-    spread = [i for i in (0, 3) if ins[i].strides[1] != 4 * width and n > bwd.KB]
+    spread = [i for i in (0, 3) if ins[i].strides[1] != 4 * width and n > kb]
     cuts = [nh * i // min(nh, 2 * num_threads()) for i in range(min(nh, 2 * num_threads()) + 1)]
     heads = [(a, b, None) for a, b in zip(cuts, cuts[1:]) if b > a]
     if spread:
@@ -666,11 +708,11 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale) -> None
         run_jobs(pack, heads, num_threads())
         for i in spread:
             ins[i] = packed[i]
-    kblocks = -(-nk // bwd.KB) if n else 0
-    j0 = np.arange(kblocks, dtype=i64) * bwd.KB
-    # the rows that see key block [j0, j0 + KB): hi > j0 and lo < j0 + KB (lo, hi nondecreasing)
+    kblocks = -(-nk // kb) if n else 0
+    j0 = np.arange(kblocks, dtype=i64) * kb
+    # the rows that see key block [j0, j0 + kb): hi > j0 and lo < j0 + kb (lo, hi nondecreasing)
     rbeg = np.searchsorted(np.asarray(hi, i64), j0, side="right").astype(i64)
-    rend = np.searchsorted(np.asarray(lo, i64), j0 + bwd.KB, side="left").astype(i64)
+    rend = np.searchsorted(np.asarray(lo, i64), j0 + kb, side="left").astype(i64)
     threads = num_threads()
     # fewer heads than a few per thread: each head's key blocks are split in parts of equal
     # work (rows seen), each part adding into its own dq partial sum, summed afterwards

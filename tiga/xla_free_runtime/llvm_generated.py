@@ -53,6 +53,7 @@ from .llvm_propagate import (
     _address,
     _check_field,
     _np_dtype,
+    kernel_text,
     lowered_launch,
 )
 from .threads import num_threads, row_chunks, run_chunks
@@ -106,16 +107,11 @@ def _launch(eqn, graph, swap: bool):
     per_eqn = _KEYS.get(eqn)
     if per_eqn is None:
         per_eqn = _KEYS.setdefault(eqn, {})
-    variant = ("launch", swap, gtype.kind, gtype.coord_dims)
-    found = per_eqn.get(variant)
-    if found is None:
-        lowered = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params), eqn.outputs) \
-            if swap else eqn
-        p = eqn.params
-        found = per_eqn[variant] = (lowered, full_key((
-            "generated-launch", p["edge_fn"].structure_key(), repr(p["reducer"]._key()),
-            p["roles"], swap, gtype.kind, gtype.coord_dims)))
-    return lowered_launch(found[0], found[1], gtype)
+    lowered = per_eqn.get("swapped") if swap else eqn
+    if lowered is None:
+        lowered = per_eqn["swapped"] = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params),
+                                           eqn.outputs)
+    return lowered_launch(lowered, gtype)
 
 
 def _run_schedule(launch):
@@ -175,20 +171,18 @@ def generated_relations(program) -> dict:
             if e.primitive in (radius_p, knn_p)}
 
 
-def _key(eqn, spec: GeoSpec, params: dict) -> str:
+def _key(eqn, spec: GeoSpec, launch, swap: bool) -> str:
+    """The kernel's cache key: its printed launch op (the walk that runs: roles swapped for
+    a symmetric source-grouped propagate) and the walk's spec, which the op does not print."""
     per_eqn = _KEYS.get(eqn)
     if per_eqn is None:
         per_eqn = _KEYS.setdefault(eqn, {})
-    variant = (spec, params["roles"])
+    variant = (spec, swap, num_threads())
     key = per_eqn.get(variant)
     if key is None:
-        p = params
-        fields = tuple((tuple(a.type.shape) if r == "param" else tuple(a.type.shape[1:]),
-                        a.type.dtype.name) for a, r in zip(eqn.inputs[1:], p["roles"]))
-        update = p["update"].structure_key() if p["update"] is not None else None
+        lowered = per_eqn.get("swapped", eqn) if swap else eqn
         key = per_eqn[variant] = full_key((
-            "generated-propagate", p["edge_fn"].structure_key(), repr(p["reducer"]._key()),
-            p["roles"], update, fields, spec.descriptor()))
+            "generated-propagate", kernel_text(launch, lowered), spec.descriptor()))
     return key
 
 
@@ -221,7 +215,7 @@ def plan_generated(eqn, graph, compile: bool):
     params = swapped(p) if swap else p
     launch = _launch(eqn, graph, swap)
     spec = _spec(graph, dict(_run_schedule(launch).tiles))
-    key = _key(eqn, spec, params)
+    key = _key(eqn, spec, launch, swap)
     in_types = [a.type for a in eqn.inputs]
 
     def build(symbol):

@@ -9,6 +9,7 @@ thread pool.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import sys
 import threading
 import weakref
@@ -23,6 +24,7 @@ from ..core.types import GraphType
 from ..lower import CPU_LLVM_AVAILABLE
 from ..lower import schedule as knobs
 from ..lower.ir.kernel import Schedule
+from ..lower.ir.text import print_op
 from ..lower.pipeline import lower_launch, module_name
 from .cache import CACHE, Executable, full_key
 from .threads import num_threads, parallel_copy, row_chunks, run_chunks, run_jobs
@@ -40,9 +42,10 @@ class Fallback:
     reason: str
 
 
-_UNSUPPORTED: dict[str, str] = {}       # key -> reason (deterministic, so memoised)
+_UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile (memo)
 _UNSUPPORTED_LOCK = threading.Lock()
-_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key}
+_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key, op}
+_LAUNCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # eqn -> {at: launch op}
 _CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CHUNK_LOCK = threading.Lock()
 _WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> implicit tables
@@ -50,18 +53,6 @@ _WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> impl
 
 def _walk(params) -> str:
     return "src" if params["reduce_by"] == "src" else "dst"
-
-
-def _structure(eqn, graph) -> tuple:
-    """Everything the generated code depends on (never object identity or array values)."""
-    p = eqn.params
-    fields = tuple((tuple(a.type.shape) if r == "param" else tuple(a.type.shape[1:]),
-                    a.type.dtype.name) for a, r in zip(eqn.inputs[1:], p["roles"]))
-    has_perm = graph.edge_perm is not None if _walk(p) == "dst" else True
-    update = p["update"].structure_key() if p["update"] is not None else None
-    return ("propagate", p["edge_fn"].structure_key(), repr(p["reducer"]._key()), p["roles"],
-            p["reduce_by"], update, fields, graph.index_dtype.name, has_perm,
-            relation_descriptor(graph, _walk(p)))
 
 
 class _TypeOnly:
@@ -74,17 +65,48 @@ class _TypeOnly:
         self.index_dtype = gtype.index_dtype
 
 
+def equation_text(eqn) -> str:
+    """The printed one-equation program of `eqn` (its edge, reducer and update programs
+    included): names its dumped IR, and keys a kernel the Kernel IR does not express."""
+    from ..core.program import Eqn, GraphProgram, Var
+
+    binders = [Var(a.type) for a in eqn.inputs]
+    outs = [Var(v.type) for v in eqn.outputs]
+    return str(GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
+                                          tuple(outs))], outs))
+
+
+def kernel_text(op, eqn) -> str:
+    """What a compiled kernel is keyed by: its printed `gf_kernel.launch` op (edge and reducer
+    regions, types and schedule), or the printed equation when the IR does not express it.
+    The pool size is printed as 0: it decides the runtime's row chunks, never the code, so
+    one kernel serves every thread count."""
+    if op is None:
+        return equation_text(eqn)
+    return print_op(replace(op, schedule=replace(op.schedule, threads=0)))
+
+
+def _kernel_of(eqn, graph) -> tuple:
+    """(cache key, launch op or None) of the generic kernel over this relation's walk,
+    memoised per equation (lowering and hashing cost far more than a warm call)."""
+    walk = _walk(eqn.params)
+    relation = relation_descriptor(graph, walk)
+    has_perm = graph.edge_perm is not None if walk == "dst" else True
+    variant = (graph.index_dtype.name, has_perm, relation, num_threads())
+    per_eqn = _KERNELS.get(eqn)
+    found = per_eqn.get(variant) if per_eqn is not None else None
+    if found is None:
+        op = _launch_op(eqn, relation)
+        # the walk's binding (relation layout constants, edge permutation) is the part of
+        # the render's input the op does not print
+        key = full_key(("propagate", kernel_text(op, eqn), relation, has_perm,
+                        graph.index_dtype.name))
+        found = _KERNELS.setdefault(eqn, {})[variant] = (key, op)
+    return found
+
+
 def _key_of(eqn, graph) -> str:
-    """The cache key, memoised per equation (hashing the structure costs tens of µs)."""
-    variant = (graph.index_dtype.name, graph.edge_perm is not None,
-               relation_descriptor(graph, _walk(eqn.params)))
-    per_eqn = _KEYS.get(eqn)
-    if per_eqn is None:
-        per_eqn = _KEYS.setdefault(eqn, {})
-    key = per_eqn.get(variant)
-    if key is None:
-        key = per_eqn[variant] = full_key(_structure(eqn, graph))
-    return key
+    return _kernel_of(eqn, graph)[0]
 
 
 def plan_propagate(eqn, graph, *, compile: bool = True):
@@ -97,7 +119,7 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         if compile:
             return Fallback("the relation is not known until the call")
         graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
-    key = _key_of(eqn, graph)
+    key, op = _kernel_of(eqn, graph)
     reason = _UNSUPPORTED.get(key)
     if reason is not None:
         return Fallback(reason)
@@ -109,7 +131,7 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         # (the launch's thread count and row partition are the runtime's; the renderer reads
         # the edge loop's attributes, which no thread count changes)
         schedule = KernelSchedule(has_edge_perm=has_perm, relation=relation,
-                                  launch=_launch_schedule(eqn, key, relation))
+                                  launch=None if op is None else op.schedule)
         return codegen_propagate(eqn.params, in_types, graph.index_dtype, schedule,
                                  symbol=symbol)
 
@@ -134,40 +156,32 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
                         "this is a Tiga bug, please report")
 
 
-# (cache key, pool threads, relation type) -> the scheduled `gf_kernel.launch` its kernel
-# renders and its calls run by (None: the IR does not express it). One kernel serves every
-# relation size, but a schedule may depend on static sizes (threads: small work runs on one).
-_LAUNCHES: dict = {}
-
-
-def lowered_launch(eqn, key: str, gtype):
+def lowered_launch(eqn, gtype):
     """The equation's `gf_kernel.launch` over a relation of type `gtype`, through the
     pipeline's Kernel stage (TIGA_DUMP writes that IR here, once per kernel and thread count),
     or None for an equation the IR stages do not express yet (its renderer then asks the
-    same schedule functions itself: lower/schedule.py)."""
-    at = (key, num_threads(), gtype)
-    found = _LAUNCHES.get(at, False)
+    same schedule functions itself: lower/schedule.py). One kernel serves every relation
+    size, but a schedule may depend on static sizes (threads: small work runs on one)."""
+    at = (num_threads(), gtype)
+    per_eqn = _LAUNCHES.get(eqn)
+    found = per_eqn.get(at, False) if per_eqn is not None else False
     if found is False:
+        name = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
         try:
-            found = lower_launch(eqn, gtype, name=module_name(f"propagate_{key[:16]}"))
+            found = lower_launch(eqn, gtype, name=module_name(f"propagate_{name[:16]}"))
         except TigaError:
             found = None
-        _LAUNCHES[at] = found
+        _LAUNCHES.setdefault(eqn, {})[at] = found
     return found
 
 
-def _launch_op(eqn, key: str, relation: tuple):
+def _launch_op(eqn, relation: tuple):
     """The launch for the walk the runtime binds: a relation resolved to its CSR is lowered
     as a CSR."""
     gtype = eqn.inputs[0].type
     if relation == ("csr",) and gtype.kind != "csr":
         gtype = replace(gtype, kind="csr", coord_dims=None)
-    return lowered_launch(eqn, key, gtype)
-
-
-def _launch_schedule(eqn, key: str, relation: tuple):
-    op = _launch_op(eqn, key, relation)
-    return None if op is None else op.schedule
+    return lowered_launch(eqn, gtype)
 
 
 def launch_op(eqn, graph):
@@ -175,7 +189,7 @@ def launch_op(eqn, graph):
     (lowered now if this process has not yet; None when the IR stages do not express the
     equation). `graph` None: decided from the relation's type, as explain() before a call."""
     graph = _TypeOnly(eqn.inputs[0].type) if graph is None else graph
-    return _launch_op(eqn, _key_of(eqn, graph), relation_descriptor(graph, _walk(eqn.params)))
+    return _kernel_of(eqn, graph)[1]
 
 
 def _run_schedule(exe, eqn, sig):
@@ -185,7 +199,8 @@ def _run_schedule(exe, eqn, sig):
     found = per_eqn.get((exe.key, threads)) if per_eqn is not None else None
     if found is not None:
         return found
-    found = _launch_schedule(eqn, exe.key, tuple(sig.relation))
+    op = _launch_op(eqn, tuple(sig.relation))
+    found = None if op is None else op.schedule
     if found is None:   # not expressed in the IR: the same decisions, asked directly
         traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)
         found = Schedule(target="cpu-llvm", threads=threads,

@@ -166,7 +166,7 @@ class Computation:
                                        f"output, found {list(by)!r}")
         elif by not in REDUCE_BY:
             raise CompilationError(f"{where}: reduce_by must be one of {', '.join(REDUCE_BY)}, "
-                                   f"or a list of dst/src per output, found {by!r}")
+                                   f"found {by!r} (or a list of dst/src, one per output)")
 
     def _verify_reducer(self, where: str) -> None:
         r = self.reducer

@@ -46,6 +46,11 @@ def print_module(module: Module) -> str:
     return "\n".join(lines) + "\n"
 
 
+def print_op(op) -> str:
+    """One op as it prints inside a module (regions included): the compile cache's key."""
+    return "\n".join(_print_ops([op], 0)) + "\n"
+
+
 def _result_sig(values) -> str:
     types = [format_type(v.type) for v in values]
     return types[0] if len(types) == 1 else f"({', '.join(types)})"
