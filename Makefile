@@ -1,7 +1,7 @@
 # Tiga developer entry points. Needs only Python >= 3.10, a C toolchain and PyPI.
 #   make demo   install (+ CPU torch, pinned) and run the examples
 #   make test   install test deps (+ CPU torch, + the dist extra) and run the suite with xdist
-#               (the MPI tests run inside it under mpiexec -n 2 / -n 4, bounded by MPIEXEC_TIMEOUT)
+#               (the MPI tests run inside it under mpiexec with 2, 3 and 4 ranks, bounded by MPIEXEC_TIMEOUT)
 #   make bench  install bench deps (+ CPU torch) and run every benchmark (benchmarks/run.py),
 #               regenerating benchmarks/RESULTS.md (BENCH_ARGS=--quick: a smoke run)
 PY ?= python3
