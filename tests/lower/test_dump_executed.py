@@ -18,6 +18,7 @@ import pytest
 from tiga.lower import CPU_LLVM_AVAILABLE
 from tiga.lower.ir import LaunchOp
 from tiga.lower.ir.kernel import parse_kernel
+from tiga.lower.ir.syntax import format_attr
 
 pytestmark = pytest.mark.skipif(not CPU_LLVM_AVAILABLE, reason="needs llvmlite")
 
@@ -235,3 +236,86 @@ def test_explain_schedule_is_the_dumped_kernel_ir(tmp_path, kind, traversal):
     # the row chunks it reports are the ones that schedule cuts
     if kind == "csr":
         assert re.search(r"; \d+ row chunks of this relation", schedule), schedule
+
+
+# ---- dot-product attention: the forward and the fused (dk, dv, dq) backward kernels --------
+
+ATTENTION_CHILD = r"""
+import json, sys
+import numpy as np
+import tiga as tg
+from tiga.xla_free_runtime.cache import CACHE
+n, H, D = 90, 2, int(sys.argv[1])
+rng = np.random.default_rng(4)
+q, k, v = (rng.standard_normal((n, H, D)).astype(np.float32) for _ in range(3))
+g = tg.Graph.triangular(n)
+
+
+class Attention(tg.MessagePassing):
+    reducer = tg.online_softmax()
+
+    def edge(self, src, dst, edge, scale):
+        return self.reducer((dst.query * src.key).sum(dim=-1) * scale, src.value)
+
+
+def f(q, k, v):
+    return Attention()(graph=g, src={"key": k, "value": v}, dst={"query": q}, scale=0.3)
+
+
+y = np.asarray(f(q, k, v))
+grads = tg.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2))(q, k, v)
+exes = [e for e in CACHE._mem.values() if e.ir_text]
+ex = tg.jit(tg.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2))).lower(
+    q, k, v).compile().explain()
+json.dump({"exes": [[e.ir_text, list(e.signature.relation)] for e in exes],
+           "schedule": ex.schedule, "y": y.tolist()}, open(sys.argv[2], "w"))
+"""
+
+
+def _allocas(text: str) -> dict:
+    return {m[0]: int(m[1]) for m in re.findall(r'%"(\w+)" = alloca \[(\d+) x float\]', text)}
+
+
+@pytest.mark.parametrize("width", [16, 64])
+def test_attention_dumps_the_tiles_its_kernels_run(tmp_path, width):
+    """An ordinary forward and tg.grad call dump an attention-tiles launch per propagate; the
+    compiled forward and backward kernels record the schedule's tiles, and their stack tiles
+    (an independent statement of the kernels' layout) have the dumped sizes."""
+    out = tmp_path / "attn.json"
+    env = dict(os.environ, TIGA_DUMP="kernel", TIGA_DUMP_DIR=str(tmp_path / "dump"),
+               TIGA_CACHE_DIR=str(tmp_path / "cache"), TIGA_NUM_THREADS="2")
+    subprocess.run([sys.executable, "-c", ATTENTION_CHILD, str(width), str(out)], env=env,
+                   check=True, timeout=240)
+    got = json.loads(out.read_text())
+    launches = [_launch(p) for p in sorted((tmp_path / "dump").glob("*.kernel.mlir"))]
+    attention = [op for op in launches if op.traversal == "attention-tiles"]
+    by_kernel = {("forward" if op.comp.reducer.name == "online_softmax" else "backward"): op
+                 for op in attention}
+    assert set(by_kernel) == {"forward", "backward"}, [op.traversal for op in launches]
+    fwd, bwd = by_kernel["forward"], by_kernel["backward"]
+    assert fwd.comp.reducer.stats and len(fwd.results) == 3      # y, row max, row mass
+    assert bwd.comp.reduce_by == ("src", "src", "dst") and len(bwd.results) == 3
+    for op in (fwd, bwd):
+        s = op.schedule
+        assert (s.target, s.threads, s.edge_unroll, s.prefetch_distance) == \
+            ("cpu-llvm", 2, 1, 0)
+        assert op.coordinate_hierarchy == "attention-tiles" and op.materializes == ()
+    kernels = {rel[0]: (text, {name: val for name, val in rel[1:]})
+               for text, rel in got["exes"]}
+    assert set(kernels) == {"attention", "attention-backward"}, list(kernels)
+    (ftext, ftiles), (btext, btiles) = kernels["attention"], kernels["attention-backward"]
+    assert ftiles == _tiles(fwd) and btiles == _tiles(bwd)
+    t = _tiles(fwd)
+    step = 16 * t["step_vectors"]
+    rows = t["group_rows"] * t["row_groups"]
+    a = _allocas(ftext)
+    assert (a["pbuf"], a["st"], a["mb"], a["mv"]) == \
+        (t["group_rows"] * step, rows * width, rows, rows * 16)
+    t = _tiles(bwd)
+    a = _allocas(btext)
+    assert (a["ktb"], a["pbuf"], a["qtile"], a["dkacc"]) == \
+        (width * t["key_block"], t["tile_rows"] * t["key_block"], t["tile_rows"] * width,
+         t["key_block"] * width)
+    # explain()'s schedule line is the backward launch's printed schedule attributes
+    attrs = ", ".join(f"{k} = {format_attr(v)}" for k, v in bwd.schedule.attrs())
+    assert got["schedule"].startswith(f"attention-tiles launch {{{attrs}}}"), got["schedule"]

@@ -397,3 +397,19 @@ def test_parameter_cotangents_sum_over_pages(tmp_path, monkeypatch):
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12)
     assert stats.pages == 7             # the cotangent propagates ran paged
+
+
+def test_interrupted_transpose_build_leaves_the_store_as_it_was(tmp_path, monkeypatch):
+    rp, ci = ring(100)
+    store_of(tmp_path / "s", rp, ci, 100)
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(paging.store_transpose, "_distribute", interrupted)
+    g = tg.Graph.open(tmp_path / "s")
+    with pytest.raises(KeyboardInterrupt):
+        tg.grad(lambda x: tg.math.sum(Gather()(graph=g, src={"x": x})))(np.ones((100, 2)))
+    s = tg.store.open(tmp_path / "s")
+    assert s.version == 1 and s.transposed is None
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["CURRENT", "v000001"]
+    assert tg.memory.report()["host"]["bytes"] == 0

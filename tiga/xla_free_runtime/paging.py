@@ -1,12 +1,15 @@
 """runtime: paged execution of a propagate over a stored ("paged") relation.
 
-A page is a range of destination rows. Per page the runtime reads the CSR row range from
-the store, gathers each distinct source row once into a compact buffer (the page's column
-ids are remapped onto it with np.unique's inverse), runs the same compiled kernel as the
-in-memory path on the page-local CSR, and writes the output rows to a host array, or to a
-disk tensor when the result would not fit the host budget. A prefetch thread loads page
-k+1 while page k computes (a bounded queue of two pages). The plan is data (PagePlan, one
-PageTask per page) and explain() prints it with the last run's measurements.
+A page is a range of destination rows (of source rows, for a propagate grouped by source:
+it walks the transposed relation, built once into the store by store_transpose). Per page
+the runtime reads the CSR row range from the store, gathers each distinct source row once
+into a compact buffer (the page's column ids remapped onto it, see distinct()), runs the
+same compiled kernel as the in-memory path on the page-local CSR, and writes the output rows
+to a host array (the kernel writes them in place), or to a disk tensor when the result
+would not fit the host budget. Prefetch threads load the next pages while one computes (a
+bounded queue of two pages, reused page buffers: page_buffers). The plan is Task IR
+(paging_plan: one transfer per page and operand, one gf_task.launch and one write per page)
+and _PagedRun interprets it; explain() prints the pages with the last run's measurements.
 """
 from __future__ import annotations
 
@@ -24,13 +27,13 @@ from ..core.config import config
 from ..core.errors import ShapeError, StorageError
 from ..core.graph import Graph
 from ..core.primitive import impl_rules
-from ..core.program import Var
 from ..core.prims.graph import propagate_p
+from ..core.program import Var
 from ..core.types import TensorType
 from . import memory, paging_plan, store_transpose
-from .page_buffers import PageBuffers
 from . import scope as sc
 from .llvm_propagate import Fallback, plan_propagate, run_propagate
+from .page_buffers import PageBuffers
 from .storage import DiskStorage, HostStorage
 
 PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own
@@ -162,7 +165,11 @@ class PagedPlan:
             return _materialised(eqn, graph, values)
         _check_lengths(eqn, graph, values)
         rows = sc.page_rows()
-        tasks = page_tasks(walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
+        key = (str(walk.reader.vdir), walk.rows, rows)     # the stored relation is immutable
+        tasks = graph.params.setdefault("page_tasks", {}).get(key)
+        if tasks is None:
+            tasks = graph.params["page_tasks"][key] = page_tasks(
+                walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
         run = _PagedRun(eqn, graph, values, walk, tasks)
         outs = run.execute()
         graph.params["last_paged_run"] = run.stats
@@ -173,8 +180,9 @@ class PagedPlan:
         p = eqn.params
         what = f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}"
         if not pageable(p):
-            ex.routes.append(("paged", what, "grouped by source: the stored CSR is read "
-                              "whole and the in-memory kernel runs on it"))
+            ex.routes.append(("paged", what, "grouped over all edges by a reducer other than "
+                              "sum: the stored CSR is read whole and the in-memory kernel "
+                              "runs on it"))
             ex.materialized.append(("CSR of the paged relation (read whole)",
                                     graph.num_edges * graph.index_dtype.np.itemsize,
                                     f"reduce_by={p['reduce_by']!r} is not paged"))
@@ -191,8 +199,8 @@ class PagedPlan:
                           f"store {graph.params['path']} (version {graph.params['version']})"
                           "; per page: read the CSR rows, gather distinct sources once, run "
                           "the in-memory kernel on the page-local CSR, write the rows"))
-        ex.traversal.append(f"paged: prefetch thread loads page k+1 while page k computes "
-                            f"(queue of {QUEUE_PAGES} pages)")
+        ex.traversal.append(f"paged: {LOADERS} prefetch thread(s) load the next pages while "
+                            f"one computes (queue of {QUEUE_PAGES} pages)")
         last = graph.params.get("last_paged_run")
         ex.traversal.append(describe_stats(last) if last is not None else
                             "paged: no run measured yet on this relation")
@@ -595,4 +603,5 @@ def plan_paged(eqn, graph):
     return PagedPlan()
 
 
-__all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "PageTask", "PageStats", "page_tasks", "describe_stats"]
+__all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "PageTask", "PageStats", "page_tasks",
+           "describe_stats"]

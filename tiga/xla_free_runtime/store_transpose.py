@@ -61,10 +61,9 @@ def out_degrees(store, step: int) -> np.ndarray:
 def build(store):
     """Build the transposed relation of `store` (a committed Store) as a new version and
     return the Store of it."""
-    from .store import MANIFEST, POINTER, _current, _prune, _versions, _with_checksum, \
-        _write_atomic
+    from . import store as S  # (the store's version and pointer helpers)
     path, base = store.path, store.vdir.name
-    version = max(_versions(path), default=0) + 1
+    version = max(S._versions(path), default=0) + 1
     vdir = path / f"v{version:06d}"
     vdir.mkdir()        # (fails if a concurrent writer took the number)
     try:
@@ -72,15 +71,15 @@ def build(store):
         arrays = _sorted_runs(store, vdir / TRANSPOSE)
         fsync_tree(vdir)
         manifest = dict(store.manifest, version=version, transpose=arrays)
-        if _current(path) != base:
-            raise StorageError(f"{path}: the store changed (version {_current(path)}) while "
+        if S._current(path) != base:
+            raise StorageError(f"{path}: the store changed (version {S._current(path)}) while "
                                f"the transposed relation of {base} was built; open it again")
-        _write_atomic(vdir / MANIFEST, _with_checksum(manifest))
-        _write_atomic(path / POINTER, f"{vdir.name}\n")
+        S._write_atomic(vdir / S.MANIFEST, S._with_checksum(manifest))
+        S._write_atomic(path / S.POINTER, f"{vdir.name}\n")
     except BaseException:
         shutil.rmtree(vdir, ignore_errors=True)
         raise
-    _prune(path, vdir.name)
+    S._prune(path, vdir.name)
     return type(store)(path)
 
 

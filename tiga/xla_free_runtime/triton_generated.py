@@ -39,7 +39,9 @@ def _radius_walk(graph, device: str) -> dict:
     buf = tensors()
     tpos = buf.from_array(pos, pos.dtype.name, device)
     start, order = buf.cell_directory(tpos, lo, inv_w, dims)
-    scal = np.array([inv_w, geo.squared_cutoff(float(p["cutoff"]), pos.dtype)], np.float64)
+    exclude_self = p["query"] is None and not p["loop"]
+    scal = np.array([inv_w, geo.squared_cutoff(float(p["cutoff"]), pos.dtype),
+                     float(exclude_self)], np.float64)
     STATS["radius_directories"] += 1
     return {"wpos": tpos, "wqpos": buf.from_array(query, pos.dtype.name, device),
             "cell_start": start, "cell_order": order,

@@ -44,9 +44,10 @@ from .cache import full_key
 from .llvm_propagate import Fallback, walk_arrays, walked_csr
 from .llvm_propagate import plan_propagate as llvm_plan
 
-_MODULES: dict = {}          # module key -> imported kernel function
+_MODULES: dict = {}          # module key -> imported kernel module
 _SOURCES: dict = {}          # module key -> KernelSource (rendered or read from disk)
 _LOCK = threading.Lock()
+STATS = {"split_launches": 0}   # launches that ran the split path (tests read it)
 _TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
 
 
@@ -138,13 +139,15 @@ class TritonPlan:
 
     # ---- compile -------------------------------------------------------------------------
 
-    def kernel(self):
-        fn = _MODULES.get(self.key)
-        if fn is None:
+    def kernel(self, part: str = ""):
+        """The kernel function (`part` "part" / "comb": the split path's kernels)."""
+        mod = _MODULES.get(self.key)
+        if mod is None:
             with _LOCK:
-                fn = _MODULES.get(self.key) or _import(self.key, self.source, self.backend)
-                _MODULES[self.key] = fn
-        return fn
+                mod = _MODULES.get(self.key) or _import(self.key, self.source, self.backend)
+                _MODULES[self.key] = mod
+        symbol = self.source.signature.symbol
+        return getattr(mod, f"{symbol}_{part}" if part else symbol)
 
     # ---- run -----------------------------------------------------------------------------
 
@@ -167,11 +170,33 @@ class TritonPlan:
                 kernel[grid](*args, *outs, rows, BLOCK_R=sig.block_rows,
                              BLOCK_N=sig.block_neighbors, num_warps=sig.num_warps,
                              num_stages=sig.num_stages)
+            if sig.split_degree:
+                self._run_split(graph, sig, device, walk["row_ptr"], args + outs)
         if sig.combine:   # reduce_by="all": per-row partial sums, added here
             outs = [o.sum(dim=0) for o in outs]
             if sig.combine == "mean":
                 outs = [o / max(graph.num_edges, 1) for o in outs]
         return [buf.to_numpy(o, d) for o, d in zip(outs, sig.out_dtypes)]
+
+    def _run_split(self, graph, sig, device: str, row_ptr, args: list) -> None:
+        """Rows above the split degree (the main kernel gave them no edges): per-chunk
+        reducer states, then one merge per row in chunk order, on the same stream."""
+        plan = _split_plan(graph, sig, device, row_ptr)
+        if plan is None:
+            return
+        heavy, first, chunk_row, chunk_lo = plan
+        STATS["split_launches"] += 1
+        buf = tensors()
+        parts = [buf.zeros((chunk_row.shape[0], n), d, device) for n, d in sig.split_states]
+        launch = dict(BLOCK_R=sig.block_rows, BLOCK_N=sig.block_neighbors,
+                      num_warps=sig.num_warps, num_stages=sig.num_stages)
+        with _interpret(self.backend):
+            n = chunk_row.shape[0]
+            self.kernel("part")[(-(-n // sig.block_rows),)](*args, *parts, chunk_row,
+                                                             chunk_lo, n, **launch)
+            n = heavy.shape[0]
+            self.kernel("comb")[(-(-n // sig.block_rows),)](*args, *parts, heavy, first, n,
+                                                             **launch)
 
     # ---- explain -------------------------------------------------------------------------
 
@@ -261,7 +286,7 @@ def _import(key: str, source: KernelSource, backend: str):
     with _interpret(backend):
         spec.loader.exec_module(module)
     sys.modules[name] = module
-    return getattr(module, source.signature.symbol)
+    return module
 
 
 def import_text(text: str, tag: str, backend: str):
@@ -327,6 +352,34 @@ def tensors():
         raise UnsupportedError("the Triton backends need the torch bridge (Triton launches on "
                                "torch tensors)", hint="import tiga (its facade registers it)")
     return loader()
+
+
+def split_rows(row_ptr: np.ndarray, split: int):
+    """(heavy rows, index of each one's first chunk, chunk rows, chunk first edges) of the
+    rows with more than `split` edges, each cut into chunks of `split` edges; None if none."""
+    deg = np.diff(row_ptr.astype(np.int64))
+    heavy = np.flatnonzero(deg > split)
+    if heavy.size == 0:
+        return None
+    chunks = -(-deg[heavy] // split)
+    first = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    chunk_row = np.repeat(heavy, chunks)
+    within = np.arange(int(chunks.sum())) - np.repeat(first, chunks)
+    chunk_lo = row_ptr.astype(np.int64)[chunk_row] + within * split
+    return heavy, first, chunk_row, chunk_lo
+
+
+def _split_plan(graph, sig, device: str, row_ptr):
+    """split_rows of the walked CSR (`row_ptr`: the launch's tensor) as launch tensors,
+    cached per relation like the walk."""
+    key = ("split", sig.walk, sig.split_degree, device)
+    per_graph = _TORCH_WALKS.setdefault(graph, {})
+    if key not in per_graph:
+        buf = tensors()
+        found = split_rows(buf.to_numpy(row_ptr, "int64"), sig.split_degree)
+        per_graph[key] = None if found is None else tuple(
+            buf.from_array(a, "int64", device) for a in found)
+    return per_graph[key]
 
 
 def _torch_walk(graph, sig, device: str) -> dict:

@@ -18,7 +18,9 @@ triton (the GPU view of the same launch):
 - vector_width: the widest 256-bit SIMD lane count dividing the feature width;
 - block_neighbors: 16, or the degree bound rounded up to a power of two when it is smaller;
 - num_warps / pipeline_stages: more warps for wider tiles, a second stage once a row is at
-  least 256 bytes.
+  least 256 bytes;
+- tiles split_degree: rows of a stored CSR walk above 8 neighbour tiles run split across
+  programs whose partial reducer states a combine kernel merges (none under a degree bound).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from ..schedule import (
     parallel_mode,
     prefetch_distance,
     row_partition,
+    triton_split_tiles,
 )
 from .common import expect_level, map_ops
 
@@ -93,9 +96,11 @@ def choose_schedule(op: LaunchOp, threads: int, target: str = "cpu-llvm") -> Sch
     block_neighbors = min(16, _pow2_ceil(bound)) if type(bound) is int else 16
     num_warps = min(8, _pow2_floor(block_rows * width // 128))
     stages = 2 if row_bytes >= 256 else 1
+    tiles = AttrDict(triton_split_tiles(block_neighbors, op.traversal, op.comp.reduce_by,
+                                        bound))
     return Schedule(target="triton", block_rows=block_rows, block_neighbors=block_neighbors,
                     vector_width=vector_width, num_warps=num_warps, pipeline_stages=stages,
-                    parallel=_parallel(op))
+                    parallel=_parallel(op), tiles=tiles)
 
 
 def _parallel(op: LaunchOp) -> str:

@@ -9,7 +9,7 @@ from ..registry import lowering_rules, register_lowered
 from . import rules  # noqa: F401  (registers lowering_rules["triton"])
 from .emitter import TritonUnsupported
 from .kernel import KernelSource, TritonSchedule, TritonSignature, render_propagate
-from .walks import TRAVERSAL_RELATION, relation_of
+from .walks import TRAVERSAL_RELATION, radius_relation_of_launch, relation_of
 
 
 def schedule_of(op: LaunchOp) -> TritonSchedule:
@@ -18,7 +18,9 @@ def schedule_of(op: LaunchOp) -> TritonSchedule:
     if s is None or getattr(s, "target", "triton") != "triton" or s.block_rows is None:
         raise TritonUnsupported("gf_kernel.launch has no triton schedule",
                                 hint="run --select-kernel-schedule with target triton")
-    return TritonSchedule(s.block_rows, s.block_neighbors, s.num_warps, s.pipeline_stages)
+    split = dict(s.tiles).get("split_degree", 0)
+    return TritonSchedule(s.block_rows, s.block_neighbors, s.num_warps, s.pipeline_stages,
+                          split)
 
 
 def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,
@@ -29,9 +31,12 @@ def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,
     if op.traversal not in ("csr-row", "transposed-csr-row", "dense-row", "triangular-row",
                             "segment-row", "stencil-row", "cell-directory-row"):
         raise TritonUnsupported(f"traversal {op.traversal!r} has no Triton rendering yet")
+    gtype = op.comp.relation.type
+    if relation is None and op.traversal == "cell-directory-row":
+        relation = radius_relation_of_launch(gtype.coord_dims, op.comp.reduce_by,
+                                             tuple(propagate_params(op.comp)["roles"]))
     if relation is None:
         relation = TRAVERSAL_RELATION.get(op.traversal, ("csr",))
-    gtype = op.comp.relation.type
     in_types = [gtype] + [v.type for v in op.comp.inputs]
     return render_propagate(propagate_params(op.comp), in_types, gtype.index_dtype, has_perm,
                             schedule_of(op), symbol=symbol, relation=relation)

@@ -72,6 +72,16 @@ class Fold:
         part = _FOLD[op].format(x=x)
         ctx.emit(f"{acc} = ({_COMBINE[op].format(a=acc, b=part)}).to({tl_dtype(self.dtype)})")
 
+    def layout(self) -> list:
+        """(padded shape, dtype) of each state tile (the split path stores them per chunk)."""
+        return [(tuple(pow2(d) for d in self.shape), self.dtype)]
+
+    def merge(self, ctx: Emitter, state: list, other: list) -> None:
+        """Fold another chunk's state (same row, later edges) into `state`."""
+        (acc,), (o,) = state, other
+        ctx.emit(f"{acc} = ({_COMBINE[self._op()].format(a=acc, b=o)})"
+                 f".to({tl_dtype(self.dtype)})")
+
     def finalize(self, ctx: Emitter, state: list) -> list:
         (acc,) = state
         if self.name == "mean":
@@ -122,6 +132,23 @@ class OnlineSoftmax:
         ctx.emit(f"{mass} = ({mass} * {alpha} + tl.sum({p}, axis=0, keep_dims=True)).to({t})")
         ctx.emit(f"{acc} = ({acc} * {self._lift(alpha)} + tl.sum({self._lift(p)} * {value}, "
                  f"axis=0, keep_dims=True)).to({t})")
+        ctx.emit(f"{mx} = {new}.to({t})")
+
+    def layout(self) -> list:
+        s = tuple(pow2(d) for d in self.s_shape)
+        return [(s, self.dtype), (s, self.dtype), (tuple(pow2(d) for d in self.v_shape),
+                                                    self.dtype)]
+
+    def merge(self, ctx: Emitter, state: list, other: list) -> None:
+        """Two (max, mass, acc) states rescaled to their common maximum."""
+        (mx, mass, acc), (omx, omass, oacc) = state, other
+        t = tl_dtype(self.dtype)
+        new = ctx.let(f"tl.maximum({mx}, {omx})", "mnew")
+        base = ctx.let(f"tl.where({new} == float('-inf'), 0.0, {new})", "base")
+        a = ctx.let(f"tl.exp({mx} - {base})", "alpha")
+        b = ctx.let(f"tl.exp({omx} - {base})", "beta")
+        ctx.emit(f"{mass} = ({mass} * {a} + {omass} * {b}).to({t})")
+        ctx.emit(f"{acc} = ({acc} * {self._lift(a)} + {oacc} * {self._lift(b)}).to({t})")
         ctx.emit(f"{mx} = {new}.to({t})")
 
     def finalize(self, ctx: Emitter, state: list) -> list:

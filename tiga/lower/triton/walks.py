@@ -13,9 +13,11 @@ the implicit relations are walked from indices, with no resolved CSR:
   plus each offset (stencil_offsets, K x d) gives the neighbour; outside ones are masked (or
   wrapped when periodic). Edge ids: r*K + j (periodic) or row_ptr[r] + the number of
   inside neighbours before j (non-periodic: the O(N) row_ptr the reference numbers by).
-- ("radius", dims, exclude_self): a generated relation walked through a cell directory of
-  the source points (cells at least `cutoff` wide, counting-sorted on the launch device:
-  cell_start, cell_order; grid_lo, grid_dims, walk_scal = (1 / width, squared cutoff)).
+- ("radius", dims): a generated relation walked through a cell directory of the source
+  points (cells at least `cutoff` wide, counting-sorted on the launch device: cell_start,
+  cell_order; grid_lo, grid_dims, walk_scal = (1 / width, squared cutoff, exclude self)).
+  Everything but dims is launch data, so the Kernel IR alone names the walk that runs
+  (program.ir("triton", ...) prints it).
   The row's cell from its query coordinates (clamped to the grid), then the 3^dims
   neighbour cells, each in tiles of BLOCK_N candidates with the exact test d2 <= c2 (d2
   summed over axes in axis order in the coordinates' dtype; c2 the largest value whose
@@ -66,7 +68,17 @@ def _radius_of(params: dict, walk: str) -> tuple:
     if params.get("max_neighbors") is not None or not 1 <= dims <= RADIUS_MAX_DIMS or \
             (walk != "dst" and not same):
         return ("csr",)
-    return ("radius", dims, bool(same and not params["loop"]))
+    return ("radius", dims)
+
+
+def radius_relation_of_launch(coord_dims, reduce_by: str, roles: tuple) -> tuple:
+    """The walk of a cell-directory launch from its Kernel IR alone (program.ir): the cell
+    walk where the runtime takes it for some radius relation of that shape (max_neighbors,
+    which the IR does not carry, walks the resolved CSR)."""
+    if type(coord_dims) is not int or not 1 <= coord_dims <= RADIUS_MAX_DIMS or \
+            reduce_by == "edge" or "edge" in roles:
+        return ("csr",)
+    return ("radius", coord_dims)
 
 
 def walk_slots(relation: tuple) -> tuple:
@@ -151,6 +163,7 @@ def _emit_radius_row(c, relation: tuple) -> None:
     dims = relation[1]
     c.emit("inv_w = tl.load(walk_scal)")
     c.emit("c2 = tl.load(walk_scal + 1)")
+    c.emit("excl = tl.load(walk_scal + 2) != 0")   # one point set without loops
     for k in range(dims):
         c.emit(f"qx{k} = tl.load(wqpos + rr * {dims} + {k})")
         c.emit(f"gd{k} = tl.load(grid_dims + {k})")
@@ -238,14 +251,14 @@ def _emit_stencil_tile(c, relation: tuple) -> None:
 
 
 def _emit_radius_tile(c, relation: tuple) -> None:
-    _, dims, exclude_self = relation
+    dims = relation[1]
     c.emit("p = start + nb")
     c.emit("valid = p < e1")
     c.emit("col = tl.load(cell_order + p, mask=valid, other=0).to(tl.int64)")
     for k in range(dims):   # the reference's order: (src - dst) per axis, summed in order
         c.emit(f"dx = tl.load(wpos + col * {dims} + {k}, mask=valid, other=0) - qx{k}")
         c.emit("d2 = dx * dx" if k == 0 else "d2 = d2 + dx * dx")
-    c.emit("valid = valid & (d2 <= c2)" + (" & (col != rr)" if exclude_self else ""))
+    c.emit("valid = valid & (d2 <= c2) & ((col != rr) | (excl == 0))")
     c.emit("col = tl.where(valid, col, 0)")
     c.emit("eid = p")
     c.emit("cnt = cnt + tl.sum(valid.to(tl.int64), axis=0)")

@@ -20,7 +20,7 @@ from ...core.dtypes import as_dtype, bfloat16
 from ...core.errors import ShapeError, StorageError, UnsupportedError
 
 try:
-    import google_crc32c     # zarr's crc32c codec uses it; the direct reader checks with it
+    import google_crc32c  # zarr's crc32c codec uses it; the direct reader checks with it
 except ImportError:          # pragma: no cover (installed with zarr 3)
     google_crc32c = None
 
@@ -140,7 +140,8 @@ class DiskStorage:
         start, stop = max(0, int(start)), min(int(stop), self.shape[0])
         if stop <= start:
             return np.empty((0,) + self.shape[1:], self.dtype)
-        if out is not None and self._direct and out.dtype == self.dtype:
+        if out is not None and self._direct and out.dtype == self.dtype and \
+                out.shape[1:] == self.shape[1:] and len(out) >= stop - start:
             return self._read_direct(start, stop, out[:stop - start])
         return self._get(slice(start, stop))
 
@@ -150,8 +151,10 @@ class DiskStorage:
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and rows[-1] - rows[0] + 1 == len(rows):     # one run: no gather
             return self.read_rows(int(rows[0]), int(rows[-1]) + 1, out)
-        out = aligned_empty((len(rows),) + self.shape[1:], self.dtype) if out is None else \
-            out[:len(rows)]
+        fits = out is not None and out.dtype == self.dtype and \
+            out.shape[1:] == self.shape[1:] and len(out) >= len(rows)
+        out = out[:len(rows)] if fits else \
+            aligned_empty((len(rows),) + self.shape[1:], self.dtype)
         if not len(rows):
             return out
         cr = self.chunk_rows
