@@ -36,7 +36,7 @@ SO_MAGIC = b"TIGASO01"
 BACKEND = "cpu-llvm"
 # no kernel library comes near this; a larger "entry" is not ours and is never read into memory
 MAX_ENTRY_BYTES = 1 << 30
-_TIGA_KEY: list = []
+_TIGA_KEY: list = []     # the source hash, computed once (constant for the process)
 
 
 def tiga_key() -> str:

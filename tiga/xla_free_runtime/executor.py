@@ -83,7 +83,9 @@ def execute(program: GraphProgram, args: list) -> list:
     return _run(program, list(args))
 
 
-_SINGLE: dict = {}     # id(program) -> (weak program, its propagate or False)
+# id(program) -> (weak program, its propagate or False): a memo of the program's shape,
+# never a value of a call
+_SINGLE: dict = {}
 
 
 def _single_propagate(program: GraphProgram):

@@ -78,7 +78,7 @@ def plan_attention(eqn, graph, compile: bool):
 # lowered): a memo per equation over one per kernel structure and pool size. Lowering is
 # the cold path only; what these hold is derived from types, never from a call's values.
 _EQN_LAUNCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LAUNCHES: dict = {}
+_LAUNCHES: dict = {}    # (types, threads) -> launch op: a memo derived from types
 
 
 def attention_launch(eqn):
@@ -486,7 +486,7 @@ def _cost_chunks(blo, bhi, nh: int, threads: int, ks: int) -> list:
 
 
 # (id(lo), id(hi), n, npad, tiles) -> (weakrefs to lo and hi, arrays)
-_GROUPS: dict = {}
+_GROUPS: dict = {}      # row-group tables of a relation's ranges (memo; weakly checked)
 
 
 def _group_ranges(lo, hi, n, npad, rb: int, gb: int, ks: int):
@@ -521,7 +521,7 @@ def _group_ranges(lo, hi, n, npad, rb: int, gb: int, ks: int):
 # Work arrays (packed K^T) are kept between calls: fresh multi-MiB allocations come back
 # from the OS as untouched pages, and their first-touch faults (thousands per call)
 # measured doubling the kernel's time at N = 1024.
-_SCRATCH: dict = {}
+_SCRATCH: dict = {}     # reusable scratch buffers (a pool; contents never read across calls)
 _SCRATCH_LOCK = threading.Lock()
 
 
@@ -586,7 +586,7 @@ def _blas_local_threads():
     return _BLAS[0]
 
 
-_BLAS: list = []
+_BLAS: list = []        # the loaded BLAS library (loaded once)
 
 
 def _jobs(fn, jobs):

@@ -74,6 +74,7 @@ GEOMETRIC = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
 RADIUS_REACH = 1
 KNN_ESTIMATE_FACTOR = 1.5       # prefilter radius: about 1.5 k sources at mean density
+# eqn -> {its role-swapped equation, (spec, swap, threads): kernel key}: memos of structure
 _KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
@@ -468,7 +469,7 @@ def _count_edge(src, dst, edge):
     return tm.ones_like(edge.distance)
 
 
-_COUNT_EQNS: dict = {}
+_COUNT_EQNS: dict = {}  # (dims, dtype) -> the degree-count equation (a memo of structure)
 
 
 def _count_eqn(dims: int, dtype: np.dtype):

@@ -46,7 +46,7 @@ _UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile 
 _UNSUPPORTED_LOCK = threading.Lock()
 _KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key, op}
 _LAUNCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # eqn -> {at: launch op}
-_CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> row chunks (memo)
 _CHUNK_LOCK = threading.Lock()
 _WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> implicit tables
 
@@ -328,7 +328,7 @@ def _chunks(graph, walk, row_ptr, launch) -> list:
         return per_graph[key]
 
 
-_NP_DTYPES: dict = {}
+_NP_DTYPES: dict = {}      # dtype name -> numpy dtype (a memo)
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -437,7 +437,7 @@ STAGE_SHARED_MAX_BYTES = 2 << 20
 PARALLEL_COPY = True
 STAGE_MIN_REUSE = 2        # edges per gathered row below which copying does not pay
 _STAGE_LOCK = threading.Lock()
-_STAGE: dict = {}          # field position -> uint8 scratch (one per position, reused)
+_STAGE: dict = {}          # field position -> uint8 scratch (a pool; rewritten every call)
 
 
 def _gathered(sig, eqn, graph) -> tuple:
@@ -486,7 +486,7 @@ def _row_bytes(sig, i: int) -> int:
 HUGE_MIN_BYTES = 8 << 20
 HUGE_PAGE = 2 << 20
 MADV_COLLAPSE = 25
-_HUGE_SEEN: dict = {}      # (address, nbytes) -> collapsed already
+_HUGE_SEEN: dict = {}      # (address, nbytes) -> collapsed already (a paging hint, no values)
 
 
 def _huge_pages(arr: np.ndarray) -> None:
@@ -509,7 +509,7 @@ def _huge_pages(arr: np.ndarray) -> None:
             pass
 
 
-_LIBC: list = []
+_LIBC: list = []           # libc, loaded once
 
 
 def _libc():

@@ -163,7 +163,8 @@ def _emit_radius_row(c, relation: tuple) -> None:
     dims = relation[1]
     c.emit("inv_w = tl.load(walk_scal)")
     c.emit("c2 = tl.load(walk_scal + 1)")
-    c.emit("excl = tl.load(walk_scal + 2) != 0")   # one point set without loops
+    # walk_scal[2] = 1.0: one point set without loops (the row's own point is no neighbour)
+    c.emit("skip = tl.where(tl.load(walk_scal + 2) != 0.0, rr, -1)")
     for k in range(dims):
         c.emit(f"qx{k} = tl.load(wqpos + rr * {dims} + {k})")
         c.emit(f"gd{k} = tl.load(grid_dims + {k})")
@@ -258,7 +259,7 @@ def _emit_radius_tile(c, relation: tuple) -> None:
     for k in range(dims):   # the reference's order: (src - dst) per axis, summed in order
         c.emit(f"dx = tl.load(wpos + col * {dims} + {k}, mask=valid, other=0) - qx{k}")
         c.emit("d2 = dx * dx" if k == 0 else "d2 = d2 + dx * dx")
-    c.emit("valid = valid & (d2 <= c2) & ((col != rr) | (excl == 0))")
+    c.emit("valid = valid & (d2 <= c2) & (col != skip)")
     c.emit("col = tl.where(valid, col, 0)")
     c.emit("eid = p")
     c.emit("cnt = cnt + tl.sum(valid.to(tl.int64), axis=0)")
