@@ -1,7 +1,9 @@
 """runtime: the executable cache: one memory cache per process, native code on disk.
 
-Key = program structure hash + input types + static params + backend + frozen options +
-`tiga_key()` (hash of Tiga's lowering sources) + llvmlite version + host CPU. Disk entries
+Key = the kernel's printed `gf_kernel.launch` op (llvm_propagate.kernel_text: edge and
+reducer regions, types, schedule; the walk's layout constants beside it) + backend + frozen
+options + `tiga_key()` (hash of Tiga's lowering sources) + llvmlite version + host CPU, so
+nothing is bumped by hand. Disk entries
 live in TIGA_CACHE_DIR (default ~/.cache/tiga) as `<key>.tgo`, in one of two layouts:
 
 - a linked shared library (the usual case): the library bytes, then a JSON header (key,
@@ -57,7 +59,8 @@ def cache_dir() -> Path:
 
 
 def full_key(parts: tuple) -> str:
-    """The cache key of one executable from its structural parts."""
+    """The cache key of one executable: its printed kernel (and any layout constants the
+    print does not carry) with the backend, tool versions and Tiga's source hash."""
     frozen = (BACKEND, f"O{llvm_jit.OPT_LEVEL}", tiga_key(), llvm_jit.llvmlite_version(),
               llvm_jit.host_description())
     return hashlib.sha256(repr((parts, frozen)).encode()).hexdigest()

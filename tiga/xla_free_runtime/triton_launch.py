@@ -214,8 +214,10 @@ class TritonPlan:
         elif sig.relation[0] != "csr":
             walk = f"their {sig.relation[0]} edges computed from indices (no CSR)"
         elif kind == "knn" and sig.walk == "dst" and "edge_perm" not in sig.slots:
+            how = "through cell shells of a directory counting-sorted there" \
+                if 1 <= int(getattr(graph, "coord_dims", 0) or 0) <= 3 else "by a full scan"
             walk = ("the k nearest sources a Triton kernel selected on the launch device "
-                    "(nearest first, ties by index)")
+                    f"{how} (nearest first, ties by index)")
         resolved = "" if kind in ("csr", "knn") or sig.relation[0] != "csr" else \
             f" (the {kind} relation resolved to CSR)"
         ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation"
