@@ -195,7 +195,7 @@ def knn_shell_source(dims: int) -> str:
         f"qx{k}), b)" for k in ax)
     distance = "\n".join(
         f"                dx = tl.load(pos + c * {dims} + {k}, mask=ok, other=0) - qx{k}\n"
-        + (f"                d2 = dx * dx" if k == 0 else "                d2 = d2 + dx * dx")
+        + ("                d2 = dx * dx" if k == 0 else "                d2 = d2 + dx * dx")
         for k in ax)
     setup = "\n".join(
         f"    qx{k} = tl.load(qpos + r * {dims} + {k})\n"
