@@ -33,10 +33,10 @@ from .trace import math
 from .trace.control import repeat, while_loop
 from .trace.message_passing import MessagePassing, propagate
 from .trace.staging import make_program
-from .xla_free_runtime import llvm_generated as _llvm_generated  # noqa: F401  (radius/knn route)
-from .xla_free_runtime.explain import Explanation
+from .xla_free_runtime import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime import memory, store
 from .xla_free_runtime import paging as _paging  # noqa: F401  (registers the paged route)
+from .xla_free_runtime.explain import Explanation
 from .xla_free_runtime.scope import scope
 from .xla_free_runtime.tensor import Tensor, asarray, from_dlpack, load, save
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime import llvm_attention
+from tiga.xla_free_runtime import attention as attention_route
 
 torch = pytest.importorskip("torch")
 
@@ -231,8 +231,8 @@ def test_prune_threshold_is_approximate_and_reports_skipped_blocks(monkeypatch):
     ex = str(program.explain(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                              scale=1.0))
     assert "APPROXIMATE" in ex
-    assert llvm_attention.STATS["blocks_skipped"] > 0
-    assert f"skipped {llvm_attention.STATS['blocks_skipped']} of" in ex
+    assert attention_route.STATS["blocks_skipped"] > 0
+    assert f"skipped {attention_route.STATS['blocks_skipped']} of" in ex
     ref = oracle(*(torch.tensor(x) for x in (q, k, v)), allowed_mask(graph), 1.0).numpy()
     np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-6, atol=1e-6)  # skipped mass ~e^-20
 
@@ -263,10 +263,10 @@ def test_vjp_reuses_forward_statistics_and_fuses_dq():
     (opt.attention_pairing): no walk of their own runs."""
     graph = relation("triangular", 97)
     q, k, v = fields(97, 2, 8, np.float64)
-    before = dict(llvm_attention.STATS)
+    before = dict(attention_route.STATS)
     check(Attention(), graph, q, k, v, 0.5, *TOL[np.float64])
-    assert llvm_attention.STATS["stats_walks"] == before["stats_walks"]
-    assert llvm_attention.STATS["dq_walks"] == before["dq_walks"]
+    assert attention_route.STATS["stats_walks"] == before["stats_walks"]
+    assert attention_route.STATS["dq_walks"] == before["dq_walks"]
 
 
 @pytest.mark.parametrize("argnum", [0, 1, 2])
@@ -327,11 +327,11 @@ def test_llvm_forward_kernel_matches_numpy_tiles_and_oracle(kind, n, monkeypatch
     graph = relation(kind, n)
     q, k, v = fields(n, 2, 32, np.float32, seed=n)
     program = Attention()
-    before = llvm_attention.STATS["native_calls"]
+    before = attention_route.STATS["native_calls"]
     y = np.asarray(program(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                            scale=0.3))
-    assert llvm_attention.STATS["native_calls"] == before + 1
-    monkeypatch.setattr(llvm_attention, "NATIVE_FORWARD", False)
+    assert attention_route.STATS["native_calls"] == before + 1
+    monkeypatch.setattr(attention_route, "NATIVE_FORWARD", False)
     y_np = np.asarray(program(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                               scale=0.3))
     ts = [torch.tensor(x, dtype=torch.float64) for x in (q, k, v)]
@@ -352,10 +352,10 @@ def test_llvm_forward_kernel_several_key_blocks_and_jobs(kind, head_major):
     if head_major:
         q, k, v = (np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)
                    for x in (q, k, v))
-    before = llvm_attention.STATS["native_calls"]
+    before = attention_route.STATS["native_calls"]
     y = np.asarray(Attention()(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                                scale=0.125))
-    assert llvm_attention.STATS["native_calls"] == before + 1
+    assert attention_route.STATS["native_calls"] == before + 1
     ts = [torch.tensor(x, dtype=torch.float64) for x in (q, k, v)]
     ref = oracle(*ts, allowed_mask(graph), 0.125).numpy()
     np.testing.assert_allclose(y, ref, rtol=2e-4, atol=2e-5)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import llvm_attention
+from tiga.xla_free_runtime import attention as attention_route
 
 torch = pytest.importorskip("torch")
 
@@ -41,7 +41,7 @@ def _expected(graph, q, k, v, scale, ct):
 
 
 def _native_calls():
-    return llvm_attention.STATS.get("native_backward_calls", 0)
+    return attention_route.STATS.get("native_backward_calls", 0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -55,7 +55,7 @@ def test_native_backward_matches_oracle_and_numpy_tiles(kind, n, heads, width, m
     assert _native_calls() > before
     for name, a, b in zip("qkv", got, _expected(graph, q, k, v, 0.2, ct)):
         np.testing.assert_allclose(a, b, rtol=3e-4, atol=3e-5, err_msg=f"d{name}")
-    monkeypatch.setattr(llvm_attention, "NATIVE_BACKWARD", False)
+    monkeypatch.setattr(attention_route, "NATIVE_BACKWARD", False)
     before = _native_calls()
     tiles = _grads(graph, q, k, v, 0.2, ct)
     assert _native_calls() == before

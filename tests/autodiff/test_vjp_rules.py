@@ -18,7 +18,7 @@ import pytest
 import tiga as tg
 from tiga.autodiff import NONDIFF, vjp_rules
 from tiga.core.primitive import all_primitives
-from tiga.core.prims.control import scan_p
+from tiga.core.prims.control import repeat_p
 from tiga.core.prims.graph import map_rows_p, propagate_p, row_type
 from tiga.core.prims.shape import broadcast_in_dim_p
 from tiga.core.program import ClosedProgram
@@ -398,7 +398,7 @@ for _by, _name, _red, _efn, _make in [
          _make)
 
 
-# ---- map_rows and scan ----------------------------------------------------------------------
+# ---- map_rows and repeat ----------------------------------------------------------------------
 
 
 def _map_rows(x, p):
@@ -418,23 +418,23 @@ def _repeat(w, b, h):
     return tg.repeat(3, body, (h, m.sum(h) * 0.0))
 
 
-case("scan-repeat", ["scan"], _repeat, several(lambda r: 0.5 * r.standard_normal((3, 3)),
+case("repeat", ["repeat"], _repeat, several(lambda r: 0.5 * r.standard_normal((3, 3)),
                                                normal(3), normal(2, 3)))
 
 
-def _scan_xs(reverse):
-    """scan with a const, a carry, a scanned input and a stacked output (direct bind)."""
+def _repeat_xs(reverse):
+    """repeat with a const, a carry, a per-step input and a stacked output (direct bind)."""
     def f(c, s, xs):
         body = _closed(lambda c, s, x: (m.tanh(s * c + x), s * m.sin(x)),
                        [aval_of(c), aval_of(s), row_type(aval_of(xs))])
-        carry, ys = bind(scan_p, c, s, xs, body=body, length=3, num_consts=1, num_carry=1,
+        carry, ys = bind(repeat_p, c, s, xs, body=body, length=3, num_consts=1, num_carry=1,
                          reverse=reverse)
         return carry, ys
     return f
 
 
-case("scan-xs", ["scan"], _scan_xs(False), several(normal(2), normal(2), normal(3, 2)))
-case("scan-xs-reverse", ["scan"], _scan_xs(True), several(normal(2), normal(2), normal(3, 2)))
+case("repeat-xs", ["repeat"], _repeat_xs(False), several(normal(2), normal(2), normal(3, 2)))
+case("repeat-xs-reverse", ["repeat"], _repeat_xs(True), several(normal(2), normal(2), normal(3, 2)))
 
 
 # ---- the tests -------------------------------------------------------------------------------

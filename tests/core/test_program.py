@@ -38,7 +38,7 @@ GOLDEN_SYMBOLIC = """\
 
 GOLDEN_REPEAT = """\
 { lambda ; a:f32[3]. let
-    b:f32[3] = scan[body={ lambda ; c:f32[3]. let
+    b:f32[3] = repeat[body={ lambda ; c:f32[3]. let
         d:f32[3] = mul c 2.0:f32[]
       in (d,) } length=2 num_consts=0 num_carry=1 reverse=False] a
     e:f32[] = reduce_sum[axes=(0,)] b

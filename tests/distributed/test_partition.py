@@ -104,7 +104,7 @@ def test_import_tiga_does_not_import_mpi4py():
 @given(st.integers(0, 40), st.integers(1, 5), st.floats(0.05, 0.6), st.booleans(),
        st.integers(0, 2 ** 31))
 def test_radius_plans_cover_the_relation_and_match_across_ranks(n, size, cutoff, loop, seed):
-    from tiga.xla_free_runtime.distributed.geometric import radius_plan
+    from tiga.xla_free_runtime.distributed.generated import radius_plan
 
     rng = np.random.default_rng(seed)
     pos = np.round(rng.random((n, 2)), 1)        # a coarse grid: ties and coincident points

@@ -182,11 +182,11 @@ def test_many_tiles_and_chunks(monkeypatch, strict):
     """Row tiles and source chunks are run-time sizes: shrink them so one call crosses
     many of each (same executable), with tails in every dimension."""
     from tiga.lower import schedule
-    from tiga.xla_free_runtime import llvm_propagate
+    from tiga.xla_free_runtime import propagate as propagate_route
 
     monkeypatch.setattr(schedule, "KNN_ROWS_PER_TILE", 7)     # the launch's schedule tiles
     monkeypatch.setattr(schedule, "KNN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(llvm_propagate, "_LAUNCHES", {})      # lowered again with them
+    monkeypatch.setattr(propagate_route, "_LAUNCHES", {})      # lowered again with them
     rng = np.random.default_rng(5)
     pos = rng.standard_normal((301, 17))
     query = rng.standard_normal((45, 17))
@@ -204,7 +204,7 @@ def test_fewer_sources_than_one_panel(strict):
 def test_reference_tiles_bound_memory(monkeypatch):
     import tracemalloc
 
-    from tiga.core import graph_geometry as geo
+    from tiga.core import graph_generated as geo
 
     rng = np.random.default_rng(2)
     pos = rng.standard_normal((1500, 24))
@@ -293,7 +293,7 @@ def test_torch_route_selects_in_the_call_and_its_vjp_adopts_the_ids(monkeypatch)
     rng = np.random.default_rng(4)
     pos = torch.tensor(rng.standard_normal((70, 16)), requires_grad=True)
     x = torch.tensor(rng.standard_normal((70, 2)), requires_grad=True)
-    from tiga.core import graph_geometry as geo
+    from tiga.core import graph_generated as geo
 
     reference_selection = geo.knn_csr
     monkeypatch.setattr(geo, "knn_csr", None)      # calling it would fail the test

@@ -1,4 +1,4 @@
-"""Coordinates held by a geometric relation as torch tensors that require grad are
+"""Coordinates held by a generated relation as torch tensors that require grad are
 differentiable inputs of the propagates that read them (through torch.autograd)."""
 from __future__ import annotations
 

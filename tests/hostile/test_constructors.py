@@ -112,7 +112,7 @@ def implicit_kinds():
            "graphs: entry at position 1 is str")
 
 @case
-def geometric_inputs():
+def generated_inputs():
     pts = np.random.default_rng(0).random((4, 2))
     raises(GVE, lambda: tg.Graph.knn(pts, 4), "k: is 4, expected 1 <= k <= 3")
     raises(GVE, lambda: tg.Graph.radius(pts, -1.0), "cutoff: is -1.0")

@@ -175,7 +175,7 @@ def test_message_passing_ir_uses_the_last_call():
 
 
 def test_repeat_over_propagate_runs_and_lowers():
-    """Regression: tg.repeat whose body closes over a relation (scan consts of GraphType)."""
+    """Regression: tg.repeat whose body closes over a relation (repeat consts of GraphType)."""
     x, w = np.array([1.0, -2.0], np.float32), np.array([0.5, 1.5, 2.0], np.float32)
     graph = tg.Graph.from_csr(np.array([0, 2, 3]), np.array([0, 1, 1]), num_src=2)
 
@@ -188,7 +188,7 @@ def test_repeat_over_propagate_runs_and_lowers():
         h = np.array([h[0] * w[0] + h[1] * w[1], h[1] * w[2]])
     np.testing.assert_allclose(np.asarray(tg.jit(f)(x, w)), h, rtol=1e-6)
     text = tg.jit(f).lower(x, w).ir("kernel")
-    assert '"gf_tensor.scan"' in text and "body = #region<0>" in text
+    assert '"gf_tensor.repeat"' in text and "body = #region<0>" in text
     assert '"gf_kernel.launch"' in text and str(ir.parse_module(text)) == text
 
 

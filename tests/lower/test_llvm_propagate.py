@@ -21,9 +21,9 @@ from tiga.core.eval import eval_program
 from tiga.lower.llvm import CodegenUnsupported, codegen_propagate
 from tiga.trace.message_passing import PropagateCall
 from tiga.xla_free_runtime import cache as cache_mod
-from tiga.xla_free_runtime import llvm_jit
 from tiga.xla_free_runtime.executor import execute, explain_program
-from tiga.xla_free_runtime.llvm_propagate import _key_of
+from tiga.xla_free_runtime.native import jit as native_jit
+from tiga.xla_free_runtime.propagate import _key_of
 from tiga.xla_free_runtime.threads import row_chunks
 
 m = tg.math
@@ -582,7 +582,7 @@ def test_codegen_emits_a_kernel_and_rejects_unsupported_messages():
                             ).staged_program()
     eqn = wide.eqns[0]
     text, _ = codegen_propagate(eqn.params, [a.type for a in eqn.inputs], "int64")
-    assert "x float>" in llvm_jit.optimized_ir(text)  # feature loops are vectorised
+    assert "x float>" in native_jit.optimized_ir(text)  # feature loops are vectorised
     bad, _ = PropagateCall(g, lambda s, d, e: s.x > 0, tg.max(), {"x": np.ones((1, 2))}, {},
                            {}, None, {}).staged_program()
     eqn = bad.eqns[0]
@@ -626,7 +626,7 @@ def test_propagates_inside_repeat_and_while_bodies_compile():
 
 
 def test_gradient_through_repeat_of_compiled_propagates():
-    """The relation is a const of the scan body; its VJP scans compiled propagates back."""
+    """The relation is a const of the repeat body; its VJP repeats compiled propagates back."""
     g = tg.Graph.from_coo(np.array([0, 2, 1, 1, 0]), np.array([1, 0, 2, 1, 1]), num_src=3,
                           num_dst=3)
 
@@ -695,7 +695,7 @@ def test_implicit_relations_walk_natively_and_match_reference(rel, family, red, 
     from tiga.lower.ir.iter import HIERARCHY_OF_KIND
     from tiga.lower.llvm.walks import walk_for
     from tiga.lower.pipeline import ir_text
-    from tiga.xla_free_runtime.llvm_propagate import plan_propagate
+    from tiga.xla_free_runtime.propagate import plan_propagate
 
     rng = np.random.default_rng(seed)
     x, h, w = inputs(rng, rel, shape, dtype)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import tiga as tg
 from tiga.autodiff.vjp import vjp_program
 from tiga.core.eval import eval_program
-from tiga.xla_free_runtime import llvm_attention
+from tiga.xla_free_runtime import attention as attention_route
 
 REDUCERS = {"sum": tg.sum, "mean": tg.mean, "max": tg.max, "min": tg.min, "prod": tg.prod,
             "online_softmax": tg.online_softmax}
@@ -249,9 +249,9 @@ def attention_relation(kind: str, n: int):
 
 @pytest.fixture
 def native_switch():
-    saved = (llvm_attention.NATIVE_FORWARD, llvm_attention.NATIVE_BACKWARD)
+    saved = (attention_route.NATIVE_FORWARD, attention_route.NATIVE_BACKWARD)
     yield
-    llvm_attention.NATIVE_FORWARD, llvm_attention.NATIVE_BACKWARD = saved
+    attention_route.NATIVE_FORWARD, attention_route.NATIVE_BACKWARD = saved
 
 
 @pytest.mark.parametrize("kind", ["triangular", "cu_causal", "cu_full", "dense"])
@@ -261,7 +261,7 @@ def native_switch():
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 def test_attention_non_finite(kind, route, data, native_switch):
     dtype = np.float32 if route.startswith("float32") else np.float64
-    llvm_attention.NATIVE_FORWARD = llvm_attention.NATIVE_BACKWARD = route.endswith("native")
+    attention_route.NATIVE_FORWARD = attention_route.NATIVE_BACKWARD = route.endswith("native")
     n = 70
     graph = attention_relation(kind, n)
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))

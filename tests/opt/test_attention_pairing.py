@@ -14,7 +14,7 @@ from tiga import opt
 from tiga.autodiff import vjp_program
 from tiga.autodiff.rules.attention import kind_of
 from tiga.core.eval import eval_program
-from tiga.xla_free_runtime import llvm_attention
+from tiga.xla_free_runtime import attention as attention_route
 from tiga.xla_free_runtime.executor import execute
 
 
@@ -121,10 +121,10 @@ def test_gradient_of_queries_only_runs_dq_alone():
     graph = relation("triangular", 20)
     q, k, v, ct = fields(20, 2, 4)
     f = call(Attention(), graph)
-    before = dict(llvm_attention.STATS)
+    before = dict(attention_route.STATS)
     dq = tg.grad(lambda q: (f(q, k, v) * ct).sum())(q)
-    assert llvm_attention.STATS["dq_walks"] == before["dq_walks"] + 1
-    assert llvm_attention.STATS["stats_walks"] == before["stats_walks"]
+    assert attention_route.STATS["dq_walks"] == before["dq_walks"] + 1
+    assert attention_route.STATS["stats_walks"] == before["stats_walks"]
     want = reference_grad(lambda q: (Attention().reference(
         graph=graph, src={"key": k, "value": v}, dst={"query": q}, scale=0.7) * ct).sum())(q)
     np.testing.assert_allclose(np.asarray(dq), np.asarray(want), rtol=1e-9, atol=1e-11)
@@ -135,7 +135,7 @@ def _module_state() -> dict:
     from tiga.autodiff.rules import attention as rules
     from tiga.opt import attention_pairing
     sizes = {}
-    for mod in (llvm_attention, rules, attention_pairing):
+    for mod in (attention_route, rules, attention_pairing):
         for name, value in vars(mod).items():
             if isinstance(value, dict | list | set) and not name.isupper():
                 sizes[f"{mod.__name__}.{name}"] = len(value)
@@ -149,7 +149,7 @@ def test_no_module_state_holds_per_call_values(dtype):
     """Forward + backward (tg.vjp and the torch bridge) on fresh arrays: module-level
     containers do not grow per call, and the old id()-keyed stores are gone."""
     torch = pytest.importorskip("torch")
-    assert not hasattr(llvm_attention, "_SAVED") and not hasattr(llvm_attention, "_DQ")
+    assert not hasattr(attention_route, "_SAVED") and not hasattr(attention_route, "_DQ")
     graph = relation("triangular", 40)
     f = call(Attention(), graph)
 
@@ -164,11 +164,11 @@ def test_no_module_state_holds_per_call_values(dtype):
     one(0)
     one(1)          # warm: every memo (programs, kernels, scratch shapes) filled
     before = _module_state()
-    walks = (llvm_attention.STATS["stats_walks"], llvm_attention.STATS["dq_walks"])
+    walks = (attention_route.STATS["stats_walks"], attention_route.STATS["dq_walks"])
     for seed in range(2, 6):
         one(seed)
     assert _module_state() == before
-    assert (llvm_attention.STATS["stats_walks"], llvm_attention.STATS["dq_walks"]) == walks
+    assert (attention_route.STATS["stats_walks"], attention_route.STATS["dq_walks"]) == walks
 
 
 def reference_grad(fn, argnums=0):

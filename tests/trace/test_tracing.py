@@ -517,7 +517,7 @@ def test_repeat_matches_a_python_loop():
         np.testing.assert_allclose(np.asarray(got_h), want_h, rtol=1e-12)
         np.testing.assert_allclose(float(got_acc), want_acc, rtol=1e-12)
     program = tg.make_program(f)(w, h0)
-    assert [e.primitive.name for e in program.eqns].count("scan") == 1
+    assert [e.primitive.name for e in program.eqns].count("repeat") == 1
 
 
 def test_repeat_zero_times_is_identity_and_n_must_be_static():

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.core import graph_geometry as geo
+from tiga.core import graph_generated as geo
 from tiga.xla_free_runtime import triton_generated
 
 

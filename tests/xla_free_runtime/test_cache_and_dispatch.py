@@ -21,9 +21,9 @@ import tiga as tg
 from tiga.trace import call_cache
 from tiga.trace.message_passing import PropagateCall
 from tiga.xla_free_runtime import cache as cache_mod
-from tiga.xla_free_runtime import llvm_jit
 from tiga.xla_free_runtime.executor import execute
-from tiga.xla_free_runtime.llvm_propagate import _argv, plan_propagate
+from tiga.xla_free_runtime.native import jit as native_jit
+from tiga.xla_free_runtime.propagate import _argv, plan_propagate
 from tiga.xla_free_runtime.threads import row_chunks, run_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +60,7 @@ def _damage(entry, how: str) -> None:
     entry.write_bytes(bytes(data))
 
 
-@pytest.mark.skipif(llvm_jit.linker() is None, reason="no C toolchain: MCJIT layout only")
+@pytest.mark.skipif(native_jit.linker() is None, reason="no C toolchain: MCJIT layout only")
 def test_disk_entry_is_a_checked_shared_library(fresh_cache):
     cache, path = fresh_cache
     program, args, want = _program()
@@ -80,8 +80,8 @@ def test_damaged_entry_of_either_layout_is_discarded_and_rebuilt(fresh_cache, mo
                                                                  layout, how):
     if layout == "obj":
         monkeypatch.setenv("CC", "/nonexistent/tiga-no-cc")   # no toolchain: MCJIT layout
-        assert llvm_jit.linker() is None
-    elif llvm_jit.linker() is None:
+        assert native_jit.linker() is None
+    elif native_jit.linker() is None:
         pytest.skip("no C toolchain")
     cache, path = fresh_cache
     program, args, want = _program(0.375)
@@ -133,7 +133,7 @@ WARM_START = textwrap.dedent("""
 
 
 def test_warm_start_loads_the_kernel_without_llvm(tmp_path):
-    if llvm_jit.linker() is None:
+    if native_jit.linker() is None:
         pytest.skip("no C toolchain: warm starts load object code through MCJIT")
     env = dict(os.environ, TIGA_CACHE_DIR=str(tmp_path), PYTHONPATH=ROOT)
     runs = [json.loads(subprocess.run([sys.executable, "-c", WARM_START], env=env, cwd=ROOT,
@@ -148,8 +148,8 @@ def test_warm_start_loads_the_kernel_without_llvm(tmp_path):
 
 
 def test_host_description_does_not_need_llvm():
-    desc = llvm_jit.host_description()
-    assert desc and desc == llvm_jit.host_description()
+    desc = native_jit.host_description()
+    assert desc and desc == native_jit.host_description()
     if os.path.exists("/proc/cpuinfo"):
         assert "cpuinfo:" in desc
 
@@ -322,7 +322,7 @@ def test_row_balanced_chunks_cover_rows_in_equal_parts(rows, degree, threads, pe
 def test_runtime_chunks_rows_as_the_launch_schedule_says(monkeypatch, kind):
     """The threads, partition and chunk granularity a call runs with are the ones its
     scheduled Kernel IR prints (launch_op is what TIGA_DUMP writes and explain() shows)."""
-    from tiga.xla_free_runtime import llvm_propagate as lp
+    from tiga.xla_free_runtime import propagate as lp
 
     monkeypatch.setenv("TIGA_NUM_THREADS", "2")
     rng = np.random.default_rng(7)

@@ -1,7 +1,8 @@
-"""The native worker pool (lower/llvm/pool.py, threads.py) and the aligned staging of gathered
-fields (llvm_propagate.py): every chunk runs exactly once whether the workers spin, sleep on
-the futex, arrive late or are more than the cores; concurrent Python callers; a forked child;
-misaligned source arrays. Oracles: one kernel call over all rows, scipy CSR in float64."""
+"""The native worker pool (lower/llvm/pool.py, xla_free_runtime/native/pool.py) and the
+aligned staging of gathered fields (propagate.py): every chunk runs exactly once whether
+the workers spin, sleep on the futex, arrive late or are more than the cores; concurrent
+Python callers; a forked child; misaligned source arrays. Oracles: one kernel call over all
+rows, scipy CSR in float64."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,8 @@ import scipy.sparse as sp
 import tiga as tg
 from tiga.lower.llvm import pool as protocol
 from tiga.xla_free_runtime import threads as T
-from tiga.xla_free_runtime.llvm_propagate import _argv, plan_propagate, walked_csr
+from tiga.xla_free_runtime.native import pool as native_pool
+from tiga.xla_free_runtime.propagate import _argv, plan_propagate, walked_csr
 
 pytestmark = pytest.mark.skipif(not protocol.supported(),
                                 reason="the native pool is built for x86-64 Linux only")
@@ -63,19 +65,19 @@ def _one_call(exe, row_ptr, col, x, w):
 def test_every_chunk_runs_once_with_spinning_and_sleeping_workers(threads):
     row_ptr, col, x, w = _problem()
     _, _, exe = _kernel(row_ptr, col, x, w)
-    assert T._pool_entries(exe.native) is not None
+    assert native_pool._pool_entries(exe.native) is not None
     want = _one_call(exe, row_ptr, col, x, w)
     np.testing.assert_array_equal(_run(exe, row_ptr, col, x, w, threads), want)
-    st = T._NATIVE["state"]
-    for spin in (T.WORKER_SPIN, 0, 50):    # 0: every job wakes the workers from the futex
+    st = native_pool._NATIVE["state"]
+    for spin in (native_pool.WORKER_SPIN, 0, 50):    # 0: every job wakes the workers from the futex
         st[protocol.SPIN] = spin
         # (scaled by powers of two, so the expected sums scale exactly)
         got = [_run(exe, row_ptr, col, x * 2.0 ** (k % 7), w, threads) for k in range(30)]
         for k, o in enumerate(got):
             np.testing.assert_array_equal(o, want * 2.0 ** (k % 7))
         assert st[protocol.ENTRY] & 0x1FFFF == protocol.CLOSED   # closed, no worker inside
-    st[protocol.SPIN] = T.WORKER_SPIN
-    assert T._NATIVE["workers"] >= threads - 1
+    st[protocol.SPIN] = native_pool.WORKER_SPIN
+    assert native_pool._NATIVE["workers"] >= threads - 1
 
 
 def test_concurrent_python_callers_share_the_pool_safely():
@@ -147,7 +149,7 @@ def test_misaligned_sources_give_the_same_result(offset, width, dtype, threads, 
 
 
 def test_huge_page_advice_keeps_contents_and_results():
-    from tiga.xla_free_runtime import llvm_propagate as LP
+    from tiga.xla_free_runtime import propagate as LP
     rng = np.random.default_rng(5)
     n, deg = 1 << 16, 4
     row_ptr = np.arange(n + 1, dtype=np.int64) * deg
@@ -175,7 +177,7 @@ def test_parallel_copy_copies_every_byte(threads, nbytes):
     _, _, exe = _kernel(row_ptr, col, x, w)
     src = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
     dst = np.zeros_like(src)
-    T.parallel_copy(exe.native, dst, src, threads)
+    native_pool.parallel_copy(exe.native, dst, src, threads)
     np.testing.assert_array_equal(dst, src)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import graph_build as gb
-from . import graph_geometry as geo
+from . import graph_generated as geo
 from . import graph_utils as gu
 from . import graph_validate as gv
 from .dtypes import DType, as_dtype, int32, int64
@@ -23,9 +23,9 @@ from .types import Dim, GraphType
 
 KINDS = ("csr", "dense", "triangular", "cu_seqlens", "cat", "stencil", "radius", "knn",
          "paged")
-GEOMETRIC_KINDS = ("radius", "knn")
+GENERATED_KINDS = ("radius", "knn")
 # tiga.trace registers how radius/knn stage on traced coordinates (core cannot import trace)
-geometry_hooks: dict[str, Callable | None] = {"traced": None, "bind": None}
+generated_hooks: dict[str, Callable | None] = {"traced": None, "bind": None}
 # the runtime registers its store reader: `open(path)` -> an object with num_src, num_dst,
 # num_edges, index_dtype, version, read_rows(start, stop) and read_csr() (core cannot
 # import the runtime)
@@ -231,14 +231,14 @@ class Graph:
         drops (i, i) when query is None. `max_neighbors` keeps each row's nearest ones (ties
         by smaller index); explain() reports how many rows were truncated."""
         if _traced(positions, query):
-            return geometry_hooks["bind"]("radius", positions, query, cutoff=float(
+            return generated_hooks["bind"]("radius", positions, query, cutoff=float(
                 geo.read_cutoff(cutoff)), loop=geo.read_flag(loop, "loop"),
                 max_neighbors=geo.read_max_neighbors(max_neighbors))
         pos = geo.read_positions(positions, "positions")
         q = geo.read_query(query, pos)
         params = {"cutoff": geo.read_cutoff(cutoff), "loop": geo.read_flag(loop, "loop"),
                   "max_neighbors": geo.read_max_neighbors(max_neighbors)}
-        return cls._geometric("radius", pos, q, positions, query, params, None)
+        return cls._generated("radius", pos, q, positions, query, params, None)
 
     @classmethod
     def knn(cls, positions: Any, k: int, *, query: Any = None, loop: bool = False) -> Graph:
@@ -249,16 +249,16 @@ class Graph:
             num_src = positions.aval.shape[0] if hasattr(positions, "aval") else len(positions)
             if isinstance(num_src, int):   # k is checked now when the size is concrete
                 k = geo.read_k(k, geo.candidates_per_row(num_src, query is None, loop))
-            return geometry_hooks["bind"]("knn", positions, query, k=k, loop=loop)
+            return generated_hooks["bind"]("knn", positions, query, k=k, loop=loop)
         pos = geo.read_positions(positions, "positions")
         q = geo.read_query(query, pos)
         loop = geo.read_flag(loop, "loop")
         k = geo.read_k(k, geo.candidates_per_row(len(pos), q is None, loop))
         n = len(pos) if q is None else len(q)
-        return cls._geometric("knn", pos, q, positions, query, {"k": k, "loop": loop}, n * k)
+        return cls._generated("knn", pos, q, positions, query, {"k": k, "loop": loop}, n * k)
 
     @classmethod
-    def _geometric(cls, kind, pos, q, pos_in, query_in, params, num_edges) -> Graph:
+    def _generated(cls, kind, pos, q, pos_in, query_in, params, num_edges) -> Graph:
         # private read-only copies: the caller's arrays stay writable, and writing them later
         # cannot change the relation the cell directory and kernels were built for
         pos = _private(pos)
@@ -272,13 +272,13 @@ class Graph:
 
     @property
     def positions(self):
-        """Source coordinates of a geometric relation (None for other kinds)."""
+        """Source coordinates of a generated relation (None for other kinds)."""
         return self.params.get("positions")
 
     @property
     def query_positions(self):
-        """Destination coordinates of a geometric relation (the sources when query=None)."""
-        if self.kind not in GEOMETRIC_KINDS:
+        """Destination coordinates of a generated relation (the sources when query=None)."""
+        if self.kind not in GENERATED_KINDS:
             return None
         q = self.params.get("query")
         return self.params["positions"] if q is None else q
@@ -340,8 +340,8 @@ class Graph:
     def resolve_csr(self) -> tuple:
         """(row_ptr int64, col_idx in the index dtype), materialised once and cached."""
         if self._csr is None:
-            if self.kind in GEOMETRIC_KINDS:
-                self._csr = gb.freeze(*_geometric_csr(self.kind, self.params))
+            if self.kind in GENERATED_KINDS:
+                self._csr = gb.freeze(*_generated_csr(self.kind, self.params))
                 self.num_edges = len(self._csr[1])
             elif self.kind == "paged":
                 self._csr = gb.freeze(*self.params["reader"].read_csr())
@@ -405,7 +405,7 @@ class Graph:
 
     def type(self, symbolic: bool = False) -> GraphType:
         """The relation's GraphType; symbolic sizes (N, S, E) let one kernel serve every size."""
-        dims = self.params.get("dims") if self.kind in GEOMETRIC_KINDS else None
+        dims = self.params.get("dims") if self.kind in GENERATED_KINDS else None
         if not symbolic:
             e = Dim("E") if self.num_edges is None else self.num_edges
             return GraphType(self.kind, self.num_src, self.num_dst, e, self.index_dtype, dims)
@@ -430,7 +430,7 @@ def _implicit_csr(kind: str, params: dict) -> tuple:
     raise GraphValidationError(f"kind: {kind!r} has no implicit CSR form")
 
 
-def _geometric_csr(kind: str, params: dict) -> tuple:
+def _generated_csr(kind: str, params: dict) -> tuple:
     pos, q = params["positions"], params["query"]
     if kind == "knn":
         return geo.knn_csr(pos, q, params["k"], params["loop"])
@@ -441,7 +441,7 @@ def _geometric_csr(kind: str, params: dict) -> tuple:
 
 
 def _traced(*values) -> bool:
-    hook = geometry_hooks["traced"]
+    hook = generated_hooks["traced"]
     return hook is not None and any(hook(v) for v in values if v is not None)
 
 

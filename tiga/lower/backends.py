@@ -5,7 +5,8 @@ in this process (and why not), and the launcher the runtime registers for it
 (`register_launcher`, called by xla_free_runtime; this layer never imports the runtime).
 `selected_backend()` reads `tg.config.backend` / TIGA_BACKEND.
 
-- cpu-llvm: lower/render.py (LLVM text), launched by xla_free_runtime/llvm_propagate.py;
+- cpu-llvm: lower/llvm/render.py (LLVM text and signature, from the launch op and the
+  call data its text cannot carry), launched by xla_free_runtime/launch.py's planners;
 - triton: lower/triton (Triton source), compiled for the CUDA device by Triton;
 - triton-interpreter: the same source run by Triton's interpreter on CPU (TRITON_INTERPRET=1
   while the generated module is imported), so every Triton kernel is tested without a GPU.
@@ -62,20 +63,21 @@ def _gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _render_llvm(op: LaunchOp, symbol: str) -> str:
-    from .render import render_launch
-    return render_launch(op, symbol=symbol)
+def _render_llvm(op: LaunchOp, symbol: str, call=None):
+    from .llvm.render import render
+    return render(op, symbol=symbol, call=call)
 
 
-def _render_triton(op: LaunchOp, symbol: str) -> str:
+def _render_triton(op: LaunchOp, symbol: str, call=None):
     from .triton import render_launch
-    return render_launch(op, symbol=symbol).text
+    return render_launch(op, symbol=symbol)
 
 
 @dataclass
 class Backend:
     name: str
-    render: Callable[[LaunchOp, str], str]
+    # (op, symbol, call data or None) -> a source with `.text` (cpu-llvm: KernelSource)
+    render: Callable[..., object]
     availability: Callable[[], tuple[bool, str]]
     interpreter: bool = False
     launcher: object = field(default=None, repr=False)   # set by the runtime
@@ -175,4 +177,5 @@ def render_module(module: KernelModule, stage: str) -> str:
     launches = [op for op in _walk_ops(module.body) if isinstance(op, LaunchOp)]
     if not launches:
         return f"# {module.name}: no gf_kernel.launch to render\n"
-    return "\n".join(backend.render(op, f"{module.name}_{i}") for i, op in enumerate(launches))
+    return "\n".join(backend.render(op, f"{module.name}_{i}").text
+                     for i, op in enumerate(launches))

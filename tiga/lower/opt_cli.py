@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..core.errors import TigaError
+from ..core.errors import TigaError, UnsupportedError
 from .ir import parse_module
 from .passes import PASSES
 
@@ -65,15 +65,22 @@ def main(argv=None) -> int:
             if name != "--render":
                 module = PASSES[name](module)
         if render:
-            from .render import render_kernel_module
-
-            sys.stdout.write(render_kernel_module(module))
+            sys.stdout.write(_render(module))
         else:
             sys.stdout.write(str(module))
     except (TigaError, OSError) as exc:
         print(f"tiga-opt: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _render(module) -> str:
+    from . import CPU_LLVM_AVAILABLE
+
+    if not CPU_LLVM_AVAILABLE:
+        raise UnsupportedError("--render needs llvmlite (the cpu-llvm backend)")
+    from .llvm.render import render_kernel_module
+    return render_kernel_module(module)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def register_lowered(backend: str) -> None:
         elif lowered:
             REFERENCE_ONLY[p] = _OTHER_BACKENDS.format(lowered=", ".join(lowered),
                                                        missing=", ".join(missing))
-        elif p.name in ("scan", "while_loop"):
+        elif p.name in ("repeat", "while_loop"):
             REFERENCE_ONLY[p] = _LOOPS.format(name=p.name)
         else:
             REFERENCE_ONLY[p] = _TOP_LEVEL_ONLY.format(name=p.name)

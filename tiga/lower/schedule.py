@@ -2,7 +2,7 @@
 
 `select_kernel_schedule` calls these on a `gf_kernel.launch`; the renderer (lower/llvm/kernel.py)
 reads the result from the Schedule it receives and only calls them itself when it is handed
-no Schedule (direct `codegen_propagate` callers), so each decision has one owner.
+no Schedule (the generated-relation walks), so each decision has one owner.
 
 - edge_unroll: independent accumulators per row for reassociable folds (sum/mean over
   float32/float64 or integers). One accumulator makes every edge wait for the previous add

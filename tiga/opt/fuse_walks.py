@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 
 from ..core.passes import cse, dce
-from ..core.prims.geometry import knn_p, radius_p
+from ..core.prims.generated import knn_p, radius_p
 from ..core.prims.graph import propagate_p
 from ..core.program import ClosedProgram, Eqn, GraphProgram, Lit, Var
 from ..core.types import GraphType
@@ -43,7 +43,7 @@ def relation_kind(graph):
     only radius/knn walks, whose traversal dominates, are merged)."""
     if getattr(graph, "kind", None) not in ("radius", "knn"):
         return None
-    # radius over one point set, untruncated (the runtime's llvm_generated.symmetric, which
+    # radius over one point set, untruncated (the runtime's generated.symmetric, which
     # this layer may not import; a test keeps the two in agreement)
     p = graph.params
     sym = graph.kind == "radius" and p["query"] is None and not p["max_neighbors"]

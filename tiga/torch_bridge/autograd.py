@@ -59,7 +59,7 @@ def _resolved_first(graph) -> bool:
     low-dim kNN (cheap cell searches). kNN above FAST_DIMS dims knows its edge count
     (num_dst * k) and selects its neighbours in the call (knn-tiled-scan), whose VJP adopts
     them; resolving first would run the O(N*M*d) numpy reference selection."""
-    from ..core.graph_geometry import FAST_DIMS
+    from ..core.graph_generated import FAST_DIMS
 
     if getattr(graph, "tiga_distributed", False) is True:
         return False    # its CSR lives on several ranks; its type is already concrete

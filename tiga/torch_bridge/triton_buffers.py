@@ -32,7 +32,7 @@ def zeros(shape: tuple, dtype: str, device: str) -> torch.Tensor:
 def cell_directory(pos: torch.Tensor, lo, inv_w: float, dims) -> tuple:
     """(cell_start int64[cells + 1], order int64[N]) of points `pos` [N, d] on their own
     device: a counting sort by C-order linear cell, stable (cell coordinates in float64,
-    clamped to the grid, as core.graph_geometry.cell_coords places them)."""
+    clamped to the grid, as core.graph_generated.cell_coords places them)."""
     lo_t = torch.as_tensor(np.asarray(lo, np.float64), device=pos.device)
     dims_t = torch.as_tensor(np.asarray(dims, np.int64), device=pos.device)
     c = torch.floor((pos.to(torch.float64) - lo_t) * inv_w)

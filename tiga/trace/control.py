@@ -1,10 +1,10 @@
-"""trace: structured control: tg.repeat (a scan) and bounded tg.while_loop."""
+"""trace: structured control: tg.repeat (the repeat primitive) and bounded tg.while_loop."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from ..core.errors import ShapeError, TigaError
-from ..core.prims.control import scan_p, while_loop_p
+from ..core.prims.control import repeat_p, while_loop_p
 from ..core.program import ClosedProgram
 from .pytree import tree_flatten, tree_unflatten
 from .staging import leaf_aval, leaf_value, trace_flat
@@ -37,7 +37,7 @@ def repeat(n: int, body: Callable, init):
     avals = [leaf_aval(x).strong() for x in leaves]
     prog, caps, out_tree = _trace_body(body, in_tree, avals, "repeat")
     _check_carry(in_tree, out_tree, avals, prog.out_types, "repeat")
-    outs = bind(scan_p, *[leaf_value(c) for c in caps], *[leaf_value(x) for x in leaves],
+    outs = bind(repeat_p, *[leaf_value(c) for c in caps], *[leaf_value(x) for x in leaves],
                 body=ClosedProgram(prog), length=n, num_consts=len(caps),
                 num_carry=len(leaves), reverse=False)
     return tree_unflatten(in_tree, outs)

@@ -12,9 +12,14 @@ from ..core.prims.graph import propagate_p, role_size, row_type
 from ..core.program import ClosedProgram, GraphProgram, Var
 from ..core.reducers import Reducer, ReducerMessage
 from ..core.types import GraphType
-from . import geometry
-from .call_checks import (check_edge_output, check_keywords, check_operand, checked_region,
-                          field_dict)
+from . import generated
+from .call_checks import (
+    check_edge_output,
+    check_keywords,
+    check_operand,
+    checked_region,
+    field_dict,
+)
 from .staging import leaf_aval, leaf_value, trace_flat
 from .tracer import Tracer, bind, current_builder
 
@@ -31,7 +36,7 @@ class FieldView:
     def __init__(self, role: str, fields: dict, lazy: dict | None = None):
         object.__setattr__(self, "_role", role)
         object.__setattr__(self, "_fields", fields)
-        # computed attributes (edge.displacement / edge.distance of geometric relations)
+        # computed attributes (edge.displacement / edge.distance of generated relations)
         object.__setattr__(self, "_lazy", lazy or {})
 
     def __getattr__(self, name: str):
@@ -82,8 +87,8 @@ class PropagateCall:
         self.update, self.reduce_by = update, reduce_by
         self.fields = {"src": field_dict("src", src), "dst": field_dict("dst", dst),
                        "edge": field_dict("edge", edge)}
-        hidden = geometry.hidden_fields(graph)
-        if hidden is not None:   # a geometric relation: its coordinates are field operands
+        hidden = generated.hidden_fields(graph)
+        if hidden is not None:   # a generated relation: its coordinates are field operands
             for role, extra in hidden.items():
                 self.fields[role].update(extra)
         self.params = dict(params)
@@ -208,7 +213,7 @@ class PropagateCall:
         def fn(*args):
             views = self._views(items, args[:len(rows)])
             kw = _accepted(self.edge_fn, dict(zip(names, args[len(rows):])))
-            lazy = geometry.edge_geometry(views["src"], views["dst"])
+            lazy = generated.edge_geometry(views["src"], views["dst"])
             out = self.edge_fn(FieldView("src", views["src"]), FieldView("dst", views["dst"]),
                                FieldView("edge", views["edge"], lazy), **kw)
             parts = self._message_parts(out)

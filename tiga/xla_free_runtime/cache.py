@@ -1,6 +1,6 @@
 """runtime: the executable cache: one memory cache per process, native code on disk.
 
-Key = the kernel's printed `gf_kernel.launch` op (llvm_propagate.kernel_text: edge and
+Key = the kernel's printed `gf_kernel.launch` op (propagate.kernel_text: edge and
 reducer regions, types, schedule; the walk's layout constants beside it) + backend + frozen
 options + `tiga_key()` (hash of Tiga's lowering sources) + llvmlite version + host CPU, so
 nothing is bumped by hand. Disk entries
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..core.errors import CompilationError
 from ..lower.llvm import KernelSignature
-from . import llvm_jit
+from .native import jit
 
 MAGIC = b"TIGAOBJ1\n"
 SO_MAGIC = b"TIGASO01"
@@ -61,8 +61,8 @@ def cache_dir() -> Path:
 def full_key(parts: tuple) -> str:
     """The cache key of one executable: its printed kernel (and any layout constants the
     print does not carry) with the backend, tool versions and Tiga's source hash."""
-    frozen = (BACKEND, f"O{llvm_jit.OPT_LEVEL}", tiga_key(), llvm_jit.llvmlite_version(),
-              llvm_jit.host_description())
+    frozen = (BACKEND, f"O{jit.OPT_LEVEL}", tiga_key(), jit.llvmlite_version(),
+              jit.host_description())
     return hashlib.sha256(repr((parts, frozen)).encode()).hexdigest()
 
 
@@ -72,7 +72,7 @@ class Executable:
 
     key: str
     signature: KernelSignature
-    native: llvm_jit.NativeFunction
+    native: jit.NativeFunction
     origin: str
     ir_text: str | None = None
 
@@ -136,22 +136,22 @@ class ExecutableCache:
         symbol = symbol_for(key)
         text, sig = build(symbol)
         native = None
-        linked = llvm_jit.linker() is not None
+        linked = jit.linker() is not None
         if linked:
             try:
-                lib = llvm_jit.link_shared(llvm_jit.compile_ir(text, pic=True))
+                lib = jit.link_shared(jit.compile_ir(text, pic=True))
             except CompilationError:
                 lib, linked = None, False     # a broken toolchain: the MCJIT way
         if linked and lib is not None:
             if not _write_atomic(_entry_path(key), _so_entry(key, lib, sig)):
                 self.stats.disk_write_errors += 1
             try:
-                native = llvm_jit.load_shared(lib, symbol, _workdir())
+                native = jit.load_shared(lib, symbol, _workdir())
             except OSError:
                 native = None     # e.g. no directory allows executable mappings: MCJIT
         if native is None:
-            obj = llvm_jit.compile_ir(text)
-            native = llvm_jit.load_object(obj, symbol)
+            obj = jit.compile_ir(text)
+            native = jit.load_object(obj, symbol)
             if not linked and not _write_atomic(_entry_path(key), _obj_entry(key, obj, sig)):
                 self.stats.disk_write_errors += 1
         self.stats.misses += 1
@@ -172,11 +172,11 @@ class ExecutableCache:
         layout, code, sig = entry
         if layout == "so":
             try:
-                native = llvm_jit.load_shared(code, sig.symbol, _workdir())
+                native = jit.load_shared(code, sig.symbol, _workdir())
             except OSError:
                 return None       # whole but not loadable here: compile (the MCJIT way)
         else:
-            native = llvm_jit.load_object(code, sig.symbol)
+            native = jit.load_object(code, sig.symbol)
         self.stats.disk_hits += 1
         return Executable(key, sig, native, "disk")
 

@@ -3,7 +3,7 @@
 Each `propagate` (top level or inside a repeat/while body) runs as a fused cpu-llvm kernel
 when its edge function, reducer and update compile, otherwise on the reference interpreter
 with the reason recorded. Every other equation runs on the numpy impl rules (tensor code
-outside propagate is not compiled yet); scan and while_loop are interpreted here so that
+outside propagate is not compiled yet); repeat and while_loop are interpreted here so that
 the propagates in their bodies compile too. Strict mode (tg.config.strict) refuses any
 propagate that would fall back.
 """
@@ -17,16 +17,16 @@ from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError
 from ..core.eval import eval_program
-from ..core.prims.control import run_scan, run_while, scan_p, while_loop_p
+from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from .cache import CACHE
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
+from .generated import fused_degrees, generated_relations
 from .launch import plan
-from .llvm_generated import fused_degrees, generated_relations
-from .llvm_propagate import Fallback, run_propagate
+from .propagate import Fallback, run_propagate
 from .routes import describe_program
 
 GENERATED = ("radius", "knn")
@@ -126,16 +126,16 @@ def _overrides(routes: dict) -> dict:
             return None     # the reference impl rule
         return run_propagate(route, eqn, vals[0], vals[1:])
 
-    return {propagate_p: propagate, scan_p: _scan, while_loop_p: _while, degrees_p: _degrees}
+    return {propagate_p: propagate, repeat_p: _repeat, while_loop_p: _while, degrees_p: _degrees}
 
 
 def _call(closed, args: list) -> list:
     return _run(closed.program, list(closed.consts) + list(args))
 
 
-def _scan(eqn, vals):
-    """scan, with the body run by this executor (so its propagates compile)."""
-    return run_scan(_call, vals, **eqn.params)
+def _repeat(eqn, vals):
+    """repeat, with the body run by this executor (so its propagates compile)."""
+    return run_repeat(_call, vals, **eqn.params)
 
 
 def _while(eqn, vals):

@@ -4,7 +4,7 @@
 propagate?"): the executor, explain(), the distributed runtime. The selected backend
 (lower/backends.py) decides first: a Triton backend plans through triton_launch; cpu-llvm
 tries the specialised planners of `PLANNERS` in order and then the generic fused kernel
-(llvm_propagate.plan_propagate). The planners import llvm_propagate, never this module, so
+(propagate.plan_propagate). The planners import propagate.py, never this module, so
 the dispatch sits above them and no import order fills a registry.
 
 A planner is `planner(eqn, graph, compile) -> None | Fallback | plan` (None: not mine). A
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from ..lower import CPU_LLVM_AVAILABLE
 from ..lower.backends import TRITON_BACKENDS, register_launcher, selected_backend
-from . import llvm_attention, llvm_generated, paging
-from .llvm_propagate import Fallback, plan_propagate
+from . import attention, generated, paging
+from .propagate import Fallback, plan_propagate
 from .triton_launch import backend_plan
 
 
@@ -26,7 +26,7 @@ def _paged(eqn, graph, compile: bool):
 
 # Tried in this order before the generic fused kernel: a stored relation pages whatever its
 # edge function; attention and generated (radius/knn) relations have their own walks.
-PLANNERS = (_paged, llvm_attention.plan_attention, llvm_generated.plan_generated)
+PLANNERS = (_paged, attention.plan_attention, generated.plan_generated)
 
 
 def plan_cpu(eqn, graph, *, compile: bool = True):

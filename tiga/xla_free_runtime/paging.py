@@ -32,8 +32,8 @@ from ..core.program import Var
 from ..core.types import TensorType
 from . import memory, paging_plan, store_transpose
 from . import scope as sc
-from .llvm_propagate import Fallback, plan_propagate, run_propagate
 from .page_buffers import PageBuffers
+from .propagate import Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
 
 PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.prims.control import scan_p, while_loop_p
+from ..core.prims.control import repeat_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from .explain import Explanation, launch_facts, schedule_line
+from .generated import GeneratedType, generated_relations
 from .launch import plan
-from .llvm_generated import GeneratedType, generated_relations
-from .llvm_propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
+from .propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .threads import num_threads, row_chunks
 from .triton_launch import relabel_routes
 
@@ -54,9 +54,9 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
                     "asymmetric and grouped by source: transposed where needed); size "
                     "known then"))
     others = sorted({e.primitive.name for e in program.eqns
-                     if e.primitive not in (propagate_p, scan_p, while_loop_p)})
+                     if e.primitive not in (propagate_p, repeat_p, while_loop_p)})
     loops = sorted({e.primitive.name for e in program.eqns
-                    if e.primitive in (scan_p, while_loop_p)})
+                    if e.primitive in (repeat_p, while_loop_p)})
     _summarise(ex, compiled, fallen, others)
     relabel_routes(ex)
     if loops:
@@ -83,7 +83,7 @@ def _propagates(program: GraphProgram, graphs: dict, where: str):
             yield eqn, graph_of(eqn.inputs[0]), where
             continue
         p = eqn.params
-        if eqn.primitive is scan_p:
+        if eqn.primitive is repeat_p:
             bodies = [("repeat body", p["body"], list(eqn.inputs))]
         elif eqn.primitive is while_loop_p:
             nc, nb = p["cond_nconsts"], p["body_nconsts"]

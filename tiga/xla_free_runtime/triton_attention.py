@@ -1,7 +1,7 @@
 """runtime: the Triton attention kernels (lower/triton/attention.py) on torch tensors, and the
 program route that runs them under the triton / triton-interpreter backends.
 
-`attention_plan` claims what the LLVM route's planner (llvm_attention.py) claims: the
+`attention_plan` claims what the LLVM route's planner (attention.py) claims: the
 online_softmax attention forward (plain, or `online_softmax(stats)` returning the per-row
 max and mass; opt.attention_pairing) and the canonical VJP propagates dq, (dk, dv) and the
 fused (dk, dv, dq), over dense (also non-square), triangular and cu_seqlens relations,

@@ -4,7 +4,7 @@ device from the relation's coordinates.
 - radius: the propagate kernel walks a cell directory (lower/triton/walks.py); the
   directory's counting sort (cell_start, cell_order) runs as torch ops on the launch device
   (torch_bridge/triton_buffers.py). The grid's origin, cell width and cell counts are
-  O(dims) host numbers from the reference's rule (core.graph_geometry), computed from the
+  O(dims) host numbers from the reference's rule (core.graph_generated), computed from the
   relation's host coordinates.
 - kNN: `knn_shells` (lower/triton/generated.py; up to 3 coordinates: cell shells of a
   directory counting-sorted on the device, as radius) or `knn_select` (a scan of every
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import graph_geometry as geo
+from ..core import graph_generated as geo
 from ..lower.triton.generated import knn_shell_source, knn_source
 from .triton_launch import _interpret, import_text, tensors
 

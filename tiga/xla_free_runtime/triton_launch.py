@@ -41,8 +41,8 @@ from ..lower.triton import (
 )
 from . import triton_cache
 from .cache import full_key
-from .llvm_propagate import Fallback, walk_arrays, walked_csr
-from .llvm_propagate import plan_propagate as llvm_plan
+from .propagate import Fallback, walk_arrays, walked_csr
+from .propagate import plan_propagate as llvm_plan
 
 _MODULES: dict = {}          # module key -> imported kernel module
 _SOURCES: dict = {}          # module key -> KernelSource (rendered or read from disk)

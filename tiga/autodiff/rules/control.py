@@ -1,9 +1,9 @@
-"""autodiff: VJP rules of scan (tg.repeat) and while_loop."""
+"""autodiff: VJP rules of repeat (tg.repeat) and while_loop."""
 from __future__ import annotations
 
 from ...core.errors import UnsupportedError
 from ...core.passes import cse, dce
-from ...core.prims.control import scan_p, while_loop_p
+from ...core.prims.control import repeat_p, while_loop_p
 from ...core.program import ClosedProgram
 from ...core.types import TensorType
 from ...trace import math as m
@@ -33,7 +33,7 @@ _NO_CT = TensorType((), "float32")
 
 
 def _with_history(body: ClosedProgram, num_consts, num_carry):
-    """The body, also emitting its input carry, so a forward scan saves every carry."""
+    """The body, also emitting its input carry, so a forward repeat saves every carry."""
     avals = body.in_types
 
     def fn(*args):
@@ -44,19 +44,19 @@ def _with_history(body: ClosedProgram, num_consts, num_carry):
     return ClosedProgram(prog)
 
 
-def scan_vjp_rule(ct_outs, outs, *operands, body, length, num_consts, num_carry, reverse):
+def repeat_vjp_rule(ct_outs, outs, *operands, body, length, num_consts, num_carry, reverse):
     consts = list(operands[:num_consts])
     carry = list(operands[num_consts:num_consts + num_carry])
     xs = list(operands[num_consts + num_carry:])
     n_ys = len(ct_outs) - num_carry
-    fwd = bind(scan_p, *consts, *carry, *xs, body=_with_history(body, num_consts, num_carry),
+    fwd = bind(repeat_p, *consts, *carry, *xs, body=_with_history(body, num_consts, num_carry),
                length=length, num_consts=num_consts, num_carry=num_carry, reverse=reverse)
     history = fwd[num_carry + n_ys:]
     ct_outs = [c if c is not None else m.zeros_like(o) for c, o in zip(ct_outs, outs)]
     ct_carry, ct_ys = ct_outs[:num_carry], ct_outs[num_carry:]
     acc = [m.full(t.shape, 0, t.dtype) for t in _acc_types(consts)]
     bwd_body = _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry)
-    res = bind(scan_p, *consts, *ct_carry, *acc, *history, *xs, *ct_ys, body=bwd_body,
+    res = bind(repeat_p, *consts, *ct_carry, *acc, *history, *xs, *ct_ys, body=bwd_body,
                length=length, num_consts=num_consts, num_carry=num_carry + num_consts,
                reverse=not reverse)
     ct_init, ct_consts = res[:num_carry], res[num_carry:num_carry + num_consts]
@@ -95,5 +95,5 @@ def while_loop_vjp_rule(ct_outs, outs, *operands, **params):
         hint="use tg.repeat(n, body, init) with a static n for differentiated loops")
 
 
-vjp_rules[scan_p] = scan_vjp_rule
+vjp_rules[repeat_p] = repeat_vjp_rule
 vjp_rules[while_loop_p] = while_loop_vjp_rule

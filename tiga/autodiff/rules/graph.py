@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core.errors import UnsupportedError
 from ...core.passes import cse, dce
-from ...core.prims.geometry import knn_p, radius_p
+from ...core.prims.generated import knn_p, radius_p
 from ...core.prims.graph import degrees_p, edge_ids_p, map_rows_p, propagate_p, row_type
 from ...core.program import ClosedProgram
 from ...core.reducers import max as max_reducer

@@ -1,4 +1,4 @@
-"""core: structured control primitives: scan (behind tg.repeat) and bounded while_loop."""
+"""core: structured control primitives: repeat (behind tg.repeat) and bounded while_loop."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ from ..eval import eval_closed
 from ..primitive import abstract_eval_rules, impl_rules, primitive
 from ..types import TensorType
 
-scan_p = primitive("scan", "control", multiple_results=True)
+repeat_p = primitive("repeat", "control", multiple_results=True)
 while_loop_p = primitive("while_loop", "control", multiple_results=True)
 
 
@@ -20,27 +20,27 @@ def _same(a, b) -> bool:
     return [strong(t) for t in a] == [strong(t) for t in b]
 
 
-def scan_abstract_eval_rule(*operands, body, length, num_consts, num_carry, reverse):
+def repeat_abstract_eval_rule(*operands, body, length, num_consts, num_carry, reverse):
     consts = operands[:num_consts]
     carry = operands[num_consts:num_consts + num_carry]
     xs = operands[num_consts + num_carry:]
     for x in xs:
         if x.ndim == 0 or x.shape[0] != length:
-            raise ShapeError(f"scan: scanned operand {x} needs leading axis {length}")
+            raise ShapeError(f"repeat: per-step operand {x} needs leading axis {length}")
     x_rows = [TensorType(x.shape[1:], x.dtype) for x in xs]
     if not _same(body.in_types, [*consts, *carry, *x_rows]):
-        raise ShapeError("scan: body binders do not match (consts, carry, x rows)")
+        raise ShapeError("repeat: body binders do not match (consts, carry, x rows)")
     outs = body.out_types
     if not _same(outs[:num_carry], carry):
-        raise ShapeError("scan: the body changes the carried types: "
+        raise ShapeError("repeat: the body changes the carried types: "
                          f"{', '.join(map(str, carry))} -> "
                          f"{', '.join(map(str, outs[:num_carry]))}")
     ys = [TensorType((length,) + t.shape, t.dtype) for t in outs[num_carry:]]
     return [t.strong() for t in carry] + ys
 
 
-def run_scan(call, operands, *, body, length, num_consts, num_carry, reverse):
-    """The scan loop; `call(closed_program, args) -> outputs` runs the body (the reference
+def run_repeat(call, operands, *, body, length, num_consts, num_carry, reverse):
+    """The repeat loop; `call(closed_program, args) -> outputs` runs the body (the reference
     interpreter here, the executor's mixed routes at run time)."""
     consts = list(operands[:num_consts])
     carry = list(operands[num_consts:num_consts + num_carry])
@@ -59,7 +59,7 @@ def run_scan(call, operands, *, body, length, num_consts, num_carry, reverse):
 
 
 def run_while(call, operands, *, cond, body, cond_nconsts, body_nconsts, max_iterations):
-    """The bounded while loop, with `call` running cond and body as in run_scan."""
+    """The bounded while loop, with `call` running cond and body as in run_repeat."""
     cond_consts = list(operands[:cond_nconsts])
     body_consts = list(operands[cond_nconsts:cond_nconsts + body_nconsts])
     carry = list(operands[cond_nconsts + body_nconsts:])
@@ -74,8 +74,8 @@ def _eval_call(closed, args):
     return eval_closed(closed, *args)
 
 
-def scan_impl_rule(*operands, **params):
-    return run_scan(_eval_call, operands, **params)
+def repeat_impl_rule(*operands, **params):
+    return run_repeat(_eval_call, operands, **params)
 
 
 def while_loop_impl_rule(*operands, **params):
@@ -99,6 +99,6 @@ def while_loop_abstract_eval_rule(*operands, cond, body, cond_nconsts, body_ncon
     return [t.strong() for t in carry]
 
 
-abstract_eval_rules.update({scan_p: scan_abstract_eval_rule,
+abstract_eval_rules.update({repeat_p: repeat_abstract_eval_rule,
                             while_loop_p: while_loop_abstract_eval_rule})
-impl_rules.update({scan_p: scan_impl_rule, while_loop_p: while_loop_impl_rule})
+impl_rules.update({repeat_p: repeat_impl_rule, while_loop_p: while_loop_impl_rule})

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...core.errors import CompilationError
-from ...core.graph_geometry import FAST_DIMS
+from ...core.graph_generated import FAST_DIMS
+from ..attention_walk import ATTENTION_TILES, claim_computation
 from .base import (
     AttrReader,
     GenericOp,
@@ -21,7 +22,6 @@ from .base import (
     register_level,
     register_op,
 )
-from ..attention_walk import ATTENTION_TILES, claim_computation
 from .domain import Computation, ComputationOp
 
 # relation kind -> coordinate producer. cat is a block-diagonal union that Graph.cat

@@ -3,7 +3,7 @@
     void kernel(i64 t_begin, i64 t_end, ptr argv)
 
 No edge list exists. Per call the runtime passes a cell directory of the source points
-(points sorted by cell, cell start offsets, sorted coordinates; core/graph_geometry.py) and
+(points sorted by cell, cell start offsets, sorted coordinates; core/graph_generated.py) and
 the order in which destination rows are visited (by cell, for locality). For each visited
 row the kernel
 
@@ -32,7 +32,7 @@ position, never by a random id.
 
 Only destination-grouped walks are generated. A propagate grouped by source over a
 symmetric relation (radius over one point set, no max_neighbors) reaches this kernel with
-its src/dst roles exchanged (runtime/llvm_generated.py): its rows are then the sources.
+its src/dst roles exchanged (runtime/generated.py): its rows are then the sources.
 """
 from __future__ import annotations
 

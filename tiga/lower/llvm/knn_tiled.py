@@ -11,7 +11,7 @@ with every source, but never through an N x M array and never one pair at a time
   then `a_p - 2 q.p <= thr_q` per lane, one compare and one mask test per vector;
 - the few lanes that pass are re-scored exactly, `sum_k (p_k - q_k)^2` in axis order and in
   the coordinates' dtype without contraction (lane-parallel, the same rounding as numpy's
-  reference, core/graph_geometry.py), and inserted into the row's sorted top-k state
+  reference, core/graph_generated.py), and inserted into the row's sorted top-k state
   (distance, then smaller source index; self excluded by index with loop=False);
 - when a tile has seen every source, each row folds its k sources nearest first through the
   edge function into the reducer (the generic kernel's folds, kernel.py).

@@ -7,6 +7,8 @@ yielded messages `%message`; everything else is numbered.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...core.errors import CompilationError
 from ...core.prims.graph import propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit, Var, array_digest
@@ -48,7 +50,10 @@ class _Block:
             self.values[id(atom)] = v
         else:
             v = self.define(atom, "cst")
-            self.ops.append(TensorOp("constant", (), (v,), (("value", to_attr(atom.value)),)))
+            # (a constant's value attribute is flat, row-major: what the text prints)
+            value = np.asarray(atom.value).reshape(-1) if np.ndim(atom.value) > 1 \
+                else atom.value
+            self.ops.append(TensorOp("constant", (), (v,), (("value", to_attr(value)),)))
         return v
 
 

@@ -18,7 +18,7 @@ from ...core.graph import Graph
 from ...core.types import Dim, GraphType
 from .comm import Comm, init, mpi
 from .exchange import reverse_add
-from .geometric import check_radius, checked_positions, geometric_params, radius_plan
+from .generated import check_radius, checked_positions, generated_params, radius_plan
 from .halo import HaloPlan, build_plan
 from .partition import owners
 from .stored import check_store_method, store_bounds, store_plan
@@ -37,7 +37,7 @@ class DistributedGraph:
         self.global_type = global_type
         self.owner = owner
         self.kind = "csr"           # "radius" over a partitioned radius relation
-        self.params: dict = {}       # a radius relation's: its owned coordinates (geometric.py)
+        self.params: dict = {}       # a radius relation's: its owned coordinates (generated.py)
         self.num_src = self.num_dst = plan.n_owned
         self.num_edges = len(plan.col_idx)
         self.index_dtype = global_type.index_dtype
@@ -223,7 +223,7 @@ def partition(graph, method: str = "rows", positions=None, comm: Comm | None = N
     """This rank's DistributedGraph of `graph` (every rank passes the same graph).
 
     A `tg.Graph.radius` relation (one point set) partitions with method="spatial" over its
-    own coordinates (boxes, ghosts within the cutoff: geometric.py); a store-backed one
+    own coordinates (boxes, ghosts within the cutoff: generated.py); a store-backed one
     (`tg.Graph.open`) by contiguous "rows" or "edges", reading only this rank's rows
     (stored.py)."""
     if isinstance(graph, DistributedGraph):
@@ -274,7 +274,7 @@ def _partition_radius(graph: Graph, method: str, positions, comm: Comm) -> Distr
     gtype = GraphType("csr", graph.num_src, graph.num_dst, total, graph.type().index_dtype,
                       None)
     dg = DistributedGraph(comm, plan, gtype, "spatial", owner)
-    dg.kind, dg.params = "radius", geometric_params(graph, owned_pos)
+    dg.kind, dg.params = "radius", generated_params(graph, owned_pos)
     return dg
 
 

@@ -19,11 +19,11 @@ import numpy as np
 from ...core.config import config
 from ...core.errors import DistributedError, UnsupportedError
 from ...core.primitive import impl_rules
-from ...core.prims.control import run_scan, run_while, scan_p, while_loop_p
+from ...core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
 from ..launch import plan_cpu as plan_propagate  # (the cpu-llvm route table)
-from ..llvm_propagate import Fallback, run_propagate
+from ..propagate import Fallback, run_propagate
 from .exchange import HaloExchange, reverse_add, wait_exchanges
 from .graph import DistributedGraph, is_distributed
 
@@ -113,7 +113,7 @@ def _structure(program: GraphProgram) -> tuple:
             out.append(("propagate", p["reduce_by"], p["reducer"].name, p["roles"]))
         elif e.primitive is degrees_p:
             out.append(("degrees", p["by"]))
-        elif e.primitive in (scan_p, while_loop_p):
+        elif e.primitive in (repeat_p, while_loop_p):
             bodies = tuple(_structure(c.program) for c in p.values()
                            if isinstance(c, ClosedProgram))
             out.append((e.primitive.name, p.get("length"), p.get("max_iterations"), bodies))
@@ -147,8 +147,8 @@ class _Runner:
             if is_distributed(vals[0]):
                 return propagate(eqn, vals[0], vals[1:])
             return launch(eqn, vals[0], vals[1:])
-        if prim is scan_p:
-            return run_scan(self.call, vals, **eqn.params)
+        if prim is repeat_p:
+            return run_repeat(self.call, vals, **eqn.params)
         if prim is while_loop_p:
             return run_while(self._agreed_call(eqn.params["cond"]), vals, **eqn.params)
         if prim is degrees_p and is_distributed(vals[0]):

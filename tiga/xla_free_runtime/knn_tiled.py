@@ -5,7 +5,7 @@ coordinate-major panels of W points with their filter norms `(1 - c) |p|^2` (pad
 +inf), and the queries get `(1 - c) |q|^2`. Per call each row gets a top-k state (distances,
 source ids, count, filter threshold): O(N k) scratch, like the relation's own edge list, and
 never an N x M array. After a call over every row the state's ids are the relation's exact
-CSR (nearest first, ties by smaller index, as core/graph_geometry.knn_csr), so the relation
+CSR (nearest first, ties by smaller index, as core/graph_generated.knn_csr), so the relation
 keeps them (not as its CSR: its forward propagates keep the fused walk); its VJP's
 source-grouped propagates adopt them as the CSR instead of re-running the selection in
 the numpy reference.
@@ -86,7 +86,7 @@ def keep_csr(graph, arrays: dict, spec) -> None:
 def adopt_csr(graph) -> None:
     """A propagate that needs the relation's CSR (grouped by source: the VJP's source and
     coordinate cotangents) takes the ids a knn-tiled-scan call selected (they equal
-    core/graph_geometry.knn_csr's) instead of re-running the selection in numpy."""
+    core/graph_generated.knn_csr's) instead of re-running the selection in numpy."""
     cols = graph.params.pop("_knn_cols", None) if graph.kind == "knn" else None
     if cols is None or getattr(graph, "_csr", None) is not None:
         return

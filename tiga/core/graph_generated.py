@@ -1,4 +1,4 @@
-"""core: generated (geometric) relations: input checks, the cell directory and exact CSR.
+"""core: generated relations: input checks, the cell directory and exact CSR.
 
 `radius` and `knn` relations are generated from coordinates. Their exact semantics live
 here, in numpy, so the reference path (resolve_csr) and every compiled traversal agree:

@@ -2,7 +2,7 @@
 
 `radius(positions[, query])` and `knn(positions[, query])` produce a relation. Topology
 selection is discrete, so the primitives are NONDIFF; gradients with respect to the
-coordinates flow through the hidden position fields every propagate over a geometric
+coordinates flow through the hidden position fields every propagate over a generated
 relation reads (trace/message_passing.py: edge.displacement, edge.distance).
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.errors import GraphValidationError, ShapeError, UnsupportedError
-from ...core.graph_geometry import radius_csr
+from ...core.graph_generated import radius_csr
 from .halo import HaloPlan
 
 BOX_SLACK = 1.0 + 1e-9     # box distances in float64 vs the search's dtype: err on more ghosts
@@ -110,7 +110,7 @@ def radius_plan(graph, owner: np.ndarray, rank: int, size: int, degrees_of) -> t
     return plan, np.ascontiguousarray(pos[plan.owned])
 
 
-def geometric_params(graph, owned_pos: np.ndarray) -> dict:
+def generated_params(graph, owned_pos: np.ndarray) -> dict:
     """The params a DistributedGraph over a radius relation shows the tracer: its owned
     coordinates are the hidden source and destination fields of every propagate."""
     p = graph.params
@@ -128,5 +128,5 @@ def checked_positions(dg, positions):
     return positions
 
 
-__all__ = ["check_radius", "radius_plan", "geometric_params", "checked_positions", "boxes",
+__all__ = ["check_radius", "radius_plan", "generated_params", "checked_positions", "boxes",
            "near_box"]

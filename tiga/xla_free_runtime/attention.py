@@ -105,10 +105,10 @@ def attention_launch(eqn):
     return found
 
 
-def _launch_tiles(eqn, which: str) -> dict:
+def _launch_tiles(launch, which: str) -> dict:
     """The `which` ("forward", "backward") kernel's tiles from the launch's schedule."""
     from ..lower.llvm import attention_backward as bwd
-    tiles = dict(attention_launch(eqn).schedule.tiles)
+    tiles = dict(launch.schedule.tiles)
     want = kernel.TILES if which == "forward" else bwd.TILES
     if set(tiles) != set(want):
         raise TigaError(f"attention launch: schedule tiles {sorted(tiles)} are not the "
@@ -177,7 +177,7 @@ class AttentionPlan:
         if prune is None and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and \
                 _fast_math_exact(scale, k.shape[0], (q, k), v):
             _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top, mass,
-                            lo, hi, scale, _launch_tiles(eqn, "forward"))
+                            lo, hi, scale, attention_launch(eqn))
             STATS["native_calls"] += 1
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
@@ -211,7 +211,7 @@ class AttentionPlan:
             # dq alone (no dk, dv wanted): the fused kernel skips its dk and dv products
             _native_backward(*(_heads(x, heads) for x in ops), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), _heads(dq, heads), None, None,
-                             lo, hi, scale, _launch_tiles(eqn, "backward"))
+                             lo, hi, scale, attention_launch(eqn))
             return dq
         tiles.backward_dq(_heads(q, heads), _heads(k, heads), _heads(v, heads), _heads(do, heads),
                           _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dq, heads),
@@ -233,7 +233,7 @@ class AttentionPlan:
                              _heads(do, heads), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), None if dq is None else
                              _heads(dq, heads), _heads(dk, heads), _heads(dv, heads),
-                             lo, hi, float(scale), _launch_tiles(eqn, "backward"))
+                             lo, hi, float(scale), attention_launch(eqn))
             return [dk, dv] if dq is None else [dk, dv, dq]
         tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                             _heads(do, heads), _rows_heads(lse, heads),
@@ -398,31 +398,29 @@ def _native_key(width: int, tiles: dict | None = None) -> str:
     return full_key(("attention-forward-f32", width) + tuple(tiles[t] for t in kernel.TILES))
 
 
-def _native_kernel(width: int, tiles: dict):
-    from ..lower.llvm import KernelSignature
+def _rendered(launch, width: int, key: str):
+    """The compiled kernel of an attention launch for heads of `width` (rendered on a miss
+    by the cpu-llvm backend from the launch's tiles)."""
+    from ..lower.backends import BACKENDS
+    from ..lower.llvm.render import CallData
     from .cache import CACHE
-    key = _native_key(width, tiles)
 
     def build(symbol):
-        # (relation: the tiles the kernel was rendered with, as the schedule named them)
-        sig = KernelSignature(symbol=symbol, walk="dst", reduce_by="dst", slots=(), roles=(),
-                              field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
-                              index_dtype="int64", parallel="rows",
-                              relation=("attention",) + tuple(sorted(tiles.items())))
-        return kernel.forward_ir(symbol, width, tiles), sig
+        source = BACKENDS["cpu-llvm"].render(launch, symbol, CallData(head_width=width))
+        return source.text, source.signature
 
     return CACHE.get(key, build)
 
 
-def _native_forward(q, k, v, out, top, mass, lo, hi, scale, tiles=None) -> None:
-    """Run the LLVM kernel with the launch schedule's `tiles` (kernel.TILES; None: the
-    schedule's default): its phase 0 packs K^T (any K strides), phase 1 writes the
-    normalised output (any strides) and the per-row top and mass. scale > 0."""
+def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> None:
+    """Run the LLVM kernel of the forward `launch` (its schedule's tiles: kernel.TILES): its
+    phase 0 packs K^T (any K strides), phase 1 writes the normalised output (any strides)
+    and the per-row top and mass. scale > 0."""
     import ctypes
     nh, n, width = q.shape
     s = k.shape[1]
-    tiles = _tiles_or_default(tiles, "forward")
-    exe = _native_kernel(width, tiles)
+    tiles = _launch_tiles(launch, "forward")
+    exe = _rendered(launch, width, _native_key(width, tiles))
     threads = num_threads()
     rb, gb = tiles["group_rows"], tiles["row_groups"]
     ks = tiles["step_vectors"] * kernel.W
@@ -638,21 +636,6 @@ def _bwd_native_key(width: int, tiles: dict | None = None) -> str:
     return full_key(("attention-backward-f32", width) + tuple(tiles[t] for t in bwd.TILES))
 
 
-def _bwd_native_kernel(width: int, tiles: dict):
-    from ..lower.llvm import KernelSignature
-    from ..lower.llvm import attention_backward as bwd
-    from .cache import CACHE
-
-    def build(symbol):
-        sig = KernelSignature(symbol=symbol, walk="src", reduce_by="src", slots=(), roles=(),
-                              field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
-                              index_dtype="int64", parallel="rows",
-                              relation=("attention-backward",) + tuple(sorted(tiles.items())))
-        return bwd.backward_ir(symbol, width, tiles), sig
-
-    return CACHE.get(_bwd_native_key(width, tiles), build)
-
-
 def _strided_ok(x: np.ndarray) -> bool:
     """Whether the backward kernel reads or writes x in place: float32, unit last stride, the
     other strides nonnegative whole elements."""
@@ -678,8 +661,8 @@ def _bwd_scratch(role, shape) -> np.ndarray:
     return found
 
 
-def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, tiles=None) -> None:
-    """dq, dk, dv ((H, N, D) views, any of them None when not wanted) from the LLVM kernel.
+def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, launch) -> None:
+    """dq, dk, dv ((H, N, D) views, any None when not wanted) from the `launch`'s kernel.
 
     q, k, v, do: (H, N, D) float32 views; lse, delta: (H, N). A job is a head, or with few
     heads a part of a head's key blocks; the kernel reads and writes every operand through
@@ -689,9 +672,9 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, tiles=N
     from ..lower.llvm import attention_backward as bwd
     (nh, n, width), nk = q.shape, k.shape[1]
     f32, i64 = np.float32, np.int64
-    tiles = _tiles_or_default(tiles, "backward")
+    tiles = _launch_tiles(launch, "backward")
     kb = tiles["key_block"]
-    exe = _bwd_native_kernel(width, tiles)
+    exe = _rendered(launch, width, _bwd_native_key(width, tiles))
     ins = [x if _strided_ok(x) else np.ascontiguousarray(x, f32)
            for x in (q, k, v, do, lse, delta)]
     # q and dO rows are read once per key block that sees them: rows lying H * D apart

@@ -27,12 +27,19 @@ from ..lower.ir.kernel import Schedule
 from ..lower.ir.text import print_op
 from ..lower.pipeline import lower_launch, module_name
 from .cache import CACHE, Executable, full_key
-from .threads import num_threads, parallel_copy, row_chunks, run_chunks, run_jobs
+from .native.pool import parallel_copy
+from .threads import num_threads, row_chunks, run_chunks, run_jobs
 
 if CPU_LLVM_AVAILABLE:
-    from ..lower.llvm import CodegenUnsupported, KernelSchedule, codegen_propagate
+    from ..lower.backends import BACKENDS
+    from ..lower.llvm import CodegenUnsupported
     from ..lower.llvm.kernel import _used_inputs
+    from ..lower.llvm.render import CallData
     from ..lower.llvm.walks import relation_descriptor
+
+
+_NOT_LOWERED = ("the IR stages do not express this propagate (lowering it to a "
+                "gf_kernel.launch failed), so there is no launch to render")
 
 
 @dataclass(frozen=True)
@@ -120,20 +127,18 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
             return Fallback("the relation is not known until the call")
         graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
     key, op = _kernel_of(eqn, graph)
-    reason = _UNSUPPORTED.get(key)
+    reason = _UNSUPPORTED.get(key) or (None if op is not None else _NOT_LOWERED)
     if reason is not None:
         return Fallback(reason)
-    has_perm = graph.edge_perm is not None
-    in_types = [a.type for a in eqn.inputs]
-    relation = relation_descriptor(graph, _walk(eqn.params))
+    call = CallData(relation=relation_descriptor(graph, _walk(eqn.params)),
+                    has_edge_perm=graph.edge_perm is not None,
+                    index_dtype=graph.index_dtype.name)
 
     def build(symbol):
         # (the launch's thread count and row partition are the runtime's; the renderer reads
         # the edge loop's attributes, which no thread count changes)
-        schedule = KernelSchedule(has_edge_perm=has_perm, relation=relation,
-                                  launch=None if op is None else op.schedule)
-        return codegen_propagate(eqn.params, in_types, graph.index_dtype, schedule,
-                                 symbol=symbol)
+        source = BACKENDS["cpu-llvm"].render(op, symbol, call)
+        return source.text, source.signature
 
     try:
         if not compile:

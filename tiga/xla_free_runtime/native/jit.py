@@ -22,7 +22,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from ..core.errors import CompilationError
+from ...core.errors import CompilationError
 
 _LOCK = threading.RLock()
 _STATE: dict = {}

@@ -36,7 +36,7 @@ import weakref
 
 import numpy as np
 
-from ..core import graph_geometry as geo
+from ..core import graph_generated as geo
 from ..core.dtypes import int64
 from ..core.errors import CompilationError
 from ..core.reducers import sum as sum_reducer
@@ -48,7 +48,7 @@ from ..trace import math as tm
 from ..trace.message_passing import propagate
 from .cache import CACHE, full_key
 from .explain import launch_facts, schedule_line
-from .llvm_propagate import (
+from .propagate import (
     Fallback,
     _address,
     _check_field,
@@ -60,17 +60,14 @@ from .threads import num_threads, row_chunks, run_chunks
 
 if CPU_LLVM_AVAILABLE:
     from ..core.program import Eqn
+    from ..lower.backends import BACKENDS
     from ..lower.llvm import CodegenUnsupported
-    from ..lower.llvm.generated import (
-        DIRECTORY_SLOTS,
-        GeoSpec,
-        codegen_directory,
-        codegen_generated,
-    )
+    from ..lower.llvm.generated import DIRECTORY_SLOTS, GeoSpec
     from ..lower.llvm.knn_tiled import block_shape
-    from . import llvm_knn_tiled as knn_tiled
+    from ..lower.llvm.render import CallData, render_directory
+    from . import knn_tiled
 
-GEOMETRIC = ("radius", "knn")
+GENERATED_KINDS = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
 RADIUS_REACH = 1
 KNN_ESTIMATE_FACTOR = 1.5       # prefilter radius: about 1.5 k sources at mean density
@@ -166,7 +163,7 @@ class GeneratedType:
 
 def generated_relations(program) -> dict:
     """{id(graph var): GeneratedType} for the radius/knn relations `program` generates."""
-    from ..core.prims.geometry import knn_p, radius_p
+    from ..core.prims.generated import knn_p, radius_p
 
     return {id(e.outputs[0]): GeneratedType(e.outputs[0].type, e) for e in program.eqns
             if e.primitive in (radius_p, knn_p)}
@@ -204,7 +201,7 @@ def resolved(graph) -> bool:
 
 
 def plan_generated(eqn, graph, compile: bool):
-    if getattr(graph, "kind", None) not in GEOMETRIC or not CPU_LLVM_AVAILABLE:
+    if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if resolved(graph):
         return None     # the generic stored-CSR kernel (transposed where grouped by src)
@@ -213,14 +210,17 @@ def plan_generated(eqn, graph, compile: bool):
     if (p["reduce_by"] != "dst" and not swap) or "edge" in p["roles"]:
         _materialise(graph)     # kNN / truncated radius / query: transposed where needed
         return None
-    params = swapped(p) if swap else p
     launch = _launch(eqn, graph, swap)
-    spec = _spec(graph, dict(_run_schedule(launch).tiles))
+    if launch is None:
+        _materialise(graph)     # no launch to render: the stored-CSR kernel's route
+        return None
+    spec = _spec(graph, dict(launch.schedule.tiles))
     key = _key(eqn, spec, launch, swap)
-    in_types = [a.type for a in eqn.inputs]
 
     def build(symbol):
-        return codegen_generated(params, in_types, spec, symbol=symbol)
+        # (the launch's computation has the roles swapped where the walk runs swapped)
+        source = BACKENDS["cpu-llvm"].render(launch, symbol, CallData(walk_spec=spec))
+        return source.text, source.signature
 
     try:
         if not compile:
@@ -321,7 +321,8 @@ def build_directory(points: np.ndarray, geo_f: np.ndarray, geo_i: np.ndarray) ->
     n, d = points.shape
     cells = int(geo_i[1 + d])
     key = full_key(("generated-directory", d, points.dtype.name))
-    exe = CACHE.get(key, lambda symbol: codegen_directory(d, points.dtype.name, symbol=symbol))
+    exe = CACHE.get(key, lambda symbol: _source(render_directory(d, points.dtype.name,
+                                                                 symbol=symbol)))
     arrays = {"points": points, "geo_f": geo_f, "geo_i": geo_i,
               "cell_of": np.empty(n, np.int64), "cell_start": np.zeros(cells + 1, np.int64),
               "cursor": np.empty(cells, np.int64), "sorted_idx": np.empty(n, np.int64),
@@ -330,6 +331,10 @@ def build_directory(points: np.ndarray, geo_f: np.ndarray, geo_i: np.ndarray) ->
                                                       for s in DIRECTORY_SLOTS])
     exe.native(n, 0, argv)
     return arrays
+
+
+def _source(source) -> tuple:
+    return source.text, source.signature
 
 
 class GeneratedPlan:
@@ -494,7 +499,7 @@ def fused_degrees(graph, by: str) -> np.ndarray | None:
     exactly k sources; a radius row's count is a fused sum of ones (out-degrees of a
     symmetric relation are the in-degrees). None where only the CSR knows them (out-degrees
     of an asymmetric relation; a count kernel that does not compile)."""
-    if getattr(graph, "kind", None) not in GEOMETRIC or not CPU_LLVM_AVAILABLE:
+    if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if by == "src" and not symmetric(graph):
         return None

@@ -1,6 +1,6 @@
-"""trace: radius/knn on traced coordinates stay symbolic; geometric edge fields.
+"""trace: radius/knn on traced coordinates stay symbolic; the edge fields of generated relations.
 
-A propagate over a geometric relation reads two hidden fields: the source coordinates
+A propagate over a generated relation reads two hidden fields: the source coordinates
 (`src._tg_pos`) and the destination coordinates (`dst._tg_qpos`). `edge.displacement`
 (`p_src - p_dst`) and `edge.distance` are ordinary traced math on them, so gradients with
 respect to the coordinates flow through the propagate's own VJP on the selected topology.
@@ -8,12 +8,12 @@ respect to the coordinates flow through the propagate's own VJP on the selected 
 from __future__ import annotations
 
 from ..core import graph as core_graph
-from ..core.prims.geometry import knn_p, radius_p
+from ..core.prims.generated import knn_p, radius_p
 from . import math as tm
 from .tracer import Tracer, bind
 
 POS, QPOS = "_tg_pos", "_tg_qpos"
-GEOMETRIC = ("radius", "knn")
+GENERATED_KINDS = ("radius", "knn")
 
 
 def _bind(kind: str, positions, query, **params):
@@ -21,26 +21,26 @@ def _bind(kind: str, positions, query, **params):
     args = (positions,) if query is None else (positions, query)
     graph = bind(prim, *args, **params)
     # the coordinates of this traced relation, found again by the propagates that read it
-    table = graph.builder.__dict__.setdefault("_tg_geometry", {})
+    table = graph.builder.__dict__.setdefault("_tg_generated", {})
     table[id(graph.var)] = (graph, positions, positions if query is None else query)
     return graph
 
 
-core_graph.geometry_hooks["traced"] = lambda v: isinstance(v, Tracer)
-core_graph.geometry_hooks["bind"] = _bind
+core_graph.generated_hooks["traced"] = lambda v: isinstance(v, Tracer)
+core_graph.generated_hooks["bind"] = _bind
 
 
 def hidden_fields(graph) -> dict | None:
-    """{"src": {POS: ...}, "dst": {QPOS: ...}} for a geometric relation, else None."""
+    """{"src": {POS: ...}, "dst": {QPOS: ...}} for a generated relation, else None."""
     if isinstance(graph, Tracer):
-        if getattr(graph.aval, "kind", None) not in GEOMETRIC:
+        if getattr(graph.aval, "kind", None) not in GENERATED_KINDS:
             return None
-        found = graph.builder.__dict__.get("_tg_geometry", {}).get(id(graph.var))
+        found = graph.builder.__dict__.get("_tg_generated", {}).get(id(graph.var))
         if found is None:
             return None
         _, pos, qpos = found
         return {"src": {POS: pos}, "dst": {QPOS: qpos}}
-    if getattr(graph, "kind", None) not in GEOMETRIC:
+    if getattr(graph, "kind", None) not in GENERATED_KINDS:
         return None
     pos, query = graph.params["inputs"]
     return {"src": {POS: pos}, "dst": {QPOS: pos if query is None else query}}
