@@ -1,6 +1,6 @@
 """kNN on the Triton backends through cell shells of a directory built on the device: the
 neighbour lists `knn_shells` writes (under Triton's interpreter) equal the reference's
-exact lists (core.graph_geometry.knn_csr: nearest first, ties by the smaller index), over
+exact lists (core.graph_generated.knn_csr: nearest first, ties by the smaller index), over
 random point sets with duplicates (ties), far outliers (uneven cells), query sets, loops,
 1..3 dims and float32/float64 coordinates."""
 import numpy as np

@@ -2,7 +2,7 @@
 source (the radius relation is walked inside the propagate kernel: walks.py).
 
 `knn_select`: one program per query row selects its k nearest sources, nearest first, ties
-by the smaller source index (the reference's order, core.graph_geometry.knn_csr), in k
+by the smaller source index (the reference's order, core.graph_generated.knn_csr), in k
 rounds: round j scans the sources in tiles of BLOCK and takes the smallest (d2, index) pair
 strictly after the pair round j - 1 took. d2 is summed over axes in axis order in the
 coordinates' dtype (PT), as the reference computes it, so the selection is exact. The
