@@ -63,7 +63,11 @@ def _fn_key(fn):
                       for c in (fn.__closure__ or ()))
         defaults = tuple(_value_print(d) for d in (fn.__defaults__ or ()))
         kw = tuple(sorted((k, _value_print(v)) for k, v in (fn.__kwdefaults__ or {}).items()))
-        return ("function", id(fn), cells, defaults, kw), (fn,)
+        # keyed by the code, not the function object: `tg.propagate(g, lambda s, d, e: ...)`
+        # makes a new function per call from the same code, and must not retrace each time
+        # (closure cells and defaults are part of the key; globals are guarded)
+        code, glob = fn.__code__, fn.__globals__
+        return ("function", id(code), id(glob), cells, defaults, kw), (code, glob)
     return None
 
 
