@@ -33,6 +33,14 @@ def _key(eqn, inputs: tuple) -> tuple:
             tuple(sorted((k, _hashable(v)) for k, v in eqn.params.items())))
 
 
+def _same_type(a, b) -> bool:
+    """Binder types equal up to weak typing: a Python-number operand (a weak f64 scalar in the
+    forward) is the same value when the VJP program was traced with it as a strong one."""
+    if a == b:
+        return True
+    return hasattr(a, "weak") and hasattr(b, "weak") and (a.shape, a.dtype) == (b.shape, b.dtype)
+
+
 def _lit_key(a: Lit) -> tuple:
     if not isinstance(a.value, np.ndarray | np.generic):   # a relation: by identity
         return ("lit-object", id(a.value))
@@ -71,7 +79,7 @@ def save_residuals(forward: GraphProgram, vjp: GraphProgram) -> tuple | None:
 def _read_residuals(forward: GraphProgram, vjp: GraphProgram) -> GraphProgram | None:
     n_in = len(forward.in_binders)
     if len(vjp.in_binders) < n_in or any(
-            a.type != b.type for a, b in zip(vjp.in_binders, forward.in_binders)):
+            not _same_type(a.type, b.type) for a, b in zip(vjp.in_binders, forward.in_binders)):
         return None
     # forward values by (primitive, inputs, params), inputs named by forward value ids
     fkey: dict = {}
