@@ -92,6 +92,8 @@ def build_configs(a, reg: dict, impls: list) -> tuple[list, list]:
                                   "status": "skipped" if missing else "n/a", "reason": why})
                     continue
                 for label, rev in (impls if peer.tiga else [(name, None)]):
+                    if peer.tiga and name != "tiga":   # several Tiga peers (paged, in-memory)
+                        label = name if rev is None else f"{name}@{rev}"
                     for rnd in range(a.rounds):
                         todo.append({**base, "impl": label, "rev": rev, "round": rnd})
     return todo, known
@@ -240,7 +242,8 @@ def main(argv=None) -> int:
     random.Random(a.seed).shuffle(todo)
     print(f"{len(todo)} configurations, order seed {a.seed} (--seed {a.seed} repeats it)",
           file=sys.stderr)
-    envs = {cfg["impl"]: M.child_env(a.threads, *trees.get(cfg["impl"], trees[impls[0][0]]))
+    tree_of = {rev: label for label, rev in impls}   # a config's Tiga tree follows its rev
+    envs = {cfg["impl"]: M.child_env(a.threads, *trees[tree_of.get(cfg["rev"], impls[0][0])])
             for cfg in todo}
     t0 = time.time()
     results, interrupted = run_all(todo, a, envs, reg)
@@ -255,12 +258,16 @@ def main(argv=None) -> int:
            "results": results + known}
     dest = out_dir(a)
     os.makedirs(os.path.join(dest, "results"), exist_ok=True)
-    name = f"run-{run['date']}-{run['code']['short']}{'-quick' if a.quick else ''}.json"
+    stem = f"run-{run['date']}-{run['code']['short']}{'-quick' if a.quick else ''}"
+    name, k = f"{stem}.json", 1
+    while os.path.exists(os.path.join(dest, "results", name)):   # never overwrite a run
+        k += 1
+        name = f"{stem}-{k}.json"
     path = os.path.join(dest, "results", name)
     with open(path, "w") as f:
         json.dump(run, f, indent=1)
     append_history(os.path.join(dest, "history.csv"), run)
-    md = report.write_report(run, dest)
+    md = report.write_report(run, dest, f"results/{name}")
     print(report.standing_text(run))
     print(f"\nresults: {path}\nreport: {md}")
     return 130 if interrupted else 0
