@@ -14,6 +14,7 @@ from tiga import opt
 from tiga.autodiff import vjp_program
 from tiga.autodiff.rules.attention import kind_of
 from tiga.core.eval import eval_program
+from tiga.testing import reference_grad
 from tiga.xla_free_runtime import attention as attention_route
 from tiga.xla_free_runtime.executor import execute
 
@@ -169,15 +170,3 @@ def test_no_module_state_holds_per_call_values(dtype):
         one(seed)
     assert _module_state() == before
     assert (attention_route.STATS["stats_walks"], attention_route.STATS["dq_walks"]) == walks
-
-
-def reference_grad(fn, argnums=0):
-    """tg.grad of `fn` with its whole program (forward and VJP) run by the numpy reference
-    interpreter: a `reference()` call inside tg.grad is inlined into the traced program,
-    which then runs on the compiled route like any other, so it is not an oracle by itself."""
-    from tiga.core.eval import eval_program
-
-    def run(*args):
-        outs = eval_program(tg.make_program(tg.grad(fn, argnums=argnums))(*args), *args)
-        return outs[0] if isinstance(argnums, int) else tuple(outs)
-    return run

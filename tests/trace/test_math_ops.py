@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import tiga as tg
+from tiga.testing import reference_grad
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -153,15 +154,3 @@ def test_gradient_through_compiled_propagate_matches_reference():
     rx, rw = reference_grad(loss(mp.reference), argnums=(0, 1))(x, w)
     np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-10, atol=1e-12)
-
-
-def reference_grad(fn, argnums=0):
-    """tg.grad of `fn` with its whole program (forward and VJP) run by the numpy reference
-    interpreter: a `reference()` call inside tg.grad is inlined into the traced program,
-    which then runs on the compiled route like any other, so it is not an oracle by itself."""
-    from tiga.core.eval import eval_program
-
-    def run(*args):
-        outs = eval_program(tg.make_program(tg.grad(fn, argnums=argnums))(*args), *args)
-        return outs[0] if isinstance(argnums, int) else tuple(outs)
-    return run

@@ -8,6 +8,7 @@ import pytest
 import tiga as tg
 from tiga.core.program import ClosedProgram, GraphProgram
 from tiga.core.types import GraphType, TensorType
+from tiga.testing import reference_grad
 
 # user edge order (src, dst); destinations interleave, so the stored CSR order differs
 COO_EDGES = [(2, 1), (0, 0), (1, 3), (2, 0), (0, 1), (1, 1), (2, 3), (0, 3)]
@@ -631,15 +632,3 @@ def test_captured_weight_arrays_are_read_on_every_call(rng):
         lo[i] -= eps
         want[i] = np.sum((max_oracle(hi) - max_oracle(lo)) * ct) / (2 * eps)
     np.testing.assert_allclose(gW, want, rtol=1e-6, atol=1e-8)
-
-
-def reference_grad(fn, argnums=0):
-    """tg.grad of `fn` with its whole program (forward and VJP) run by the numpy reference
-    interpreter: a `reference()` call inside tg.grad is inlined into the traced program,
-    which then runs on the compiled route like any other, so it is not an oracle by itself."""
-    from tiga.core.eval import eval_program
-
-    def run(*args):
-        outs = eval_program(tg.make_program(tg.grad(fn, argnums=argnums))(*args), *args)
-        return outs[0] if isinstance(argnums, int) else tuple(outs)
-    return run

@@ -9,6 +9,7 @@ import torch
 import tiga as tg
 from tiga.lower import backends
 from tiga.lower.backends import BACKENDS, route_for_devices, selected_backend
+from tiga.testing import reference_grad
 from tiga.torch_bridge import autograd
 
 G = tg.Graph.from_csr([0, 2, 3, 3], [0, 1, 1], num_src=2)
@@ -143,15 +144,3 @@ def test_explain_for_cuda_inputs_reports_triton_and_schedule(monkeypatch):
     monkeypatch.setattr(BACKENDS["triton"], "availability", lambda: NO_GPU)
     with pytest.raises(tg.UnsupportedError, match=r"src\.x: lives on cuda:0.*unavailable"):
         WeightedSum().explain(graph=G, src={"x": x}, dst={}, edge={"w": torch.tensor(W)})
-
-
-def reference_grad(fn, argnums=0):
-    """tg.grad of `fn` with its whole program (forward and VJP) run by the numpy reference
-    interpreter: a `reference()` call inside tg.grad is inlined into the traced program,
-    which then runs on the compiled route like any other, so it is not an oracle by itself."""
-    from tiga.core.eval import eval_program
-
-    def run(*args):
-        outs = eval_program(tg.make_program(tg.grad(fn, argnums=argnums))(*args), *args)
-        return outs[0] if isinstance(argnums, int) else tuple(outs)
-    return run

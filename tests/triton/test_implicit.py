@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.lower.triton import relation_of
+from tiga.testing import reference_grad
 
 
 @st.composite
@@ -88,15 +89,3 @@ def test_grad_matches_reference(interpreter, g, seed):
     want = reference_grad(lambda *a: loss(*a, ref=True), argnums=(0, 1, 2))(x, h, w)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10)
-
-
-def reference_grad(fn, argnums=0):
-    """tg.grad of `fn` with its whole program (forward and VJP) run by the numpy reference
-    interpreter: a `reference()` call inside tg.grad is inlined into the traced program,
-    which then runs on the compiled route like any other, so it is not an oracle by itself."""
-    from tiga.core.eval import eval_program
-
-    def run(*args):
-        outs = eval_program(tg.make_program(tg.grad(fn, argnums=argnums))(*args), *args)
-        return outs[0] if isinstance(argnums, int) else tuple(outs)
-    return run
