@@ -50,6 +50,16 @@ def _scores(qt, kt, cols, lo, hi, scale, CT: tl.constexpr):
 
 
 @triton.jit
+def _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT: tl.constexpr):
+    # what the backward reads per query row: its key range and its saved statistics
+    lo = tl.load(lo_ptr + rows, mask=live, other=nk)
+    hi = tl.load(hi_ptr + rows, mask=live, other=0)
+    stat = tl.load(lse + rows * H + h, mask=live, other=0.0).to(CT)
+    dl = tl.load(delta + rows * H + h, mask=live, other=0.0).to(CT)
+    return lo, hi, stat, dl
+
+
+@triton.jit
 def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
              D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
              CT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -102,10 +112,7 @@ def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi
         live = rows < nq
         qt = _tile(q, rows, nq, h, H, D, BD, CT)
         dot_ = _tile(do, rows, nq, h, H, DV, BDV, CT)
-        lo = tl.load(lo_ptr + rows, mask=live, other=nk)
-        hi = tl.load(hi_ptr + rows, mask=live, other=0)
-        stat = tl.load(lse + rows * H + h, mask=live, other=0.0).to(CT)
-        dl = tl.load(delta + rows * H + h, mask=live, other=0.0).to(CT)
+        lo, hi, stat, dl = _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT)
         s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
         p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
         dv_acc += tl.dot(tl.trans(p), dot_, input_precision="ieee", out_dtype=CT)
@@ -126,10 +133,7 @@ def attn_bwd_q(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, dq, nq, nk, H
     scale = tl.load(scale_ptr).to(CT)
     qt = _tile(q, rows, nq, h, H, D, BD, CT)
     dot_ = _tile(do, rows, nq, h, H, DV, BDV, CT)
-    lo = tl.load(lo_ptr + rows, mask=live, other=nk)
-    hi = tl.load(hi_ptr + rows, mask=live, other=0)
-    stat = tl.load(lse + rows * H + h, mask=live, other=0.0).to(CT)
-    dl = tl.load(delta + rows * H + h, mask=live, other=0.0).to(CT)
+    lo, hi, stat, dl = _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT)
     dq_acc = tl.zeros([BLOCK_M, BD], CT)
     for start in range(tl.min(lo, axis=0), tl.max(hi, axis=0), BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
