@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
+from tiga.lower.ir.task import parse_task
 
 from ._mpi import needs_mpiexec
 
@@ -161,7 +162,17 @@ def test_explain_lists_the_halo_plan():
     for q, a, b in p.recv:
         assert f"peer rank {q}: receive {b - a} ghost rows" in text
         assert f"({(b - a) * 3 * 8} B in" in text      # f64[3] source rows
-    assert "distributed task interior" in text and "distributed measured (overlapped)" in text
+    assert "distributed measured (overlapped)" in text
+    launched = [line.split("distributed task: gf_task.launch ")[1].split(")")[0]
+                for line in text.splitlines() if "distributed task: gf_task.launch" in line]
+    assert sum(int(r.split(", ")[1]) - int(r.split("[")[1].split(",")[0])
+               for r in launched) == p.n_owned     # the launches cover the owned rows
+    assert any(r.startswith("boundary") for r in launched) == (p.n_owned > p.n_interior)
+    # the Task IR the call ran, printed whole: it parses back to the same module
+    module = text.split("task ir:\n", 1)[1]
+    module = "\n".join(line[2:] for line in module.splitlines())
+    assert module == str(dg.last_call["module"]).rstrip("\n")
+    parse_task(module).verify()
 
 
 def test_mismatched_shapes_raise_on_every_rank():

@@ -181,3 +181,42 @@ def test_store_backed_partition_reads_only_its_rows(tmp_path, method):
     gx = tg.grad(lambda x, gr, ww: (_call(layer, gr, x, x, ww) ** 2).sum())
     np.testing.assert_allclose(dg.gather(np.asarray(gx(xl, dg, dg.local_edges(w)))),
                                gx(d["x"], g, w), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("positions", ["pos", "array"])
+def test_store_backed_spatial_partition_reads_only_its_rows(tmp_path, positions):
+    g, d = _problem(seed=16)
+    row_ptr, col = g.resolve_csr()
+    g = tg.Graph.from_csr(row_ptr, col, num_src=g.num_src)    # storage order = edge order
+    path = tmp_path / "s"
+    n = g.num_dst
+    with tg.store.create(path, num_src=n, num_dst=n, overwrite=True) as w:
+        for a in range(0, n, 10):
+            b = min(a + 10, n)
+            w.append_csr_chunk(row_ptr[a:b + 1] - row_ptr[a], col[row_ptr[a]:row_ptr[b]])
+        w.append_field("x", d["x"], role="src")
+        w.append_field("pos", d["pos"], role="dst")
+    paged, store = tg.Graph.open(path), tg.store.open(path)
+    reader = paged.params["reader"]
+    reads = []
+    original = reader.read_rows
+    reader.read_rows = lambda a, b: reads.append((a, b)) or original(a, b)
+    reader.read_csr = lambda: pytest.fail("a rank read the whole CSR")
+    dg = tg.distributed.partition(paged, method="spatial",
+                                  positions="pos" if positions == "pos" else d["pos"])
+    ref = tg.distributed.partition(g, method="spatial", positions=d["pos"])
+    assert np.array_equal(np.sort(dg.owned), np.sort(ref.owned))
+    assert sorted(dg.plan.ghosts.tolist()) == sorted(ref.plan.ghosts.tolist())
+    # its own rows only, each once, as runs of consecutive ids
+    got = np.concatenate([np.arange(a, b) for a, b in reads] + [np.zeros(0, np.int64)])
+    assert got.tolist() == np.sort(dg.owned).tolist()
+    xl = dg.local(store["x"])                      # the field's own rows, from disk
+    np.testing.assert_array_equal(xl, d["x"][dg.owned])
+    w = np.random.default_rng(17).standard_normal((g.num_edges, 1))
+    layer = _layer("mean")
+    y = _call(layer, dg, xl, dg.local(d["h"]), dg.local_edges(w))
+    want = _call(layer, g, d["x"], d["h"], w)
+    np.testing.assert_allclose(dg.gather(np.asarray(y)), np.asarray(want), rtol=1e-12)
+    gx = tg.grad(lambda x, gr, ww: (_call(layer, gr, x, x, ww) ** 2).sum())
+    np.testing.assert_allclose(dg.gather(np.asarray(gx(xl, dg, dg.local_edges(w)))),
+                               gx(d["x"], g, w), rtol=1e-9, atol=1e-12)

@@ -140,25 +140,32 @@ class _Wanted(Exception):
 def test_store_plans_match_the_in_memory_plans(case):
     """A store-backed plan (each rank reads its own rows, ghost ids exchanged) equals the
     plan built from the whole CSR; ranks are simulated in one process (two passes)."""
-    from tiga.xla_free_runtime.distributed.stored import store_bounds, store_plan
+    from tiga.xla_free_runtime.distributed.stored import store_ownership, store_plan
 
     g, size, method = case
-    if method == "spatial":
-        method = "rows"
     row_ptr, col = g.resolve_csr()
     row_ptr = np.asarray(row_ptr, np.int64)
+    pos = np.random.default_rng(1).standard_normal((g.num_dst, 2))
+    reads = []
 
     class Reader:       # the Store reader's row-range interface over the in-memory CSR
         num_dst, num_edges = g.num_dst, g.num_edges
+        fields = {"pos": {"role": "dst"}}
 
         def read_rows(self, a, b):
+            reads.append((a, b))
             return row_ptr[a:b + 1] - row_ptr[a], col[row_ptr[a]:row_ptr[b]], row_ptr[a]
 
         def page_bounds(self, page_rows):
             assert page_rows == 1
             return row_ptr
 
-    reader, bounds = Reader(), store_bounds(Reader(), size, method)
+        def __getitem__(self, name):
+            assert name == "pos"
+            return pos
+
+    reader = Reader()
+    own = store_ownership(reader, size, method, "pos" if method == "spatial" else None)
     wanted = {}
 
     def record(r):
@@ -169,11 +176,16 @@ def test_store_plans_match_the_in_memory_plans(case):
 
     for r in range(size):
         with pytest.raises(_Wanted):
-            store_plan(reader, bounds, r, record(r))
-    owner = np.searchsorted(bounds, np.arange(g.num_dst), side="right") - 1
-    assert np.array_equal(owner, owners(row_ptr, size, method))
+            store_plan(reader, own, r, record(r))
+    owner = own.of(np.arange(g.num_dst))
+    assert np.array_equal(owner, owners(row_ptr, size, method,
+                                        pos if method == "spatial" else None))
     for r in range(size):      # a store keeps the CSR's storage order: no edge_perm
-        plan = store_plan(reader, bounds, r, lambda _, r=r: [wanted[q][r] for q in range(size)])
+        reads.clear()
+        plan = store_plan(reader, own, r, lambda _, r=r: [wanted[q][r] for q in range(size)])
+        # only this rank's rows were read, each once, as runs of consecutive ids
+        got = np.concatenate([np.arange(a, b) for a, b in reads] + [np.zeros(0, int)])
+        assert got.tolist() == np.flatnonzero(owner == r).tolist()
         ref = build_plan(row_ptr, col, None, owner, r)
         for field in ("owned", "ghosts", "row_ptr", "col_idx", "edge_ids"):
             assert np.array_equal(getattr(plan, field), getattr(ref, field)), field
@@ -181,6 +193,22 @@ def test_store_plans_match_the_in_memory_plans(case):
         assert [q for q, _ in plan.send] == [q for q, _ in ref.send]
         for (_, a), (_, b) in zip(plan.send, ref.send):
             assert np.array_equal(a, b)
+
+
+def test_store_positions_are_checked():
+    from tiga.xla_free_runtime.distributed.stored import check_store_method, store_positions
+
+    class Reader:
+        fields = {"x": {"role": "src"}, "w": {"role": "edge"}}
+
+    with pytest.raises(tg.GraphValidationError, match="positions: method='spatial'"):
+        check_store_method("spatial", None)
+    with pytest.raises(tg.GraphValidationError, match="only method='spatial'"):
+        check_store_method("rows", "x")
+    with pytest.raises(tg.GraphValidationError, match="no field 'p'"):
+        store_positions(Reader(), "p")
+    with pytest.raises(tg.GraphValidationError, match="role 'edge'"):
+        store_positions(Reader(), "w")
 
 
 def test_benchmark_lattice_model_matches_the_partitioner():

@@ -33,6 +33,7 @@ class Explanation:
     program: str = ""
     routes: list = field(default_factory=list)         # (route, which propagate, reason)
     cache_lines: list = field(default_factory=list)    # cache status per compiled propagate
+    task_ir: str = ""               # the Task IR a call ran (a distributed propagate's plan)
     # ids of program values the chosen kernels read through their strides (no copy needed)
     strided_reads: set = field(default_factory=set, repr=False)
 
@@ -50,6 +51,9 @@ class Explanation:
             lines.append(f"vjp:        {self.vjp_route}")
         if self.cache:
             lines.append(f"cache:      {self.cache}")
+        if self.task_ir:
+            lines.append("task ir:")
+            lines.extend(f"  {line}" for line in self.task_ir.splitlines())
         return "\n".join(lines)
 
     __repr__ = __str__

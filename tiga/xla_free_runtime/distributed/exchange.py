@@ -35,11 +35,13 @@ def _bytes(arr: np.ndarray):
 
 
 class HaloExchange:
-    """The ghost rows of one source field, in flight until `finish()`."""
+    """The ghost rows of one source field, in flight until waited on. `start(peer)` posts
+    one peer's transfers (a `gf_storage.transfer` of kind "halo" of the plan); with
+    `start=True` every peer's are posted at once."""
 
-    def __init__(self, dg, x, tag: int = TAG_FORWARD):
-        plan, raw = dg.plan, dg.comm.raw
-        self.dg = dg
+    def __init__(self, dg, x, tag: int = TAG_FORWARD, start: bool = True):
+        plan = dg.plan
+        self.dg, self.tag = dg, tag
         self.x = np.ascontiguousarray(x)
         # owned then ghost rows in one aligned buffer: the ghosts arrive in place, and the
         # kernels read it without staging a copy per launch
@@ -51,17 +53,39 @@ class HaloExchange:
             self.ext = self.x
         self.ghost = self.ext[plan.n_owned:]
         self.started = time.perf_counter()
-        self.requests = [raw.Irecv(_bytes(self.ghost[a:b]), source=q, tag=tag)
-                         for q, a, b in plan.recv]
-        self.packed = [self.x[rows] for _, rows in plan.send]   # alive until sent
-        self.requests += [raw.Isend(_bytes(buf), dest=q, tag=tag)
-                          for (q, _), buf in zip(plan.send, self.packed)]
-        self.bytes_in = self.ghost.nbytes
-        self.bytes_out = sum(b.nbytes for b in self.packed)
+        self.by_peer: dict = {}
+        self.packed: dict = {}          # alive until sent
+        self.bytes_in = 0
+        self.bytes_out = 0
+        if start:
+            for q in plan.peers():
+                self.start(q)
+
+    @property
+    def requests(self) -> list:
+        return [r for reqs in self.by_peer.values() for r in reqs]
+
+    def start(self, peer: int) -> list:
+        """Post the receive of `peer`'s ghost rows and the send of the owned rows it reads;
+        returns those requests."""
+        plan, raw = self.dg.plan, self.dg.comm.raw
+        reqs = []
+        for q, a, b in plan.recv:
+            if q == peer:
+                reqs.append(raw.Irecv(_bytes(self.ghost[a:b]), source=q, tag=self.tag))
+                self.bytes_in += self.ghost[a:b].nbytes
+        for q, rows in plan.send:
+            if q == peer:
+                buf = self.packed[q] = self.x[rows]
+                reqs.append(raw.Isend(_bytes(buf), dest=q, tag=self.tag))
+                self.bytes_out += buf.nbytes
+        self.by_peer[peer] = reqs
+        return reqs
 
     def test(self) -> bool:
         """Drive MPI's progress (transfers advance only inside MPI calls)."""
-        return bool(mpi().Request.Testall(self.requests)) if self.requests else True
+        reqs = self.requests
+        return bool(mpi().Request.Testall(reqs)) if reqs else True
 
     def owned(self) -> np.ndarray:
         """The owned rows (aligned): what the interior launches read."""
@@ -79,25 +103,55 @@ def wait_exchanges(dg, exchanges: list, what: str) -> float:
     return time.perf_counter() - t0
 
 
+class ReverseAdd:
+    """The ghost rows of `partial` (n_owned + n_ghost rows: a launch's fresh result) on their
+    way back to their owners, and the contributions peers send for this rank's rows.
+    `start(peer)` posts one peer's transfers; `finish()` (after the wait) adds what arrived
+    onto the owned rows, in place, and returns them as a view."""
+
+    def __init__(self, dg, partial: np.ndarray, tag: int = TAG_REVERSE):
+        self.dg, self.tag = dg, tag
+        partial = np.ascontiguousarray(partial)
+        if not partial.flags.writeable:
+            partial = partial.copy()
+        self.partial = partial
+        self.bufs = {q: np.empty((len(rows),) + partial.shape[1:], partial.dtype)
+                     for q, rows in dg.plan.send}
+        self.by_peer: dict = {}
+
+    @property
+    def requests(self) -> list:
+        return [r for reqs in self.by_peer.values() for r in reqs]
+
+    def start(self, peer: int) -> list:
+        plan, raw = self.dg.plan, self.dg.comm.raw
+        reqs = []
+        if peer in self.bufs:
+            reqs.append(raw.Irecv(_bytes(self.bufs[peer]), source=peer, tag=self.tag))
+        ghost = self.partial[plan.n_owned:]
+        reqs += [raw.Isend(_bytes(ghost[a:b]), dest=q, tag=self.tag)
+                 for q, a, b in plan.recv if q == peer]
+        self.by_peer[peer] = reqs
+        return reqs
+
+    def finish(self) -> np.ndarray:
+        plan = self.dg.plan
+        out = self.partial[:plan.n_owned]
+        for q, rows in plan.send:
+            if q in self.by_peer:
+                out[rows] += self.bufs[q]     # rows are distinct within one peer
+        return out
+
+
 def reverse_add(dg, partial: np.ndarray, what: str, tag: int = TAG_REVERSE) -> np.ndarray:
     """Owned rows of `partial` (n_owned + n_ghost rows) plus the ghost-row contributions the
     peers computed for them. `partial` is the caller's scratch (a launch's fresh result):
     its owned rows are added to in place and returned as a view, not copied."""
-    plan, raw = dg.plan, dg.comm.raw
-    partial = np.ascontiguousarray(partial)
-    if not partial.flags.writeable:
-        partial = partial.copy()
-    out = partial[:plan.n_owned]
-    if not plan.peers():
-        return out
-    bufs = [np.empty((len(rows),) + partial.shape[1:], partial.dtype) for _, rows in plan.send]
-    reqs = [raw.Irecv(_bytes(buf), source=q, tag=tag) for (q, _), buf in zip(plan.send, bufs)]
-    ghost = partial[plan.n_owned:]
-    reqs += [raw.Isend(_bytes(ghost[a:b]), dest=q, tag=tag) for q, a, b in plan.recv]
-    dg.comm.wait(reqs, what)
-    for (_, rows), buf in zip(plan.send, bufs):
-        out[rows] += buf     # rows are distinct within one peer
-    return out
+    rev = ReverseAdd(dg, partial, tag)
+    for q in dg.plan.peers():
+        rev.start(q)
+    dg.comm.wait(rev.requests, what)
+    return rev.finish()
 
 
-__all__ = ["HaloExchange", "wait_exchanges", "reverse_add", "aligned_empty"]
+__all__ = ["HaloExchange", "ReverseAdd", "wait_exchanges", "reverse_add", "aligned_empty"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import weakref
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from .exchange import reverse_add
 from .generated import check_radius, checked_positions, generated_params, radius_plan
 from .halo import HaloPlan, build_plan
 from .partition import owners
-from .stored import check_store_method, store_bounds, store_plan
+from .stored import check_store_method, read_tensor_rows, store_ownership, store_plan
 
 INTERIOR_CHUNK_EDGES = 1 << 16   # interior edges per launch between MPI progress tests
 
@@ -43,7 +44,8 @@ class DistributedGraph:
         self.index_dtype = global_type.index_dtype
         self.edge_perm = None
         self.overlap = True          # False: communicate, then compute (benchmarks compare)
-        self.last_call: dict = {}    # timings of the latest exchange (explain() reports it)
+        self.last_call: dict = {}    # the latest call's Task IR ("module") and timings
+        self.task_plans = weakref.WeakKeyDictionary()   # eqn -> {schedule: Task IR plan}
         self.broken: str | None = None
         self._agreed: set = set()
         self._all_owned = None
@@ -122,11 +124,9 @@ class DistributedGraph:
         if not shape or shape[0] != want:
             raise ShapeError(f"x_global: expected a leading axis of {want} (the global "
                              f"rows), found shape {shape}")
-        if not isinstance(x_global, np.ndarray) and hasattr(x_global, "tier") and \
-                self.plan.n_owned:
-            # a tg.Tensor (a store's field on disk): read only the range of the owned rows
-            lo, hi = int(self.plan.owned.min()), int(self.plan.owned.max()) + 1
-            return np.asarray(x_global[lo:hi])[self.plan.owned - lo]
+        if not isinstance(x_global, np.ndarray) and hasattr(x_global, "tier"):
+            # a tg.Tensor (a store's field on disk): read only the owned rows
+            return read_tensor_rows(x_global, self.plan.owned)
         return np.asarray(x_global)[self.plan.owned]
 
     def local_edges(self, w_global):
@@ -224,8 +224,8 @@ def partition(graph, method: str = "rows", positions=None, comm: Comm | None = N
 
     A `tg.Graph.radius` relation (one point set) partitions with method="spatial" over its
     own coordinates (boxes, ghosts within the cutoff: generated.py); a store-backed one
-    (`tg.Graph.open`) by contiguous "rows" or "edges", reading only this rank's rows
-    (stored.py)."""
+    (`tg.Graph.open`) by "rows", "edges" or "spatial" (positions: a src/dst field name of
+    the store, or an array), reading only this rank's rows (stored.py)."""
     if isinstance(graph, DistributedGraph):
         raise GraphValidationError("graph: is already a DistributedGraph; partition the "
                                    "global tg.Graph")
@@ -279,12 +279,14 @@ def _partition_radius(graph: Graph, method: str, positions, comm: Comm) -> Distr
 
 
 def _partition_store(graph: Graph, method: str, positions, comm: Comm) -> DistributedGraph:
-    """Contiguous row ranges; each rank reads its own rows of the store, nothing else."""
+    """Contiguous row ranges, or spatial boxes over stored (or given) positions; each rank
+    reads its own rows of the store, nothing else (stored.py)."""
     check_store_method(method, positions)
     reader = graph.params["reader"]
+    own = store_ownership(reader, comm.size, method, positions)
     comm.agree(repr((graph.num_src, graph.num_dst, int(graph.num_edges), method,
-                     reader.version)), "partition (store-backed graph and method)")
-    bounds = store_bounds(reader, comm.size, method)
+                     reader.version, _fingerprint(own.owner))),
+               "partition (store-backed graph, method and positions)")
 
     def exchange_ids(per_peer: list) -> list:
         counts = np.array([len(ids) for ids in per_peer], np.int64)
@@ -298,8 +300,8 @@ def _partition_store(graph: Graph, method: str, positions, comm: Comm) -> Distri
         comm.wait([req], "the halo id exchange")
         return np.split(got, np.cumsum(theirs)[:-1])
 
-    plan = store_plan(reader, bounds, comm.rank, exchange_ids)
-    owner = np.searchsorted(bounds, plan.owned, side="right") - 1    # own rows only
+    plan = store_plan(reader, own, comm.rank, exchange_ids)
+    owner = own.owner if own.owner is not None else own.of(plan.owned)   # own rows only
     return DistributedGraph(comm, plan, graph.type(), method, owner)
 
 

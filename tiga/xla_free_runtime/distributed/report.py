@@ -1,11 +1,12 @@
 """runtime/distributed: explain() of a program over a DistributedGraph: the local routes,
-the halo plan (ghost rows and bytes per neighbour rank) and the latest call's tasks and
-measured overlap."""
+the halo plan (ghost rows and bytes per neighbour rank), the Task IR the latest call ran
+(one line per op, then the module text) and the measured overlap."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...core.prims.graph import propagate_p
+from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
 from ..explain import Explanation
 from .graph import is_distributed
 from .run import _graphs
@@ -24,6 +25,26 @@ def _src_row_bytes(program) -> int:
     return total
 
 
+def op_lines(module) -> list:
+    """One readable line per op of a plan (the module text follows in explain())."""
+    out = []
+    for op in module.body.ops:
+        if isinstance(op, TransferOp):
+            peer = f" peer {op.peer}, {op.ghosts} ghost rows" if op.kind == "halo" else ""
+            out.append(f"gf_storage.transfer {op.kind} %{op.value.name} rows "
+                       f"[{op.rows[0]}, {op.rows[1]}){peer}")
+        elif isinstance(op, TaskLaunchOp):
+            wait = f" after {', '.join('%' + d.name for d in op.deps)}" if op.deps else ""
+            out.append(f"gf_task.launch {op.task_kind} rows [{op.page_rows[0]}, "
+                       f"{op.page_rows[1]}){wait}")
+        elif isinstance(op, JoinOp):
+            out.append(f"gf_storage.join %{op.event.name} of {len(op.deps)} event(s)")
+    released = sum(isinstance(op, ReleaseOp) for op in module.body.ops)
+    if released:
+        out.append(f"gf_storage.release of {released} operand(s)")
+    return out
+
+
 def explain_distributed(program, args: list, cache) -> Explanation:
     from ..routes import describe_program
 
@@ -35,8 +56,9 @@ def explain_distributed(program, args: list, cache) -> Explanation:
         ex.traversal.append(f"distributed interior relation: {dg.plan.n_interior} rows run "
                             "while the halo is in flight; boundary rows after the wait")
         last = dg.last_call
-        for t in last.get("tasks", ()):
-            ex.traversal.append(f"distributed task {t.kind}: {t.detail}")
+        if "module" in last:       # the plan the latest propagate ran, op by op
+            ex.traversal.extend(f"distributed task: {line}" for line in op_lines(last["module"]))
+            ex.task_ir = str(last["module"])
         if "interior_s" in last:
             hidden = last["interior_s"] / max(last["interior_s"] + last["wait_s"], 1e-12)
             ex.traversal.append(

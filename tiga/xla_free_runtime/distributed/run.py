@@ -1,18 +1,19 @@
 """runtime/distributed: run a program whose relation is a DistributedGraph.
 
-The per-call plan of a destination-grouped propagate is data (`Task` list, kept on the
-graph for explain()): pack + send the owned rows peers read, receive the ghost rows, launch
-the interior rows (the same compiled kernel as one process, on the interior relation)
-testing the transfers between launches, wait, launch the boundary rows on owned + ghost
-rows. Source-grouped propagates (VJP source cotangents) run after the exchange on the
-local relation and send their ghost rows back to the owners (`reverse_add`). Other
-equations are local (row-wise tensor code); a reduction over rows is this rank's part.
+A propagate runs its Task-IR plan (plan.py: built once per equation and graph, kept on the
+graph, printed by explain()): this module walks its ops. Grouped by destination: the halo
+transfers post each peer's messages (the owned rows it reads packed and sent, this rank's
+ghost rows received), the interior launches run the same compiled kernel as one process on
+the rows that read no ghost, testing the transfers between launches, then the boundary
+launch waits on the halo events and reads owned + ghost rows. Grouped by source (VJP source
+cotangents): exchange, one launch over the local relation, then the result's ghost rows go
+back to their owners, who add them. Other equations are local (row-wise tensor code); a
+reduction over rows is this rank's part.
 """
 from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,20 +23,13 @@ from ...core.primitive import impl_rules
 from ...core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
+from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
 from ..launch import plan_cpu as plan_propagate  # (the cpu-llvm route table)
 from ..propagate import Fallback, run_propagate
-from .exchange import HaloExchange, reverse_add, wait_exchanges
+from .comm import mpi
+from .exchange import HaloExchange, ReverseAdd
 from .graph import DistributedGraph, is_distributed
-
-
-@dataclass(frozen=True)
-class Task:
-    """One step of a distributed propagate: pack | send | recv | interior | wait |
-    boundary | local | reverse."""
-
-    kind: str
-    detail: str
-
+from .plan import exchanged, task_module
 
 _LITS: dict = {}     # id(program) -> (weak program, whether a literal is distributed)
 
@@ -194,44 +188,6 @@ def launch(eqn, graph, values: list, outs: list | None = None) -> list:
     return run_propagate(route, eqn, graph, values, outs)
 
 
-def _read_fields(eqn) -> set:
-    """Positions (among the field operands) the edge function reads."""
-    closed = eqn.params["edge_fn"]
-    read = {id(a) for e in closed.program.eqns for a in e.inputs}
-    read |= {id(a) for a in closed.program.outs}
-    binders = closed.program.in_binders[len(closed.consts):]
-    return {i for i, v in enumerate(binders) if id(v) in read}
-
-
-def _start(dg, eqn, fields: list) -> dict:
-    """{field position: HaloExchange}: one exchange per distinct source array read."""
-    read, by_id, out = _read_fields(eqn), {}, {}
-    for i, role in enumerate(eqn.params["roles"]):
-        if role != "src":
-            continue
-        if i not in read:
-            out[i] = None
-            continue
-        key = id(fields[i])
-        if key not in by_id:
-            by_id[key] = HaloExchange(dg, fields[i])
-        out[i] = by_id[key]
-    return out
-
-
-def _extended(dg, fields: list, exchanges: dict) -> list:
-    """Source fields over owned + ghost rows (unread ones: uninitialised, never read)."""
-    out = list(fields)
-    n = dg.plan.n_owned + dg.plan.n_ghost
-    for i, ex in exchanges.items():
-        if ex is not None:
-            out[i] = ex.extended()
-        else:
-            x = np.asarray(fields[i])
-            out[i] = np.empty((n,) + x.shape[1:], x.dtype)
-    return out
-
-
 def _rows(eqn, fields: list, rows: tuple, edges: tuple) -> list:
     """Destination and edge fields cut to a row range (and its edge range)."""
     out = []
@@ -245,59 +201,133 @@ def _rows(eqn, fields: list, rows: tuple, edges: tuple) -> list:
 
 
 def propagate(eqn, dg: DistributedGraph, fields: list) -> list:
-    by = eqn.params["reduce_by"]
-    if by == "dst":
-        return _overlapped(eqn, dg, fields)
-    exchanges = _start(dg, eqn, fields)
-    live = [ex for ex in set(exchanges.values()) if ex is not None]
-    wait_exchanges(dg, live, "the halo exchange")
-    outs = launch(eqn, dg.full, _extended(dg, fields, exchanges))
-    tasks = [Task("exchange", f"{len(live)} source field(s), then one launch over owned + "
-                              f"ghost rows grouped by {by}")]
-    if by == "src":
-        r = eqn.params["reducer"]
-        if not (r.builtin and r.name == "sum"):
-            raise UnsupportedError(f"a source-grouped {r.name} propagate over a "
-                                   "DistributedGraph: ghost rows can only be added back",
-                                   hint="use tg.sum() (VJP source cotangents are sums)")
-        outs = [reverse_add(dg, o, "the reverse halo exchange (ghost cotangents)")
-                for o in outs]
-        tasks.append(Task("reverse", "ghost rows sent back to their owners and added"))
-    dg.last_call = {"tasks": tasks, "reduce_by": by}
-    return outs
+    """Walk the equation's Task-IR plan (plan.py) on this call's fields."""
+    r = eqn.params["reducer"]
+    if eqn.params["reduce_by"] == "src" and not (r.builtin and r.name == "sum"):
+        raise UnsupportedError(f"a source-grouped {r.name} propagate over a "
+                               "DistributedGraph: ghost rows can only be added back",
+                               hint="use tg.sum() (VJP source cotangents are sums)")
+    return _Walk(eqn, dg, fields, task_module(eqn, dg)).run()
 
 
-def _overlapped(eqn, dg: DistributedGraph, fields: list) -> list:
-    """pack/send/recv, interior launches (testing the transfers between them), wait,
-    boundary launch; or, with dg.overlap False, wait before any launch."""
-    p = dg.plan
-    t0 = time.perf_counter()
-    exchanges = _start(dg, eqn, fields)
-    live = [ex for ex in dict.fromkeys(exchanges.values()) if ex is not None]
-    waited = wait_exchanges(dg, live, "the halo exchange") if not dg.overlap else 0.0
-    owned = list(fields)
-    for i, ex in exchanges.items():
-        if ex is not None:
-            owned[i] = ex.owned()       # aligned: no per-launch staging copy
-    outs = _outputs(eqn, p.n_owned)
-    t1 = time.perf_counter()
-    for (a, b), g in dg.interior_chunks:
-        e = (int(p.row_ptr[a]), int(p.row_ptr[b]))
-        _into(outs, a, b, launch(eqn, g, _rows(eqn, owned, (a, b), e),
-                                 [o[a:b] for o in outs]))
-        for ex in live:
-            ex.test()
-    t2 = time.perf_counter()
-    if dg.overlap:
-        waited = wait_exchanges(dg, live, "the halo exchange")
-    ext = _extended(dg, fields, exchanges)
-    a, b = p.n_interior, p.n_owned
-    _into(outs, a, b, launch(eqn, dg.boundary,
-                             _rows(eqn, ext, (a, b), (p.interior_edges, len(p.col_idx))),
-                             [o[a:b] for o in outs]))
-    t3 = time.perf_counter()
-    _record(dg, live, t0, t1, t2, t3, waited)
-    return outs
+class _Walk:
+    """One call's interpretation of a plan: halo transfers start a peer's messages of a
+    HaloExchange (a ReverseAdd for a launch's result), launches wait on their events, run
+    the kernel over their rows and test the transfers in flight (MPI progresses only
+    inside MPI calls), writes store rows of the result, joins wait."""
+
+    def __init__(self, eqn, dg: DistributedGraph, fields: list, module):
+        self.eqn, self.dg, self.fields, self.module = eqn, dg, list(fields), module
+        self.by = eqn.params["reduce_by"]
+        self.position = {v.name: i - 1 for i, v in enumerate(module.body.args)}
+        self.supply = exchanged(eqn)
+        self.pending: dict = {}       # event name -> MPI requests not yet waited on
+        self.moving: dict = {}        # value name -> its HaloExchange / ReverseAdd
+        self.exchanges: list = []     # every HaloExchange of the call (for the byte counts)
+        self.results: dict = {}       # launch result name -> (output index, array)
+        self.outs = _outputs(eqn, dg.plan.n_owned) if self.by == "dst" else \
+            [None] * len(eqn.outputs)
+        self.seconds = {"interior": 0.0, "boundary": 0.0, "wait": 0.0}
+        p = dg.plan
+        self.pieces = {rows: (g, False) for rows, g in dg.interior_chunks}
+        self.pieces[(p.n_interior, p.n_owned)] = (dg.boundary, True)
+
+    def run(self) -> list:
+        t0 = time.perf_counter()
+        for op in self.module.body.ops:
+            if isinstance(op, TransferOp):
+                self.transfer(op)
+            elif isinstance(op, TaskLaunchOp):
+                self.launch(op)
+            elif isinstance(op, JoinOp):
+                self.wait(op.deps)
+            elif isinstance(op, ReleaseOp):
+                self.moving.pop(op.value.name, None)
+        self._record(time.perf_counter() - t0)
+        return self.outs
+
+    def wait(self, events) -> None:
+        reqs = [r for e in events for r in self.pending.pop(e.name, ())]
+        if reqs:
+            t0 = time.perf_counter()
+            self.dg.comm.wait(reqs, "the halo exchange")
+            self.seconds["wait"] += time.perf_counter() - t0
+
+    def transfer(self, op) -> None:
+        name = op.value.name
+        if op.kind == "halo":
+            mover = self.moving.get(name)
+            if mover is None:
+                if name in self.results:        # a result's ghost rows go back home
+                    self.wait(op.deps)
+                    mover = ReverseAdd(self.dg, self.results[name][1])
+                else:
+                    mover = HaloExchange(self.dg, self.fields[self.position[name]],
+                                         start=False)
+                    self.exchanges.append(mover)
+                self.moving[name] = mover
+            self.pending[op.event.name] = mover.start(op.peer)
+            return
+        self.wait(op.deps)
+        j, got = self.results[name]
+        if op.kind == "accumulate":             # the peers' contributions added on
+            mover = self.moving.pop(name, None) or ReverseAdd(self.dg, got)   # no peers
+            self.outs[j] = mover.finish()
+        elif self.by == "dst":
+            _into([self.outs[j]], op.rows[0], op.rows[1], [got])
+        else:
+            self.outs[j] = got
+
+    def launch(self, op) -> None:
+        self.wait(op.deps)
+        p = self.dg.plan
+        a, b = op.page_rows
+        if self.by == "dst":
+            graph, ghosts = self.pieces[(a, b)]
+            fields = _rows(self.eqn, self._sources(ghosts), (a, b),
+                           (int(p.row_ptr[a]), int(p.row_ptr[b])))
+            into = [o[a:b] for o in self.outs]
+        else:
+            graph, fields, into = self.dg.full, self._sources(True), None
+        t0 = time.perf_counter()
+        got = launch(self.eqn, graph, fields, into)
+        self.seconds["boundary" if op.task_kind == "boundary" else "interior"] += \
+            time.perf_counter() - t0
+        for j, (v, g) in enumerate(zip(op.results[:-1], got)):
+            self.results[v.name] = (j, g)
+        for mover in self.moving.values():      # drive MPI's progress
+            if mover.requests:
+                mpi().Request.Testall(mover.requests)
+
+    def _sources(self, ghosts: bool) -> list:
+        """The field operands; source fields over owned (+ ghost) rows: an exchanged one
+        from its buffer, a read one without peers as it is (no ghost rows), an unread one
+        over owned + ghost rows uninitialised (never read)."""
+        out = list(self.fields)
+        n = self.dg.plan.n_owned + self.dg.plan.n_ghost
+        for i, role in enumerate(self.eqn.params["roles"]):
+            if role != "src":
+                continue
+            ex = self.moving.get(self.module.body.args[1 + self.supply[i]].name) \
+                if i in self.supply else None
+            if ex is not None:
+                out[i] = ex.extended() if ghosts else ex.owned()
+            elif ghosts and i not in self.supply:
+                x = np.asarray(out[i])
+                out[i] = np.empty((n,) + x.shape[1:], x.dtype)
+        return out
+
+    def _record(self, total: float) -> None:
+        live = self.exchanges
+        last = {"module": self.module, "reduce_by": self.by}
+        if self.by == "dst":
+            s = self.seconds
+            last.update(order="overlapped" if self.dg.overlap else "communicate-then-compute",
+                        bytes_in=sum(ex.bytes_in for ex in live),
+                        bytes_out=sum(ex.bytes_out for ex in live),
+                        interior_s=s["interior"], wait_s=s["wait"], boundary_s=s["boundary"],
+                        total_s=total)
+        self.dg.last_call = last
 
 
 def _outputs(eqn, rows: int) -> list:
@@ -315,26 +345,4 @@ def _into(outs: list, a: int, b: int, got: list) -> None:
             rows[...] = np.asarray(g).reshape(rows.shape)
 
 
-def _record(dg, live, t0, t1, t2, t3, waited) -> None:
-    p = dg.plan
-    nbytes_in = sum(ex.bytes_in for ex in live)
-    nbytes_out = sum(ex.bytes_out for ex in live)
-    order = "overlapped" if dg.overlap else "communicate-then-compute"
-    tasks = [Task("pack", f"{len(live)} source field(s): {nbytes_out} B of owned rows for "
-                          f"{len(p.send)} peer(s)"),
-             Task("send", f"Isend to ranks {[q for q, _ in p.send]}"),
-             Task("recv", f"Irecv {p.n_ghost} ghost rows ({nbytes_in} B) from ranks "
-                          f"{[q for q, _, _ in p.recv]}"),
-             Task("interior", f"{len(dg.interior_chunks)} launch(es) over rows [0, "
-                              f"{p.n_interior}), MPI progress tested between them"),
-             Task("wait", "all halo requests (bounded by TIGA_DIST_TIMEOUT)"),
-             Task("boundary", f"1 launch over rows [{p.n_interior}, {p.n_owned}) reading "
-                              "owned + ghost rows")]
-    if not dg.overlap:
-        tasks = tasks[:3] + [tasks[4], tasks[3], tasks[5]]
-    dg.last_call = {"tasks": tasks, "order": order, "bytes_in": nbytes_in,
-                    "bytes_out": nbytes_out, "interior_s": t2 - t1, "wait_s": waited,
-                    "boundary_s": t3 - t2, "total_s": t3 - t0}
-
-
-__all__ = ["run_distributed", "distributed_call", "Task", "launch", "propagate"]
+__all__ = ["run_distributed", "distributed_call", "launch", "propagate"]
