@@ -10,7 +10,8 @@ import numpy as np
 from . import opt
 from .autodiff import vjp_program
 from .core.errors import DTypeError, ShapeError, TigaError
-from .core.program import Lit
+from .core.passes import dce
+from .core.program import GraphProgram, Lit
 from .core.types import GraphType, TensorType
 from .lower.backends import using_backend
 from .lower.pipeline import ir_text, module_name
@@ -330,8 +331,13 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
 
 
 def _vjp_programs(traced) -> tuple:
-    program = opt.optimize_program(vjp_program(traced.program, traced.wrt), _VJP)[0]
-    return program, {}, {}
+    """(the backward program, memos): the derived program without the primal outputs
+    (vjp_fn runs after the forward already did), so dce drops forward work the cotangents
+    do not read (a linear propagate's whole forward walk)."""
+    joint = opt.optimize_program(vjp_program(traced.program, traced.wrt), _VJP)[0]
+    n = len(traced.program.out_types)
+    backward = GraphProgram(joint.in_binders, joint.eqns, joint.outs[n:])
+    return dce(backward), {}, {}
 
 
 def vjp(fn: Callable, *primals, has_aux: bool = False):
@@ -352,11 +358,13 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
                 raise ShapeError(f"vjp_fn: cotangent shape {np.shape(c)} differs from the "
                                  f"output's {t}")
         seeds = [leaf_value(c) if not isinstance(c, Tracer) else c for c in ct_leaves]
-        seeds = [np.asarray(s, t.dtype.np) if not isinstance(s, Tracer) else s
-                 for s, t in zip(seeds, out_types)]
+        # a Tensor of the output's dtype stays on its tier (a disk cotangent of a paged
+        # program is read page by page)
+        seeds = [s if isinstance(s, Tracer) or (isinstance(s, Tensor) and
+                                                s._type.dtype == t.dtype)
+                 else np.asarray(s, t.dtype.np) for s, t in zip(seeds, out_types)]
         seeds += _cotangent_seeds(traced, out_types, False)[traced.n_out:]
-        res = run_staged(program, traced.args() + seeds, memo)
-        return traced.grads_tree(res[len(out_types):], True)
+        return traced.grads_tree(run_staged(program, traced.args() + seeds, memo), True)
 
     return ((value, vjp_fn, aux) if has_aux else (value, vjp_fn))
 
@@ -395,12 +403,29 @@ def _has_torch(call) -> bool:
         any(_is_torch(v) for v in call.params.values())
 
 
+_HOST_LEAVES = frozenset({np.ndarray, float, int, bool})
+
+
+def _host_numpy(call) -> bool:
+    """Every operand is a numpy array or a Python number and the relation lives on the host:
+    no device to route and no torch tensor (decided from types alone, the common warm call)."""
+    g = call.graph
+    if getattr(g, "device", "cpu") != "cpu" or _is_torch(g):
+        return False
+    for fields in call.fields.values():
+        for v in fields.values():
+            if type(v) not in _HOST_LEAVES:
+                return False
+    return all(type(v) in _HOST_LEAVES for v in call.params.values())
+
+
 def _execute_call(call):
-    # CUDA inputs run on the triton backend or raise here, before any copy to the host
-    if triton_launch.call_backend(call) is not None and not _has_torch(call):
-        _triton_tensors().adopt_cuda(call)   # CUDA DLPack producers as torch tensors
-    if _has_torch(call):
-        return _torch_call(call, "auto")
+    if not _host_numpy(call):
+        # CUDA inputs run on the triton backend or raise here, before any copy to the host
+        if triton_launch.call_backend(call) is not None and not _has_torch(call):
+            _triton_tensors().adopt_cuda(call)   # CUDA DLPack producers as torch tensors
+        if _has_torch(call):
+            return _torch_call(call, "auto")
     try:
         # no retrace for a known signature
         program, args = call_cache.staged_program(call, _staged_passes)

@@ -33,7 +33,7 @@ from tiga.trace.staging import make_program
 
 N, F, H, OUT = 24, 3, 8, 2
 PASS_FILES = ("dce", "cse", "hoist_linear", "negations", "fuse_walks", "residuals",
-              "edge_products", "attention_pairing")
+              "edge_products", "attention_pairing", "unused_operands")
 
 
 def _edge(s, d, e, w1, b1, w2):
@@ -72,7 +72,8 @@ def test_every_pass_is_registered_once_in_one_order():
                                                                    "attention_pairing",
                                                                    "negations"]
     assert opt.passes_for(ProgramFacts("execute")) == ["cse", "attention_pairing", "dce",
-                                                       "negations", "fuse_walks"]
+                                                       "unused_operands", "negations",
+                                                       "fuse_walks"]
 
 
 def test_facts_name_a_known_stage():
@@ -190,3 +191,24 @@ def test_the_torch_bridge_runs_optimize_program(stages):
     oracle = tg.grad(lambda *a: _edge_nn(*a), argnums=(1, 2))(*_args(6))
     for got, want in zip(grads, oracle):
         np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-9, atol=1e-11)
+
+
+def test_unused_operands_are_dropped_and_values_kept():
+    """A derived source cotangent reads only the destination cotangent: the source field
+    operand goes, the result is the reference interpreter's."""
+    from tiga.core.eval import eval_program
+    from tiga.core.prims.graph import propagate_p
+    from tiga.opt.unused_operands import unused_operands_pass
+
+    rng = np.random.default_rng(0)
+    g = tg.Graph.from_edge_index(rng.integers(0, 7, (2, 30)), num_nodes=7)
+    x, w = rng.standard_normal((7, 3)), rng.standard_normal((7, 3))
+
+    def f(x, w):
+        return tg.propagate(g, lambda s, d, e: d.w * 2.0, tg.sum(), src={"x": x},
+                            dst={"w": w})
+    program = make_program(f)(x, w)
+    got, _ = unused_operands_pass(program, ProgramFacts("execute"))
+    (eqn,) = [e for e in got.eqns if e.primitive is propagate_p]
+    assert eqn.params["roles"] == ("dst",) and eqn.params["names"] == ("w",)
+    np.testing.assert_allclose(eval_program(got, x, w)[0], eval_program(program, x, w)[0])

@@ -407,9 +407,10 @@ def test_interrupted_transpose_build_leaves_the_store_as_it_was(tmp_path, monkey
         raise KeyboardInterrupt
     monkeypatch.setattr(paging.store_transpose, "_distribute", interrupted)
     g = tg.Graph.open(tmp_path / "s")
+    held = tg.memory.report()["host"]["bytes"]      # (values earlier tests still hold)
     with pytest.raises(KeyboardInterrupt):
         tg.grad(lambda x: tg.math.sum(Gather()(graph=g, src={"x": x})))(np.ones((100, 2)))
     s = tg.store.open(tmp_path / "s")
     assert s.version == 1 and s.transposed is None
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["CURRENT", "v000001"]
-    assert tg.memory.report()["host"]["bytes"] == 0
+    assert tg.memory.report()["host"]["bytes"] == held

@@ -13,6 +13,8 @@ PROGRAM_PASSES. Each pass is pure, `(program, facts) -> (program, notes)`, and e
 - residuals (vjp, given the forward): the VJP reads the forward's intermediate values
   instead of recomputing them.
 - cse, dce (execute): common subexpressions once, unused equations dropped.
+- unused_operands (execute; after attention_pairing, which matches operands): propagate
+  operands the edge function never reads are dropped.
 - attention_pairing (execute; staged in the torch bridge): attention's forward returns its
   row statistics (residual outputs its VJP reads) and the VJP's dk/dv and dq walks are one
   multi-output propagate.
@@ -33,6 +35,7 @@ from .facts import STAGES, ProgramFacts
 from .fuse_walks import fuse_relation_walks, fuse_walks_pass, relation_kind, relation_kinds
 from .hoist_linear import hoist_linear_pass, hoist_linear_projections
 from .negations import fold_negations, negations_pass
+from .unused_operands import unused_operands_pass
 from .residuals import forward_with_residuals, residuals_pass, save_residuals
 
 Pass = Callable[[GraphProgram, ProgramFacts], tuple]
@@ -45,6 +48,7 @@ PROGRAM_PASSES: dict[str, Pass] = {
     "cse": cse_pass,
     "attention_pairing": attention_pairing_pass,
     "dce": dce_pass,
+    "unused_operands": unused_operands_pass,
     "negations": negations_pass,
     "fuse_walks": fuse_walks_pass,
 }
@@ -58,6 +62,7 @@ _RUNS_WHEN: dict[str, Callable[[ProgramFacts], bool]] = {
     # the torch bridge's forward runs on its own: its attention returns the statistics then
     "attention_pairing": lambda f: f.stage == "execute" or (f.stage == "staged" and f.bridge),
     "dce": lambda f: f.stage == "execute",
+    "unused_operands": lambda f: f.stage == "execute",
     # the torch bridge runs its staged forward as is: fold the hoisted `b - p W` there
     "negations": lambda f: f.stage == "execute" or (f.stage == "staged" and f.bridge),
     "fuse_walks": lambda f: f.stage == "execute",

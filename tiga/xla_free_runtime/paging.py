@@ -35,6 +35,7 @@ from . import scope as sc
 from .page_buffers import PageBuffers
 from .propagate import Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
+from .threads import num_threads
 
 PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own
 QUEUE_PAGES = 2
@@ -292,6 +293,7 @@ class _PagedRun:
         self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
                        for v, r in zip(values, self.roles)]
         self.module = self.plan = None       # the Task-IR page plan (execute builds it)
+        self.kernel_threads = None
         key = (str(walk.reader.vdir), walk.rows, sc.page_rows())
         self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
         self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows())
@@ -392,12 +394,11 @@ class _PagedRun:
         return take
 
     def producer(self, q: queue.Queue, pages) -> None:
-        """A prefetch thread: walks the plan's transfers into the host, taking the next
-        page of `pages` (shared by the loaders) each time."""
+        """A prefetch thread: walks the transfers of its run of pages (`pages`, an
+        iterator over plan steps) into the host, one page at a time."""
         try:
             while True:
-                with self.lock:
-                    step = next(pages, None)
+                step = next(pages, None)     # (this loader's own run of pages)
                 if step is None:
                     break
                 transfers, launches, _ = step
@@ -435,13 +436,18 @@ class _PagedRun:
         self.plan = paging_plan.steps(self.module)
         bar = _progress(len(self.tasks))
         q: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
-        pages = iter(self.plan)
         # a sum over all edges adds pages in plan order (one loader: the same float sum on
-        # every run); other results are written to disjoint rows, in any order
-        n = LOADERS if self.walk.lead is not None and len(self.plan) > 1 else 1
+        # every run); other results are written to disjoint rows, in any order, so each
+        # loader walks its own contiguous run of pages: a chunk shared by two neighbouring
+        # pages is then decoded once, by the loader that reads both
+        n = max(1, min(LOADERS, len(self.plan))) if self.walk.lead is not None else 1
+        cuts = [len(self.plan) * i // n for i in range(n + 1)]
+        # the loaders keep cores busy reading, so a page's kernel takes the cores left
+        self.kernel_threads = max(1, num_threads() - n)
         workers = [threading.Thread(target=contextvars.copy_context().run, daemon=True,
-                                    args=(self.producer, q, pages),
-                                    name=f"tiga-page-prefetch-{i}") for i in range(n)]
+                                    args=(self.producer, q, iter(self.plan[a:b])),
+                                    name=f"tiga-page-prefetch-{i}")
+                   for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
         writes = {step[1][0].page: step[2] for step in self.plan}
         done = False
         try:
@@ -489,7 +495,7 @@ class _PagedRun:
                 into = [stor._live()[op.rows[0]:op.rows[1]] for (_, stor), op in
                         zip(outs, writes)] if self.stats.result_tier == "host" and \
                     all(op.kind == "write" for op in writes) else None
-                res = run_propagate(route, eqn, page, vals, into)
+                res = run_propagate(route, eqn, page, vals, into, self.kernel_threads)
             t1 = time.perf_counter()
             for (_, stor), r, op in zip(outs, res, writes):
                 r = np.asarray(r)

@@ -130,13 +130,12 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
     reason = _UNSUPPORTED.get(key) or (None if op is not None else _NOT_LOWERED)
     if reason is not None:
         return Fallback(reason)
-    call = CallData(relation=relation_descriptor(graph, _walk(eqn.params)),
-                    has_edge_perm=graph.edge_perm is not None,
-                    index_dtype=graph.index_dtype.name)
-
     def build(symbol):
         # (the launch's thread count and row partition are the runtime's; the renderer reads
         # the edge loop's attributes, which no thread count changes)
+        call = CallData(relation=relation_descriptor(graph, _walk(eqn.params)),
+                        has_edge_perm=graph.edge_perm is not None,
+                        index_dtype=graph.index_dtype.name)
         source = BACKENDS["cpu-llvm"].render(op, symbol, call)
         return source.text, source.signature
 
@@ -355,13 +354,15 @@ def _check_field(x, i: int, sig, lead, name: str) -> np.ndarray:
     return arr
 
 
-def run_propagate(exe: Executable, eqn, graph, values: list, outs: list | None = None
-                  ) -> list:
+def run_propagate(exe: Executable, eqn, graph, values: list, outs: list | None = None,
+                  threads: int | None = None) -> list:
     """Run a compiled propagate on concrete field values; returns the output arrays.
 
     `outs` (optional): C-contiguous arrays of the outputs' shapes and dtypes to write into,
     e.g. row ranges of a larger result (the distributed runtime's interior chunks); a
-    specialised plan, or arrays that do not match, get fresh outputs instead."""
+    specialised plan, or arrays that do not match, get fresh outputs instead. `threads`
+    (optional) caps the launch's pool threads (a paged run computes one page on one thread
+    while its loaders use the other cores)."""
     if not isinstance(exe, Executable):       # a specialised plan runs itself
         return exe.run(eqn, graph, values)
     bound = _bound(exe, graph, eqn)
@@ -381,13 +382,14 @@ def run_propagate(exe: Executable, eqn, graph, values: list, outs: list | None =
         try:   # (the copies are reused by the next call: hold them until the kernel is done)
             for i in staged:
                 fields[i] = _aligned_copy(fields[i], i, exe.native)
-            return _launch(exe, bound, graph, fields, eqn, outs)
+            return _launch(exe, bound, graph, fields, eqn, outs, threads)
         finally:
             _STAGE_LOCK.release()
-    return _launch(exe, bound, graph, fields, eqn, outs)
+    return _launch(exe, bound, graph, fields, eqn, outs, threads)
 
 
-def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None) -> list:
+def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None,
+            cap: int | None = None) -> list:
     sig = exe.signature
     if outs is None:
         outs = [np.empty(shape, dtype) for shape, dtype in bound.outs]
@@ -401,6 +403,8 @@ def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None) -> l
         exe.native(0, bound.rows, argv)
         return outs
     launch = _run_schedule(exe, eqn, sig)
+    if cap is not None and cap < launch.threads:
+        launch = replace(launch, threads=max(1, cap))
     threads = launch.threads
     chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
     if sig.parallel == "partial_sums":

@@ -23,6 +23,7 @@ class Appender:
         self.buf = np.empty((self.chunk,) + self.row_shape, self.dtype)
         self.fill = 0          # rows in buf
         self.rows = 0          # rows appended (written + buffered)
+        self.rows_written = 0
 
     def append(self, rows: np.ndarray) -> None:
         k = 0
@@ -39,16 +40,18 @@ class Appender:
         if not self.fill:
             return
         start = self.rows_written
-        self.disk.grow(start + self.fill)
+        if start + self.fill > self.disk.shape[0]:
+            # the array's shape lives in its metadata file: grown by doubling, so a long
+            # ingest rewrites it a few dozen times, not once per chunk
+            self.disk.grow(max(start + self.fill, 2 * self.disk.shape[0]))
         self.disk.write_rows(start, self.buf[:self.fill])
+        self.rows_written += self.fill
         self.fill = 0
-
-    @property
-    def rows_written(self) -> int:
-        return self.disk.shape[0]
 
     def finish(self) -> dict:
         self._flush()
+        if self.disk.shape[0] != self.rows_written:
+            self.disk.grow(self.rows_written)       # (to the rows appended: a shrink)
         self.buf = None
         return {"shape": list(self.disk.shape), "dtype": as_dtype(self.dtype).name}
 
