@@ -22,7 +22,10 @@ def eval_program(program: GraphProgram, *args, overrides: dict | None = None) ->
                            f"got {len(args)}")
     env: dict[int, object] = {}
     for v, x in zip(program.in_binders, args):
-        env[id(v)] = x if isinstance(v.type, GraphType) else np.asarray(x)
+        # a value on the disk tier stays there for the overriding rules (a paged propagate
+        # reads it page by page); an impl rule that reads it converts it then
+        lazy = overrides is not None and getattr(x, "tier", None) == "disk"
+        env[id(v)] = x if isinstance(v.type, GraphType) or lazy else np.asarray(x)
     if overrides is not None:
         return _eval_overridden(program, env, overrides)
     dims = bind_dims(program.in_binders, [env[id(v)] for v in program.in_binders])

@@ -36,7 +36,7 @@ class PageSet:
         cap = max(1, n + n // 8)
         row = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
         ch = memory.charge("host", cap * row, what)
-        arr = aligned_empty((cap,) + tuple(row_shape), dtype)
+        arr = aligned_empty((cap,) + tuple(row_shape), dtype, 4096)   # (O_DIRECT writes)
         self.bufs[name] = (arr, ch)
         return arr[:n]
 

@@ -33,6 +33,7 @@ from ..core.types import TensorType
 from . import memory, paging_plan, store_transpose
 from . import scope as sc
 from .page_buffers import PageBuffers
+from .page_writer import WRITE_QUEUE, PageWriter
 from .propagate import Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
 from .threads import num_threads
@@ -298,7 +299,9 @@ class _PagedRun:
         self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
         self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows())
         self.stop = threading.Event()
-        self.buffers = PageBuffers(QUEUE_PAGES + 1 + LOADERS)   # queued, computing, loading
+        # queued, computing, loading, being written
+        self.buffers = PageBuffers(QUEUE_PAGES + 1 + LOADERS + WRITE_QUEUE + 1)
+        self.writer = None
         self.lock = threading.Lock()
         self.row_bytes = [0 if r == "param" else
                           int(np.prod(v.shape[1:], dtype=np.int64)) * v.dtype.itemsize
@@ -450,6 +453,8 @@ class _PagedRun:
                    for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
         writes = {step[1][0].page: step[2] for step in self.plan}
         done = False
+        if self.stats.result_tier == "disk":
+            self.writer = PageWriter(self.buffers, self.stats)
         try:
             for w in workers if self.tasks else ():
                 w.start()
@@ -466,8 +471,13 @@ class _PagedRun:
                 left -= 1
                 if bar is not None:
                     bar.update(1)
+            if self.writer is not None:
+                self.writer.close()         # (the last pages' writes; raises theirs)
+                self.writer = None
             done = True
         finally:
+            if self.writer is not None:     # interrupted: the queued writes still end
+                self.writer.close(check=False)
             self.stop.set()
             self.drain(q)
             for w in workers:
@@ -483,7 +493,9 @@ class _PagedRun:
         return [t for t, _ in outs]
 
     def compute(self, item, outs, writes: list) -> None:
-        """A page's gf_task.launch (the kernel on the page-local CSR), then its writes."""
+        """A page's gf_task.launch (the kernel on the page-local CSR), then its writes: host
+        rows are written in place by the kernel, disk rows by the writer thread (the
+        page's buffer set, which holds them, goes with them)."""
         task, page, vals, bufs = item
         try:
             t0 = time.perf_counter()
@@ -491,24 +503,39 @@ class _PagedRun:
             route = plan_propagate(eqn, page)
             if isinstance(route, Fallback):
                 res = impl_rules[propagate_p](page, *vals, **eqn.params)
-            else:       # a write to host rows: the kernel writes them in place
-                into = [stor._live()[op.rows[0]:op.rows[1]] for (_, stor), op in
-                        zip(outs, writes)] if self.stats.result_tier == "host" and \
-                    all(op.kind == "write" for op in writes) else None
-                res = run_propagate(route, eqn, page, vals, into, self.kernel_threads)
+            else:
+                res = run_propagate(route, eqn, page, vals, self.page_outputs(
+                    outs, writes, bufs), self.kernel_threads)
             t1 = time.perf_counter()
+            pending = []
             for (_, stor), r, op in zip(outs, res, writes):
                 r = np.asarray(r)
                 if op.kind == "accumulate":     # summed over all edges: add the page's sum
                     stor._live()[...] += r
-                elif not (stor.tier == "host" and
-                          np.shares_memory(r, stor._live()[op.rows[0]:op.rows[1]])):
+                elif stor.tier == "disk":
+                    pending.append((stor, op.rows[0], r))
+                elif not np.shares_memory(r, stor._live()[op.rows[0]:op.rows[1]]):
                     stor.write_rows(op.rows[0], r)
                 self.stats.bytes_written[stor.tier] += r.nbytes
             self.stats.seconds["compute"] += t1 - t0
-            self.stats.seconds["write"] += time.perf_counter() - t1
+            if pending:
+                self.writer.put(pending, bufs)
+                bufs = None         # (the writer releases it)
         finally:
-            self.buffers.release(bufs)
+            if bufs is not None:
+                self.buffers.release(bufs)
+
+    def page_outputs(self, outs, writes: list, bufs) -> list | None:
+        """Where the kernel writes a page's results: the result's own rows on the host, a
+        page buffer for rows bound for disk; None (fresh arrays) for a sum over all edges."""
+        if any(op.kind != "write" for op in writes):
+            return None
+        into = []
+        for i, ((_, stor), op) in enumerate(zip(outs, writes)):
+            a, b = op.rows
+            into.append(stor._live()[a:b] if stor.tier == "host" else bufs.get(
+                f"out{i}", b - a, stor.shape[1:], stor.dtype, f"page {op.page} results"))
+        return into
 
     def drain(self, q: queue.Queue) -> None:
         while True:
