@@ -28,8 +28,8 @@ GENERATED_KINDS = ("radius", "knn")
 generated_hooks: dict[str, Callable | None] = {"traced": None, "bind": None}
 # the runtime registers its store reader: `open(path)` -> an object with num_src, num_dst,
 # num_edges, index_dtype, version, read_rows(start, stop) and read_csr() (core cannot
-# import the runtime)
-store_hooks: dict[str, Callable | None] = {"open": None}
+# import the runtime); `degrees(graph, by)` counts a paged relation's degrees by row ranges
+store_hooks: dict[str, Callable | None] = {"open": None, "degrees": None}
 
 
 class Graph:
@@ -353,6 +353,8 @@ class Graph:
         """int64 in-degree per destination (by='dst') or out-degree per source (by='src')."""
         if by not in ("dst", "src"):
             raise GraphValidationError(f"by: is {by!r}, expected 'dst' or 'src'")
+        if self.kind == "paged" and self._csr is None and store_hooks.get("degrees"):
+            return store_hooks["degrees"](self, by)    # the stored CSR is never read whole
         self.ensure_valid()
         row_ptr, col_idx = self.resolve_csr()
         if by == "dst":

@@ -63,6 +63,8 @@ def _resolved_first(graph) -> bool:
 
     if getattr(graph, "tiga_distributed", False) is True:
         return False    # its CSR lives on several ranks; its type is already concrete
+    if graph.kind == "paged":
+        return False    # its CSR stays on disk (read by page); the store knows its counts
     return graph.kind != "knn" or int(graph.params.get("dims", 0)) <= FAST_DIMS
 
 

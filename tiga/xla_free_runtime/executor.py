@@ -26,8 +26,10 @@ from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
 from .generated import fused_degrees, generated_relations
 from .launch import plan
+from .paged_degrees import paged_degrees
 from .propagate import Fallback, run_propagate
 from .routes import describe_program
+from .threads import pin_threads, unpin_threads
 
 GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
@@ -70,17 +72,31 @@ def execute(program: GraphProgram, args: list) -> list:
                            f"got {len(args)}")
     if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
         return run_distributed(program, list(args))
-    eqn = _single_propagate(program)
-    if eqn is not None:
-        graph = args[0]
-        if getattr(graph, "kind", None) not in GENERATED and hasattr(graph, "resolve_csr"):
-            route = plan(eqn, graph)
-            if not isinstance(route, Fallback):
-                # a paged plan reads fields by rows on their own tier (no whole-array read)
-                vals = list(args[1:]) if getattr(route, "lazy_fields", False) else \
-                    [np.asarray(a) for a in args[1:]]
-                return run_propagate(route, eqn, graph, vals)
-    return _run(program, list(args))
+    pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
+    try:
+        eqn = _single_propagate(program)
+        if eqn is not None:
+            out = _run_single(eqn, args)
+            if out is not None:
+                return out
+        return _run(program, list(args))
+    finally:
+        unpin_threads(pinned)
+
+
+def _run_single(eqn, args: list) -> list | None:
+    """A message-passing call's one propagate on its compiled plan, without the interpreter
+    loop; None when the relation is generated here or the propagate falls back."""
+    graph = args[0]
+    if getattr(graph, "kind", None) in GENERATED or not hasattr(graph, "resolve_csr"):
+        return None
+    route = plan(eqn, graph)
+    if isinstance(route, Fallback):
+        return None
+    # a paged plan reads fields by rows on their own tier (no whole-array read)
+    vals = list(args[1:]) if getattr(route, "lazy_fields", False) else \
+        [np.asarray(a) for a in args[1:]]
+    return run_propagate(route, eqn, graph, vals)
 
 
 # id(program) -> (weak program, its propagate or False): a memo of the program's shape,
@@ -145,10 +161,13 @@ def _while(eqn, vals):
 
 def _degrees(eqn, vals):
     """Degrees of a generated relation counted by its fused walk (the relation stays
-    unmaterialised); None: the impl rule counts them."""
-    if getattr(vals[0], "kind", None) not in GENERATED:
+    unmaterialised), of a paged one by row ranges of its store (never the CSR whole);
+    None: the impl rule counts them."""
+    kind = getattr(vals[0], "kind", None)
+    if kind not in GENERATED and kind != "paged":
         return None
-    deg = fused_degrees(vals[0], eqn.params["by"])
+    count = paged_degrees if kind == "paged" else fused_degrees
+    deg = count(vals[0], eqn.params["by"])
     return None if deg is None else [deg]
 
 
