@@ -136,17 +136,22 @@ def _sorted_runs(store, out: Path) -> dict:
             bar.close()
 
 
+BLOCK_SHIFT = 6     # buckets start at multiples of 64 sources: a source's bucket is a lookup
+
+
 def _bucket_starts(counts: np.ndarray, limit: int) -> np.ndarray:
-    """First source of each bucket: contiguous source ranges of at most `limit` edges (a
-    source with more edges than that is a bucket of its own)."""
-    ends = np.cumsum(counts)
-    starts, at, n = [0], 0, len(counts)
+    """First source of each bucket: contiguous ranges of whole 64-source blocks of at most
+    `limit` edges (a block with more edges than that is a bucket of its own)."""
+    per_block = np.add.reduceat(counts, np.arange(0, len(counts), 1 << BLOCK_SHIFT)) \
+        if len(counts) else np.zeros(0, np.int64)
+    ends = np.cumsum(per_block)
+    starts, at, n = [0], 0, len(per_block)
     while at < n:
         base = int(ends[at - 1]) if at else 0
         nxt = int(np.searchsorted(ends, base + limit, side="right"))
         at = max(nxt, at + 1)
         if at < n:
-            starts.append(at)
+            starts.append(at << BLOCK_SHIFT)
     return np.asarray(starts, np.int64)
 
 
@@ -157,20 +162,23 @@ def _distribute(store, runs: Path, starts: np.ndarray, triple: np.dtype, limit: 
     files = [runs / f"{k:06d}" for k in range(len(starts))]
     for f in files:
         f.touch()
+    blocks = (store.num_src >> BLOCK_SHIFT) + 1
+    bounds = np.append(starts >> BLOCK_SHIFT, blocks)
+    key = np.uint16 if len(starts) < 1 << 16 else np.int64    # (16-bit keys: a radix sort)
+    bucket_of = np.repeat(np.arange(len(starts), dtype=key), np.diff(bounds))
     rows = max(1, limit // max(1, store.num_edges // max(store.num_dst, 1) + 1))
     for a in range(0, store.num_dst, rows):
         b = min(store.num_dst, a + rows)
         rp, ci, lo = store.read_rows(a, b)
-        t = np.empty(len(ci), triple)
-        t["s"] = ci
-        t["d"] = np.repeat(np.arange(a, b, dtype=triple["d"]), np.diff(rp))
-        t["e"] = np.arange(lo, lo + len(ci), dtype=np.int64)
-        which = np.searchsorted(starts, ci, side="right") - 1
-        if len(starts) <= 1 << 16:          # numpy's stable sort of 16-bit keys is a radix sort
-            which = which.astype(np.uint16)
+        which = bucket_of[ci >> BLOCK_SHIFT]
         order = np.argsort(which, kind="stable")
-        t, which = t[order], which[order]
-        cuts = np.searchsorted(which, np.arange(len(starts) + 1, dtype=np.int64))
+        which = which[order]
+        t = np.empty(len(ci), triple)
+        t["s"] = ci[order]
+        t["d"] = np.repeat(np.arange(a, b, dtype=triple["d"]), np.diff(rp))[order]
+        t["e"] = order
+        t["e"] += lo            # (an edge's stored id is its position in the pages' order)
+        cuts = np.searchsorted(which, np.arange(len(starts) + 1, dtype=which.dtype))
         for k in np.flatnonzero(np.diff(cuts)):
             with open(files[k], "ab") as fh:
                 t[cuts[k]:cuts[k + 1]].tofile(fh)
