@@ -46,7 +46,8 @@ def _launch(ranks: int, args: list, limit: int, **env_extra) -> tuple:
 
 # every module at two rank counts (2 and 3 or 4): ranks outnumber the 2 cores of CI, where
 # a launch costs about its rank count in CPU time; all launches together stay under 90 s
-SUITES = {2: ("test_mpi_equivalence.py", "test_mpi_relations.py", "test_mpi_tasks.py"),
+SUITES = {2: ("test_mpi_equivalence.py", "test_mpi_relations.py", "test_mpi_tasks.py",
+              "test_mpi_paged.py"),
           3: ("test_mpi_relations.py", "test_mpi_tasks.py"), 4: ("test_mpi_equivalence.py",)}
 
 

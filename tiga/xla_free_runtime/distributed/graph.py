@@ -5,6 +5,8 @@ three local relations over the renumbered CSR (halo.py): `full` (owned rows over
 ghost sources), `interior` (rows that read no ghost, over owned sources only) and
 `boundary` (the rest). A program traced on a DistributedGraph sees a plain CSR relation
 with num_src == num_dst == the owned rows: fields are local, the exchange is the runtime's.
+A store-backed partition made under a host budget too small for the rank's local CSR keeps
+it in a rank-private store instead, and the three relations are paged (paged.py).
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ import numpy as np
 from ...core.errors import DistributedError, GraphValidationError, ShapeError, UnsupportedError
 from ...core.graph import Graph
 from ...core.types import Dim, GraphType
+from .. import scope as sc
 from .comm import Comm, init, mpi
 from .exchange import reverse_add
 from .generated import check_radius, checked_positions, generated_params, radius_plan
 from .halo import HaloPlan, build_plan
+from .paged import LocalStore, paged_store_plan, should_page
 from .partition import owners
 from .stored import check_store_method, read_tensor_rows, store_ownership, store_plan
 
@@ -33,14 +37,15 @@ class DistributedGraph:
     tiga_distributed = True     # the runtime's dispatch mark (executor.execute)
 
     def __init__(self, comm: Comm, plan: HaloPlan, global_type: GraphType, method: str,
-                 owner: np.ndarray):
+                 owner: np.ndarray, local_store: LocalStore | None = None):
         self.comm, self.plan, self.method = comm, plan, method
+        self.local_store = local_store      # the paged local CSR's store, else None
         self.global_type = global_type
         self.owner = owner
         self.kind = "csr"           # "radius" over a partitioned radius relation
         self.params: dict = {}       # a radius relation's: its owned coordinates (generated.py)
         self.num_src = self.num_dst = plan.n_owned
-        self.num_edges = len(plan.col_idx)
+        self.num_edges = plan.num_edges
         self.index_dtype = global_type.index_dtype
         self.edge_perm = None
         self.overlap = True          # False: communicate, then compute (benchmarks compare)
@@ -81,8 +86,16 @@ class DistributedGraph:
         if by != "src":
             raise GraphValidationError(f"by: is {by!r}, expected 'dst' or 'src'")
         n = self.plan.n_owned + self.plan.n_ghost
-        local = np.bincount(np.asarray(self.plan.col_idx, np.int64), minlength=n)
+        if self.local_store is not None:        # counted while the store was written
+            local = self.local_store.src_degrees.copy()
+        else:
+            local = np.bincount(np.asarray(self.plan.col_idx, np.int64), minlength=n)
         return reverse_add(self, local.astype(np.int64), "the reverse exchange of degrees")
+
+    @property
+    def paged(self) -> bool:
+        """Whether this rank's local relations are paged (read from its own store)."""
+        return self.local_store is not None
 
     def __repr__(self) -> str:
         p = self.plan
@@ -136,7 +149,15 @@ class DistributedGraph:
         if w.ndim == 0 or w.shape[0] != want:
             raise ShapeError(f"w_global: expected a leading axis of {want} (the global "
                              f"edges), found shape {w.shape}")
-        return w[self.plan.edge_ids]
+        ls = self.local_store
+        if ls is None:
+            return w[self.plan.edge_ids]
+        out = np.empty((self.num_edges,) + w.shape[1:], w.dtype)
+        step = max(1, sc.page_rows())
+        for a in range(0, self.num_edges, step):      # the edge ids a page at a time
+            b = min(a + step, self.num_edges)
+            out[a:b] = w[ls.edge_ids(a, b)]
+        return out
 
     def gather(self, y_local, root: int | None = None):
         """The global array from every rank's local rows: on every rank (root=None) or only
@@ -183,6 +204,8 @@ class DistributedGraph:
 
     def _local(self, first: int, stop: int, num_src: int) -> Graph:
         p = self.plan
+        if self.local_store is not None:
+            return self.local_store.relation(p.row_ptr, first, stop, num_src)
         rp = p.row_ptr[first:stop + 1]
         e0, e1 = int(rp[0]), int(rp[-1])
         return Graph.from_csr(np.ascontiguousarray(rp - e0, dtype=np.int64),
@@ -208,6 +231,9 @@ class DistributedGraph:
                  f"rows ({p.n_interior} interior, {p.n_owned - p.n_interior} boundary), "
                  f"{p.n_ghost} ghost rows, {self.num_edges} local edges "
                  f"({p.interior_edges} interior)"]
+        if self.local_store is not None:
+            lines.append(f"  local CSR paged: rank-private store {self.local_store.path} (the "
+                         "interior chunks and boundary rows are row ranges of it)")
         sends = dict(p.send)
         for q in p.peers():
             got = sum(b - a for r, a, b in p.recv if r == q)
@@ -225,7 +251,9 @@ def partition(graph, method: str = "rows", positions=None, comm: Comm | None = N
     A `tg.Graph.radius` relation (one point set) partitions with method="spatial" over its
     own coordinates (boxes, ghosts within the cutoff: generated.py); a store-backed one
     (`tg.Graph.open`) by "rows", "edges" or "spatial" (positions: a src/dst field name of
-    the store, or an array), reading only this rank's rows (stored.py)."""
+    the store, or an array), reading only this rank's rows (stored.py); under a host budget
+    (tg.scope) too small for the rank's local CSR, that CSR goes to a rank-private store in
+    the spill dir and the rank's relations are paged (paged.py; `dg.paged`)."""
     if isinstance(graph, DistributedGraph):
         raise GraphValidationError("graph: is already a DistributedGraph; partition the "
                                    "global tg.Graph")
@@ -280,7 +308,8 @@ def _partition_radius(graph: Graph, method: str, positions, comm: Comm) -> Distr
 
 def _partition_store(graph: Graph, method: str, positions, comm: Comm) -> DistributedGraph:
     """Contiguous row ranges, or spatial boxes over stored (or given) positions; each rank
-    reads its own rows of the store, nothing else (stored.py)."""
+    reads its own rows of the store, nothing else (stored.py). Under a host budget whose
+    room cannot hold this rank's local CSR, the rank's relations are paged (paged.py)."""
     check_store_method(method, positions)
     reader = graph.params["reader"]
     own = store_ownership(reader, comm.size, method, positions)
@@ -300,9 +329,13 @@ def _partition_store(graph: Graph, method: str, positions, comm: Comm) -> Distri
         comm.wait([req], "the halo id exchange")
         return np.split(got, np.cumsum(theirs)[:-1])
 
-    plan = store_plan(reader, own, comm.rank, exchange_ids)
+    local = None
+    if should_page(reader, own.mine(comm.rank)):
+        plan, local = paged_store_plan(reader, own, comm.rank, exchange_ids)
+    else:
+        plan = store_plan(reader, own, comm.rank, exchange_ids)
     owner = own.owner if own.owner is not None else own.of(plan.owned)   # own rows only
-    return DistributedGraph(comm, plan, graph.type(), method, owner)
+    return DistributedGraph(comm, plan, graph.type(), method, owner, local)
 
 
 def _allgatherv(comm: Comm, mine: np.ndarray, what: str) -> np.ndarray:

@@ -22,8 +22,8 @@ class HaloPlan:
     recv: tuple                  # ((peer rank, start, stop) into ghosts), by peer rank
     send: tuple                  # ((peer rank, int64 local owned rows the peer reads), ...)
     row_ptr: np.ndarray          # local CSR over owned rows (int64)
-    col_idx: np.ndarray          # local source ids (owned, then ghosts)
-    edge_ids: np.ndarray         # global edge id of each local edge (local edge order)
+    col_idx: np.ndarray | None   # local source ids (owned, then ghosts); None: paged (on disk)
+    edge_ids: np.ndarray | None  # global edge id of each local edge (local edge order)
 
     @property
     def n_owned(self) -> int:
@@ -32,6 +32,10 @@ class HaloPlan:
     @property
     def n_ghost(self) -> int:
         return len(self.ghosts)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.row_ptr[-1])
 
     @property
     def interior_edges(self) -> int:

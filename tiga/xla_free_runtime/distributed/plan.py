@@ -169,7 +169,7 @@ def exchange_module(eqn, dg) -> TaskModule:
     outs, fin = b.launch(0, 1, (0, p.n_owned), deps, kind)
     by = eqn.params["reduce_by"]
     if by != "src":       # per edge: the local edges; "all": one row, this rank's part
-        b.write(outs, (fin,), 0, (0, len(p.col_idx) if by == "edge" else 1))
+        b.write(outs, (fin,), 0, (0, p.num_edges if by == "edge" else 1))
         return b.finish()
     recv = {q: (a, c) for q, a, c in p.recv}
     for o in outs:

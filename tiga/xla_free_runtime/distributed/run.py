@@ -37,8 +37,9 @@ _LITS: dict = {}     # id(program) -> (weak program, whether a literal is distri
 def distributed_call(program: GraphProgram, args: list) -> bool:
     """The program reads a DistributedGraph: as an argument, or captured by the trace (a
     literal, also inside loop bodies). Memoised per program."""
-    if any(is_distributed(a) for a in args):
-        return True
+    for a in args:     # (a loop, not any(): this runs on every warm call)
+        if is_distributed(a):
+            return True
     entry = _LITS.get(id(program))
     if entry is not None and entry[0]() is program:
         return entry[1]
@@ -185,7 +186,10 @@ def launch(eqn, graph, values: list, outs: list | None = None) -> list:
                                    f"the reference interpreter: {route.reason}",
                                    hint="unset TIGA_STRICT / tg.config.strict")
         return impl_rules[propagate_p](graph, *values, **eqn.params)
-    return run_propagate(route, eqn, graph, values, outs)
+    got = run_propagate(route, eqn, graph, values, outs)
+    if graph.kind == "paged":       # a paged partition's results: tensors, on host or disk
+        return [np.asarray(g) for g in got]
+    return got
 
 
 def _rows(eqn, fields: list, rows: tuple, edges: tuple) -> list:

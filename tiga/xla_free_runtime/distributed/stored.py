@@ -126,25 +126,43 @@ def read_tensor_rows(x, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def store_plan(reader, own: Ownership, rank: int, exchange_ids) -> HaloPlan:
-    """This rank's plan from its own rows of the store (the conventions of halo.build_plan).
+@dataclass(frozen=True, eq=False)
+class Renumbering:
+    """A rank's local numbering (halo.py conventions) from the facts about its own rows:
+    `rows` (positions in `mine`, interior first), `local` (position in `mine` -> local row),
+    ghosts (grouped by owner), recv / send, and `distinct` / `slot` to renumber a ghost."""
 
-    `exchange_ids(per_peer)` sends each peer the ids of its rows this rank reads and
-    returns, per peer, the ids of this rank's rows that peer reads (an all-to-all)."""
-    mine = own.mine(rank)
-    rp, col, edge_ids = read_runs(reader, mine)
+    mine: np.ndarray
+    rows: np.ndarray
+    local: np.ndarray
+    n_interior: int
+    ghosts: np.ndarray
+    distinct: np.ndarray
+    slot: np.ndarray
+    recv: tuple
+    send: tuple
+
+    def columns(self, gcol: np.ndarray, foreign: np.ndarray) -> np.ndarray:
+        """int64 local source ids of global ids `gcol` (`foreign`: owned elsewhere)."""
+        lcol = np.empty(len(gcol), np.int64)
+        lcol[foreign] = len(self.mine) + self.slot[np.searchsorted(self.distinct,
+                                                                   gcol[foreign])]
+        lcol[~foreign] = self.local[np.searchsorted(self.mine, gcol[~foreign])]
+        return lcol
+
+
+def renumbering(own: Ownership, rank: int, mine: np.ndarray, boundary: np.ndarray,
+                distinct: np.ndarray, exchange_ids) -> Renumbering:
+    """The numbering of `rank`'s rows `mine` (ascending) whose `boundary` rows read the
+    foreign sources `distinct` (ascending): one all-to-all of ids (`exchange_ids(per_peer)`
+    sends each peer the ids of its rows this rank reads and returns, per peer, the ids of
+    this rank's rows that peer reads)."""
     n_rows = len(mine)
-    dst = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rp))
-    gcol = col.astype(np.int64)
-    foreign = own.of(gcol) != rank
-    boundary = np.bincount(dst[foreign], minlength=n_rows) > 0
     rows = np.concatenate([np.flatnonzero(~boundary), np.flatnonzero(boundary)])
-    distinct = np.unique(gcol[foreign])
     by_owner = np.argsort(own.of(distinct), kind="stable")
-    ghosts = distinct[by_owner]                  # grouped by owner, ascending within
+    ghosts = distinct[by_owner].astype(np.int64)        # grouped by owner, ascending within
     ghost_owner = own.of(ghosts)
-    wanted = [ghosts[ghost_owner == q] for q in range(own.size)]
-    peers_read = exchange_ids(wanted)
+    peers_read = exchange_ids([ghosts[ghost_owner == q] for q in range(own.size)])
     local = np.empty(n_rows, np.int64)
     local[rows] = np.arange(n_rows)
     peers, starts = np.unique(ghost_owner, return_index=True)
@@ -154,16 +172,30 @@ def store_plan(reader, own: Ownership, rank: int, exchange_ids) -> HaloPlan:
                  if q != rank and len(ids))
     slot = np.empty(len(distinct), np.int64)
     slot[by_owner] = np.arange(len(distinct))
-    lcol = np.empty(len(gcol), np.int64)
-    lcol[foreign] = n_rows + slot[np.searchsorted(distinct, gcol[foreign])]
-    lcol[~foreign] = local[np.searchsorted(mine, gcol[~foreign])]
-    by_row = np.argsort(local[dst], kind="stable")
-    counts = np.diff(rp)[rows]
-    return HaloPlan(rank=rank, owned=mine[rows], n_interior=int((~boundary).sum()),
-                    ghosts=ghosts.astype(np.int64), recv=recv, send=send,
+    return Renumbering(mine, rows, local, int((~boundary).sum()), ghosts, distinct, slot,
+                       recv, send)
+
+
+def store_plan(reader, own: Ownership, rank: int, exchange_ids) -> HaloPlan:
+    """This rank's plan from its own rows of the store, read at once (the conventions of
+    halo.build_plan; paged.py builds it page by page when the host budget is small)."""
+    mine = own.mine(rank)
+    rp, col, edge_ids = read_runs(reader, mine)
+    n_rows = len(mine)
+    dst = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rp))
+    gcol = col.astype(np.int64)
+    foreign = own.of(gcol) != rank
+    boundary = np.bincount(dst[foreign], minlength=n_rows) > 0
+    r = renumbering(own, rank, mine, boundary, np.unique(gcol[foreign]), exchange_ids)
+    lcol = r.columns(gcol, foreign)
+    by_row = np.argsort(r.local[dst], kind="stable")
+    counts = np.diff(rp)[r.rows]
+    return HaloPlan(rank=rank, owned=mine[r.rows], n_interior=r.n_interior, ghosts=r.ghosts,
+                    recv=r.recv, send=r.send,
                     row_ptr=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
                     col_idx=lcol[by_row].astype(col.dtype), edge_ids=edge_ids[by_row])
 
 
 __all__ = ["check_store_method", "store_bounds", "store_plan", "store_ownership",
-           "store_positions", "Ownership", "runs", "read_runs", "read_tensor_rows"]
+           "store_positions", "Ownership", "Renumbering", "renumbering", "runs", "read_runs",
+           "read_tensor_rows"]
