@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..core.graph import Graph
 from ..core.program import GraphProgram
 from . import guards as guards_mod
 from .staging import leaf_aval, leaf_value
@@ -86,10 +87,7 @@ def _call_key(call, items=None):
     update = _fn_key(call.update) if call.update is not None else (("none",), ())
     if update is None:
         return None
-    gt = call.graph.type(symbolic=True)
-    # the GraphType as plain values: looking the key up compares it with the stored key, and
-    # dataclass equality (GraphType, Dim) runs in Python on every warm call
-    gtype = (gt.kind, gt.num_src is gt.num_dst, gt.index_dtype.name, gt.coord_dims)
+    gtype = _graph_key(call.graph)
     fields = tuple((role, name, _type_key(v)) for role, name, v in
                    (call.field_items() if items is None else items))
     params = tuple((k, _type_key(v)) for k, v in call.param_items())
@@ -98,6 +96,25 @@ def _call_key(call, items=None):
         return None
     key = (edge[0], update[0], reducer[0], call.reduce_by, gtype, fields, params)
     return key, edge[1] + update[1] + reducer[1]
+
+
+def _graph_key(graph) -> tuple:
+    """The relation's symbolic type as plain values: looking the key up compares it with the
+    stored key, and dataclass equality (GraphType, Dim) runs in Python on every warm call.
+    A tg.Graph's type is fixed when it is built, so it is read once per relation."""
+    found = _GRAPH_KEYS.get(id(graph)) if type(graph) is Graph else None
+    if found is not None and found[0]() is graph:
+        return found[1]
+    gt = graph.type(symbolic=True)
+    key = (gt.kind, gt.num_src is gt.num_dst, gt.index_dtype.name, gt.coord_dims)
+    if type(graph) is Graph:
+        if len(_GRAPH_KEYS) > 1024:
+            _GRAPH_KEYS.clear()
+        _GRAPH_KEYS[id(graph)] = (weakref.ref(graph), key)
+    return key
+
+
+_GRAPH_KEYS: dict = {}    # id(tg.Graph) -> (weak graph, _graph_key): a memo of its type
 
 
 def _reducer_key(r):
@@ -151,7 +168,12 @@ def _sizes_ok(call, items) -> bool:
 
 def _alive(refs: tuple, objs: tuple) -> bool:
     """The objects whose ids form the key are still the same objects (ids get reused)."""
-    return len(refs) == len(objs) and all(r() is o for r, o in zip(refs, objs))
+    if len(refs) != len(objs):
+        return False
+    for r, o in zip(refs, objs):
+        if r() is not o:
+            return False
+    return True
 
 
 _ref = guards_mod.ref
@@ -163,6 +185,10 @@ def _lookup(key, objs):
         entry = _ENTRIES.get(key)
         if entry is None or not _alive(entry[0], objs):
             return None
+        if not entry[1]:     # nothing read outside the arguments: no guard to re-read
+            _ENTRIES.move_to_end(key)
+            STATS["hits"] += 1
+            return entry
     if not guards_mod.check(entry[1]):
         STATS["guard_failures"] += 1
         return None

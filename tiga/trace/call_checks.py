@@ -69,6 +69,8 @@ def check_keywords(caller: str, call_keywords: Iterable[str], edge_fn: Callable,
 
 def field_dict(role: str, fields) -> dict:
     """The `src=` / `dst=` / `edge=` argument: a mapping of field name -> array, or None."""
+    if type(fields) is dict:    # (the common case, before the slower ABC check)
+        return dict(fields)
     if fields is None:
         return {}
     if not isinstance(fields, Mapping):
@@ -77,9 +79,23 @@ def field_dict(role: str, fields) -> dict:
     return dict(fields)
 
 
+_SUPPORTED: set = set()    # numpy dtypes as_dtype accepted (a memo: every call checks)
+
+
+def check_fields(role: str, fields: dict) -> None:
+    """The fields of one role: identifier names, operand values (`check_operand`)."""
+    for name, value in fields.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TigaError(f"{role}: field names must be identifiers, found {name!r}")
+        if type(value) is not np.ndarray or value.dtype not in _SUPPORTED:
+            check_operand(f"{role}.{name}", value)
+
+
 def check_operand(label: str, value) -> None:
     """A field or keyword operand: an array (numpy, tg.Tensor, torch, any __array__ or
     DLPack producer) of a supported dtype, or a Python/numpy scalar."""
+    if type(value) is np.ndarray and value.dtype in _SUPPORTED:
+        return
     if isinstance(value, (Tracer, bool, float, np.generic)):
         return
     problem = None if isinstance(value, np.ndarray) else layout_problem(value)
@@ -107,6 +123,8 @@ def check_operand(label: str, value) -> None:
         raise DTypeError(f"{label}: {kind} {dtype} is not supported; expected a float, integer "
                          "or bool dtype (float16, bfloat16, float32, float64, int8 to int64, "
                          "uint8, bool)") from None
+    if type(value) is np.ndarray:
+        _SUPPORTED.add(dtype)
 
 
 def check_edge_output(out, edge_fn: Callable) -> None:

@@ -15,6 +15,7 @@ from ..core.types import GraphType
 from . import generated
 from .call_checks import (
     check_edge_output,
+    check_fields,
     check_keywords,
     check_operand,
     checked_region,
@@ -94,10 +95,7 @@ class PropagateCall:
         self.params = dict(params)
         self.lattice = _flatten_lattice_fields(graph, self.fields)
         for role, fields in self.fields.items():
-            for name, value in fields.items():
-                if not isinstance(name, str) or not name.isidentifier():
-                    raise TigaError(f"{role}: field names must be identifiers, found {name!r}")
-                check_operand(f"{role}.{name}", value)
+            check_fields(role, fields)
         for name, value in self.params.items():
             check_operand(name, value)
 

@@ -124,6 +124,15 @@ class ExecutableCache:
             self._mem[key] = exe
             return exe
 
+    def current(self, exe: Executable) -> bool:
+        """Whether `exe` is still the entry of its key, so a caller's memo of it holds (a
+        memory hit, counted as `get` counts one)."""
+        if self._mem.get(exe.key) is not exe:
+            return False
+        with self._lock:
+            self.stats.memory_hits += 1
+        return True
+
     def clear_memory(self) -> None:
         with self._lock:
             self._mem.clear()

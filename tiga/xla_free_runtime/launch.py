@@ -13,10 +13,14 @@ plan has `run(eqn, graph, values) -> outputs` and `describe(explanation, eqn, gr
 """
 from __future__ import annotations
 
+import weakref
+
 from ..lower import CPU_LLVM_AVAILABLE
 from ..lower.backends import TRITON_BACKENDS, register_launcher, selected_backend
 from . import attention, generated, paging
+from .cache import CACHE, Executable
 from .propagate import Fallback, plan_propagate
+from .threads import num_threads
 from .triton_launch import backend_plan
 
 
@@ -45,7 +49,29 @@ def plan(eqn, graph, *, compile: bool = True):
     reference interpreter runs it (`graph` None: decided from the relation's type)."""
     if selected_backend() in TRITON_BACKENDS:
         return backend_plan(eqn, graph, compile=compile)
-    return plan_cpu(eqn, graph, compile=compile)
+    if not compile or graph is None:
+        return plan_cpu(eqn, graph, compile=compile)
+    threads = num_threads()
+    per_eqn = _WARM.get(eqn)
+    found = per_eqn.get(id(graph)) if per_eqn is not None else None
+    if found is not None and found[0]() is graph and found[1] == threads and \
+            CACHE.current(found[2]):
+        return found[2]
+    route = plan_cpu(eqn, graph)
+    # (a generated relation changes route once it is materialised: planned every call)
+    if isinstance(route, Executable) and \
+            getattr(graph, "kind", None) not in generated.GENERATED_KINDS:
+        per_eqn = _WARM.setdefault(eqn, {})
+        if len(per_eqn) > 64:
+            per_eqn.clear()
+        per_eqn[id(graph)] = (weakref.ref(graph), threads, route)
+    return route
+
+
+# eqn -> {id(graph): (weak graph, pool threads, Executable)}: the generic kernel a warm call
+# of this propagate over this relation runs, reused while the cache still holds it (the
+# planners decide from the relation's kind and layout, both fixed at its construction)
+_WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(plan_cpu)}))

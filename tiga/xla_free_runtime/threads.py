@@ -13,6 +13,7 @@ the caller's arrays), so several Python threads may launch kernels at once. TIGA
 """
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,10 +31,39 @@ _LOCK = threading.Lock()
 _POOL: dict = {}
 
 
+_PINNED = threading.local()   # .n: the pool size of the call running on this thread
+_PARSED: dict = {}            # TIGA_NUM_THREADS as found -> its thread count (a memo)
+
+
 def num_threads() -> int:
     """TIGA_NUM_THREADS (default: all cores), capped at 4 x the cores with a warning; the
-    kernel schedule (lower/passes/select_kernel_schedule.py) reads the same value."""
-    return env_num_threads(TigaError)
+    kernel schedule (lower/passes/select_kernel_schedule.py) reads the same value. Inside
+    `pin_threads` the value read when the call started."""
+    n = getattr(_PINNED, "n", None)
+    if n is not None:
+        return n
+    raw = os.environ.get("TIGA_NUM_THREADS")
+    n = _PARSED.get(raw)
+    if n is None:   # parsed once per value: a bad one raises every time, a capped one warns once
+        n = env_num_threads(TigaError)
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        _PARSED[raw] = n
+    return n
+
+
+def pin_threads() -> int | None:
+    """Read the pool size once for a call on this thread (a warm call asks for it several
+    times: kernel variant, schedule, staging); returns what `unpin_threads` restores."""
+    before = getattr(_PINNED, "n", None)
+    if before is None:
+        _PINNED.n = num_threads()
+    return before
+
+
+def unpin_threads(before: int | None) -> None:
+    """Undo the matching `pin_threads` (an outer call's pin stays)."""
+    _PINNED.n = before
 
 
 def pool(threads: int) -> ThreadPoolExecutor:
