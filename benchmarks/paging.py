@@ -284,8 +284,8 @@ def main(argv=None) -> int:
                         [10_000_000, 100_000_000] + ([1_000_000_000] if a.large else []))
     root = a.root or tempfile.mkdtemp(prefix="tiga-paging-")
     os.makedirs(root, exist_ok=True)
-    from report_paging import write_outputs
     from measure import code_state, machine_info
+    from report_paging import write_outputs
     print(f"paging benchmark: stores under {root}")
     try:
         results = measure(sizes, root, a.reps)

@@ -255,6 +255,10 @@ def merge_runs(runs: list) -> dict:
         seen |= covered
         workloads = {**run["workloads"], **workloads}
         order += run["order"]
+    # a size the newest definition of its workload no longer lists was retired (a run
+    # without "sizes" keeps all)
+    results = [r for r in results if r["size"] in workloads.get(r["workload"], {}).get(
+        "sizes", [r["size"]])]
     merged.update(results=results, workloads=workloads, order=order,
                   wall_s=sum(r["wall_s"] for r in runs))
     return merged

@@ -73,7 +73,7 @@ def markdown(run: dict, json_name: str) -> str:
     for edges, r in sorted(run["sizes"].items(), key=lambda kv: int(kv[0])):
         runs = [("", r.get("forward", {}))] + sorted(
             (p, v) for p, v in r.get("sweep", {}).items())
-        for label, fw in runs:
+        for _, fw in runs:
             for st in fw.get("runs", [])[:1]:
                 s = st["stages_s"]
                 lines.append(

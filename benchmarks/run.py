@@ -219,7 +219,8 @@ def append_history(path: str, run: dict) -> None:
 
 def workload_meta(reg: dict, names: set) -> dict:
     return {n: {"title": wl.title, "description": wl.description, "size_label": wl.size_label,
-                "dtype": wl.dtype, "peers": {p: peer.note for p, peer in wl.peers.items()}}
+                "dtype": wl.dtype, "sizes": list(wl.sizes),
+                "peers": {p: peer.note for p, peer in wl.peers.items()}}
             for n, wl in reg.items() if n in names}
 
 

@@ -15,10 +15,9 @@ from . import Peer, Workload
 
 DEGREE, FEATURES = 16, 32
 OFFSETS = np.array([o for o in range(-8, 9) if o], dtype=np.int64)
-# sizes are edge counts; 1B edges (62.5M nodes, 7.5 GiB of features) only with
-# TIGA_BENCH_PAGING_LARGE=1
-SIZES = (10_000_000, 100_000_000) + ((1_000_000_000,)
-                                     if os.environ.get("TIGA_BENCH_PAGING_LARGE") == "1" else ())
+# sizes are edge counts: 10M, whose result fits the 0.5 GiB budget (the harness checks it as
+# one host array); benchmarks/paging.py runs 100M and 1B, results on disk, checked by rows
+SIZES = (10_000_000,)
 PAGE_ROWS = 65536
 SWEEP_EDGES = 10_000_000
 SWEEP_ROWS = (16384, 65536, 262144)      # the report's page-size sweep

@@ -35,8 +35,8 @@ from .facts import STAGES, ProgramFacts
 from .fuse_walks import fuse_relation_walks, fuse_walks_pass, relation_kind, relation_kinds
 from .hoist_linear import hoist_linear_pass, hoist_linear_projections
 from .negations import fold_negations, negations_pass
-from .unused_operands import unused_operands_pass
 from .residuals import forward_with_residuals, residuals_pass, save_residuals
+from .unused_operands import unused_operands_pass
 
 Pass = Callable[[GraphProgram, ProgramFacts], tuple]
 

@@ -7,13 +7,8 @@ whether it imports.
 from ...core.prims.graph import propagate_p
 from ..registry import lowering_rules, register_lowered
 from . import rules  # noqa: F401  (registers lowering_rules["cpu-llvm"])
-from .kernel import (
-    KernelSchedule,
-    KernelSignature,
-    PropagateLowering,
-    codegen_propagate,
-    propagate_lowering_rule,
-)
+from .kernel import KernelSchedule, KernelSignature, codegen_propagate
+from .render import PropagateLowering, propagate_lowering_rule
 from .values import CodegenUnsupported
 
 lowering_rules["cpu-llvm"][propagate_p] = propagate_lowering_rule

@@ -478,23 +478,5 @@ def _used_inputs(closed) -> set:
     return {i for i, v in enumerate(binders) if id(v) in read}
 
 
-@dataclass(frozen=True)
-class PropagateLowering:
-    """The `ctx` of the top-level propagate lowering rule."""
-
-    index_dtype: str = "int64"
-    schedule: KernelSchedule = KernelSchedule()
-    symbol: str = "tiga_propagate"
-
-
-def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
-    """lowering_rules['cpu-llvm'][propagate_p]: [(llvm_ir_text, signature)] at top level."""
-    if not isinstance(ctx, PropagateLowering):
-        raise CodegenUnsupported("a propagate nested inside an edge/update function")
-    return [codegen_propagate(params, in_types, ctx.index_dtype, ctx.schedule,
-                              symbol=ctx.symbol)]
-
-
 __all__ = ["codegen_propagate", "emit_chunk_driver", "DRIVER_SUFFIX", "KernelSchedule",
-           "KernelSignature", "CodegenUnsupported",
-           "PropagateLowering", "propagate_lowering_rule"]
+           "KernelSignature", "CodegenUnsupported"]

@@ -141,3 +141,21 @@ def render_kernel_module(module: KernelModule) -> str:
     launches = [op for op in module.body.ops if isinstance(op, LaunchOp)]
     return "".join(render(op, symbol=f"{module.name}_{i}").text
                    for i, op in enumerate(launches))
+
+
+@dataclass(frozen=True)
+class PropagateLowering:
+    """The `ctx` of the top-level propagate lowering rule."""
+
+    index_dtype: str = "int64"
+    schedule: KernelSchedule = KernelSchedule()
+    symbol: str = "tiga_propagate"
+
+
+def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
+    """lowering_rules['cpu-llvm'][propagate_p]: [(llvm_ir_text, signature)] at top level
+    (the registry's per-primitive form of this render stage)."""
+    if not isinstance(ctx, PropagateLowering):
+        raise CodegenUnsupported("a propagate nested inside an edge/update function")
+    return [codegen_propagate(params, in_types, ctx.index_dtype, ctx.schedule,
+                              symbol=ctx.symbol)]
