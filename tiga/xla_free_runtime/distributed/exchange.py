@@ -39,19 +39,29 @@ class HaloExchange:
     one peer's transfers (a `gf_storage.transfer` of kind "halo" of the plan); with
     `start=True` every peer's are posted at once."""
 
-    def __init__(self, dg, x, tag: int = TAG_FORWARD, start: bool = True):
+    def __init__(self, dg, x, tag: int = TAG_FORWARD, start: bool = True,
+                 compact: np.ndarray | None = None):
         plan = dg.plan
         self.dg, self.tag = dg, tag
         self.x = np.ascontiguousarray(x)
+        self.compact = compact is not None and not self.x.ctypes.data % ALIGN
+        if self.compact:
+            # the owned rows the boundary rows read, then the ghosts (dg.compact): the
+            # interior launches read x itself
+            self.ext = aligned_empty((len(compact) + plan.n_ghost,) + self.x.shape[1:],
+                                     self.x.dtype)
+            np.take(self.x, compact, axis=0, out=self.ext[:len(compact)])
+            self.ghost = self.ext[len(compact):]
         # owned then ghost rows in one aligned buffer: the ghosts arrive in place, and the
         # kernels read it without staging a copy per launch
-        if plan.n_ghost or self.x.ctypes.data % ALIGN:
+        elif plan.n_ghost or self.x.ctypes.data % ALIGN:
             self.ext = aligned_empty((plan.n_owned + plan.n_ghost,) + self.x.shape[1:],
                                      self.x.dtype)
             self.ext[:plan.n_owned] = self.x
         else:
             self.ext = self.x
-        self.ghost = self.ext[plan.n_owned:]
+        if not self.compact:
+            self.ghost = self.ext[plan.n_owned:]
         self.started = time.perf_counter()
         self.by_peer: dict = {}
         self.packed: dict = {}          # alive until sent
@@ -89,10 +99,11 @@ class HaloExchange:
 
     def owned(self) -> np.ndarray:
         """The owned rows (aligned): what the interior launches read."""
-        return self.ext[:self.dg.plan.n_owned]
+        return self.x if self.compact else self.ext[:self.dg.plan.n_owned]
 
     def extended(self) -> np.ndarray:
-        """Owned rows then ghost rows: the source field of the local relation."""
+        """Owned rows then ghost rows: the source field of the local relation (compact:
+        of dg.compact's boundary relation)."""
         return self.ext
 
 

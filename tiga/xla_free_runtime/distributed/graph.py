@@ -21,7 +21,7 @@ from ...core.graph import Graph
 from ...core.types import Dim, GraphType
 from .. import scope as sc
 from .comm import Comm, init, mpi
-from .exchange import reverse_add
+from .exchange import aligned_empty, reverse_add
 from .generated import check_radius, checked_positions, generated_params, radius_plan
 from .halo import HaloPlan, build_plan
 from .paged import LocalStore, paged_store_plan, should_page
@@ -58,6 +58,7 @@ class DistributedGraph:
         self.interior = self._local(0, plan.n_interior, plan.n_owned)
         self.boundary = self._local(plan.n_interior, plan.n_owned,
                                     plan.n_owned + plan.n_ghost)
+        self.compact = self._compact_boundary()
         self.interior_chunks = self._chunks()
 
     # ---- what the tracer and the call checks see -------------------------------------------
@@ -140,7 +141,12 @@ class DistributedGraph:
         if not isinstance(x_global, np.ndarray) and hasattr(x_global, "tier"):
             # a tg.Tensor (a store's field on disk): read only the owned rows
             return read_tensor_rows(x_global, self.plan.owned)
-        return np.asarray(x_global)[self.plan.owned]
+        x = np.asarray(x_global)
+        # on a cache line: the kernels read it in place, and a destination-grouped call
+        # gathers only the rows the boundary reads (HaloExchange's compact buffers)
+        out = aligned_empty((len(self.plan.owned),) + x.shape[1:], x.dtype)
+        np.take(x, self.plan.owned, axis=0, out=out)
+        return out
 
     def local_edges(self, w_global):
         """This rank's edges of a global edge field, in local edge order."""
@@ -210,6 +216,26 @@ class DistributedGraph:
         e0, e1 = int(rp[0]), int(rp[-1])
         return Graph.from_csr(np.ascontiguousarray(rp - e0, dtype=np.int64),
                               np.ascontiguousarray(p.col_idx[e0:e1]), num_src=num_src)
+
+    def _compact_boundary(self):
+        """(owned rows the boundary rows read, the boundary relation over those rows then the
+        ghosts), or None (a paged local relation). A destination-grouped call gathers just
+        those owned rows beside the arriving ghosts, instead of copying every owned row
+        into an owned + ghost buffer per call (the interior launches read the field as
+        given)."""
+        p = self.plan
+        if self.local_store is not None:
+            return None
+        e0, e1 = int(p.row_ptr[p.n_interior]), int(p.row_ptr[p.n_owned])
+        cols = np.asarray(p.col_idx[e0:e1], dtype=np.int64)
+        ghost = cols >= p.n_owned
+        used = np.unique(cols[~ghost])
+        local = np.where(ghost, cols - p.n_owned + len(used), np.searchsorted(used, cols))
+        rp = p.row_ptr[p.n_interior:p.n_owned + 1]
+        relation = Graph.from_csr(np.ascontiguousarray(rp - e0, dtype=np.int64),
+                                  local.astype(np.asarray(p.col_idx).dtype), num_src=len(used) +
+                                  p.n_ghost, validate="none")
+        return used, relation
 
     def _chunks(self) -> list:
         """(row range, relation) pieces of the interior rows: between two launches the

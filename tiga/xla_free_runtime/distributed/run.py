@@ -27,7 +27,7 @@ from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
 from ..launch import plan_cpu as plan_propagate  # (the cpu-llvm route table)
 from ..propagate import Fallback, run_propagate
 from .comm import mpi
-from .exchange import HaloExchange, ReverseAdd
+from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
 from .graph import DistributedGraph, is_distributed
 from .plan import exchanged, task_module
 
@@ -235,6 +235,18 @@ class _Walk:
         p = dg.plan
         self.pieces = {rows: (g, False) for rows, g in dg.interior_chunks}
         self.pieces[(p.n_interior, p.n_owned)] = (dg.boundary, True)
+        self.compact = self._compact()
+
+    def _compact(self):
+        """dg.compact when this call's boundary launch can read the compact buffers: a
+        stored relation grouped by destination whose exchanged fields are all aligned and
+        contiguous (the interior launches read them as given); else None."""
+        dg = self.dg
+        if self.by != "dst" or dg.kind != "csr" or dg.compact is None:
+            return None
+        xs = [np.asarray(self.fields[i]) for i in set(self.supply.values())]
+        ok = all(x.flags.c_contiguous and not x.ctypes.data % ALIGN for x in xs)
+        return dg.compact if xs and ok else None
 
     def run(self) -> list:
         t0 = time.perf_counter()
@@ -267,7 +279,8 @@ class _Walk:
                     mover = ReverseAdd(self.dg, self.results[name][1])
                 else:
                     mover = HaloExchange(self.dg, self.fields[self.position[name]],
-                                         start=False)
+                                         start=False, compact=None if self.compact is None
+                                         else self.compact[0])
                     self.exchanges.append(mover)
                 self.moving[name] = mover
             self.pending[op.event.name] = mover.start(op.peer)
@@ -288,8 +301,11 @@ class _Walk:
         a, b = op.page_rows
         if self.by == "dst":
             graph, ghosts = self.pieces[(a, b)]
-            fields = _rows(self.eqn, self._sources(ghosts), (a, b),
-                           (int(p.row_ptr[a]), int(p.row_ptr[b])))
+            compact = ghosts and self.compact is not None and bool(self.exchanges)
+            if compact:         # the boundary rows over their owned sources + the ghosts
+                graph = self.compact[1]
+            fields = _rows(self.eqn, self._sources(ghosts, graph.num_src if compact else None),
+                           (a, b), (int(p.row_ptr[a]), int(p.row_ptr[b])))
             into = [o[a:b] for o in self.outs]
         else:
             graph, fields, into = self.dg.full, self._sources(True), None
@@ -303,12 +319,13 @@ class _Walk:
             if mover.requests:
                 mpi().Request.Testall(mover.requests)
 
-    def _sources(self, ghosts: bool) -> list:
+    def _sources(self, ghosts: bool, rows: int | None = None) -> list:
         """The field operands; source fields over owned (+ ghost) rows: an exchanged one
         from its buffer, a read one without peers as it is (no ghost rows), an unread one
-        over owned + ghost rows uninitialised (never read)."""
+        over owned + ghost rows (`rows` of them for the compact boundary relation)
+        uninitialised (never read)."""
         out = list(self.fields)
-        n = self.dg.plan.n_owned + self.dg.plan.n_ghost
+        n = rows if rows is not None else self.dg.plan.n_owned + self.dg.plan.n_ghost
         for i, role in enumerate(self.eqn.params["roles"]):
             if role != "src":
                 continue
@@ -336,7 +353,7 @@ class _Walk:
 
 def _outputs(eqn, rows: int) -> list:
     """The whole results (owned rows), written a row range per launch: no concatenation."""
-    return [np.empty((rows,) + tuple(int(d) for d in v.type.shape[1:]), v.type.dtype.np)
+    return [aligned_empty((rows,) + tuple(int(d) for d in v.type.shape[1:]), v.type.dtype.np)
             for v in eqn.outputs]
 
 
