@@ -171,10 +171,16 @@ def test_store_backed_partition_reads_only_its_rows(tmp_path, method):
     assert sorted(dg.plan.ghosts.tolist()) == sorted(ref.plan.ghosts.tolist())
     if dg.plan.n_owned:
         assert reads == [(int(dg.owned.min()), int(dg.owned.max()) + 1)]
-    w = np.random.default_rng(15).standard_normal((g.num_edges, 1))
+    _check_stored(dg, g, d, store, "max", seed=15)
+
+
+def _check_stored(dg, g, d, store, reducer: str, seed: int) -> None:
+    """A store-backed partition's forward and source-field gradient equal one process's;
+    the stored field is read by its owned rows."""
     xl = dg.local(store["x"])                      # the field's own rows, from disk
     np.testing.assert_array_equal(xl, d["x"][dg.owned])
-    layer = _layer("max")
+    w = np.random.default_rng(seed).standard_normal((g.num_edges, 1))
+    layer = _layer(reducer)
     y = _call(layer, dg, xl, dg.local(d["h"]), dg.local_edges(w))
     want = _call(layer, g, d["x"], d["h"], w)
     np.testing.assert_allclose(dg.gather(np.asarray(y)), np.asarray(want), rtol=1e-12)
@@ -210,13 +216,4 @@ def test_store_backed_spatial_partition_reads_only_its_rows(tmp_path, positions)
     # its own rows only, each once, as runs of consecutive ids
     got = np.concatenate([np.arange(a, b) for a, b in reads] + [np.zeros(0, np.int64)])
     assert got.tolist() == np.sort(dg.owned).tolist()
-    xl = dg.local(store["x"])                      # the field's own rows, from disk
-    np.testing.assert_array_equal(xl, d["x"][dg.owned])
-    w = np.random.default_rng(17).standard_normal((g.num_edges, 1))
-    layer = _layer("mean")
-    y = _call(layer, dg, xl, dg.local(d["h"]), dg.local_edges(w))
-    want = _call(layer, g, d["x"], d["h"], w)
-    np.testing.assert_allclose(dg.gather(np.asarray(y)), np.asarray(want), rtol=1e-12)
-    gx = tg.grad(lambda x, gr, ww: (_call(layer, gr, x, x, ww) ** 2).sum())
-    np.testing.assert_allclose(dg.gather(np.asarray(gx(xl, dg, dg.local_edges(w)))),
-                               gx(d["x"], g, w), rtol=1e-9, atol=1e-12)
+    _check_stored(dg, g, d, store, "mean", seed=17)
