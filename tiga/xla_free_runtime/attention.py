@@ -367,6 +367,11 @@ def _norm(x) -> float:
     x = np.asarray(x)
     if x.size == 0:
         return 0.0
+    if not x.flags.c_contiguous:
+        # a transposed view of a dense array (heads-major q, k, v viewed as (N, H, D)):
+        # its axes in memory order are C-contiguous, the same elements in one BLAS dot
+        order = np.argsort([-abs(st) for st in x.strides], kind="stable")
+        x = x.transpose(order)
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
         return float(np.sqrt(np.float64(np.dot(flat, flat))))
