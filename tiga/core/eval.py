@@ -59,7 +59,9 @@ def _eval_overridden(program: GraphProgram, env: dict, overrides: dict) -> list:
                 raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
             params = eqn.params if not dims else {k: resolve_dims(p, dims)
                                                   for k, p in eqn.params.items()}
-            outs = impl(*vals, **params)
+            # impl rules read numpy: a lazy disk-tier value is read here, where it is used
+            outs = impl(*[np.asarray(x) if getattr(x, "tier", None) == "disk" else x
+                          for x in vals], **params)
         for v, o in zip(eqn.outputs, outs):
             env[id(v)] = o
     return [read(a) for a in program.outs]
