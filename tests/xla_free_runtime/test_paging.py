@@ -450,3 +450,25 @@ def test_disk_inputs_stay_lazy_through_programs_and_vjp(tmp_path, monkeypatch):
     np.testing.assert_allclose(np.asarray(dx), np.asarray(want_back(want_y)[0]), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(z), np.asarray(f(mem, x, np.float32(0.5))),
                                rtol=1e-6)
+
+
+def test_a_failed_result_write_is_raised_and_leaves_nothing(tmp_path, monkeypatch):
+    """The writer thread's error reaches the caller; the spill dir and budget are clean."""
+    from tiga.xla_free_runtime.storage import DiskStorage
+    rp, ci = ring(2000)
+    store_of(tmp_path / "s", rp, ci, 2000)
+    g = tg.Graph.open(tmp_path / "s")
+    real, calls = DiskStorage.write_rows, []
+
+    def failing(self, start, rows):
+        calls.append(start)
+        if len(calls) == 2:
+            raise tg.StorageError(f"{self.path}: write failed (disk full)")
+        return real(self, start, rows)
+    monkeypatch.setattr(DiskStorage, "write_rows", failing)
+    spill = tmp_path / "spill"
+    with tg.scope(page_rows=100, spill_dir=spill, budgets={"host": "20KB"}):
+        with pytest.raises(tg.StorageError, match="disk full"):
+            Gather()(graph=g, src={"x": np.ones((2000, 2))})   # the result goes to disk
+        assert tg.memory.report()["host"]["bytes"] == 0
+    assert list(spill.iterdir()) == []
