@@ -18,6 +18,7 @@ from . import memory
 from . import scope as sc
 from .dlpack_export import bfloat16_capsule
 from .storage import DiskStorage, HostStorage
+from .storage import device as device_storage
 from .storage.disk import fsync_dir, fsync_tree
 
 _DEVICES = ("cpu",)
@@ -67,8 +68,7 @@ class Tensor(ArrayOps):
             raise UnsupportedError(f"to: tier {tier!r} is unknown",
                                    hint="use 'host', 'disk' or 'cuda'")
         if tier in ("cuda", "device"):
-            raise UnsupportedError("to: the device tier needs a CUDA device and cuda-python, "
-                                   "and this machine has none", hint="use 'host' or 'disk'")
+            return self if self.tier == "device" else _to_device(self)
         if tier == self.tier and not self._spilled:
             return self
         if tier == "host":
@@ -132,6 +132,14 @@ class Tensor(ArrayOps):
                                     ("copy", copy)) if v is not None}
         return arr.__dlpack__(stream=stream, **kwargs)
 
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """A device tensor's memory, read in place by torch, CuPy and Triton."""
+        if self._storage.tier != "device":
+            raise AttributeError("__cuda_array_interface__: only a device-tier tensor has "
+                                 "one (t.to('cuda'))")
+        return self._storage.__cuda_array_interface__
+
     def __dlpack_device__(self):
         if self._storage.tier in ("host", "disk"):
             return (1, 0)        # kDLCPU: a disk tensor is read to the host, never read here
@@ -163,6 +171,24 @@ class Tensor(ArrayOps):
     def __repr__(self) -> str:
         body = np.array2string(self.numpy(), separator=", ", prefix="tg.Tensor(")
         return f"tg.Tensor({body}, dtype={self._type.dtype.name})"
+
+
+def _to_device(t: Tensor) -> Tensor:
+    """A copy of t in CUDA memory (storage/device), charged to the device budget."""
+    if not device_storage.available():
+        raise UnsupportedError("to: the device tier needs a CUDA device and cuda-python, "
+                               "and this machine has none", hint="use 'host' or 'disk'")
+    arr = t.numpy()
+    ch = memory.charge("device", arr.nbytes, "to('cuda')")
+    try:
+        st = device_storage.DeviceStorage.from_host(arr)
+    except BaseException:
+        ch.credit()
+        raise
+    out = Tensor(st, t._type)
+    _own(out, ch)
+    weakref.finalize(out, st.release)
+    return out
 
 
 def _own(t: Tensor, ch) -> None:

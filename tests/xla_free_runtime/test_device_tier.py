@@ -1,0 +1,148 @@
+"""The device tier (storage/device.py): the storage logic against a stand-in CUDA runtime
+whose "device memory" is host memory (copies are memmoves), so row ranges, gathers, writes,
+budgets, release and errors are checked on any machine; and, where CUDA exists, the real
+runtime (marked gpu, skipped elsewhere)."""
+from __future__ import annotations
+
+import ctypes
+import enum
+import gc
+
+import numpy as np
+import pytest
+
+import tiga as tg
+from tiga.xla_free_runtime.storage import device as device_storage
+
+
+class _Err(enum.Enum):
+    cudaSuccess = 0
+    cudaErrorMemoryAllocation = 2
+
+
+class FakeRuntime:
+    """The cuda.bindings.runtime calls the device tier makes, over host buffers."""
+
+    cudaError_t = _Err
+
+    class cudaMemcpyKind:
+        cudaMemcpyHostToDevice = 1
+        cudaMemcpyDeviceToHost = 2
+
+    def __init__(self):
+        self.buffers, self.fail_alloc, self.copies = {}, False, []
+
+    def cudaGetDeviceCount(self):
+        return _Err.cudaSuccess, 1
+
+    def cudaMalloc(self, n):
+        if self.fail_alloc:
+            return _Err.cudaErrorMemoryAllocation, None
+        buf = np.full(n, 0xAB, np.uint8)          # (uninitialised memory, visibly)
+        self.buffers[buf.ctypes.data] = buf
+        return _Err.cudaSuccess, buf.ctypes.data
+
+    def cudaFree(self, ptr):
+        del self.buffers[ptr]
+        return (_Err.cudaSuccess,)
+
+    def cudaStreamCreate(self):
+        return _Err.cudaSuccess, 7
+
+    def cudaStreamDestroy(self, stream):
+        return (_Err.cudaSuccess,)
+
+    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+        assert stream == 7
+        self.copies.append((kind, n))
+        ctypes.memmove(dst, src, n)
+        return (_Err.cudaSuccess,)
+
+    def cudaStreamSynchronize(self, stream):
+        return (_Err.cudaSuccess,)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    rt = FakeRuntime()
+    monkeypatch.setattr(device_storage, "runtime", lambda: rt)
+    return rt
+
+
+def test_round_trip_rows_and_gathers(fake):
+    x = np.random.default_rng(0).standard_normal((50, 3)).astype(np.float32)
+    d = tg.asarray(x).to("cuda")
+    assert d.tier == "device" and d.device == "cuda" and d.to("device") is d
+    np.testing.assert_array_equal(d.numpy(), x)
+    np.testing.assert_array_equal(d.to("host").numpy(), x)
+    st = d._storage
+    np.testing.assert_array_equal(st.read_rows(10, 17), x[10:17])
+    rows = np.array([0, 1, 2, 9, 30, 31, 49])
+    np.testing.assert_array_equal(st.take_rows(rows), x[rows])
+    kinds = [k for k, _ in fake.copies[-3:]]
+    assert kinds == [2, 2, 2]               # three runs of rows: three copies back
+    st.write_rows(5, np.ones((2, 3), np.float32))
+    want = x.copy()
+    want[5:7] = 1
+    np.testing.assert_array_equal(st.read(), want)
+    iface = d.__cuda_array_interface__
+    assert iface["shape"] == (50, 3) and iface["typestr"] == "<f4" and iface["version"] == 3
+    assert not hasattr(tg.asarray(x), "__cuda_array_interface__")
+
+
+def test_device_to_disk_and_back(fake, tmp_path):
+    x = np.arange(40, dtype=np.int64).reshape(20, 2)
+    d = tg.asarray(x).to("cuda")
+    with tg.scope(spill_dir=tmp_path):
+        on_disk = d.to("disk")
+        assert on_disk.tier == "disk"
+        np.testing.assert_array_equal(on_disk.numpy(), x)
+        np.testing.assert_array_equal(on_disk.to("cuda").numpy(), x)
+
+
+def test_budget_release_and_errors(fake):
+    x = np.ones((100, 4), np.float32)
+    with tg.scope(budgets={"device": "1KB"}):
+        with pytest.raises(tg.StorageError, match="device budget .* to\\('cuda'\\)"):
+            tg.asarray(x).to("cuda")               # 1600 bytes
+    with tg.scope(budgets={"device": "4KB"}):
+        d = tg.asarray(x).to("cuda")
+        assert tg.memory.report()["device"]["bytes"] == 1600
+        assert len(fake.buffers) == 1
+        del d
+        gc.collect()
+        assert tg.memory.report()["device"]["bytes"] == 0 and not fake.buffers
+        fake.fail_alloc = True
+        with pytest.raises(tg.StorageError, match="cudaMalloc of 1600 bytes failed "
+                                                  "\\(cudaErrorMemoryAllocation\\)"):
+            tg.asarray(x).to("cuda")
+        assert tg.memory.report()["device"]["bytes"] == 0     # the charge given back
+    fake.fail_alloc = False
+    st = device_storage.DeviceStorage.from_host(np.zeros((3, 2)))
+    with pytest.raises(tg.ShapeError, match="do not fit"):
+        st.write_rows(2, np.zeros((2, 2)))
+    st.release()
+    with pytest.raises(tg.StorageError, match="released"):
+        st.read()
+
+
+def test_without_cuda_python_or_a_device(monkeypatch):
+    def missing():
+        raise tg.UnsupportedError("the device tier needs cuda-python (cuda.bindings)")
+    monkeypatch.setattr(device_storage, "runtime", missing)
+    assert not device_storage.available()
+    with pytest.raises(tg.UnsupportedError, match="CUDA device and cuda-python"):
+        tg.asarray(np.ones(3)).to("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device_storage.available(), reason="needs a CUDA device")
+def test_real_device_round_trip():
+    x = np.random.default_rng(1).standard_normal((1000, 8)).astype(np.float32)
+    d = tg.asarray(x).to("cuda")
+    np.testing.assert_array_equal(d.numpy(), x)
+    np.testing.assert_array_equal(d._storage.read_rows(100, 300), x[100:300])
+    torch = pytest.importorskip("torch")
+    t = torch.as_tensor(d, device="cuda")           # in place, through the interface
+    assert t.data_ptr() == d.__cuda_array_interface__["data"][0]
+    np.testing.assert_array_equal(t.cpu().numpy(), x)
