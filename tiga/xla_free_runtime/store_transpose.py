@@ -101,7 +101,9 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 def _sorted_runs(store, out: Path) -> dict:
     idx = store.index_dtype
-    triple = np.dtype([("s", idx), ("d", idx), ("e", np.int64)])
+    # (edge ids below 2**31 travel through the run files as int32: a quarter less I/O)
+    triple = np.dtype([("s", idx), ("d", idx),
+                       ("e", np.int32 if store.num_edges < 2 ** 31 else np.int64)])
     limit = bucket_edges(idx.itemsize)
     ch = memory.charge("host", store.num_src * 8 + 3 * limit * triple.itemsize,
                        "transpose build")
@@ -122,11 +124,13 @@ def _sorted_runs(store, out: Path) -> dict:
         col = Appender(out / "col_idx", idx, ())
         perm = Appender(out / "edge_perm", np.int64, ())
         for run in runs:
-            t = np.fromfile(run, dtype=triple)
-            order = np.argsort(t["s"], kind="stable")
-            col.append(t["d"][order])
-            perm.append(t["e"][order])
-            os.remove(run)
+            src, dst, eid = (np.fromfile(run.with_suffix(f".{f}"), dtype=triple[f])
+                             for f in "sde")
+            order = np.argsort(src, kind="stable")
+            col.append(dst[order])
+            perm.append(eid[order])
+            for f in "sde":
+                os.remove(run.with_suffix(f".{f}"))
         shutil.rmtree(out / "runs", ignore_errors=True)
         return {"row_ptr": row_ptr.finish(), "col_idx": col.finish(),
                 "edge_perm": perm.finish()}
@@ -160,8 +164,9 @@ def _distribute(store, runs: Path, starts: np.ndarray, triple: np.dtype, limit: 
     """Pass 2: every edge's triple appended to its bucket's run file, in stored order."""
     runs.mkdir()
     files = [runs / f"{k:06d}" for k in range(len(starts))]
-    for f in files:
-        f.touch()
+    for f in files:             # one file per field: contiguous arrays, not strided records
+        for field in "sde":
+            f.with_suffix(f".{field}").touch()
     blocks = (store.num_src >> BLOCK_SHIFT) + 1
     bounds = np.append(starts >> BLOCK_SHIFT, blocks)
     key = np.uint16 if len(starts) < 1 << 16 else np.int64    # (16-bit keys: a radix sort)
@@ -173,15 +178,15 @@ def _distribute(store, runs: Path, starts: np.ndarray, triple: np.dtype, limit: 
         which = bucket_of[ci >> BLOCK_SHIFT]
         order = np.argsort(which, kind="stable")
         which = which[order]
-        t = np.empty(len(ci), triple)
-        t["s"] = ci[order]
-        t["d"] = np.repeat(np.arange(a, b, dtype=triple["d"]), np.diff(rp))[order]
-        t["e"] = order
-        t["e"] += lo            # (an edge's stored id is its position in the pages' order)
+        eid = order.astype(triple["e"])
+        eid += lo               # (an edge's stored id is its position in the pages' order)
+        fields = {"s": ci[order], "e": eid,
+                  "d": np.repeat(np.arange(a, b, dtype=triple["d"]), np.diff(rp))[order]}
         cuts = np.searchsorted(which, np.arange(len(starts) + 1, dtype=which.dtype))
         for k in np.flatnonzero(np.diff(cuts)):
-            with open(files[k], "ab") as fh:
-                t[cuts[k]:cuts[k + 1]].tofile(fh)
+            for f, arr in fields.items():
+                with open(files[k].with_suffix(f".{f}"), "ab") as fh:
+                    arr[cuts[k]:cuts[k + 1]].tofile(fh)
         if bar is not None:
             bar.update(len(ci))
     return files
