@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.xla_free_runtime import paging
+from tiga.xla_free_runtime.progress import progress_bar
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -219,9 +220,9 @@ def test_page_tasks_cover_the_rows():
 
 def test_progress_bars_follow_the_config_flag(monkeypatch):
     monkeypatch.setattr(tg.config, "progress", False)
-    assert paging._progress(100) is None
+    assert progress_bar(100, "tg paged run", "pages") is None
     monkeypatch.setattr(tg.config, "progress", True)
-    bar = paging._progress(100)
+    bar = progress_bar(100, "tg paged run", "pages")
     assert bar is not None and bar.total == 100     # shown only after ~2 s (tqdm delay)
     bar.close()
 

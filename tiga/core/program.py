@@ -107,6 +107,14 @@ class ClosedProgram:
     def out_types(self) -> list:
         return self.program.out_types
 
+    def read_inputs(self) -> set:
+        """Positions of the (non-const) binders an equation or an output reads: the
+        operands the sub-program uses (a derived edge function takes every operand)."""
+        read = {id(a) for e in self.program.eqns for a in e.inputs}
+        read |= {id(a) for a in self.program.outs}
+        binders = self.program.in_binders[len(self.consts):]
+        return {i for i, v in enumerate(binders) if id(v) in read}
+
     def structure_key(self) -> str:
         digest = hashlib.sha256(self.program.structure_key().encode())
         for c in self.consts:

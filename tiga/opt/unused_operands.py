@@ -16,18 +16,12 @@ from ..core.program import ClosedProgram, GraphProgram
 from .facts import ProgramFacts
 
 
-def _read(closed: ClosedProgram) -> list:
-    """Whether each operand binder of `closed` is read by an equation or an output."""
-    read = {id(a) for e in closed.program.eqns for a in e.inputs}
-    read |= {id(a) for a in closed.program.outs}
-    return [id(v) in read for v in closed.program.in_binders[len(closed.consts):]]
-
-
 def _pruned(eqn):
     p = eqn.params
     if p.get("update") is not None:
         return eqn
-    used = _read(p["edge_fn"])
+    read = p["edge_fn"].read_inputs()
+    used = [i in read for i in range(len(p["roles"]))]
     if all(used):
         return eqn
     if not any(used):

@@ -34,6 +34,7 @@ from . import memory, paging_plan, store_transpose
 from . import scope as sc
 from .page_buffers import PageBuffers
 from .page_writer import WRITE_QUEUE, PageWriter
+from .progress import progress_bar
 from .propagate import Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
 from .threads import num_threads
@@ -437,7 +438,7 @@ class _PagedRun:
         if config.check:
             self.module.verify()
         self.plan = paging_plan.steps(self.module)
-        bar = _progress(len(self.tasks))
+        bar = progress_bar(len(self.tasks), "tg paged run", "pages")
         q: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
         # a sum over all edges adds pages in plan order (one loader: the same float sum on
         # every run); other results are written to disjoint rows, in any order, so each
@@ -618,15 +619,6 @@ def _discard(outs) -> None:
         if tensor._charge is not None:
             tensor._charge.credit()
 
-
-def _progress(total: int):
-    if not config.progress or total < 2:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="tg paged run", unit="pages", delay=2.0, leave=False)
 
 
 def plan_paged(eqn, graph):

@@ -33,7 +33,6 @@ from .threads import num_threads, row_chunks, run_chunks, run_jobs
 if CPU_LLVM_AVAILABLE:
     from ..lower.backends import BACKENDS
     from ..lower.llvm import CodegenUnsupported
-    from ..lower.llvm.kernel import _used_inputs
     from ..lower.llvm.render import CallData
     from ..lower.llvm.walks import relation_descriptor
 
@@ -455,7 +454,7 @@ def _gathered(sig, eqn, graph) -> tuple:
     if graph.num_edges < STAGE_MIN_REUSE * max(rows_read, 1):
         return ()
     nbr = "src" if sig.walk == "dst" else "dst"
-    used = _used_inputs(eqn.params["edge_fn"])
+    used = eqn.params["edge_fn"].read_inputs()
     found = []
     for i, role in enumerate(sig.roles):
         nbytes = _row_bytes(sig, i)

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import config
 from ..core.dtypes import as_dtype
 from ..core.errors import GraphValidationError, StorageError
 from ..core.graph import store_hooks
+from .progress import progress_bar
 from .storage.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for, fsync_dir, fsync_tree
 from .store_ingest import Appender, check_csr_chunk, check_field_rows
 
@@ -74,7 +74,7 @@ class StoreWriter:
         self._fields: dict = {}
         self._rows = self._edges = self._chunks = 0
         self._done = False
-        self._bar = _progress(self.num_dst)
+        self._bar = progress_bar(self.num_dst, "tg.store ingest", "rows")
 
     def _claim(self, overwrite: bool) -> int:
         p = self.path
@@ -189,16 +189,6 @@ def _count(n, what: str) -> int:
         raise GraphValidationError(f"{what}: is {n!r}, expected an int >= 0")
     return int(n)
 
-
-def _progress(total: int):
-    if not config.progress:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    # delay: only ingests longer than about two seconds show a bar
-    return tqdm(total=total, desc="tg.store ingest", unit="rows", delay=2.0, leave=False)
 
 
 def _previous(path: Path, current: str | None) -> str | None:

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import config
 from ..core.errors import StorageError
 from . import memory
 from . import scope as sc
+from .progress import progress_bar
 from .storage.disk import fsync_tree
 from .store_ingest import Appender
 
@@ -107,7 +107,7 @@ def _sorted_runs(store, out: Path) -> dict:
     limit = bucket_edges(idx.itemsize)
     ch = memory.charge("host", store.num_src * 8 + 3 * limit * triple.itemsize,
                        "transpose build")
-    bar = _progress(store.num_edges)
+    bar = progress_bar(store.num_edges, "tg.store transpose", "edges")
     try:
         counts = out_degrees(store, limit)
         out.mkdir()
@@ -191,12 +191,3 @@ def _distribute(store, runs: Path, starts: np.ndarray, triple: np.dtype, limit: 
             bar.update(len(ci))
     return files
 
-
-def _progress(total: int):
-    if not config.progress:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="tg.store transpose", unit="edges", delay=2.0, leave=False)

@@ -354,7 +354,7 @@ class _KernelBuilder:
         if not self.walk.gathers:
             return   # implicit walks read contiguous or lattice-regular sources
         permuted = "edge_perm" in self.ptr
-        used = _used_inputs(self.edge_fn)
+        used = self.edge_fn.read_inputs()
         gathers = [i for i, r in enumerate(self.sig.roles) if i in used and
                    (r == self.nbr_role or (r == "edge" and permuted))]
         distance = self.launch.prefetch_distance
@@ -468,14 +468,6 @@ def _prefetch_offsets(nbytes: int, itemsize: int) -> list:
     if nbytes <= PREFETCH_MAX_BYTES and (nbytes - 1) % CACHE_LINE:
         offs.append(nbytes - 1)
     return offs
-
-
-def _used_inputs(closed) -> set:
-    """Positions of the sub-program's (non-const) binders that any equation or output reads."""
-    read = {id(a) for e in closed.program.eqns for a in e.inputs}
-    read |= {id(a) for a in closed.program.outs}
-    binders = closed.program.in_binders[len(closed.consts):]
-    return {i for i, v in enumerate(binders) if id(v) in read}
 
 
 __all__ = ["codegen_propagate", "emit_chunk_driver", "DRIVER_SUFFIX", "KernelSchedule",

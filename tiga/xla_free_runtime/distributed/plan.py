@@ -41,11 +41,7 @@ NAME = "distributed"
 
 def read_fields(eqn) -> set:
     """Positions (among the field operands) the edge function reads."""
-    closed = eqn.params["edge_fn"]
-    read = {id(a) for e in closed.program.eqns for a in e.inputs}
-    read |= {id(a) for a in closed.program.outs}
-    binders = closed.program.in_binders[len(closed.consts):]
-    return {i for i, v in enumerate(binders) if id(v) in read}
+    return eqn.params["edge_fn"].read_inputs()
 
 
 def exchanged(eqn) -> dict:
