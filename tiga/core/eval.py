@@ -24,8 +24,7 @@ def eval_program(program: GraphProgram, *args, overrides: dict | None = None) ->
     for v, x in zip(program.in_binders, args):
         # a value on the disk tier stays there for the overriding rules (a paged propagate
         # reads it page by page); an impl rule that reads it converts it then
-        lazy = overrides is not None and getattr(x, "tier", None) == "disk"
-        env[id(v)] = x if isinstance(v.type, GraphType) or lazy else np.asarray(x)
+        env[id(v)] = host_value(v, x, overrides is not None)
     if overrides is not None:
         return _eval_overridden(program, env, overrides)
     dims = bind_dims(program.in_binders, [env[id(v)] for v in program.in_binders])
@@ -50,21 +49,37 @@ def _eval_overridden(program: GraphProgram, env: dict, overrides: dict) -> list:
                      resolve=False)
     read = _reader(env)
     for eqn in program.eqns:
-        vals = [read(a) for a in eqn.inputs]
-        rule = overrides.get(id(eqn)) or overrides.get(eqn.primitive)
-        outs = None if rule is None else rule(eqn, vals)
-        if outs is None:
-            impl = impl_rules.get(eqn.primitive)
-            if impl is None:
-                raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
-            params = eqn.params if not dims else {k: resolve_dims(p, dims)
-                                                  for k, p in eqn.params.items()}
-            # impl rules read numpy: a lazy disk-tier value is read here, where it is used
-            outs = impl(*[np.asarray(x) if getattr(x, "tier", None) == "disk" else x
-                          for x in vals], **params)
+        outs = run_eqn(eqn, [read(a) for a in eqn.inputs], overrides, dims)
         for v, o in zip(eqn.outputs, outs):
             env[id(v)] = o
     return [read(a) for a in program.outs]
+
+
+def run_eqn(eqn, vals: list, overrides: dict, dims: dict) -> list:
+    """One equation on concrete values: its override (by equation id, then primitive), or
+    the impl rule when there is none or it hands the equation back (returns None). The
+    runtime's Task interpreter runs every equation that is not a kernel launch through this
+    same step."""
+    rule = overrides.get(id(eqn)) or overrides.get(eqn.primitive)
+    outs = None if rule is None else rule(eqn, vals)
+    if outs is None:
+        impl = impl_rules.get(eqn.primitive)
+        if impl is None:
+            raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
+        params = eqn.params if not dims else {k: resolve_dims(p, dims)
+                                              for k, p in eqn.params.items()}
+        # impl rules read numpy: a lazy disk-tier value is read here, where it is used
+        outs = impl(*[np.asarray(x) if getattr(x, "tier", None) == "disk" else x
+                      for x in vals], **params)
+    return outs
+
+
+def host_value(binder, x, lazy_disk: bool):
+    """An argument as the interpreter binds it: relations as they are, a disk-tier value left
+    lazy when `lazy_disk` (an overriding rule reads it by rows), anything else as numpy."""
+    if isinstance(binder.type, GraphType) or (lazy_disk and getattr(x, "tier", None) == "disk"):
+        return x
+    return np.asarray(x)
 
 
 def bind_dims(binders, values, *, resolve: bool = True) -> dict:

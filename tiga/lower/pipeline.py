@@ -33,10 +33,11 @@ def _check_stage(stage: str) -> None:
 
 
 def lower(program, until: str = "task", *, name: str = "main",
-          target: str = "cpu-llvm") -> ir.Module:
+          target: str = "cpu-llvm", dump: tuple | None = None) -> ir.Module:
     """Run the stages up to `until`. `program` is a GraphProgram/ClosedProgram, or a module
     of an earlier level (its later stages run). `target` is the backend the Kernel stage
-    schedules for (ir/kernel.TARGET_KEYS)."""
+    schedules for (ir/kernel.TARGET_KEYS). `dump`: the stages TIGA_DUMP may write from this
+    lowering (None: all), so that a caller dumps only the IR that runs."""
     _check_stage(until)
     module = program
     start = 0
@@ -53,7 +54,8 @@ def lower(program, until: str = "task", *, name: str = "main",
                 module = step(module, target=target)
             else:
                 module = step(module)
-        _dump(stage, module)
+        if dump is None or stage in dump:
+            _dump(stage, module)
         if stage == until:
             break
     return module
@@ -62,8 +64,8 @@ def lower(program, until: str = "task", *, name: str = "main",
 def lower_launch(eqn, relation_type=None, *, name: str = "propagate",
                  target: str = "cpu-llvm") -> ir.LaunchOp:
     """The scheduled `gf_kernel.launch` of one propagate equation, through the same stages
-    (and the same TIGA_DUMP) as a whole program: the runtime renders from its schedule, so
-    the dumped Kernel IR is what runs. `relation_type` replaces the equation's relation type
+    as a whole program: the runtime renders from its schedule, so the Kernel IR TIGA_DUMP
+    writes from here is what runs. `relation_type` replaces the equation's relation type
     (the runtime passes the walk it binds, e.g. a CSR for a relation it resolves)."""
     from ..core.program import Eqn, GraphProgram, Var
 
@@ -73,10 +75,9 @@ def lower_launch(eqn, relation_type=None, *, name: str = "propagate",
     outs = [Var(v.type) for v in eqn.outputs]
     program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
                                          tuple(outs))], outs)
-    module = lower(program, until="kernel", name=name, target=target)
-    if "task" in _dump_stages():
-        # only to write the Task IR this call runs
-        lower(module, until="task", name=name, target=target)
+    # (the program's Domain, Iter and Task IR are dumped where the runtime lowers the whole
+    # program it interprets, xla_free_runtime/tasks.py; this launch is the kernel it renders)
+    module = lower(program, until="kernel", name=name, target=target, dump=("kernel",))
     launches = [op for op in _walk_ops(module.body) if isinstance(op, ir.LaunchOp)]
     if len(launches) != 1:
         raise TigaError(f"lower_launch: a propagate lowered to {len(launches)} launches, "

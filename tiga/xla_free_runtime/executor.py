@@ -9,9 +9,8 @@ propagate that would fall back.
 """
 from __future__ import annotations
 
-import weakref
+from functools import partial
 
-import numpy as np
 
 from ..core.check import check_program
 from ..core.config import config
@@ -29,6 +28,7 @@ from .launch import plan
 from .paged_degrees import paged_degrees
 from .propagate import Fallback, run_propagate
 from .routes import describe_program
+from .tasks import NoWalk, run_walk, task_walk
 from .threads import pin_threads, unpin_threads
 
 GENERATED = ("radius", "knn")
@@ -74,75 +74,39 @@ def execute(program: GraphProgram, args: list) -> list:
         return run_distributed(program, list(args))
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
-        eqn = _single_propagate(program)
-        if eqn is not None:
-            out = _run_single(eqn, args)
-            if out is not None:
-                return out
         return _run(program, list(args))
     finally:
         unpin_threads(pinned)
 
 
-def _run_single(eqn, args: list) -> list | None:
-    """A message-passing call's one propagate on its compiled plan, without the interpreter
-    loop; None when the relation is generated here or the propagate falls back."""
-    graph = args[0]
-    if getattr(graph, "kind", None) in GENERATED or not hasattr(graph, "resolve_csr"):
-        return None
-    route = plan(eqn, graph)
+def _run(program: GraphProgram, args: list) -> list:
+    """The program's Task IR interpreted with this runtime's rules for compiled propagates
+    and loops (eval_program with the same rules when the IR does not express it)."""
+    overrides = OVERRIDES
+    if config.strict or generated_relations(program):
+        # planned before anything runs: strict mode refuses a fallback up front, and a
+        # relation generated in the program takes the route planned from its parameters
+        # (its fused walk), not one chosen after a propagate materialised its CSR
+        routes = plan_routes(program, args)
+        _strict_check(routes)
+        overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes)}
+    walk = task_walk(program)
+    if isinstance(walk, NoWalk):
+        return eval_program(program, *args, overrides=overrides)
+    return run_walk(walk, program, args, overrides)
+
+
+def _propagate(routes, eqn, vals):
+    """A propagate on its planned route (`routes`: planned up front, else now, for its
+    relation value); None: the reference impl rule runs it."""
+    route = routes.get(id(eqn)) if routes is not None else None
+    if route is None or (isinstance(route, Fallback) and
+                         getattr(vals[0], "kind", None) in GENERATED):
+        # (a relation generated inside the program is concrete only now)
+        route = plan(eqn, vals[0])
     if isinstance(route, Fallback):
         return None
-    # a paged plan reads fields by rows on their own tier (no whole-array read)
-    vals = list(args[1:]) if getattr(route, "lazy_fields", False) else \
-        [np.asarray(a) for a in args[1:]]
-    return run_propagate(route, eqn, graph, vals)
-
-
-# id(program) -> (weak program, its propagate or False): a memo of the program's shape,
-# never a value of a call
-_SINGLE: dict = {}
-
-
-def _single_propagate(program: GraphProgram):
-    """The propagate when the program is one propagate of its inputs returning its outputs
-    (a message-passing call): its warm calls skip the interpreter loop."""
-    entry = _SINGLE.get(id(program))
-    if entry is not None and entry[0]() is program:
-        return entry[1] or None
-    eqns, b = program.eqns, program.in_binders
-    ok = len(eqns) == 1 and eqns[0].primitive is propagate_p and \
-        isinstance(b[0].type, GraphType) if b else False
-    if ok:
-        e = eqns[0]
-        ok = len(e.inputs) == len(b) and all(a is v for a, v in zip(e.inputs, b)) and \
-            len(program.outs) == len(e.outputs) and \
-            all(a is v for a, v in zip(program.outs, e.outputs))
-    if len(_SINGLE) > 1024:
-        _SINGLE.clear()
-    _SINGLE[id(program)] = (weakref.ref(program), eqns[0] if ok else False)
-    return eqns[0] if ok else None
-
-
-def _run(program: GraphProgram, args: list) -> list:
-    """eval_program with this runtime's rules for compiled propagates and loops."""
-    routes = plan_routes(program, args)
-    _strict_check(routes)
-    return eval_program(program, *args, overrides=_overrides(routes))
-
-
-def _overrides(routes: dict) -> dict:
-    def propagate(eqn, vals):
-        route = routes.get(id(eqn))
-        if isinstance(route, Fallback) and getattr(vals[0], "kind", None) in GENERATED:
-            # a relation generated inside the program (radius/knn on traced coordinates)
-            # is known only now: plan its propagate on the concrete relation
-            route = plan(eqn, vals[0])
-        if route is None or isinstance(route, Fallback):
-            return None     # the reference impl rule
-        return run_propagate(route, eqn, vals[0], vals[1:])
-
-    return {propagate_p: propagate, repeat_p: _repeat, while_loop_p: _while, degrees_p: _degrees}
+    return run_propagate(route, eqn, vals[0], vals[1:])
 
 
 def _call(closed, args: list) -> list:
@@ -169,6 +133,10 @@ def _degrees(eqn, vals):
     count = paged_degrees if kind == "paged" else fused_degrees
     deg = count(vals[0], eqn.params["by"])
     return None if deg is None else [deg]
+
+
+OVERRIDES = {propagate_p: partial(_propagate, None), repeat_p: _repeat, while_loop_p: _while,
+             degrees_p: _degrees}
 
 
 def select_route(program: GraphProgram, args: list | None = None) -> str:

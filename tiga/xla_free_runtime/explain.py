@@ -33,6 +33,7 @@ class Explanation:
     program: str = ""
     routes: list = field(default_factory=list)         # (route, which propagate, reason)
     cache_lines: list = field(default_factory=list)    # cache status per compiled propagate
+    tasks: str = ""                 # how the runtime runs the program's Task IR
     task_ir: str = ""               # the Task IR a call ran (a distributed propagate's plan)
     # ids of program values the chosen kernels read through their strides (no copy needed)
     strided_reads: set = field(default_factory=set, repr=False)
@@ -49,6 +50,8 @@ class Explanation:
         lines.append(f"estimated bytes: {_fmt_bytes(self.estimated_bytes)}")
         if self.vjp_route:
             lines.append(f"vjp:        {self.vjp_route}")
+        if self.tasks:
+            lines.append(f"tasks:      {self.tasks}")
         if self.cache:
             lines.append(f"cache:      {self.cache}")
         if self.task_ir:

@@ -16,6 +16,7 @@ from .generated import GeneratedType, generated_relations
 from .launch import plan
 from .propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .threads import num_threads, row_chunks
+from .tasks import describe_walk, task_walk
 from .triton_launch import relabel_routes
 
 WALK = {"dst": "destination rows walk their CSR edges",
@@ -63,6 +64,7 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
         ex.reason += (f"; {', '.join(loops)} steps run in the executor, so the propagates in "
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
+    ex.tasks = describe_walk(task_walk(program))
     ex.vjp_route = ("the VJP program is lowered the same way: source cotangents are a "
                     "propagate grouped by source (compiled over the transposed CSR; over a "
                     "symmetric radius relation the fused cell walk with roles swapped), edge "

@@ -30,7 +30,10 @@ HIERARCHY_OF_KIND = {"csr": "compressed-row", "dense": "dense", "triangular": "t
                      "cu_seqlens": "cu-seqlens", "stencil": "stencil", "cat": "cat",
                      # generated relations (DESIGN.md): points sorted by cell + exact test;
                      # top-k state over growing shells
-                     "radius": "cell-directory", "knn": "knn-shells"}
+                     "radius": "cell-directory", "knn": "knn-shells",
+                     # a store's relation: its pages are stored CSR rows (the runtime expands
+                     # the launch into its page plan, xla_free_runtime/paging_plan.py)
+                     "paged": "compressed-row"}
 # kNN above FAST_DIMS coordinate dims: the cell directory degenerates (3^d neighbour cells,
 # shells that cover the whole grid), so the walk is a tiled scan of query blocks x source
 # blocks with a register-blocked distance product, a threshold filter and an exact re-check
@@ -39,7 +42,7 @@ KNN_TILED = "knn-tiled-scan"
 # dot-product attention over a dense, triangular or cu_seqlens relation (the forward and its
 # canonical VJP propagates, lower/attention_walk.py): blocks of destination rows against
 # blocks of their contiguous source ranges, all heads per tile
-HIERARCHIES = tuple(HIERARCHY_OF_KIND.values()) + (KNN_TILED, ATTENTION_TILES)
+HIERARCHIES = tuple(dict.fromkeys(HIERARCHY_OF_KIND.values())) + (KNN_TILED, ATTENTION_TILES)
 
 
 def hierarchy_for(relation_type) -> str:

@@ -67,6 +67,14 @@ def _relation_attrs(graph) -> tuple:
     elif kind == "stencil":
         attrs += [("shape", to_attr(params["shape"])), ("offsets", to_attr(params["offsets"])),
                   ("periodic", bool(params["periodic"]))]
+    elif kind in ("radius", "knn"):   # (by its generator: the relation stays unmaterialised)
+        q = params["query"]
+        attrs += [("positions_digest", array_digest(params["positions"]) +
+                   ("" if q is None else array_digest(q)))]
+        attrs += [(k, to_attr(params[k])) for k in ("cutoff", "k", "loop", "max_neighbors")
+                  if params.get(k) is not None]
+    elif kind == "paged":              # (a committed store version never changes)
+        attrs += [("path", str(params["path"])), ("version", to_attr(params["version"]))]
     elif kind not in ("dense", "triangular"):
         row_ptr, col_idx = graph.resolve_csr()
         attrs.append(("digest", array_digest(row_ptr) + array_digest(col_idx)))

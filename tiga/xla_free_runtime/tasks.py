@@ -1,0 +1,171 @@
+"""runtime: run a program by interpreting its Task IR.
+
+`task_walk(program)` lowers the program once through every stage to its Task module (one page,
+one rank: lower/passes/plan_distributed_tasks) and pairs each op with what runs it:
+
+    gf_storage.transfer  an argument made ready on the host tier: as numpy, or a disk-tier
+                         tensor left lazy (a paged route reads it page by page)
+    gf_task.launch       its propagate equation, on the route launch.plan chose: a compiled
+                         kernel, a specialised plan that walks its own page or halo plan, or
+                         the reference rule when the propagate falls back
+    gf_tensor.* ops      their equations, through core.eval.run_eqn with the runtime's
+                         overrides (loops run their bodies through this module again)
+    gf_storage.release   the argument dropped from the interpreter's environment
+    gf_storage.join      every launch has finished (a launch runs to completion on the pool)
+
+Constants and constant relations are the program's literals, read where an equation uses them,
+so their ops need no step. A program the IR stages do not express (lowering raises a
+TigaError) has no walk; the executor runs it through eval_program with the same overrides,
+and explain() says why.
+"""
+from __future__ import annotations
+
+import hashlib
+import weakref
+from dataclasses import dataclass
+
+from ..core.config import config
+from ..core.errors import CompilationError, TigaError
+from ..core.eval import bind_dims, host_value, run_eqn
+from ..core.prims.graph import propagate_p
+from ..core.program import GraphProgram, Lit
+from ..core.types import Dim
+from ..lower.ir.base import RelationOp, TensorOp
+from ..lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
+
+TRANSFER, RUN, RELEASE, JOIN = "transfer", "run", "release", "join"
+
+
+@dataclass(frozen=True)
+class TaskWalk:
+    """A program's Task module and its steps: (TRANSFER | RELEASE, binder position),
+    (RUN, equation) or (JOIN, None), in the module's op order."""
+
+    module: TaskModule
+    steps: tuple
+    sized: bool       # some equation's parameters hold symbolic sizes, bound per call
+
+
+@dataclass(frozen=True)
+class NoWalk:
+    """Why a program runs under eval_program instead (explain() prints it)."""
+
+    reason: str
+
+
+def task_walk(program: GraphProgram) -> TaskWalk | NoWalk:
+    """The walk of `program`, built once per program object (programs come from the call
+    cache, so a warm call finds its walk here)."""
+    entry = _WALKS.get(id(program))
+    if entry is not None and entry[0]() is program:
+        return entry[1]
+    found = _build(program)
+    key = id(program)
+    # (keyed by identity: equal programs hold different Vars, and the steps hold this one's)
+    _WALKS[key] = (weakref.ref(program, lambda _, key=key: _WALKS.pop(key, None)), found)
+    return found
+
+
+# id(program) -> (weak program, its TaskWalk or NoWalk): derived from the program's structure
+# alone (no value of any call), dropped with the program
+_WALKS: dict = {}
+
+
+def module_name(program: GraphProgram) -> str:
+    return "program_" + hashlib.sha256(str(program).encode()).hexdigest()[:16]
+
+
+def _build(program: GraphProgram) -> TaskWalk | NoWalk:
+    from ..lower.pipeline import lower
+    try:
+        # (only the Task IR is dumped from here: each kernel's Kernel IR is dumped where it
+        # is lowered for the relation the runtime binds, which is what it renders)
+        module = lower(program, until="task", name=module_name(program),
+                       dump=("domain", "iter", "task"))
+    except TigaError as exc:
+        return NoWalk(f"the IR stages do not express this program ({exc})")
+    try:
+        return TaskWalk(module, _pair(module, program),
+                        any(_has_dim(p) for e in program.eqns for p in e.params.values()))
+    except CompilationError:
+        if config.check:
+            raise
+        return NoWalk("its Task IR does not pair with its equations (a Tiga bug)")
+
+
+def _pair(module: TaskModule, program: GraphProgram) -> tuple:
+    """Steps for the module's ops; each op that computes is checked against the equation it
+    was lowered from (the stages keep the program's order, one op per equation)."""
+    position = {a.name: i for i, a in enumerate(module.body.args)}
+    eqns = iter(program.eqns)
+    steps = []
+    for op in module.body.ops:
+        if isinstance(op, (TransferOp, ReleaseOp)):
+            if op.value.name in position:     # (a constant relation is a literal)
+                steps.append((TRANSFER if isinstance(op, TransferOp) else RELEASE,
+                              position[op.value.name]))
+        elif isinstance(op, JoinOp):
+            steps.append((JOIN, None))
+        elif isinstance(op, RelationOp) or (isinstance(op, TensorOp) and
+                                             op.prim == "constant"):
+            continue
+        else:
+            eqn = next(eqns, None)
+            want = propagate_p.name if isinstance(op, TaskLaunchOp) else \
+                getattr(op, "prim", propagate_p.name)
+            if eqn is None or eqn.primitive.name != want:
+                raise CompilationError(f"task walk: op {want} does not match equation "
+                                       f"{None if eqn is None else eqn.primitive.name}")
+            steps.append((RUN, eqn))
+    if next(eqns, None) is not None:
+        raise CompilationError("task walk: the Task IR has fewer ops than the program has "
+                               "equations")
+    return tuple(steps)
+
+
+def _has_dim(param) -> bool:
+    if isinstance(param, Dim):
+        return True
+    return isinstance(param, tuple) and any(_has_dim(p) for p in param)
+
+
+def run_walk(walk: TaskWalk, program: GraphProgram, args: list, overrides: dict) -> list:
+    """Interpret the walk's steps on this call's arguments."""
+    binders = program.in_binders
+    env: dict = {}
+    dims = bind_dims(binders, args, resolve=False) if walk.sized else {}
+
+    def read(a):
+        return a.value if isinstance(a, Lit) else env[id(a)]
+
+    for code, x in walk.steps:
+        if code is RUN:
+            outs = run_eqn(x, [read(a) for a in x.inputs], overrides, dims)
+            for v, o in zip(x.outputs, outs):
+                env[id(v)] = o
+        elif code is TRANSFER:
+            env[id(binders[x])] = host_value(binders[x], args[x], True)
+        elif code is RELEASE:
+            env.pop(id(binders[x]), None)
+    return [read(a) for a in program.outs]
+
+
+def describe_walk(walk: TaskWalk | NoWalk) -> str:
+    """explain()'s line on how the runtime runs the program, counted off its Task IR."""
+    if isinstance(walk, NoWalk):
+        return f"eval_program with the runtime's rules: {walk.reason}"
+    ops = walk.module.body.ops
+    launches = [op for op in ops if isinstance(op, TaskLaunchOp)]
+    count = {c: sum(1 for code, _ in walk.steps if code is c) for c in (TRANSFER, RELEASE)}
+    others = sorted({x.primitive.name for code, x in walk.steps
+                     if code is RUN and x.primitive is not propagate_p})
+    kinds = sorted({f"{op.task_kind}, page {op.page} of {op.num_pages}, rank {op.rank} of "
+                    f"{op.num_ranks}" for op in launches})
+    text = (f"the runtime walks the Task IR of @{walk.module.name}: {count[TRANSFER]} "
+            f"transfer(s) host -> host, {len(launches)} gf_task.launch ({'; '.join(kinds)})")
+    if others:
+        text += f", {', '.join(others)} through the eval rules"
+    return text + f", {count[RELEASE]} release(s), then a join"
+
+
+__all__ = ["task_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk"]
