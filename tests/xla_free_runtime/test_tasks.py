@@ -231,3 +231,28 @@ def test_a_paged_program_is_walked_and_its_launch_pages(tmp_path):
     mem = tg.Graph.from_csr(rp, ci, num_src=n)
     want = eval_program(tg.make_program(f)(mem, x, np.float32(0.5)), mem, x, np.float32(0.5))
     np.testing.assert_allclose(np.asarray(got), want[0], rtol=2e-5, atol=2e-5)
+
+
+def test_large_literals_enter_the_task_ir_as_arguments():
+    """A captured array above LIFT_ELEMENTS is a transferred argument of the Task IR, not a
+    constant op spelled out element by element; small literals stay constants."""
+    g, rng = _graph(8)
+    big = rng.standard_normal((40, 5)).astype(np.float32)
+    assert big.size > tasks.LIFT_ELEMENTS
+
+    def f(x):
+        h = tg.propagate(g, lambda s, d, e: s.x * s.w, tg.sum(), src={"x": x, "w": big})
+        return h * 3.0
+
+    x = rng.standard_normal((40, 5)).astype(np.float32)
+    program = tg.make_program(f)(x)
+    walk = tasks.task_walk(program)
+    args = walk.module.body.args
+    assert len(args) == len(program.in_binders) + 1 and tuple(args[-1].type.shape) == (40, 5)
+    constants = [op for op in walk.module.body.ops
+                 if isinstance(op, TensorOp) and op.prim == "constant"]
+    assert constants and all(np.size(op.params[0][1]) <= tasks.LIFT_ELEMENTS
+                             for op in constants)
+    assert not any(s == (tasks.TRANSFER, len(program.in_binders)) for s in walk.steps)
+    np.testing.assert_allclose(execute(program, [x])[0], eval_program(program, x)[0],
+                               rtol=2e-5, atol=2e-5)

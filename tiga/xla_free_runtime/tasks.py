@@ -24,12 +24,14 @@ import hashlib
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..core.config import config
 from ..core.errors import CompilationError, TigaError
 from ..core.eval import bind_dims, host_value, run_eqn
 from ..core.prims.graph import propagate_p
-from ..core.program import GraphProgram, Lit
-from ..core.types import Dim
+from ..core.program import Eqn, GraphProgram, Lit, Var
+from ..core.types import Dim, GraphType
 from ..lower.ir.base import RelationOp, TensorOp
 from ..lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
 
@@ -80,23 +82,54 @@ def _build(program: GraphProgram) -> TaskWalk | NoWalk:
     try:
         # (only the Task IR is dumped from here: each kernel's Kernel IR is dumped where it
         # is lowered for the relation the runtime binds, which is what it renders)
-        module = lower(program, until="task", name=module_name(program),
+        module = lower(_lifted(program), until="task", name=module_name(program),
                        dump=("domain", "iter", "task"))
-    except TigaError as exc:
-        return NoWalk(f"the IR stages do not express this program ({exc})")
-    try:
         return TaskWalk(module, _pair(module, program),
                         any(_has_dim(p) for e in program.eqns for p in e.params.values()))
-    except CompilationError:
+    except TigaError as exc:
+        if config.check and isinstance(exc, CompilationError) and "task walk" in str(exc):
+            raise
+        return NoWalk(f"the IR stages do not express this program ({exc})")
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
         if config.check:
             raise
-        return NoWalk("its Task IR does not pair with its equations (a Tiga bug)")
+        # a lowering defect must not take the call down: eval_program runs the same rules
+        return NoWalk(f"lowering failed ({type(exc).__name__}: {exc}); this is a Tiga bug, "
+                      "please report")
+
+
+# Array literals above this many elements enter the Task IR as arguments (transferred like
+# any host value) rather than constant ops: spelling a captured weight matrix out as an IR
+# attribute costs seconds, and a literal is read where it is used anyway.
+LIFT_ELEMENTS = 64
+
+
+def _lifted(program: GraphProgram) -> GraphProgram:
+    """`program` with its large array literals as extra trailing binders, equations in the
+    same order (what the walk's Task IR is lowered from)."""
+    lifted: dict = {}
+
+    def lift(a):
+        if not isinstance(a, Lit) or isinstance(a.type, GraphType) or \
+                np.size(a.value) <= LIFT_ELEMENTS:
+            return a
+        if id(a) not in lifted:
+            lifted[id(a)] = Var(a.type)
+        return lifted[id(a)]
+
+    eqns = [Eqn(e.primitive, tuple(lift(a) for a in e.inputs), e.params, e.outputs)
+            for e in program.eqns]
+    outs = [lift(a) for a in program.outs]
+    if not lifted:
+        return program
+    return GraphProgram(list(program.in_binders) + list(lifted.values()), eqns, outs)
 
 
 def _pair(module: TaskModule, program: GraphProgram) -> tuple:
     """Steps for the module's ops; each op that computes is checked against the equation it
     was lowered from (the stages keep the program's order, one op per equation)."""
-    position = {a.name: i for i, a in enumerate(module.body.args)}
+    # (arguments past the program's binders are its lifted literals: read where used)
+    position = {a.name: i for i, a in enumerate(module.body.args[:len(program.in_binders)])}
     eqns = iter(program.eqns)
     steps = []
     for op in module.body.ops:

@@ -7,6 +7,8 @@ yielded messages `%message`; everything else is numbered.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ...core.errors import CompilationError
@@ -58,7 +60,18 @@ class _Block:
 
 
 def _relation_attrs(graph) -> tuple:
-    """What identifies a constant relation: its CSR digest, or its generator's parameters."""
+    """What identifies a constant relation: its CSR digest, or its generator's parameters
+    (memoised per relation: relations are immutable, and hashing a large CSR takes time)."""
+    found = _ATTRS.get(graph)
+    if found is None:
+        found = _ATTRS[graph] = _identify(graph)
+    return found
+
+
+_ATTRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # relation -> its attrs
+
+
+def _identify(graph) -> tuple:
     attrs = [("origin", "constant")]
     kind, params = graph.kind, getattr(graph, "params", {})
     if kind == "cu_seqlens":
