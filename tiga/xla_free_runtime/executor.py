@@ -1,11 +1,12 @@
 """runtime: choose a route per propagate equation, run the program, and explain the choice.
 
-Each `propagate` (top level or inside a repeat/while body) runs as a fused cpu-llvm kernel
-when its edge function, reducer and update compile, otherwise on the reference interpreter
-with the reason recorded. Every other equation runs on the numpy impl rules (tensor code
-outside propagate is not compiled yet); repeat and while_loop are interpreted here so that
-the propagates in their bodies compile too. Strict mode (tg.config.strict) refuses any
-propagate that would fall back.
+A call runs its program's Task IR (tasks.py). Each `propagate` (top level or inside a
+repeat/while body) runs as a fused cpu-llvm kernel when its edge function, reducer and update
+compile, otherwise on the reference interpreter with the reason recorded. Every other
+equation runs on the numpy impl rules (tensor code outside propagate is not compiled yet);
+repeat and while_loop run their bodies through this executor, so the propagates in their
+bodies compile too. Strict mode (tg.config.strict) refuses any propagate that would fall
+back before anything runs.
 """
 from __future__ import annotations
 
