@@ -84,11 +84,7 @@ def _build(program: GraphProgram) -> TaskWalk | NoWalk:
         # is lowered for the relation the runtime binds, which is what it renders)
         module = lower(_lifted(program), until="task", name=module_name(program),
                        dump=("domain", "iter", "task"))
-        return TaskWalk(module, _pair(module, program),
-                        any(_has_dim(p) for e in program.eqns for p in e.params.values()))
     except TigaError as exc:
-        if config.check and isinstance(exc, CompilationError) and "task walk" in str(exc):
-            raise
         return NoWalk(f"the IR stages do not express this program ({exc})")
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
         if config.check:
@@ -96,6 +92,14 @@ def _build(program: GraphProgram) -> TaskWalk | NoWalk:
         # a lowering defect must not take the call down: eval_program runs the same rules
         return NoWalk(f"lowering failed ({type(exc).__name__}: {exc}); this is a Tiga bug, "
                       "please report")
+    try:
+        steps = _pair(module, program)
+    except CompilationError:
+        if config.check:
+            raise
+        return NoWalk("its Task IR does not pair with its equations (a Tiga bug)")
+    return TaskWalk(module, steps,
+                    any(_has_dim(p) for e in program.eqns for p in e.params.values()))
 
 
 # Array literals above this many elements enter the Task IR as arguments (transferred like
