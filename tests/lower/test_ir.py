@@ -367,5 +367,5 @@ def test_task_verifier_rejects_use_after_release_and_eventless_release():
             "op 4 (gf_task.launch): %x is used after gf_storage.release (op 3)")):
         ir.TaskModule("T", replace(task.body, ops=tuple(early))).verify()
     ops[5] = replace(ops[5], deps=())
-    with pytest.raises(tg.CompilationError, match="release needs at least 1 event operand"):
+    with pytest.raises(tg.CompilationError, match="its release needs at least 1 event operand"):
         ir.TaskModule("T", replace(task.body, ops=tuple(ops))).verify()

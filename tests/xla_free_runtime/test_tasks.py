@@ -98,10 +98,54 @@ def test_each_argument_is_transferred_before_its_first_reader_and_released_after
     for pos, binder in enumerate(program.in_binders):
         readers = [i for i in runs if any(a is binder for a in steps[i][1].inputs)]
         transfer = [i for i, s in enumerate(steps) if s == (tasks.TRANSFER, pos)]
-        release = [i for i, s in enumerate(steps) if s == (tasks.RELEASE, pos)]
+        release = [i for i, s in enumerate(steps) if s[0] is tasks.RELEASE and s[1] is binder]
         assert len(transfer) == 1 and len(release) == 1 and readers
         assert transfer[0] < readers[0] and release[0] > readers[-1]
     assert steps[-1] == (tasks.JOIN, None)
+
+
+def test_each_intermediate_is_released_once_after_its_last_reader():
+    """Values the program computes and does not return are dropped as soon as nothing reads
+    them (their memory is reused by later equations instead of held to the end)."""
+    g, rng = _graph(4)
+    x = rng.standard_normal((40, 3)).astype(np.float32)
+    program = tg.make_program(_two_layers("sum", "max"))(g, x, np.float32(0.5))
+    walk = tasks.task_walk(program)
+    steps = walk.steps
+    returned = {id(v) for v in program.outs}
+    made = {id(v): i for i, (c, e) in enumerate(steps) if c is tasks.RUN for v in e.outputs}
+    assert len(made) > len(program.outs)          # there are intermediates to release
+    for v_id, at in made.items():
+        readers = [i for i, (c, e) in enumerate(steps)
+                   if c is tasks.RUN and any(id(a) == v_id for a in e.inputs)]
+        released = [i for i, (c, v) in enumerate(steps) if c is tasks.RELEASE and id(v) == v_id]
+        if v_id in returned:
+            assert not released
+        else:
+            assert len(released) == 1 and released[0] > max(readers, default=at)
+    # in the IR: a task's output waits on its readers' events; a value only tensor ops
+    # compute and read is released in program order (no events)
+    ops = walk.module.body.ops
+    launched = {v.name for op in ops if isinstance(op, TaskLaunchOp) for v in op.results}
+    for op in ops:
+        if isinstance(op, ReleaseOp) and op.value.name in launched:
+            assert op.deps
+    assert any(isinstance(op, ReleaseOp) and not op.deps for op in ops)
+
+
+def test_a_released_intermediate_is_gone_for_later_steps():
+    g, rng = _graph(5)
+    x = rng.standard_normal((40, 2)).astype(np.float32)
+    program = tg.make_program(_two_layers("sum", "sum"))(g, x, np.float32(2.0))
+    walk = tasks.task_walk(program)
+    steps = list(walk.steps)
+    first = next(e for c, e in steps if c is tasks.RUN)
+    at = next(i for i, (c, v) in enumerate(steps) if c is tasks.RELEASE and
+              v is first.outputs[0])
+    steps.insert(steps.index((tasks.RUN, first)) + 1, steps.pop(at))
+    early = tasks.TaskWalk(walk.module, tuple(steps), walk.sized)
+    with pytest.raises(KeyError):
+        tasks.run_walk(early, program, [g, x, np.float32(2.0)], executor.OVERRIDES)
 
 
 def test_a_released_argument_is_gone_for_later_steps():
@@ -112,7 +156,8 @@ def test_a_released_argument_is_gone_for_later_steps():
     program = tg.make_program(_two_layers("sum", "sum"))(g, x, np.float32(2.0))
     walk = tasks.task_walk(program)
     steps = list(walk.steps)
-    release = steps.index((tasks.RELEASE, 1))
+    release = next(i for i, s in enumerate(steps)
+                   if s[0] is tasks.RELEASE and s[1] is program.in_binders[1])
     steps.insert(next(i for i, (c, _) in enumerate(steps) if c is tasks.RUN),
                  steps.pop(release))
     early = tasks.TaskWalk(walk.module, tuple(steps), walk.sized)

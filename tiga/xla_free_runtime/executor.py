@@ -26,6 +26,7 @@ from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
 from .generated import fused_degrees, generated_relations
 from .launch import plan
+from .native.heap import pin_once
 from .paged_degrees import paged_degrees
 from .propagate import Fallback, run_propagate
 from .routes import describe_program
@@ -66,6 +67,7 @@ def _strict_check(routes: dict) -> None:
 
 
 def execute(program: GraphProgram, args: list) -> list:
+    pin_once()     # per-call arrays reuse the heap whatever the process freed before
     if config.check:
         check_program(program)
     if len(args) != len(program.in_binders):

@@ -10,7 +10,9 @@ one rank: lower/passes/plan_distributed_tasks) and pairs each op with what runs 
                          the reference rule when the propagate falls back
     gf_tensor.* ops      their equations, through core.eval.run_eqn with the runtime's
                          overrides (loops run their bodies through this module again)
-    gf_storage.release   the argument dropped from the interpreter's environment
+    gf_storage.release   the value (an argument or an intermediate) dropped from the
+                         interpreter's environment after its last reader, so its memory
+                         is reused by the next equation rather than held to the end
     gf_storage.join      every launch has finished (a launch runs to completion on the pool)
 
 Constants and constant relations are the program's literals, read where an equation uses them,
@@ -40,8 +42,8 @@ TRANSFER, RUN, RELEASE, JOIN = "transfer", "run", "release", "join"
 
 @dataclass(frozen=True)
 class TaskWalk:
-    """A program's Task module and its steps: (TRANSFER | RELEASE, binder position),
-    (RUN, equation) or (JOIN, None), in the module's op order."""
+    """A program's Task module and its steps: (TRANSFER, binder position), (RELEASE, the
+    program's Var), (RUN, equation) or (JOIN, None), in the module's op order."""
 
     module: TaskModule
     steps: tuple
@@ -134,13 +136,16 @@ def _pair(module: TaskModule, program: GraphProgram) -> tuple:
     was lowered from (the stages keep the program's order, one op per equation)."""
     # (arguments past the program's binders are its lifted literals: read where used)
     position = {a.name: i for i, a in enumerate(module.body.args[:len(program.in_binders)])}
+    var = {name: program.in_binders[i] for name, i in position.items()}
     eqns = iter(program.eqns)
     steps = []
     for op in module.body.ops:
-        if isinstance(op, (TransferOp, ReleaseOp)):
+        if isinstance(op, TransferOp):
             if op.value.name in position:     # (a constant relation is a literal)
-                steps.append((TRANSFER if isinstance(op, TransferOp) else RELEASE,
-                              position[op.value.name]))
+                steps.append((TRANSFER, position[op.value.name]))
+        elif isinstance(op, ReleaseOp):
+            if op.value.name in var:          # (literals and constant relations stay)
+                steps.append((RELEASE, var.pop(op.value.name)))
         elif isinstance(op, JoinOp):
             steps.append((JOIN, None))
         elif isinstance(op, RelationOp) or (isinstance(op, TensorOp) and
@@ -150,9 +155,11 @@ def _pair(module: TaskModule, program: GraphProgram) -> tuple:
             eqn = next(eqns, None)
             want = propagate_p.name if isinstance(op, TaskLaunchOp) else \
                 getattr(op, "prim", propagate_p.name)
-            if eqn is None or eqn.primitive.name != want:
+            values = op.results[:-1] if isinstance(op, TaskLaunchOp) else op.results
+            if eqn is None or eqn.primitive.name != want or len(values) != len(eqn.outputs):
                 raise CompilationError(f"task walk: op {want} does not match equation "
                                        f"{None if eqn is None else eqn.primitive.name}")
+            var.update((v.name, o) for v, o in zip(values, eqn.outputs))
             steps.append((RUN, eqn))
     if next(eqns, None) is not None:
         raise CompilationError("task walk: the Task IR has fewer ops than the program has "
@@ -183,7 +190,7 @@ def run_walk(walk: TaskWalk, program: GraphProgram, args: list, overrides: dict)
         elif code is TRANSFER:
             env[id(binders[x])] = host_value(binders[x], args[x], True)
         elif code is RELEASE:
-            env.pop(id(binders[x]), None)
+            env.pop(id(x), None)
     return [read(a) for a in program.outs]
 
 

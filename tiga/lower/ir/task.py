@@ -3,7 +3,8 @@
 `gf_storage.transfer` makes a page (a row range of one value) or a halo (ghost rows from a
 peer rank) ready on a tier and yields a readiness event; `gf_task.launch` runs kernels once
 its events fired and yields its results plus a completion event; `gf_storage.release` frees
-a copy after the events it waits on; `gf_storage.join` joins events without a host-wide
+a copy after the events it waits on (a value only tensor ops compute and read has none: it is
+freed in program order); `gf_storage.join` joins events without a host-wide
 synchronize. Values are never used after their release.
 """
 from __future__ import annotations
@@ -169,7 +170,8 @@ class ReleaseOp:
     def verify(self, where: str, level: str) -> None:
         if self.value.type == EVENT:
             raise CompilationError(f"{where}: release frees a value, not an event")
-        _check_events(self.deps, "release", where, at_least=1)
+        # (no events: every reader is a tensor op, which runs in program order)
+        _check_events(self.deps, "release", where)
         if self.tier not in TIERS:
             raise CompilationError(f"{where}: tier must be one of {', '.join(TIERS)}, found "
                                    f"{self.tier!r}")
@@ -309,13 +311,24 @@ class TaskModule(Module):
     def verify(self) -> None:
         verify_module(self)
         released: dict[str, int] = {}
+        evented: set = set()     # values with an event: transferred, or a task's in/output
         for i, op in enumerate(self.body.ops):
             for v in op.operands:
                 if v.name in released:
                     raise CompilationError(
                         f"@{self.name}, op {i} ({op_label(op)}): %{v.name} is used after "
                         f"gf_storage.release (op {released[v.name]})")
-            if isinstance(op, ReleaseOp):
+            if isinstance(op, TransferOp):
+                evented.add(op.value.name)
+            elif isinstance(op, TaskLaunchOp):
+                evented.update(v.name for v in op.operands + op.results)
+            elif isinstance(op, ReleaseOp):
+                if not op.deps and op.value.name in evented:
+                    raise CompilationError(
+                        f"@{self.name}, op {i} (gf_storage.release): %{op.value.name} is "
+                        "transferred or touched by a task, so its release needs at least 1 "
+                        "event operand (only values that tensor ops alone compute and read "
+                        "are released in program order)")
                 released[op.value.name] = i
         for v in self.body.results:
             if v.name in released:

@@ -2,9 +2,12 @@
 
 The plan is for one page and one rank (the whole relation, on the host): every argument
 (and constant relation) is transferred as one page, each top-level kernel launch becomes a
-`gf_task.launch` that waits on the events of the values it reads, each transferred copy is
-released after the last task that reads it, and a final join marks completion. Paged and
-multi-rank plans use the same ops with more pages, halo transfers and boundary tasks.
+`gf_task.launch` that waits on the events of the values it reads, every value (a transferred
+copy or an intermediate) is released after its last reader, and a final join marks
+completion. A release waits on the events of the tasks that read the value, else on the event
+that made it ready; a value computed and read only by tensor ops has no event and is released
+in program order. Paged and multi-rank plans use the same ops with more pages, halo transfers
+and boundary tasks.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ class _Planner:
         self.ops: list = []
         self.ready: dict[str, Value] = {}      # value name -> event that makes it ready
         self.transferred: dict[str, Value] = {}
-        self.readers: dict[str, list] = {}     # transferred name -> events of reading tasks
+        self.values: dict[str, Value] = {a.name: a for a in body.args}
+        self.readers: dict[str, list] = {}     # value name -> events of the tasks reading it
         self.tasks: list = []
         self.n_events = 0
 
@@ -65,17 +69,17 @@ class _Planner:
                          0, 1, (), (), tuple(v.name for v in inputs),
                          tuple(v.name for v in op.results))
         for v in inputs:
-            if v.name in self.transferred:
-                self.readers.setdefault(v.name, []).append(done)
+            self.readers.setdefault(v.name, []).append(done)
         for v in op.results:
             self.ready[v.name] = done
         self.tasks.append(done)
         return t
 
     def release_after(self, index: int, last_use: dict) -> None:
-        for name, v in self.transferred.items():
-            if last_use.get(name) == index:
-                deps = tuple(self.readers.get(name, ())) or (self.ready[name],)
+        for name, v in self.values.items():
+            if last_use.get(name) == index and v.type != EVENT:
+                ready = (self.ready[name],) if name in self.ready else ()
+                deps = _unique(self.readers.get(name, ())) or ready
                 self.ops.append(ReleaseOp(v, deps, "host"))
 
     def last_uses(self) -> dict:
@@ -100,6 +104,7 @@ class _Planner:
             self.ops.append(self.task(op) if isinstance(op, LaunchOp) else op)
             if isinstance(op, RelationOp):
                 self.transfer(op.result)
+            self.values.update((v.name, v) for v in op.results)
             self.release_after(i, last_use)
         if self.tasks:
             self.ops.append(JoinOp(self.event(), tuple(self.tasks)))
