@@ -41,7 +41,6 @@ class _Planner:
         self.body = body
         self.ops: list = []
         self.ready: dict[str, Value] = {}      # value name -> event that makes it ready
-        self.transferred: dict[str, Value] = {}
         self.values: dict[str, Value] = {a.name: a for a in body.args}
         self.readers: dict[str, list] = {}     # value name -> events of the tasks reading it
         self.tasks: list = []
@@ -56,7 +55,6 @@ class _Planner:
         e = self.event()
         self.ops.append(TransferOp(e, v, (), "page", "host", "host", 0, (0, _lead(v))))
         self.ready[v.name] = e
-        self.transferred[v.name] = v
 
     def task(self, op: LaunchOp) -> TaskLaunchOp:
         inputs = _unique(op.operands)
