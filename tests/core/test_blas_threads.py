@@ -109,3 +109,22 @@ def test_callers_single_thread_setting_is_left_alone():
     with blas_threads.one_blas_thread(10):
         pass
     assert counts() == before
+
+
+@needs_openblas
+def test_the_thread_local_count_applies_to_the_calling_thread_only():
+    local = blas_threads.thread_local_setter()
+    if local is None:
+        pytest.skip("this OpenBLAS has no openblas_set_num_threads_local")
+    get, put = FOUND[0]
+    saved = get()
+    put(2)
+    try:
+        seen = {}
+        worker = threading.Thread(target=lambda: seen.update(n=(local(1), get(), local(2))))
+        worker.start()
+        worker.join()
+        assert seen["n"][1] == 1      # the worker thread saw its own count
+        assert get() == 2             # ... and this thread's count never changed
+    finally:
+        put(saved)

@@ -27,8 +27,8 @@ _NAMES = [(f"{p}_get_num_threads{s}", f"{p}_set_num_threads{s}")
           for p in ("scipy_openblas", "openblas") for s in ("64_", "")]
 
 
-def _loaded_openblas() -> list:
-    """[(get, set)] of every OpenBLAS the process has loaded (numpy's among them); empty
+def _libraries() -> list:
+    """Every OpenBLAS the process has loaded (numpy's among them), as ctypes libraries; empty
     where that cannot be told (no /proc/self/maps) or none is loaded."""
     try:
         with open("/proc/self/maps") as f:
@@ -36,13 +36,20 @@ def _loaded_openblas() -> list:
                      if line.count(" ") >= 5 and "openblas" in line.rsplit("/", 1)[-1].lower()}
     except (OSError, IndexError):
         return []
-    found = []
+    libs = []
     for path in sorted(p for p in paths if os.path.isabs(p)):
         try:
             # RTLD_NOLOAD: only a library already mapped, never a second copy
-            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
+            libs.append(ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY))
         except OSError:
             continue
+    return libs
+
+
+def _loaded_openblas() -> list:
+    """[(get, set)] of the process-wide thread count of every loaded OpenBLAS."""
+    found = []
+    for lib in _libraries():
         for get_name, set_name in _NAMES:
             try:
                 get, put = getattr(lib, get_name), getattr(lib, set_name)
@@ -63,6 +70,22 @@ def _openblas() -> list:
                 _STATE["found"] = _loaded_openblas()
             found = _STATE["found"]
     return found
+
+
+def thread_local_setter():
+    """OpenBLAS's `openblas_set_num_threads_local(n) -> previous` (the count for the calling
+    thread only), or None where no loaded OpenBLAS has it. For products Tiga runs on its own
+    worker threads (attention tiles): a BLAS that also spawns threads per product
+    oversubscribes the cores, its spinning workers slowing a tile product down tenfold."""
+    if "local" not in _STATE:
+        fn = None
+        for lib in _libraries():
+            fn = getattr(lib, "openblas_set_num_threads_local", None)
+            if fn is not None:
+                fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                break
+        _STATE["local"] = fn
+    return _STATE["local"]
 
 
 @contextmanager

@@ -29,6 +29,7 @@ import weakref
 import numpy as np
 
 from ..autodiff.rules.attention import STREAMING_KINDS
+from ..core.blas_threads import thread_local_setter
 from ..core.errors import TigaError
 from ..lower.attention_walk import claim_attention
 from ..lower.llvm import attention as kernel
@@ -566,34 +567,8 @@ def _head_jobs(nh: int) -> list:
     return [(a, b, None) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
-def _blas_local_threads():
-    """numpy's OpenBLAS `openblas_set_num_threads_local`, or None. Tile products run on our
-    own threads (one row block each); a BLAS that also spawns threads per product
-    oversubscribes the cores (its spinning workers slow a tile product down tenfold)."""
-    if not _BLAS:
-        fn = None
-        try:
-            import ctypes
-            import glob
-            import os
-            libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
-            for path in glob.glob(os.path.join(libs, "*openblas*.so*")):
-                lib = ctypes.CDLL(path)
-                if hasattr(lib, "openblas_set_num_threads_local"):
-                    fn = lib.openblas_set_num_threads_local
-                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-                    break
-        except OSError:
-            fn = None
-        _BLAS.append(fn)
-    return _BLAS[0]
-
-
-_BLAS: list = []        # the loaded BLAS library (loaded once)
-
-
 def _jobs(fn, jobs):
-    local = _blas_local_threads()
+    local = thread_local_setter()
 
     def one(a, b, argv):
         if local is None:
