@@ -231,8 +231,9 @@ def test_prune_threshold_is_approximate_and_reports_skipped_blocks(monkeypatch):
     ex = str(program.explain(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                              scale=1.0))
     assert "APPROXIMATE" in ex
-    assert attention_route.STATS["blocks_skipped"] > 0
-    assert f"skipped {attention_route.STATS['blocks_skipped']} of" in ex
+    skipped, total = graph.params[attention_route.LAST_PRUNED]
+    assert 0 < skipped < total
+    assert f"skipped {skipped} of {total} blocks" in ex
     ref = oracle(*(torch.tensor(x) for x in (q, k, v)), allowed_mask(graph), 1.0).numpy()
     np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-6, atol=1e-6)  # skipped mass ~e^-20
 

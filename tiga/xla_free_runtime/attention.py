@@ -41,9 +41,10 @@ from .threads import num_threads, run_jobs
 KINDS = STREAMING_KINDS
 # per relation, its (lo, hi) row ranges: derived from the relation alone (a memo)
 _RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# diagnostics (counters, and the last pruned call's block counts that explain() reports)
-STATS = {"blocks_skipped": 0, "blocks_total": 0, "native_calls": 0, "stats_walks": 0,
-         "dq_walks": 0}
+# diagnostics: how often each route ran (process counters; a pruned call's block counts
+# are kept on its relation, graph.params["last_pruned_blocks"], where explain() reads them)
+STATS = {"native_calls": 0, "stats_walks": 0, "dq_walks": 0, "native_backward_calls": 0}
+LAST_PRUNED = "last_pruned_blocks"
 
 
 def row_ranges(graph) -> tuple:
@@ -183,8 +184,7 @@ class AttentionPlan:
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
                                     top, mass, lo, hi, scale, prune, _jobs)
-            STATS["blocks_skipped"] = skipped[0]
-            STATS["blocks_total"] = skipped[1]
+            graph.params[LAST_PRUNED] = (int(skipped[0]), int(skipped[1]))
         if len(eqn.outputs) == 1:
             return [out]
         # online_softmax(stats): the row statistics are outputs too, (N, H) or (N,) per row
@@ -310,11 +310,13 @@ class AttentionPlan:
                                         "FlashAttention-2 style"))
             prune = p["reducer"].prune_threshold
             if prune is not None:
+                last = graph.params.get(LAST_PRUNED)
                 ex.routes.append(("cpu-tiled", f"{where}prune_threshold={prune}",
-                                  f"APPROXIMATE result: key blocks whose scores fall more "
+                                  "APPROXIMATE result: key blocks whose scores fall more "
                                   f"than {prune} below the running max skip their value "
-                                  f"loads; last call skipped {STATS['blocks_skipped']} of "
-                                  f"{STATS['blocks_total']} blocks"))
+                                  "loads; " + ("no call on this relation yet" if last is None
+                                               else f"last call skipped {last[0]} of "
+                                               f"{last[1]} blocks")))
         width = eqn.inputs[1 + (self.pattern.q if native else 0)].type.shape[-1]   # queries
         ex.cache_lines.append(f"{what[self.kind]}: " + _cache_line(width, native, bnative, t))
 
@@ -717,7 +719,7 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, launch)
     else:       # no query rows or no keys: the kernel, which writes dk and dv, does not run
         outs[1][...] = 0
         outs[2][...] = 0
-    STATS["native_backward_calls"] = STATS.get("native_backward_calls", 0) + 1
+    STATS["native_backward_calls"] += 1
     if splits > 1 and dq is not None:
         outs[0] = outs[0].base.sum(axis=0)
     copies = [(want, got) for want, got in zip((dq, dk, dv), outs)
