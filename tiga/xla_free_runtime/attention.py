@@ -176,10 +176,11 @@ class AttentionPlan:
         prune = eqn.params["reducer"].prune_threshold
         h = pat.heads
         # the kernel takes the row max of the raw scores (scale > 0)
-        if prune is None and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and \
-                _fast_math_exact(scale, k.shape[0], (q, k), v):
-            _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top, mass,
-                            lo, hi, scale, attention_launch(eqn))
+        # the kernel runs first and reports whether its fast-math result is exact; when it
+        # may not be (a NaN, inf or overflow-prone operand), the NaN-safe tiles redo the call
+        if prune is None and n > 0 and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and \
+                _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top,
+                                mass, lo, hi, scale, attention_launch(eqn)):
             STATS["native_calls"] += 1
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
@@ -362,7 +363,8 @@ NATIVE_FORWARD = True     # tests switch it off to compare with the numpy tiles
 # by 0 and give the reference interpreter's NaN and inf wherever it has them.
 _FAST_LIMIT = 1e30        # float32 max is 3.4e38: room for the bounds' slack
 _FALLBACK = ("a call whose operands hold a NaN or inf (or values large enough for a score "
-             "to overflow float32) runs the NaN-safe numpy tiles instead (checked per call)")
+             "to overflow float32) runs the NaN-safe numpy tiles instead (checked per call; "
+             "forward: from sums of squares the kernel takes on its own reads)")
 
 
 def _norm(x) -> float:
@@ -382,16 +384,17 @@ def _norm(x) -> float:
     return big * float(np.sqrt(x.size))
 
 
-def _fast_math_exact(scale: float, keys: int, qk, v) -> bool:
-    """Whether the forward kernel's result is the reference's: q, k, v finite and every score
-    (|q_i . k_j| <= |Q| |K|) and value sum (<= keys e^LAZY |V|) far from overflow."""
-    nq, nk = (_norm(x) for x in qk)
-    bound_v = _norm(v) * max(keys, 1) * float(np.exp(kernel.LAZY))
+def _exact_bounds(scale: float, keys: int, nq: float, nk: float, nv: float) -> bool:
+    """Whether the forward kernel's result is the reference's, from the Frobenius norms of
+    q, k and v (the kernel sums their squares on its own reads: NaN or inf when an operand
+    holds one): every operand finite and every score (|q_i . k_j| <= |Q| |K|) and value sum
+    (<= keys e^LAZY |V|) far from overflow."""
+    bound_v = nv * max(keys, 1) * float(np.exp(kernel.LAZY))
     return nq * nk * max(scale, 1.0) < _FAST_LIMIT and bound_v < _FAST_LIMIT
 
 
 def _bwd_fast_math_exact(scale: float, q, k, v, do, lse, delta) -> bool:
-    """As _fast_math_exact, for the backward kernel: every operand finite and every score,
+    """As _exact_bounds, for the backward kernel: every operand finite and every score,
     dP - delta and cotangent sum (over at most N rows or keys) far from overflow."""
     nq, nk, nv, ndo, nl, nd = (_norm(x) for x in (q, k, v, do, lse, delta))
     rows = max(np.shape(q)[0], np.shape(k)[0], 1)
@@ -420,10 +423,11 @@ def _rendered(launch, width: int, key: str):
     return CACHE.get(key, build)
 
 
-def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> None:
+def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> bool:
     """Run the LLVM kernel of the forward `launch` (its schedule's tiles: kernel.TILES): its
     phase 0 packs K^T (any K strides), phase 1 writes the normalised output (any strides)
-    and the per-row top and mass. scale > 0."""
+    and the per-row top and mass. scale > 0. Returns whether that result is exact
+    (_exact_bounds on the norms the kernel summed); when not, the caller recomputes."""
     import ctypes
     nh, n, width = q.shape
     s = k.shape[1]
@@ -462,13 +466,14 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> None:
            "khs": kp.strides[0] // 4, "krs": kp.strides[1] // 4,
            "ohs": op.strides[0] // 4, "ors": op.strides[1] // 4}
     prms = [np.array([prm.get(nm, phase) for nm in kernel.PRM], np.int64) for phase in (0, 1)]
-    argvs = []
-    for p in prms:
-        arrays = [qp, kp, kt, vp, op, top, mass, lop, hip, p, glo, ghi, blo, bhi]
-        argvs.append((ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
-                                                       for a in arrays]))
     # (no keys: no row reads kt, and phase 0 would read key -1)
     jobs = nh * (kpad // kernel.W) if s else 0
+    chk, chkq = np.zeros(2 * jobs, f32), np.zeros(nh * qblocks, f32)
+    argvs = []
+    for p in prms:
+        arrays = [qp, kp, kt, vp, op, top, mass, lop, hip, p, glo, ghi, blo, bhi, chk, chkq]
+        argvs.append((ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
+                                                       for a in arrays]))
     step = max(1, -(-jobs // (4 * threads)))
     run_jobs(exe.native, [(a, min(a + step, jobs), argvs[0]) for a in range(0, jobs, step)],
              threads)
@@ -477,6 +482,8 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> None:
     if op is not out:
         out[...] = op
     _give_scratch(scratch)
+    sq = lambda x: float(np.sqrt(np.sum(x, dtype=np.float64)))   # noqa: E731
+    return _exact_bounds(scale, s, sq(chkq), sq(chk[0::2]), sq(chk[1::2]))
 
 
 def _cost_chunks(blo, bhi, nh: int, threads: int, ks: int) -> list:

@@ -50,7 +50,12 @@ from .values import F32, I64, PTR, i64
 # to the group's last admissible one, with the RB x D/16 output vectors in registers. Rows
 # whose range excludes a key mask it to -inf.
 # argv: q (strided), k (strided), kt, v (strided), out (strided), top/mass (H, Nq), lo/hi
-# (Npad,), prm, glo/ghi per row group (KS-aligned key range), blo/bhi per row block.
+# (Npad,), prm, glo/ghi per row group (KS-aligned key range), blo/bhi per row block, chk
+# (2 per phase 0 job: the sums of squares of its 16 K rows and of the same 16 V rows) and chkq
+# (1 per phase 1 job: of its query rows). The sums are plain IEEE arithmetic (no fast-math
+# flags): a NaN or inf anywhere in q, k or v reaches them, so the runtime tells from these
+# partials, computed on reads the kernel does anyway, whether the fast-math result is the
+# reference's (and reruns the call on the NaN-safe tiles when it may not be).
 # The tile sizes are the launch's schedule (lower/schedule.attention_tiles("forward") owns
 # them; Schedule.tiles names them): group_rows (RB, query rows per register tile),
 # row_groups (GB, row groups per job), key_block (KB, keys per key block, a multiple of KS),
@@ -62,7 +67,7 @@ PRM = ("npad", "kpad", "nks", "qblocks", "nq", "nk", "qhs", "qrs", "vhs", "vrs",
        "khs", "krs", "ohs", "ors", "phase")
 PHASE = PRM.index("phase")
 ARGV = ("q", "k", "kt", "v", "out", "top", "mass", "lo", "hi", "prm", "glo", "ghi", "blo",
-        "bhi")
+        "bhi", "chk", "chkq")
 D_UNROLL = 4    # head-width elements per trip of the score loop
 
 __all__ = ["forward_ir", "W", "TILES", "LAZY", "PRM", "PHASE", "EXP_POLY"]
@@ -86,6 +91,19 @@ def forward_ir(symbol: str, D: int, tiles: dict) -> str:
     k.enter("exit")
     k.b.ret_void()
     return k.text()
+
+
+def _squares(b, acc, vectors):
+    """acc + the lane-wise squares of `vectors`, in plain IEEE arithmetic (a NaN or inf
+    stays one)."""
+    for x in vectors:
+        acc = b.fadd(acc, b.fmul(x, x))
+    return acc
+
+
+def _total(k, v):
+    """The sum of v's lanes (plain IEEE: in lane order, NaN and inf kept)."""
+    return k.call("llvm.vector.reduce.fadd.v16f32", F32, [fconst(0.0), v])
 
 
 class _Forward:
@@ -145,12 +163,22 @@ class _Forward:
         plane = b.urem(key0, i64(self.KS))
         ptile = b.add(b.mul(ph, p["nks"]), pstep)
         pbase = b.add(b.mul(ptile, i64(D * self.KS)), plane, name="pbase")
+        # (padding keys re-read the last key: counted twice, the bound only grows)
+        pvh = b.mul(ph, p["vhs"])
+        vrow = [b.add(b.mul(k.smin(b.add(key0, i64(t)), self.nk1), p["vrs"]), pvh)
+                for t in range(W)]
+        ksq = vsq = VZERO
         for c in range(self.C):
             rows = [k.vload(self.a["k"], b.add(prow[t], i64(c * W)), 4) for t in range(W)]
+            vals = [k.vload(self.a["v"], b.add(vrow[t], i64(c * W)), 4) for t in range(W)]
+            ksq, vsq = _squares(b, ksq, rows), _squares(b, vsq, vals)
             cols = k.transpose16(rows)
             for dd in range(W):
                 z = b.select(pvalid, cols[dd], VZERO)
                 k.vstore(z, self.a["kt"], b.add(pbase, i64((c * W + dd) * self.KS)), 4)
+        slot = b.mul(pj, i64(2))
+        b.store(_total(k, ksq), k.at(self.a["chk"], slot))
+        b.store(_total(k, vsq), k.at(self.a["chk"], b.add(slot, i64(1))))
         pj.add_incoming(b.add(pj, i64(1)), b.block)
         k.br("pack.head")
 
@@ -172,13 +200,28 @@ class _Forward:
         self.qh = b.mul(self.h, p["qhs"], name="qh")
         self.vh = b.mul(self.h, p["vhs"], name="vh")
         self.kth = b.mul(self.h, p["nks"], name="kth")
+        k.br("chkq.loop")
+        # the sum of squares of the block's query rows (padding rows re-read the last row)
+        k.enter("chkq.loop")
+        r = k.phi(I64, [(i64(0), "job.body")], "chkq.r")
+        acc = k.phi(VF, [(VZERO, "job.body")], "chkq.acc")
+        row = k.smin(b.add(self.qb_rows, r), self.nq1)
+        base = b.add(b.mul(row, p["qrs"]), self.qh)
+        vals = [k.vload(self.a["q"], b.add(base, i64(c * W)), 4) for c in range(self.C)]
+        nacc = _squares(b, acc, vals)
+        nr = b.add(r, i64(1))
+        r.add_incoming(nr, b.block)
+        acc.add_incoming(nacc, b.block)
+        k.cbr(b.icmp_signed("<", nr, i64(self.ROWS)), "chkq.loop", "chkq.done")
+        k.enter("chkq.done")
+        b.store(_total(k, nacc), k.at(self.a["chkq"], self.job))
         k.br("init.loop")
 
     def init_state(self) -> None:
         """The block's state: accumulators 0, reference max -inf, mass 0, lane max -inf."""
         k, b = self.k, self.b
         k.enter("init.loop")
-        ii = k.phi(I64, [(i64(0), "job.body")], "ii")
+        ii = k.phi(I64, [(i64(0), "chkq.done")], "ii")
         iio = b.mul(ii, i64(W))
         k.vstore(VZERO, self.st, iio, 64)
         k.cbr(b.icmp_unsigned("<", ii, i64(self.ROWS)), "init.row", "init.next")
