@@ -482,8 +482,9 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> bool:
     if op is not out:
         out[...] = op
     _give_scratch(scratch)
-    sq = lambda x: float(np.sqrt(np.sum(x, dtype=np.float64)))   # noqa: E731
-    return _exact_bounds(scale, s, sq(chkq), sq(chk[0::2]), sq(chk[1::2]))
+    nq, nk, nv = (float(np.sqrt(np.sum(x, dtype=np.float64)))
+                  for x in (chkq, chk[0::2], chk[1::2]))
+    return _exact_bounds(scale, s, nq, nk, nv)
 
 
 def _cost_chunks(blo, bhi, nh: int, threads: int, ks: int) -> list:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from functools import partial
 
-
 from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError

@@ -620,7 +620,6 @@ def _discard(outs) -> None:
             tensor._charge.credit()
 
 
-
 def plan_paged(eqn, graph):
     """The route of a propagate over a stored ("paged") relation, or None (not paged)."""
     if getattr(graph, "kind", None) != "paged":

@@ -190,7 +190,6 @@ def _count(n, what: str) -> int:
     return int(n)
 
 
-
 def _previous(path: Path, current: str | None) -> str | None:
     if current is None:
         return None

@@ -190,4 +190,3 @@ def _distribute(store, runs: Path, starts: np.ndarray, triple: np.dtype, limit: 
         if bar is not None:
             bar.update(len(ci))
     return files
-

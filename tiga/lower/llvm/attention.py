@@ -155,18 +155,16 @@ class _Forward:
         pkeys = k.key_lanes(k.splat_index(key0), 1)[0]
         pvalid = b.icmp_signed("<", pkeys, k.splat_index(p["nk"]), name="pvalid")
         pkh = b.mul(ph, p["khs"])
-        prow = []
-        for t in range(W):
-            key = k.smin(b.add(key0, i64(t)), self.nk1)
-            prow.append(b.add(b.mul(key, p["krs"]), pkh, name=f"prow{t}"))
+        # (padding keys re-read the last key: for V's sum of squares counted twice, the bound
+        # only grows)
+        pkey = [k.smin(b.add(key0, i64(t)), self.nk1) for t in range(W)]
+        prow = [b.add(b.mul(key, p["krs"]), pkh, name=f"prow{t}") for t, key in enumerate(pkey)]
         pstep = b.udiv(key0, i64(self.KS))
         plane = b.urem(key0, i64(self.KS))
         ptile = b.add(b.mul(ph, p["nks"]), pstep)
         pbase = b.add(b.mul(ptile, i64(D * self.KS)), plane, name="pbase")
-        # (padding keys re-read the last key: counted twice, the bound only grows)
         pvh = b.mul(ph, p["vhs"])
-        vrow = [b.add(b.mul(k.smin(b.add(key0, i64(t)), self.nk1), p["vrs"]), pvh)
-                for t in range(W)]
+        vrow = [b.add(b.mul(key, p["vrs"]), pvh) for key in pkey]
         ksq = vsq = VZERO
         for c in range(self.C):
             rows = [k.vload(self.a["k"], b.add(prow[t], i64(c * W)), 4) for t in range(W)]

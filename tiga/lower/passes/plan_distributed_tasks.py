@@ -73,15 +73,17 @@ class _Planner:
         self.tasks.append(done)
         return t
 
-    def release_after(self, index: int, last_use: dict) -> None:
-        for name, v in self.values.items():
-            if last_use.get(name) == index and v.type != EVENT:
+    def release_after(self, names: list) -> None:
+        for name in names:
+            v = self.values.get(name)
+            if v is not None and v.type != EVENT:
                 ready = (self.ready[name],) if name in self.ready else ()
                 deps = _unique(self.readers.get(name, ())) or ready
                 self.ops.append(ReleaseOp(v, deps, "host"))
 
-    def last_uses(self) -> dict:
-        """Top-level op index of each value's last use (-1: unused); returned values stay."""
+    def dying(self) -> dict:
+        """{top-level op index: names of the values last used there} (-1: unused
+        arguments); returned values stay."""
         last_use = {a.name: -1 for a in self.body.args}
         for i, op in enumerate(self.body.ops):
             for v in op.results:
@@ -91,19 +93,22 @@ class _Planner:
                 last_use[v.name] = i
         for v in self.body.results:
             last_use.pop(v.name, None)
-        return last_use
+        by_index: dict = {}
+        for name, i in last_use.items():
+            by_index.setdefault(i, []).append(name)
+        return by_index
 
     def plan(self) -> Region:
-        last_use = self.last_uses()
+        dying = self.dying()
         for a in self.body.args:
             self.transfer(a)
-        self.release_after(-1, last_use)
+        self.release_after(dying.get(-1, ()))
         for i, op in enumerate(self.body.ops):
             self.ops.append(self.task(op) if isinstance(op, LaunchOp) else op)
             if isinstance(op, RelationOp):
                 self.transfer(op.result)
             self.values.update((v.name, v) for v in op.results)
-            self.release_after(i, last_use)
+            self.release_after(dying.get(i, ()))
         if self.tasks:
             self.ops.append(JoinOp(self.event(), tuple(self.tasks)))
         return Region(self.body.args, tuple(self.ops), self.body.results)
