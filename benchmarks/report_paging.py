@@ -52,6 +52,8 @@ def markdown(run: dict, json_name: str) -> str:
              f"{run['machine'].get('cpu_model', '')}; load average at start "
              f"{run['machine'].get('loadavg_at_start')}",
              f"- Page cache: {run['page_cache']}", "", TARGETS, "",
+             "Why the 100M target stays above 2x on this machine, with the write paths "
+             "measured: [PAGING_NOTES.md](PAGING_NOTES.md).", "",
              "| edges | host budget | ingest | ingest RSS | forward cold | forward warm | "
              "forward RSS | in-memory | paged ÷ in-memory | transpose build | backward | "
              "gradient RSS |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

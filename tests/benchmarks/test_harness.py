@@ -94,3 +94,39 @@ def test_check_rejects_wrong_outputs():
     rows = np.ones(1000, bool)
     rows[123] = False                                               # an ambiguous row
     assert measure.check(bad, ([ref], rows), "float32")[0]
+
+
+def test_write_paths_script_runs_and_checks_its_files(tmp_path):
+    """benchmarks/write_paths.py (the evidence for the paging write policy) runs every path
+    end to end, reads each round's files back, and leaves nothing behind in its root."""
+    probe = tmp_path / "probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0))
+        os.close(fd)
+    except OSError:
+        pytest.skip("the temporary directory's file system refuses O_DIRECT")
+    root = tmp_path / "root"
+    root.mkdir()
+    cmd = [sys.executable, os.path.join(BENCH, "write_paths.py"), "--mib", "8", "--rounds",
+           "2", "--gaps", "0", "--root", str(root), "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (out,) = glob.glob(str(tmp_path / "results" / "write-paths-*.json"))
+    with open(out) as f:
+        runs = json.load(f)["runs"]
+    assert [(r["mode"], r["gap_s"]) for r in runs] == \
+        [("copy", 0.0), ("direct", 0.0), ("cached", 0.0)]
+    assert all(len(r["seconds"]) == 2 and min(r["seconds"]) > 0 for r in runs)
+    assert not any(root.iterdir())
+
+
+def test_write_paths_check_rejects_a_changed_chunk(tmp_path):
+    import write_paths
+    data = np.arange(2 * write_paths.CHUNK + 100, dtype=np.uint64).astype(np.uint8)
+    write_paths._files(tmp_path, data, direct=False)
+    write_paths._check(tmp_path, data)
+    with open(tmp_path / "1", "r+b") as f:
+        f.seek(7)
+        f.write(bytes([data[write_paths.CHUNK + 7] ^ 1]))
+    with pytest.raises(AssertionError, match="chunk 1"):
+        write_paths._check(tmp_path, data)
