@@ -28,6 +28,7 @@ from .launch import plan
 from .native.heap import pin_once
 from .paged_degrees import paged_degrees
 from .propagate import Fallback, run_propagate
+from .resident_pages import plan_resident
 from .routes import describe_program
 from .tasks import NoWalk, run_walk, task_walk
 from .threads import pin_threads, unpin_threads
@@ -100,7 +101,11 @@ def _run(program: GraphProgram, args: list) -> list:
 
 def _propagate(routes, eqn, vals):
     """A propagate on its planned route (`routes`: planned up front, else now, for its
-    relation value); None: the reference impl rule runs it."""
+    relation value), or by pages when its disk-tier fields and result would not fit the
+    host budget; None: the reference impl rule runs it."""
+    paged = plan_resident(eqn, vals[0], vals[1:])    # fields over the host budget: by pages
+    if paged is not None:
+        return paged.run(eqn, vals[0], vals[1:])
     route = routes.get(id(eqn)) if routes is not None else None
     if route is None or (isinstance(route, Fallback) and
                          getattr(vals[0], "kind", None) in GENERATED):

@@ -4,7 +4,10 @@ Fresh memory costs a page fault per 4 KiB on first touch (for a page of 65536 ro
 float32 features, as much as reading them); so a run keeps a few buffer sets (one per page
 in flight: queued, computing, loading) and every page reads into a free set. Each buffer is
 charged to the host budget while the run holds it; a new set is only made while the
-budget has room for a page, else the loader waits for a set to come back.
+budget has room for a page, else the loader waits for a set to come back. A new set's
+buffers are made as its first page loads, so one new set at a time: the next is only
+considered once that page has settled its buffers (`settled`), its bytes counted in the
+budget (two loaders making sets at once would both count on the same free bytes).
 """
 from __future__ import annotations
 
@@ -15,6 +18,12 @@ import numpy as np
 from . import memory
 from . import scope as sc
 from .storage.disk import aligned_empty
+
+
+def with_slack(n: int) -> int:
+    """`n` and an eighth more: what a buffer for `n` rows is made with, so pages of varying
+    size settle on one allocation."""
+    return n + n // 8
 
 
 class PageSet:
@@ -33,7 +42,7 @@ class PageSet:
                 return arr[:n]
             ch.credit()
             del self.bufs[name]
-        cap = max(1, n + n // 8)
+        cap = max(1, with_slack(n))
         row = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
         ch = memory.charge("host", cap * row, what)
         arr = aligned_empty((cap,) + tuple(row_shape), dtype, 4096)   # (O_DIRECT writes)
@@ -54,6 +63,7 @@ class PageBuffers:
         self.max_sets = sets
         self.sets: list = []
         self.free: list = []
+        self.growing = None        # the new set whose first page is making its buffers
         self.cond = threading.Condition()
 
     def acquire(self, need: int, stop: threading.Event) -> PageSet | None:
@@ -63,11 +73,21 @@ class PageBuffers:
                 if self.free:
                     return self.free.pop()
                 fits = owner is None or owner.used["host"] + need <= owner.budgets["host"]
-                if not self.sets or (len(self.sets) < self.max_sets and fits):
+                if not self.sets or (len(self.sets) < self.max_sets and fits and
+                                     self.growing is None):
                     self.sets.append(PageSet())
-                    return self.sets[-1]
+                    self.growing = self.sets[-1]
+                    return self.growing
                 self.cond.wait(0.1)
         return None
+
+    def settled(self, s: PageSet) -> None:
+        """`s` has made its buffers for the page it loaded (or failed to): the budget now
+        counts them, so another set may be considered."""
+        with self.cond:
+            if self.growing is s:
+                self.growing = None
+                self.cond.notify_all()
 
     def release(self, s: PageSet) -> None:
         with self.cond:
@@ -79,5 +99,5 @@ class PageBuffers:
         with self.cond:
             for s in self.sets:
                 s.credit()
-            self.sets, self.free = [], []
+            self.sets, self.free, self.growing = [], [], None
             self.cond.notify_all()

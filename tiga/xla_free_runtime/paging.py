@@ -32,7 +32,7 @@ from ..core.program import Var
 from ..core.types import TensorType
 from . import memory, paging_plan, store_transpose
 from . import scope as sc
-from .page_buffers import PageBuffers
+from .page_buffers import PageBuffers, with_slack
 from .page_writer import WRITE_QUEUE, PageWriter
 from .progress import progress_bar
 from .propagate import Fallback, plan_propagate, run_propagate
@@ -130,6 +130,12 @@ def _marked(local: np.ndarray, span: int, index_dtype) -> tuple:
 
 # ---- field access on any tier -----------------------------------------------------------------
 
+def _tier(rows) -> str:
+    """Where a relation's rows (a store version, resident_pages.ResidentRows) or its edge
+    permutation are read from."""
+    return getattr(rows, "tier", "disk")
+
+
 def _storage_of(value):
     """(storage with read_rows / take_rows, tier) of a field value on any tier."""
     st = getattr(value, "_storage", None)
@@ -158,12 +164,17 @@ def _check_lengths(eqn, graph, values) -> None:
 # ---- the plan ----------------------------------------------------------------------------------
 
 class PagedPlan:
-    """The route of a propagate over a paged relation (a launch.PLANNERS plan)."""
+    """The route of a propagate over a paged relation (a launch.PLANNERS plan), or over a
+    relation held in memory whose fields do not fit the host budget (resident_pages: the
+    `reader` serves its row ranges)."""
 
     lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
 
+    def __init__(self, reader=None):
+        self.reader = reader      # None: the store version of a paged relation
+
     def run(self, eqn, graph, values) -> list:
-        walk = walk_of(eqn, graph)
+        walk = walk_of(eqn, graph, reader=self.reader)
         if walk is None:
             return _materialised(eqn, graph, values)
         _check_lengths(eqn, graph, values)
@@ -242,16 +253,18 @@ def pageable(params) -> bool:
                                              params["reducer"].name == "sum")
 
 
-def walk_of(eqn, graph, build: bool = True):
-    """The page walk of `eqn` over the paged relation, or None (read the CSR whole).
-    build=False: a missing transposed relation is not built (the walk's reader is None)."""
+def walk_of(eqn, graph, build: bool = True, reader=None):
+    """The page walk of `eqn` over the paged relation (over `reader`'s rows when given), or
+    None (read the CSR whole). build=False: a missing transposed relation is not built (the
+    walk's reader is None)."""
     p = eqn.params
     if not pageable(p):
         return None
-    reader = graph.params["reader"]
+    reader = reader or graph.params["reader"]
     if p["reduce_by"] != "src":
         lead = {"dst": graph.num_dst, "edge": graph.num_edges, "all": None}[p["reduce_by"]]
-        return Walk(reader, "dst", "src", eqn, None, lead)
+        # (a relation held in memory may store its edges out of their id order)
+        return Walk(reader, "dst", "src", eqn, getattr(reader, "edge_perm", None), lead)
     if reader.transposed is None and build:    # built once; later opens find it stored
         reader = store_transpose.build(reader)
         graph.params.update(reader=reader, version=reader.version)
@@ -295,6 +308,7 @@ class _PagedRun:
         self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
                        for v, r in zip(values, self.roles)]
         self.module = self.plan = None       # the Task-IR page plan (execute builds it)
+        self.outs = None                     # [(result tensor, its storage)] (execute)
         self.kernel_threads = None
         key = (str(walk.reader.vdir), walk.rows, sc.page_rows())
         self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
@@ -304,19 +318,25 @@ class _PagedRun:
         self.buffers = PageBuffers(QUEUE_PAGES + 1 + LOADERS + WRITE_QUEUE + 1)
         self.writer = None
         self.lock = threading.Lock()
+        self.out_row_bytes = sum(int(np.prod(v.type.shape[1:], dtype=np.int64)) *
+                                 v.type.dtype.np.itemsize for v in eqn.outputs)
         self.row_bytes = [0 if r == "param" else
                           int(np.prod(v.shape[1:], dtype=np.int64)) * v.dtype.itemsize
                           for v, r in zip(values, self.roles)]
 
     def estimate(self, task: PageTask) -> int:
-        """An upper bound of a page's host buffers (CSR rows, remap, gathered rows)."""
+        """An upper bound of a page's host buffers (CSR rows, remap, gathered rows, result
+        rows bound for disk), with the slack page_buffers gives each buffer."""
         rows, edges = task.rows[1] - task.rows[0], task.edges[1] - task.edges[0]
-        distinct = min(edges, self.graph.num_src)
+        distinct = min(edges, self.reader.num_src)
         n = {self.walk.gathered: distinct, self.walk.rows: rows, "edge": edges, "param": 0}
+        out = (edges if self.eqn.params["reduce_by"] == "edge" else rows) * \
+            self.out_row_bytes if self.stats.result_tier == "disk" else 0
         if self.walk.edge_perm is not None:
             edges *= 2          # the page's stored edge ids and their remap
-        return (rows + 1) * 8 + edges * 2 * self.graph.index_dtype.np.itemsize + \
-            distinct * 8 + sum(n[r] * b for r, b in zip(self.roles, self.row_bytes))
+        return with_slack((rows + 1) * 8 + edges * 2 * self.graph.index_dtype.np.itemsize +
+                          distinct * 8 + out +
+                          sum(n[r] * b for r, b in zip(self.roles, self.row_bytes)))
 
     # ---- loading (prefetch thread) -------------------------------------------------------
 
@@ -334,10 +354,11 @@ class _PagedRun:
                         self.graph.index_dtype.np, what))
         rp, ci, elo = self.reader.read_rows(a, b, out)
         if elo != task.edges[0] or elo + len(ci) != task.edges[1]:
-            raise StorageError(f"{self.graph.params['path']}: page {task.index} check failed: "
+            raise StorageError(f"{self.reader.path}: page {task.index} check failed: "
                                f"edges [{elo}:{elo + len(ci)}) differ from the planned "
                                f"[{task.edges[0]}:{task.edges[1]})")
-        reads = {"disk": rp.nbytes + ci.nbytes, "host": 0}
+        reads = {"disk": 0, "host": 0}
+        reads[_tier(self.reader)] += rp.nbytes + ci.nbytes
         t1 = time.perf_counter()
         uniq, inv = self.distinct(task.index, ci)
         vals = []
@@ -392,7 +413,7 @@ class _PagedRun:
         def take(stor):
             if not ids:
                 perm = self.walk.edge_perm.read_rows(*task.edges)
-                reads["disk"] += perm.nbytes
+                reads[_tier(self.walk.edge_perm)] += perm.nbytes
                 ids.extend(distinct(perm, np.intp))
             return stor.take_rows(ids[0])[ids[1]]
         return take
@@ -405,16 +426,20 @@ class _PagedRun:
                 step = next(pages, None)     # (this loader's own run of pages)
                 if step is None:
                     break
-                transfers, launches, _ = step
+                transfers, launches, writes = step
                 task = self.tasks[launches[0].page]
                 bufs = self.buffers.acquire(self.estimate(task), self.stop)
                 if bufs is None:
                     return
                 try:
                     item = self.load(task, transfers, bufs)
+                    # the page's result buffers too, so the set settles whole
+                    self.page_outputs(self.outs, writes, bufs)
                 except BaseException:
                     self.buffers.release(bufs)
                     raise
+                finally:
+                    self.buffers.settled(bufs)
                 while not self.stop.is_set():
                     try:
                         q.put(item, timeout=0.1)
@@ -431,10 +456,10 @@ class _PagedRun:
 
     def execute(self) -> list:
         t_start = time.perf_counter()
-        outs = self.allocate()
+        outs = self.outs = self.allocate()
         tiers = [tier for _, tier in self.fields]
         self.module = paging_plan.page_module(self.walk, self.tasks, self.roles, tiers,
-                                              self.stats.result_tier)
+                                              self.stats.result_tier, _tier(self.reader))
         if config.check:
             self.module.verify()
         self.plan = paging_plan.steps(self.module)

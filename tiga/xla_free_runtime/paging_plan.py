@@ -43,9 +43,10 @@ def one_page_module(eqn, name: str = "paged") -> TaskModule:
 
 
 def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
-                name: str = "paged") -> TaskModule:
+                relation_tier: str = "disk", name: str = "paged") -> TaskModule:
     """The page plan: `roles` are the propagate's field roles (as called, not swapped),
-    `tiers` each field's tier ("host", "disk" or "param")."""
+    `tiers` each field's tier ("host", "disk" or "param"), `relation_tier` where the
+    relation's rows are read from (a store on disk, a relation held in memory)."""
     base = one_page_module(walk.eqn, name)
     task = next(op for op in base.body.ops if isinstance(op, TaskLaunchOp))
     args = base.body.args
@@ -62,7 +63,7 @@ def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
     for t in tasks:
         k, rows = t.index, tuple(t.rows)
         deps = [_event(f"p{k}_{relation.name}")]
-        ops.append(TransferOp(deps[0], relation, (), "page", "disk", "host", k, rows))
+        ops.append(TransferOp(deps[0], relation, (), "page", relation_tier, "host", k, rows))
         for v, role, tier in zip(fields, roles, tiers):
             if role == "param":
                 deps.append(ready[v.name])

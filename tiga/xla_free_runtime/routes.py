@@ -14,7 +14,9 @@ from ..core.types import GraphType
 from .explain import Explanation, launch_facts, schedule_line
 from .generated import GeneratedType, generated_relations
 from .launch import plan
+from .paging import describe_stats
 from .propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
+from .resident_pages import RESIDENT_KINDS
 from .threads import num_threads, row_chunks
 from .tasks import describe_walk, task_walk
 from .triton_launch import relabel_routes
@@ -47,6 +49,12 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
             compiled += 1
             typed = isinstance(graph, GeneratedType)   # concrete only at the call
             _explain_compiled(ex, eqn, None if typed else graph, cache.status(found), where)
+            last = getattr(graph, "params", {}).get("last_paged_run") \
+                if getattr(graph, "kind", None) in RESIDENT_KINDS else None
+            if last is not None:
+                ex.traversal.append(f"{where}paged when the call's disk-tier fields and "
+                                    "result exceed the host budget (resident_pages); "
+                                    + describe_stats(last))
             if typed:
                 ex.materialized.append((
                     f"CSR of the {graph.kind} relation generated in the program"

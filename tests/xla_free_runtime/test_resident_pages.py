@@ -1,0 +1,175 @@
+"""Fields over the host budget on a relation held in memory run by pages (API.md section 7:
+"a program called on a paged graph (or on fields whose bytes exceed the host budget) runs
+page by page"). Oracle: the reference interpreter on the same relation and numpy fields."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+import tiga as tg
+from tiga.xla_free_runtime.page_buffers import PageBuffers
+
+pytest.importorskip("zarr", minversion="3.1")
+
+REDUCERS = {"sum": tg.sum, "mean": tg.mean, "max": tg.max, "min": tg.min, "prod": tg.prod}
+WIDTH = 32      # float64 features: the disk fields dominate a page's bookkeeping
+
+
+class Weighted(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        return src.x * edge.w + dst.b
+
+
+class Softmax(tg.MessagePassing):
+    reducer = tg.online_softmax()
+
+    def edge(self, src, dst, edge):
+        return self.reducer((edge.w * dst.b).sum(), src.x)
+
+
+class Gather(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        return src.x
+
+
+def _model(reducer):
+    model = Softmax() if reducer == "softmax" else Weighted()
+    if reducer not in ("softmax",):
+        model.reducer = REDUCERS[reducer]()
+    return model
+
+
+@st.composite
+def relations(draw):
+    """(relation held in memory, its numpy fields): CSR order, or an edge list in shuffled
+    order (the relation stores its edges out of id order: edge_perm)."""
+    n_dst, n_src = draw(st.integers(1, 20)), draw(st.integers(1, 24))
+    deg = draw(st.lists(st.integers(0, 6), min_size=n_dst, max_size=n_dst))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    rp = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    ci = rng.integers(0, n_src, rp[-1]).astype(np.int32)
+    if draw(st.booleans()):
+        g = tg.Graph.from_csr(rp, ci, num_src=n_src)
+    else:
+        dst = np.repeat(np.arange(n_dst), deg)
+        order = rng.permutation(len(ci))
+        g = tg.Graph.from_coo(ci[order], dst[order], num_src=n_src, num_dst=n_dst)
+    x = rng.random((n_src, WIDTH)) + 0.5
+    b = rng.random((n_dst, WIDTH))
+    w = rng.random((g.num_edges, WIDTH)) + 0.5
+    return g, x, b, w
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                 HealthCheck.filter_too_much])
+@given(case=relations(), reducer=st.sampled_from(sorted(REDUCERS) + ["softmax"]),
+       page=st.integers(1, 3))
+def test_fields_over_the_budget_run_by_pages_and_equal_the_reference(tmp_path_factory, case,
+                                                                      reducer, page):
+    g, x, b, w = case
+    model = _model(reducer)
+    want = np.asarray(model.reference(graph=g, src={"x": x}, dst={"b": b}, edge={"w": w}))
+    spill = tmp_path_factory.mktemp("spill")
+    with tg.scope(spill_dir=spill):
+        fields = [tg.asarray(a).to("disk") for a in (x, b, w)]
+    over = sum(a.nbytes for a in (x, b, w)) + want.nbytes - 1      # one byte short
+    g.params.pop("last_paged_run", None)
+    with tg.scope(budgets={"host": over}, page_rows=page, spill_dir=spill):
+        try:
+            got = model(graph=g, src={"x": fields[0]}, dst={"b": fields[1]},
+                        edge={"w": fields[2]})
+        except tg.StorageError as exc:       # a page of this relation needs more than that
+            assert "for page" in str(exc)
+            reject()
+        assert tg.memory.report()["host"]["peak"] <= over
+    stats = g.params["last_paged_run"]
+    assert stats.pages == -(-g.num_dst // page)
+    assert stats.bytes_read["disk"] > 0
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+
+
+def ring(n, k=4):
+    rp = np.arange(n + 1, dtype=np.int64) * k
+    ci = ((np.arange(n)[:, None] + np.arange(1, k + 1)) % n).reshape(-1).astype(np.int32)
+    return rp, ci
+
+
+def test_result_past_the_budget_goes_to_disk_and_a_roomy_budget_runs_in_memory(tmp_path):
+    rp, ci = ring(4000)
+    g = tg.Graph.from_csr(rp, ci)
+    x = np.arange(4000 * 8, dtype=np.float32).reshape(4000, 8) % 97
+    want = np.asarray(Gather().reference(graph=g, src={"x": x}))
+    with tg.scope(spill_dir=tmp_path):
+        xd = tg.asarray(x).to("disk")
+    with tg.scope(budgets={"host": "100KB"}, page_rows=500, spill_dir=tmp_path):
+        y = Gather()(graph=g, src={"x": xd})       # x and the result: 128000 bytes each
+        assert y.tier == "disk"
+        assert 0 < tg.memory.report()["host"]["peak"] <= 100_000
+        np.testing.assert_array_equal(y.numpy(), want)
+    stats = g.params["last_paged_run"]
+    assert stats.pages == 8 and stats.result_tier == "disk"
+    assert stats.bytes_read["disk"] >= x.nbytes and stats.bytes_read["host"] > 0   # (the CSR)
+    text = str(Gather().explain(graph=g, src={"x": xd}))
+    assert "exceed the host budget" in text and "8 page(s) x 500 rows" in text
+    g2 = tg.Graph.from_csr(rp, ci)
+    with tg.scope(budgets={"host": "1MB"}, page_rows=500, spill_dir=tmp_path):
+        y = Gather()(graph=g2, src={"x": xd})      # fits: the in-memory route
+        np.testing.assert_array_equal(np.asarray(y), want)
+    assert "last_paged_run" not in g2.params
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_grad_with_disk_fields_over_the_budget_matches_in_memory(tmp_path, shuffled):
+    """vjp with the source field on disk past the budget: the forward runs by pages, and
+    every cotangent equals the in-memory one, over a relation storing its edges in id order
+    or not (edge-grouped cotangents of the latter stay in memory: pages write edge rows in
+    stored order)."""
+    rp, ci = ring(600, 3)
+    g = tg.Graph.from_csr(rp, ci)
+    if shuffled:
+        order = np.random.default_rng(1).permutation(len(ci))
+        g = tg.Graph.from_coo(ci[order], np.repeat(np.arange(600), 3)[order], num_src=600,
+                              num_dst=600)
+        assert g.edge_perm is not None
+    rng = np.random.default_rng(5)
+    x, b, w = rng.random((600, 16)), rng.random((600, 16)), rng.random((1800, 16)) + 0.5
+
+    def f(x, b, w):
+        return Weighted()(graph=g, src={"x": x}, dst={"b": b}, edge={"w": w})
+    want_y, want_back = tg.vjp(f, x, b, w)
+    with tg.scope(spill_dir=tmp_path):
+        xd = tg.asarray(x).to("disk")
+    g.params.pop("last_paged_run", None)
+    with tg.scope(budgets={"host": "150KB"}, page_rows=64, spill_dir=tmp_path):
+        y, back = tg.vjp(f, xd, b, w)
+        assert g.params["last_paged_run"].pages == -(-600 // 64)     # the forward
+        got = back(np.asarray(want_y))
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-12, atol=1e-12)
+    for a, e in zip(got, want_back(want_y)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-12, atol=1e-12)
+
+
+def test_a_new_buffer_set_waits_until_the_growing_one_has_settled():
+    """Two loaders making sets at once would both count on the same free bytes: the
+    second waits until the first has made its buffers (and the budget counts them)."""
+    bufs = PageBuffers(4)
+    stop = threading.Event()
+    first = bufs.acquire(100, stop)
+    got = []
+    t = threading.Thread(target=lambda: got.append(bufs.acquire(100, stop)))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and not got          # no free set, the first one still growing
+    bufs.settled(first)
+    t.join(5)
+    assert got and got[0] is not first
+    bufs.close()
