@@ -8,16 +8,25 @@ radius/kNN, as the baselines build theirs).
     python benchmarks/gpu.py [--nodes 131072] [--degree 16] [--features 32] [--k 16]
                              [--seq 4096] [--dim 64] [--heads 4] [--repeat 20]
     python benchmarks/gpu.py --smoke     # tiny sizes on CPU through triton-interpreter
+    python benchmarks/gpu.py --json results/gpu-<date>.json   # also write the rows as JSON
+    python benchmarks/gpu.py --only csr,attention --profile   # some workloads; host profile
 
 Every workload also prints the largest difference between Tiga's result and the baseline's.
+torch.cdist, as its users run it fast, forms |a|^2 + |b|^2 - 2ab by a matrix product: its
+rounding moves a few pairs across the radius cutoff, so radius's difference is not zero (its
+exact mode did not finish a timing round in minutes at 131K points on an H100, so it is not
+the peer: benchmarks/results/gpu-2026-11-26-h100.txt).
+A workload that fails prints its error and the run goes on to the next (exit status 1).
 Without a CUDA device (or without triton/torch) it says so and exits 0; `--smoke` checks the
 workloads' code paths without one (its timings mean nothing).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -54,10 +63,15 @@ def _np(y) -> np.ndarray:
     return y.detach().cpu().numpy() if hasattr(y, "detach") else np.asarray(y)
 
 
+ROWS: list = []    # this run's results, in order (written by --json)
+
+
 def _report(name: str, t_tiga: float, base: str, t_base: float, got, want) -> None:
     diff = float(np.max(np.abs(_np(got).astype(np.float64) - _np(want)), initial=0.0))
+    ROWS.append({"workload": name, "tiga_ms": t_tiga * 1e3, "baseline": base,
+                 "baseline_ms": t_base * 1e3, "speedup": t_base / t_tiga, "max_abs_diff": diff})
     print(f"{name:<34} tiga {t_tiga * 1e3:9.3f} ms   {base:<22} {t_base * 1e3:9.3f} ms   "
-          f"speedup {t_base / t_tiga:6.2f}x   max|diff| {diff:.2e}")
+          f"speedup {t_base / t_tiga:6.2f}x   max|diff| {diff:.2e}", flush=True)
 
 
 def _layers():
@@ -116,6 +130,31 @@ def stored_csr(n: int, deg: int, feat: int, repeat: int, device: str) -> None:
     a = torch.sparse_csr_tensor(row_ptr, cols, w, size=(n, n))
     _report(f"stored CSR n={n} deg={deg} F={feat}", _time(fn, repeat, device),
             "torch.sparse", _time(lambda: a @ x, repeat, device), fn(), a @ x)
+
+
+def profile_stored_csr(n: int, deg: int, feat: int, device: str) -> None:
+    """The host side of 50 stored-CSR calls by cumulative time (the kernels run async)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    import tiga as tg
+
+    row_ptr, cols = _csr(n, deg, device)
+    g = tg.Graph.from_csr(row_ptr, cols, num_src=n)
+    x = torch.randn(n, feat, device=device)
+    w = torch.rand(n * deg, device=device)
+    layer = LAYERS["weighted"]
+    layer(graph=g, src={"x": x}, dst={}, edge={"w": w})
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        layer(graph=g, src={"x": x}, dst={}, edge={"w": w})
+    if device != "cpu":
+        torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
 
 def _points(n: int, device: str):
@@ -260,6 +299,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--smoke", action="store_true",
                     help="tiny sizes on CPU through triton-interpreter (no GPU needed)")
+    ap.add_argument("--json", default=None, help="also write the rows and the device here")
+    ap.add_argument("--only", default="csr,radius,knn,edgenn,attention",
+                    help="the workloads to run, comma-separated")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print where the host time of the stored-CSR call goes (cProfile)")
     args = ap.parse_args(argv)
     if args.smoke:
         import os
@@ -278,12 +322,39 @@ def main(argv=None) -> int:
     tg.config.backend = backend
     tg.config.strict = args.smoke   # (the smoke run proves the Triton kernels ran)
     LAYERS.update(zip(("weighted", "sum", "edgenn", "attention"), _layers()))
-    stored_csr(args.nodes, args.degree, args.features, args.repeat, device)
-    radius(args.nodes, args.features, args.repeat, device)
-    knn(args.nodes, args.k, args.features, args.repeat, device)
-    edgenn(args.nodes, args.degree, args.features, args.repeat, device)
-    attention(args.seq, args.dim, args.heads, args.repeat, device)
-    return 0
+    every = {"csr": lambda: stored_csr(args.nodes, args.degree, args.features, args.repeat,
+                                       device),
+             "radius": lambda: radius(args.nodes, args.features, args.repeat, device),
+             "knn": lambda: knn(args.nodes, args.k, args.features, args.repeat, device),
+             "edgenn": lambda: edgenn(args.nodes, args.degree, args.features, args.repeat,
+                                      device),
+             "attention": lambda: attention(args.seq, args.dim, args.heads, args.repeat,
+                                            device)}
+    runs = [every[name] for name in args.only.split(",")]
+    if args.profile:
+        runs.append(lambda: profile_stored_csr(args.nodes, args.degree, args.features, device))
+    failed = []
+    for run in runs:
+        try:
+            run()
+        except Exception:   # noqa: BLE001 - one workload's failure must not hide the others'
+            traceback.print_exc()
+            failed.append(traceback.format_exc(limit=-3))
+    if args.json:
+        _write_json(args, device, failed)
+    return 1 if failed else 0
+
+
+def _write_json(args, device: str, failed: list) -> None:
+    import torch
+    import triton
+
+    info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton.__version__,
+            "torch_cluster": _cluster() is not None, "args": vars(args), "rows": ROWS,
+            "failed": failed}
+    with open(args.json, "w") as f:
+        json.dump(info, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The disk cache of rendered Triton modules: $TIGA_CACHE_DIR/triton/<key>.py, read back by
 a fresh process (simulated by clearing the in-memory caches), a garbled or truncated entry
 discarded and rewritten, never imported."""
+import weakref
+
 import numpy as np
 import pytest
 
@@ -24,9 +26,11 @@ def run():
 
 
 def forget(monkeypatch):
-    """A new process: no rendered source or imported module in memory."""
+    """A new process: no plan, rendered source or imported module in memory."""
     monkeypatch.setattr(triton_launch, "_SOURCES", {})
     monkeypatch.setattr(triton_launch, "_MODULES", {})
+    monkeypatch.setattr(triton_launch, "_PLANS", {})
+    monkeypatch.setattr(triton_launch, "_WARM", weakref.WeakKeyDictionary())
 
 
 GARBLE = [lambda t: t[: len(t) // 2],                      # truncated

@@ -3,6 +3,7 @@
 page by page"). Oracle: the reference interpreter on the same relation and numpy fields."""
 from __future__ import annotations
 
+import contextvars
 import threading
 
 import numpy as np
@@ -173,3 +174,34 @@ def test_a_new_buffer_set_waits_until_the_growing_one_has_settled():
     t.join(5)
     assert got and got[0] is not first
     bufs.close()
+
+
+def test_a_free_set_grows_only_within_the_budget():
+    """A free set too small for the next page grows only while the budget has room (other
+    idle sets give theirs back first); meanwhile a busy set's bytes are never counted twice,
+    so two loaders reusing sets cannot overrun the budget together (the race that made a
+    paged VJP fail now and then with 'cannot hold a request ... for page N results')."""
+    stop = threading.Event()
+    with tg.scope(budgets={"host": 10_000}):
+        bufs = PageBuffers(3)
+        a = bufs.acquire(4000, stop)
+        a.get("x", 400, (1,), np.float64, "x")            # 3600 bytes with slack
+        bufs.settled(a)
+        b = bufs.acquire(4000, stop)
+        b.get("x", 400, (1,), np.float64, "x")
+        bufs.settled(b)
+        bufs.release(a)                                   # `a` idle, `b` busy: 7200 held
+        got = []
+        ctx = contextvars.copy_context()    # (the scope, as the paged run's loaders see it)
+        t = threading.Thread(target=ctx.run, args=(lambda: got.append(bufs.acquire(7000,
+                                                                                 stop)),))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and not got     # growing `a` by 3400 needs `b`'s bytes back
+        bufs.release(b)                     # `b` idle: it gives its buffers back, `a` grows
+        t.join(5)
+        assert got and got[0] is a and b.held() == 0
+        a.get("x", 800, (1,), np.float64, "x")            # 7200 bytes: fits now
+        bufs.settled(a)
+        assert tg.memory.report()["host"]["peak"] <= 10_000
+        bufs.close()

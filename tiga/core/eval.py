@@ -68,18 +68,35 @@ def run_eqn(eqn, vals: list, overrides: dict, dims: dict) -> list:
             raise UnsupportedError(f"{eqn.primitive.name} has no reference implementation")
         params = eqn.params if not dims else {k: resolve_dims(p, dims)
                                               for k, p in eqn.params.items()}
-        # impl rules read numpy: a lazy disk-tier value is read here, where it is used
-        outs = impl(*[np.asarray(x) if getattr(x, "tier", None) == "disk" else x
-                      for x in vals], **params)
+        outs = impl(*[host_array(x) for x in vals], **params)
     return outs
 
 
+def host_array(x):
+    """A value as impl rules read it (numpy): a lazy disk-tier value is read here, where it
+    is used, and a device tensor a compiled propagate left on its GPU is copied here (the
+    next compiled propagate takes it back there)."""
+    if getattr(x, "tier", None) == "disk":
+        return np.asarray(x)
+    if on_device(x):
+        return x.detach().cpu().numpy()
+    return x
+
+
+def on_device(x) -> bool:
+    """A torch tensor on an accelerator (core never imports torch: read by duck typing)."""
+    return getattr(getattr(x, "device", None), "type", "cpu") not in ("cpu", "meta") and \
+        hasattr(x, "detach")
+
+
 def host_value(binder, x, lazy_disk: bool):
-    """An argument as the interpreter binds it: relations as they are, a disk-tier value left
-    lazy when `lazy_disk` (an overriding rule reads it by rows), anything else as numpy."""
+    """An argument as the interpreter binds it: relations as they are; with `lazy_disk` (the
+    runtime's overriding rules run it) a disk-tier value left lazy (read by rows) and a
+    device tensor left on its device (the triton route's kernels read it there); anything
+    else as numpy."""
     if isinstance(binder.type, GraphType) or (lazy_disk and getattr(x, "tier", None) == "disk"):
         return x
-    return np.asarray(x)
+    return x if lazy_disk and on_device(x) else np.asarray(host_array(x))
 
 
 def bind_dims(binders, values, *, resolve: bool = True) -> dict:

@@ -13,7 +13,7 @@ import torch
 from .. import opt
 from ..autodiff import vjp_program
 from ..core.errors import TigaError, UnsupportedError
-from ..core.eval import eval_program
+from ..core.eval import eval_program, on_device
 from ..core.passes import dce
 from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram, Var
@@ -41,7 +41,7 @@ def run_call_torch(call, route: str = "auto"):
         raise TigaError(f"route: expected one of {ROUTES}, found {route!r}")
     # CUDA inputs: the triton backend, or an error before _prepare copies them to the host
     backend = call_backend(call) if route == "auto" else None
-    program, np_args, originals, vjps = _prepare(call)
+    program, np_args, originals, vjps = _prepare(call, keep_device=backend == "triton")
     run = _Run(program, np_args, originals, route, vjps, backend)
     if not any(run.wrt):
         outs = run.forward()
@@ -68,7 +68,7 @@ def _resolved_first(graph) -> bool:
     return graph.kind != "knn" or int(graph.params.get("dims", 0)) <= FAST_DIMS
 
 
-def _prepare(call) -> tuple:
+def _prepare(call, keep_device: bool = False) -> tuple:
     """(program, host operands, the caller's objects, VJP programs by requires-grad
     pattern) for a call on torch tensors; staged, rewritten and cached once per signature.
 
@@ -78,9 +78,10 @@ def _prepare(call) -> tuple:
     program inputs, re-read on every call, so an optimizer step is seen without a retrace.
     """
     values = call.values()
-    if hasattr(call.graph, "resolve_csr") and _resolved_first(call.graph):
+    if hasattr(call.graph, "resolve_csr") and _resolved_first(call.graph) and not keep_device:
         # a generated relation (radius, knn) knows its edge count once resolved (cached on
         # it; the run needs it anyway): key on the resolved type, not on `E` then `3048`
+        # (not on the GPU: its kernels walk the relation's cells there, never its CSR)
         call.graph.resolve_csr()
     extra = ("torch", call.graph.type(), _aliasing(values))
     fresh = {}
@@ -97,8 +98,9 @@ def _prepare(call) -> tuple:
     originals = list(caps) + values
     names = [f"captured value {i}" for i in range(len(caps))] + ["graph"] + \
         [f"{r}.{n}" for r, n, _ in call.field_items()] + [k for k, _ in call.param_items()]
-    np_args = [to_numpy(a, n) if is_torch(a) else leaf_value(a)
-               for a, n in zip(originals, names)]
+    # (keep_device: the triton route's kernels read CUDA tensors where they are)
+    np_args = [(a.detach() if keep_device and on_device(a) else to_numpy(a, n)) if is_torch(a)
+               else leaf_value(a) for a, n in zip(originals, names)]
     return program, np_args, originals, vjps
 
 
@@ -285,7 +287,7 @@ def _runner(route: str, backend: str | None = None):
 
     def on_backend(program, args):   # the backend the call's CUDA inputs chose
         with using_backend(backend):
-            return execute(program, args)
+            return execute(program, args, keep_device=True)
     return on_backend
 
 
@@ -315,19 +317,20 @@ class _Run:
         outs = _runner(self.route, self.backend)(program, self.args)
         n_out = len(self.program.outs)
         outs, self.residuals = outs[:n_out], list(outs[n_out:])
-        outs = [np.asarray(o, t.dtype.np) for o, t in zip(outs, self.program.out_types)]
+        # (outputs the triton route left on the GPU stay there, in the dtype it wrote)
+        outs = [o if on_device(o) else np.asarray(o, t.dtype.np)
+                for o, t in zip(outs, self.program.out_types)]
         # a residual viewing an output's memory (the output a reshape of it) would see an
         # in-place change to that output tensor before backward: keep its own copy
-        self.residuals = [np.array(r) if any(np.may_share_memory(r, o) for o in outs)
-                          else r for r in self.residuals]
-        self.out_specs = [(o.shape, o.dtype) for o in outs]
+        self.residuals = [_own_copy(r) if any(_shares(r, o) for o in outs) else r
+                          for r in self.residuals]
+        self.out_specs = [(tuple(o.shape), o.dtype) for o in outs]
         if any(self.wrt):
             self.outs = outs
             self.read_outs = self._derived()[2]
-            self.read_ins = [r or any(np.may_share_memory(a, res) for res in self.residuals
-                                      if isinstance(a, np.ndarray))
+            self.read_ins = [r or any(_shares(a, res) for res in self.residuals)
                              for r, a in zip(self._derived()[3], self.args)]
-        return [to_torch(o).to(self.device) for o in outs]
+        return [o if on_device(o) else to_torch(o).to(self.device) for o in outs]
 
     def _derived(self) -> tuple:
         """(forward program returning its outputs then the residuals, VJP program taking
@@ -369,13 +372,29 @@ class _Run:
         """Gradients for `self.inputs` from output cotangents (None reads as zeros)."""
         cts = []
         for g, (shape, dtype) in zip(grad_outs, self.out_specs):
-            cts.append(np.zeros(shape, dtype) if g is None
-                       else np.asarray(to_numpy(g, "output cotangent"), dtype))
+            if isinstance(dtype, torch.dtype):   # an output the triton route left on the GPU
+                cts.append(torch.zeros(shape, dtype=dtype, device=self.device) if g is None
+                           else g.detach().to(dtype=dtype, device=self.device))
+            else:
+                cts.append(np.zeros(shape, dtype) if g is None
+                           else np.asarray(to_numpy(g, "output cotangent"), dtype))
         vjp = self._derived()[1]
         grads = _runner(self.route, self.backend)(vjp, list(self.args) + cts + list(self.outs) +
                                     list(self.residuals))
-        return [to_torch(np.asarray(g)).to(dtype=x.dtype, device=x.device)
+        return [(g if on_device(g) else to_torch(np.asarray(g))).to(dtype=x.dtype,
+                                                                   device=x.device)
                 for g, x in zip(grads, self.inputs)]
+
+
+def _shares(a, b) -> bool:
+    """Whether two host arrays share memory (device tensors: never with a host array; the
+    triton route allocates each output afresh)."""
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and \
+        np.may_share_memory(a, b)
+
+
+def _own_copy(r):
+    return r.clone() if is_torch(r) else np.array(r)
 
 
 def _read_vars(program: GraphProgram) -> set:

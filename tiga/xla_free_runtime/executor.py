@@ -15,7 +15,7 @@ from functools import partial
 from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError
-from ..core.eval import eval_program
+from ..core.eval import eval_program, host_array, on_device
 from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
@@ -66,7 +66,9 @@ def _strict_check(routes: dict) -> None:
                                     "program so every propagate compiles")
 
 
-def execute(program: GraphProgram, args: list) -> list:
+def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> list:
+    """Run `program` on `args`. Outputs the triton route left on a GPU are copied to the
+    host, unless `keep_device` (the torch bridge hands them to torch where they are)."""
     pin_once()     # per-call arrays reuse the heap whatever the process freed before
     if config.check:
         check_program(program)
@@ -77,9 +79,10 @@ def execute(program: GraphProgram, args: list) -> list:
         return run_distributed(program, list(args))
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
-        return _run(program, list(args))
+        outs = _run(program, list(args))
     finally:
         unpin_threads(pinned)
+    return outs if keep_device else [host_array(o) if on_device(o) else o for o in outs]
 
 
 def _run(program: GraphProgram, args: list) -> list:

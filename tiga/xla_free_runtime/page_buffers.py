@@ -3,11 +3,12 @@
 Fresh memory costs a page fault per 4 KiB on first touch (for a page of 65536 rows of 32
 float32 features, as much as reading them); so a run keeps a few buffer sets (one per page
 in flight: queued, computing, loading) and every page reads into a free set. Each buffer is
-charged to the host budget while the run holds it; a new set is only made while the
-budget has room for a page, else the loader waits for a set to come back. A new set's
-buffers are made as its first page loads, so one new set at a time: the next is only
-considered once that page has settled its buffers (`settled`), its bytes counted in the
-budget (two loaders making sets at once would both count on the same free bytes).
+charged to the host budget while the run holds it; a new set is only made, and a free set
+too small for a page only grown, while the budget has room for it, else the loader waits
+for a set to come back. A set's buffers are made as its page loads, so one set grows at a
+time: the next is only considered once that page has settled its buffers (`settled`), its
+bytes counted in the budget (two loaders growing sets at once would both count on the same
+free bytes).
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ class PageSet:
         self.bufs[name] = (arr, ch)
         return arr[:n]
 
+    def held(self) -> int:
+        return sum(arr.nbytes for arr, _ in self.bufs.values())
+
     def credit(self) -> None:
         for _, ch in self.bufs.values():
             ch.credit()
@@ -70,16 +74,33 @@ class PageBuffers:
         owner = sc.budget_scope("host")
         with self.cond:
             while not stop.is_set():
-                if self.free:
-                    return self.free.pop()
-                fits = owner is None or owner.used["host"] + need <= owner.budgets["host"]
-                if not self.sets or (len(self.sets) < self.max_sets and fits and
-                                     self.growing is None):
+                room = None if owner is None else owner.budgets["host"] - owner.used["host"]
+                if self.free:   # the free set holding most, grown if this page needs more
+                    s = max(self.free, key=PageSet.held)
+                    grow = need - s.held()
+                    if grow <= 0 or (self.growing is None and self._room(s, grow, room)):
+                        self.free.remove(s)
+                        self.growing = s if grow > 0 else self.growing
+                        return s
+                elif not self.sets or (len(self.sets) < self.max_sets and self.growing is None
+                                       and (room is None or need <= room)):
                     self.sets.append(PageSet())
                     self.growing = self.sets[-1]
                     return self.growing
                 self.cond.wait(0.1)
         return None
+
+    def _room(self, s: PageSet, grow: int, room: int | None) -> bool:
+        """Whether free set `s` may grow by `grow` bytes: the budget has room, after the
+        other free sets give their buffers back if need be; or no page holds a set (then
+        waiting frees nothing: the charge itself says whether the budget can be met)."""
+        if room is None or grow <= room:
+            return True
+        for other in self.free:
+            if other is not s and room < grow:
+                room += other.held()
+                other.credit()
+        return grow <= room or len(self.free) == len(self.sets)
 
     def settled(self, s: PageSet) -> None:
         """`s` has made its buffers for the page it loaded (or failed to): the budget now

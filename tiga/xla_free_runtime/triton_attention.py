@@ -24,11 +24,12 @@ from ..autodiff.rules.attention import (
     match_attention,
 )
 from ..core.errors import UnsupportedError
+from ..core.eval import on_device
 from ..core.prims.graph import row_type
 from ..lower.backends import BACKENDS
 from ..lower.triton.attention import attention_source
 from ..lower.triton.emitter import pow2
-from .triton_launch import _interpret, import_text, tensors
+from .triton_launch import _interpret, import_text, launch_result, tensors
 
 _SEEN: set = set()     # backends whose attention module was imported
 BLOCK_M = BLOCK_N = 16
@@ -122,6 +123,11 @@ class _Launch:
         return dk, dv, dq
 
 
+def _shaped(x):
+    """A field as _Launch reads it (shape and dtype): a device tensor as it is, else numpy."""
+    return x if on_device(x) else np.asarray(x)
+
+
 def _dtype_name(x) -> str:
     return str(x.dtype).replace("torch.", "")
 
@@ -186,20 +192,20 @@ class TritonAttentionPlan:
             scale = 1.0 if pat.scale is None else (
                 pat.scale[1] if pat.scale[0] == "lit" else float(values[pat.scale[1]]))
             q, k, v = (values[i] for i in (pat.q, pat.k, pat.v))
-            run = _Launch(*(np.asarray(x) for x in (q, k, v)), graph, scale, self.backend)
+            run = _Launch(*(_shaped(x) for x in (q, k, v)), graph, scale, self.backend)
             o, top, mass = run.forward(run.t(q), run.t(k), run.t(v), outs[0])
             res = [o] if len(outs) == 1 else [o, top, mass]
-            return [run.buf.to_numpy(x, d) for x, d in zip(res, outs)]
+            return [launch_result(run.buf, x, d, run.device) for x, d in zip(res, outs)]
         q, k, v, scale, do, lse, delta = values
-        run = _Launch(*(np.asarray(x) for x in (q, k, v)), graph, float(scale), self.backend)
+        run = _Launch(*(_shaped(x) for x in (q, k, v)), graph, float(scale), self.backend)
         ops = [run.t(x) for x in (q, k, v, do)] + [run.t(x, run.ct) for x in (lse, delta)]
         if self.kind == "dq":
             _, _, dq = run.backward(*ops, False, True, [None, None, outs[0]])
-            return [run.buf.to_numpy(dq, outs[0])]
+            return [launch_result(run.buf, dq, outs[0], run.device)]
         dk, dv, dq = run.backward(*ops, True, self.kind == "dkdvq",
                                   outs + [None] * (3 - len(outs)))
         res = [dk, dv] + ([dq] if self.kind == "dkdvq" else [])
-        return [run.buf.to_numpy(x, d) for x, d in zip(res, outs)]
+        return [launch_result(run.buf, x, d, run.device) for x, d in zip(res, outs)]
 
     def describe(self, ex, eqn, graph, where: str) -> None:
         p = eqn.params

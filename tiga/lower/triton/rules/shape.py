@@ -1,6 +1,8 @@
 """lower/triton: shape primitives on padded tiles. broadcast_in_dim and transpose work at any
-size; reshape only when no axis is padded (a padded row is not contiguous in its logical
-layout). slice, pad and concatenate have no rendering yet (the reference runs them)."""
+size; reshape when no axis is padded, or when it only adds or drops unit axes (a padded
+row is not contiguous in its logical layout, but unit axes pad to 1, so dropping them moves
+no lane: the `(1, K) -> (K,)` around a vector-matrix product). slice, pad and concatenate
+have no rendering yet (the reference runs them)."""
 from __future__ import annotations
 
 from ....core.prims.shape import broadcast_in_dim_p, reshape_p, transpose_p
@@ -36,11 +38,34 @@ def reshape_rule(ctx, in_types, out_types, x: TV, **params):
     out = out_types[0]
     if x.lead == "const":
         return [x]
-    if not x.exact or any(pow2(d) != d for d in out.shape):
+    units_only = _non_unit(x.shape) == _non_unit(out.shape)
+    if not units_only and (not x.exact or any(pow2(d) != d for d in out.shape)):
         raise TritonUnsupported(f"reshape of a padded row ({x.shape} -> {out.shape})")
+    inserted = _inserted_units(tuple(x.shape), tuple(out.shape))
+    if inserted is not None:   # only unit axes added: an expand_dims keeps the tile's layout
+        return [ctx.value(f"{x.expr}[{inserted}]", out.shape, out.dtype, x.lead, "s")]
     lead = "BLOCK_N" if x.lead == "edge" else "1"
-    dims = ", ".join([lead] + [str(d) for d in out.shape])
+    dims = ", ".join([lead] + [str(pow2(d)) for d in out.shape])
     return [ctx.value(f"tl.reshape({x.expr}, [{dims}])", out.shape, out.dtype, x.lead, "s")]
+
+
+def _inserted_units(shape: tuple, out: tuple) -> str | None:
+    """The index `:, ..., None, ...` that makes `shape` into `out` by inserting unit axes
+    only (None when the reshape does anything else)."""
+    idx, i = [":"], 0
+    for d in out:
+        if i < len(shape) and shape[i] == d:
+            idx.append(":")
+            i += 1
+        elif d == 1:
+            idx.append("None")
+        else:
+            return None
+    return ", ".join(idx) if i == len(shape) and len(out) > len(shape) else None
+
+
+def _non_unit(shape) -> tuple:
+    return tuple(d for d in shape if d != 1)
 
 
 def transpose_rule(ctx, in_types, out_types, x: TV, *, permutation):
