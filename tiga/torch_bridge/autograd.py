@@ -330,7 +330,9 @@ class _Run:
             self.read_outs = self._derived()[2]
             self.read_ins = [r or any(_shares(a, res) for res in self.residuals)
                              for r, a in zip(self._derived()[3], self.args)]
-        return [o if on_device(o) else to_torch(o).to(self.device) for o in outs]
+        # (on the device of the torch inputs, as for host results: a relation on the GPU
+        # with fields on the host gives host results)
+        return [(o if on_device(o) else to_torch(o)).to(self.device) for o in outs]
 
     def _derived(self) -> tuple:
         """(forward program returning its outputs then the residuals, VJP program taking
