@@ -4,7 +4,7 @@
 # gpu-marked tests (tests/gpu: every Triton kernel family compiled for the device, forward and
 # backward; the cuda-python device tier), then benchmarks/gpu.py. Logs and the benchmark's JSON
 # go to $OUT (default ./gpu-out).
-#     bash benchmarks/gpu_check.sh [test seconds] [benchmark seconds] [radius seconds]
+#     bash benchmarks/gpu_check.sh [test seconds] [seconds per benchmark workload]
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -29,13 +29,14 @@ rc=0
 timeout "${1:-300}" $PY -m pytest -q -p no:cacheprovider --tb=short -n 8 -r fEs \
     tests/gpu tests/xla_free_runtime/test_device_tier.py -m gpu 2>&1 | tee "$OUT/tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-# radius last and by itself, with Python's stacks printed every 40 s should it stall
-timeout "${2:-200}" $PY benchmarks/gpu.py --only csr,knn,edgenn,attention --profile \
-    --repeat 10 --json "$OUT/gpu-bench.json" 2>&1 | tee "$OUT/bench.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-timeout "${3:-90}" $PY -c "import faulthandler, runpy, sys
+# each workload in a process of its own, with its own limit, so that one that stalls costs
+# only its own figures; Python's stacks are printed every 40 s to show where a stall sits
+for w in csr attention edgenn knn radius; do
+    timeout "${2:-60}" $PY -c "import faulthandler, runpy, sys
 faulthandler.dump_traceback_later(40, repeat=True)
-sys.argv = ['gpu.py', '--only', 'radius', '--repeat', '5', '--json', '$OUT/gpu-radius.json']
-runpy.run_path('benchmarks/gpu.py', run_name='__main__')" 2>&1 | tee "$OUT/radius.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+sys.argv = ['gpu.py', '--only', '$w', '--repeat', '10', '--json', '$OUT/gpu-$w.json']
+sys.argv += ['--profile'] if '$w' == 'csr' else []
+runpy.run_path('benchmarks/gpu.py', run_name='__main__')" 2>&1 | tee -a "$OUT/bench.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+done
 exit $rc
