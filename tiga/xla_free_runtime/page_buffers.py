@@ -78,7 +78,7 @@ class PageBuffers:
                 if self.free:   # the free set holding most, grown if this page needs more
                     s = max(self.free, key=PageSet.held)
                     grow = need - s.held()
-                    if grow <= 0 or (self.growing is None and self._room(s, grow, room)):
+                    if grow <= 0 or (self.growing is None and self._make_room(s, grow, room)):
                         self.free.remove(s)
                         self.growing = s if grow > 0 else self.growing
                         return s
@@ -90,10 +90,11 @@ class PageBuffers:
                 self.cond.wait(0.1)
         return None
 
-    def _room(self, s: PageSet, grow: int, room: int | None) -> bool:
-        """Whether free set `s` may grow by `grow` bytes: the budget has room, after the
-        other free sets give their buffers back if need be; or no page holds a set (then
-        waiting frees nothing: the charge itself says whether the budget can be met)."""
+    def _make_room(self, s: PageSet, grow: int, room: int | None) -> bool:
+        """Make room for free set `s` to grow by `grow` bytes, the other free sets giving
+        their buffers back if need be; whether it may grow: the budget has room, or no page
+        holds a set (then waiting frees nothing: the charge itself says whether the budget
+        can be met)."""
         if room is None or grow <= room:
             return True
         for other in self.free:
