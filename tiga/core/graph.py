@@ -15,6 +15,7 @@ import numpy as np
 
 from . import graph_build as gb
 from . import graph_generated as geo
+from . import graph_loops as gl
 from . import graph_utils as gu
 from . import graph_validate as gv
 from .dtypes import DType, as_dtype, int32, int64
@@ -374,6 +375,34 @@ class Graph:
         return Graph(kind="csr", num_src=self.num_src, num_dst=self.num_dst,
                      num_edges=len(ci), index_dtype=self.index_dtype, csr=gb.freeze(rp, ci),
                      edge_perm=gb.freeze(perm)[0], device=self.device)
+
+    def remove_self_loops(self) -> tuple:
+        """(graph, edge_ids): this relation without its self edges i -> i, as PyG's
+        remove_self_loops. The other edges keep their relative order; new edge k is old edge
+        edge_ids[k] (int64), so an edge field follows as w[edge_ids]. A plain CSR relation."""
+        self.ensure_valid()
+        src, dst = gu.user_order(*self.resolve_csr(), self.edge_perm)
+        return self._loop_edit(*gl.without_loops(src, dst))
+
+    def add_remaining_self_loops(self) -> tuple:
+        """(graph, edge_ids) as PyG's add_remaining_self_loops: one self edge i -> i for every
+        node i < min(num_src, num_dst), keeping no second loop where one existed.
+
+        Edge order (PyG's): the edges that are not loops, in their order, then the loops
+        0 -> 0, 1 -> 1, ... Edge ids: a kept edge gives its old id; loop i gives the id of
+        node i's existing self edge (the last one in edge order when there were several,
+        whose field value PyG keeps), or -1 for a new loop. So an edge field follows as
+        where(edge_ids >= 0, w[edge_ids], fill). A plain CSR relation."""
+        self.ensure_valid()
+        src, dst = gu.user_order(*self.resolve_csr(), self.edge_perm)
+        return self._loop_edit(*gl.remaining_loops(src, dst, min(self.num_src, self.num_dst)))
+
+    def _loop_edit(self, src: np.ndarray, dst: np.ndarray, edge_ids: np.ndarray) -> tuple:
+        rp, ci, perm = gb.coo_to_csr(src, dst, self.num_dst, self.index_dtype.np)
+        graph = Graph(kind="csr", num_src=self.num_src, num_dst=self.num_dst,
+                      num_edges=len(ci), index_dtype=self.index_dtype, csr=gb.freeze(rp, ci),
+                      edge_perm=gb.freeze(perm)[0], device=self.device)
+        return graph, gb.freeze(edge_ids)[0]
 
     def gcn_norm(self, add_self_loops: bool = False, dtype: Any = np.float64) -> np.ndarray:
         """GCN's symmetric normalisation D^-1/2 A D^-1/2 as an edge field: edge j -> i gets
