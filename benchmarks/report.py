@@ -142,24 +142,28 @@ def workload_table(agg: dict, wl: str, size_label: str) -> str:
 
 
 # ---------------------------------------------------------------- plots
-def plot_workload(agg: dict, wl: str, meta: dict, path: str) -> bool:
-    """Time and peak memory against size, log axes, one line per implementation. False when
-    there is nothing to draw (fewer than 2 sizes) or matplotlib is missing."""
-    sizes = _sizes(agg, wl)
-    if len(sizes) < 2:
-        return False
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for impl in sorted({k[2] for k in agg if k[0] == wl}):
-        pts = [(s, agg[(wl, s, impl)]) for s in sizes if (wl, s, impl) in agg
-               and agg[(wl, s, impl)].get("status") == "ok"]
-        if not pts:
-            continue
+        return None
+    return plt
+
+
+def _ok_points(agg: dict, wl: str) -> dict:
+    """implementation -> [(size, record)] of its successful measurements, sizes ascending."""
+    out: dict = {}
+    for (w, size, impl), r in sorted(agg.items(), key=lambda kv: kv[0][1]):
+        if w == wl and r.get("status") == "ok":
+            out.setdefault(impl, []).append((size, r))
+    return dict(sorted(out.items()))
+
+
+def _draw_lines(ax_t, ax_m, points: dict, size_label: str) -> None:
+    for impl, pts in points.items():
         style = dict(marker="o", lw=2.2 if impl.startswith("tiga") else 1.3, label=impl)
         xs = [s for s, _ in pts]
         ax_t.plot(xs, [r["median_ms"] for _, r in pts], **style)
@@ -167,13 +171,46 @@ def plot_workload(agg: dict, wl: str, meta: dict, path: str) -> bool:
                           alpha=0.15)
         # a call that needed no new pages reads 0: drawn at the 0.1 MiB floor
         ax_m.plot(xs, [max(r.get("peak_bytes", 0) / 2**20, 0.1) for _, r in pts], **style)
-    for ax, ylab in ((ax_t, "median time per call (ms)"), (ax_m, "peak memory of calls (MiB)")):
+    for ax in (ax_t, ax_m):
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel(meta["size_label"])
-        ax.set_ylabel(ylab)
-        ax.grid(True, which="both", alpha=0.3)
+        ax.set_xlabel(size_label)
     ax_t.legend(fontsize=8)
+
+
+def _draw_bars(ax_t, ax_m, points: dict, size_text: str) -> None:
+    """One size (a quick run, a single-size workload): a bar per implementation, with the
+    min-max range of its times as an error bar."""
+    names = list(points)
+    recs = [pts[0][1] for pts in points.values()]
+    med = [r["median_ms"] for r in recs]
+    err = [[m - r["min_ms"] for m, r in zip(med, recs)],
+           [r["max_ms"] - m for m, r in zip(med, recs)]]
+    colors = [f"C{i}" for i in range(len(names))]
+    ax_t.barh(names, med, xerr=err, color=colors)
+    ax_m.barh(names, [max(r.get("peak_bytes", 0) / 2**20, 0.1) for r in recs], color=colors)
+    ax_m.set_yticklabels([])
+    for ax in (ax_t, ax_m):
+        ax.invert_yaxis()
+        ax.set_title(size_text, fontsize=9)
+
+
+def plot_workload(agg: dict, wl: str, meta: dict, path: str, plt) -> bool:
+    """Time and peak memory per implementation: against size on log axes, or as bars when
+    the run measured one size. False when no implementation succeeded."""
+    points = _ok_points(agg, wl)
+    if not points:
+        return False
+    sizes = sorted({s for pts in points.values() for s, _ in pts})
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 3.8))
+    if len(sizes) == 1:
+        _draw_bars(ax_t, ax_m, points, f"{meta['size_label']} = {sizes[0]}")
+    else:
+        _draw_lines(ax_t, ax_m, points, meta["size_label"])
+    time_ax = "x" if len(sizes) == 1 else "y"
+    for ax, label in ((ax_t, "median time per call (ms)"), (ax_m, "peak memory of calls (MiB)")):
+        getattr(ax, f"set_{time_ax}scale")("log")
+        getattr(ax, f"set_{time_ax}label")(label)
+        ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(meta["title"])
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -231,10 +268,16 @@ def write_report(run: dict, dest: str, json_name: str | None = None) -> str:
     agg = aggregate(run["results"])
     plot_dir = os.path.join(dest, "plots")
     os.makedirs(plot_dir, exist_ok=True)
-    plots = {}
+    plt, plots = _pyplot(), {}
+    if plt is None:
+        # renders without matplotlib once dropped every image link: say so, keep the links
+        print("report: matplotlib is not installed (pip install -e '.[bench]'): plots not "
+              "redrawn; RESULTS.md links the PNGs already in plots/", file=sys.stderr)
     for wl, meta in run["workloads"].items():
         name = f"{wl.replace('.', '_')}.png"
-        if plot_workload(agg, wl, meta, os.path.join(plot_dir, name)):
+        path = os.path.join(plot_dir, name)
+        drawn = plt is not None and plot_workload(agg, wl, meta, path, plt)
+        if drawn or (plt is None and os.path.exists(path)):
             plots[wl] = name
     json_name = json_name or (f"results/run-{run['date']}-{run['code']['short']}"
                               f"{'-quick' if run['settings'].get('quick') else ''}.json")

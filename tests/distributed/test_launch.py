@@ -51,6 +51,12 @@ SUITES = {2: ("test_mpi_equivalence.py", "test_mpi_relations.py", "test_mpi_task
           3: ("test_mpi_relations.py", "test_mpi_tasks.py"), 4: ("test_mpi_equivalence.py",)}
 
 
+def test_every_mpi_module_is_launched():
+    # conftest.py collects test_mpi_*.py only under mpiexec: one missing here would never run
+    launched = {f for files in SUITES.values() for f in files}
+    assert {p.name for p in HERE.glob("test_mpi_*.py")} == launched
+
+
 @pytest.mark.parametrize("ranks", sorted(SUITES))
 def test_mpi_suite(ranks):
     rc, out, _ = _launch(ranks, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
