@@ -1,11 +1,22 @@
-"""tg.nn: capture torch.nn modules as traceable edge/update functions.
+"""tg.nn: torch.nn capture (`trace`) and the layer zoo (GCNConv, SAGEConv, GATConv, GATv2Conv,
+GINConv, EdgeConv, DynamicEdgeConv: API.md section 12).
 
 Torch-free on import: `trace` reaches the torch bridge (the only layer that imports torch)
-when it is called, so `import tiga` keeps working without torch.
+when it is called, and the layer classes are looked up in tiga.torch_bridge.layers on first
+access (module __getattr__), so `import tiga` keeps working without torch.
 """
 from __future__ import annotations
 
 from .core.errors import UnsupportedError
+
+LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "EdgeConv",
+          "DynamicEdgeConv")
+
+
+def _needs_torch(what: str, exc: ImportError) -> UnsupportedError:
+    return UnsupportedError(f"{what} needs PyTorch ({exc})",
+                            hint="pip install torch==2.13.0, or write the edge function "
+                                 "with tg.math")
 
 
 def trace(module):
@@ -21,10 +32,23 @@ def trace(module):
     try:
         from .torch_bridge.nn import trace_module
     except ImportError as exc:  # torch is not installed
-        raise UnsupportedError(f"tg.nn.trace needs PyTorch ({exc})",
-                               hint="pip install torch==2.13.0, or write the edge function "
-                                    "with tg.math") from exc
+        raise _needs_torch("tg.nn.trace", exc) from exc
     return trace_module(module)
 
 
-__all__ = ["trace"]
+def __getattr__(name: str):
+    """The layer classes, imported with torch on first use."""
+    if name not in LAYERS:
+        raise AttributeError(f"module 'tiga.nn' has no attribute {name!r}")
+    try:
+        from .torch_bridge import layers
+    except ImportError as exc:  # torch is not installed
+        raise _needs_torch(f"tg.nn.{name}", exc) from exc
+    return getattr(layers, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = ["trace", *LAYERS]

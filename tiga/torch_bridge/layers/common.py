@@ -1,0 +1,177 @@
+"""torch_bridge: what the tg.nn layers share: reading their relation argument, PyG's self
+loops, argument checks, and the small Tiga aggregations they run on torch tensors.
+
+Only the aggregations over a relation run in Tiga (MessagePassing calls on torch tensors,
+whose backward is Tiga's compiled VJP); dense projections stay in torch.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ...core.errors import ShapeError, TigaError
+from ...core.graph import Graph
+from ...core.reducers import max as max_r
+from ...core.reducers import mean as mean_r
+from ...core.reducers import min as min_r
+from ...core.reducers import prod as prod_r
+from ...core.reducers import sum as sum_r
+from ...trace.message_passing import MessagePassing
+
+
+class LayerArgumentError(TigaError, ValueError):
+    """A tg.nn layer got a constructor or forward argument it cannot accept."""
+
+
+REDUCERS = {"add": sum_r, "sum": sum_r, "mean": mean_r, "max": max_r, "min": min_r,
+            "mul": prod_r}
+
+
+def check_aggr(aggr, layer: str, choices=("add", "sum", "mean", "max", "min")) -> str:
+    """PyG's aggregation name `aggr` if Tiga has its reducer, else a LayerArgumentError."""
+    if not isinstance(aggr, str) or aggr not in choices:
+        raise LayerArgumentError(f"{layer}: aggr is {aggr!r}, expected one of {choices}")
+    return aggr
+
+
+def check_positive(layer: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise LayerArgumentError(f"{layer}: {name} is {value!r}, expected a positive int")
+    return value
+
+
+def check_channels(layer: str, value, pair: bool = True) -> tuple:
+    """(source, destination) input widths from an int or, where allowed, a pair of ints.
+    PyG's lazy -1 is not supported: the weights must exist to be loaded and traced."""
+    if pair and isinstance(value, (tuple, list)) and len(value) == 2:
+        return (check_positive(layer, "in_channels[0]", value[0]),
+                check_positive(layer, "in_channels[1]", value[1]))
+    n = check_positive(layer, "in_channels", value)
+    return n, n
+
+
+def node_pair(layer: str, x) -> tuple:
+    """(x_src, x_dst) from a 2-D tensor or a pair of them (bipartite, PyG's convention)."""
+    if isinstance(x, torch.Tensor):
+        pair = (x, x)
+    elif isinstance(x, (tuple, list)) and len(x) == 2:
+        pair = tuple(x)
+    else:
+        raise LayerArgumentError(f"{layer}: x is {type(x).__name__}, expected a 2-D torch "
+                                 "tensor or a pair (x_src, x_dst) of them")
+    for name, t in zip(("x_src", "x_dst"), pair):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            found = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ShapeError(f"{layer}: {name} is {found}, expected a 2-D tensor "
+                             "(nodes, features)")
+    return pair
+
+
+def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
+    """A tg.Graph from the layer's relation argument: a tg.Graph (checked against the node
+    counts) or a PyG edge_index (2, E) integer tensor/array, row 0 sources, row 1 targets."""
+    if isinstance(edge_index, Graph):
+        if (edge_index.num_src, edge_index.num_dst) != (num_src, num_dst):
+            raise ShapeError(
+                f"{layer}: edge_index is a relation of {edge_index.num_src} sources and "
+                f"{edge_index.num_dst} destinations, but x has {num_src} source and "
+                f"{num_dst} destination rows")
+        return edge_index
+    if isinstance(edge_index, torch.Tensor):
+        edge_index = edge_index.detach()
+    if num_src == num_dst:
+        return Graph.from_edge_index(edge_index, num_nodes=num_src)
+    arr = np.asarray(edge_index.cpu() if isinstance(edge_index, torch.Tensor) else edge_index)
+    if arr.ndim != 2 or arr.shape[0] != 2:
+        raise ShapeError(f"{layer}: edge_index has shape {tuple(arr.shape)}, expected (2, E)")
+    return Graph.from_coo(arr[0], arr[1], num_src=num_src, num_dst=num_dst)
+
+
+def edge_index_like(graph: Graph, like) -> torch.Tensor:
+    """The relation's (2, E) int64 edge_index in its edge order, on `like`'s device."""
+    return torch.tensor(graph.to_edge_index(), device=like.device)
+
+
+def follow(field: torch.Tensor, edge_ids: np.ndarray, fill: torch.Tensor) -> torch.Tensor:
+    """An edge field carried to a relation made by a loop edit: field[edge_ids], and `fill`
+    (one row per new edge, or broadcastable) where edge_ids is -1."""
+    ids = torch.tensor(edge_ids, device=field.device)
+    new = ids < 0
+    picked = field[ids.clamp(min=0)]
+    if not bool(new.any()):
+        return picked
+    mask = new.view((-1,) + (1,) * (field.dim() - 1))
+    return torch.where(mask, fill.to(field.dtype).expand_as(picked), picked)
+
+
+def glorot_(t: torch.Tensor) -> None:
+    """PyG's glorot init: uniform(-a, a), a = sqrt(6 / (fan_in + fan_out)) of the last two
+    axes (the values differ from PyG's draws; a state dict loaded after makes them equal)."""
+    a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    with torch.no_grad():
+        t.uniform_(-a, a)
+
+
+def linear(n_in: int, n_out: int, bias: bool, glorot: bool) -> torch.nn.Linear:
+    """torch.nn.Linear with PyG Linear's parameter names and initialisation (glorot weight
+    where PyG asks for it, zero bias then; torch's kaiming-uniform otherwise)."""
+    lin = torch.nn.Linear(n_in, n_out, bias=bias)
+    if glorot:
+        glorot_(lin.weight)
+        if bias:
+            torch.nn.init.zeros_(lin.bias)
+    return lin
+
+
+# ---- Tiga aggregations shared by the layers ---------------------------------------------------
+
+class EdgeReduce(MessagePassing):
+    """Per destination: reduce an edge field `v` (degrees, softmax maxima and sums)."""
+
+    def __init__(self, reducer):
+        super().__init__()
+        self.reducer = reducer
+
+    def edge(self, src, dst, edge):
+        return edge.v
+
+
+class SourceReduce(MessagePassing):
+    """Per destination: reduce the source rows `x` (SAGE, GIN, precomputed messages)."""
+
+    def __init__(self, reducer):
+        super().__init__()
+        self.reducer = reducer
+
+    def edge(self, src, dst, edge):
+        return src.x
+
+
+class WeightedSum(MessagePassing):
+    """Per destination: sum over edges of w(edge) * h(source), w broadcasting against h."""
+
+    def __init__(self):
+        super().__init__()
+        self.reducer = sum_r()
+
+    def edge(self, src, dst, edge):
+        return edge.w * src.h
+
+
+# one instance per reducer: a call's compiled program is cached per (function, owner)
+_EDGE_REDUCE = {name: EdgeReduce(make()) for name, make in REDUCERS.items()}
+WEIGHTED_SUM = WeightedSum()
+
+
+def edge_reduce(graph: Graph, values: torch.Tensor, aggr: str) -> torch.Tensor:
+    """Per destination: the `aggr` reduction (a REDUCERS name) of the edge field `values`."""
+    return _EDGE_REDUCE[aggr](graph=graph, edge={"v": values})
+
+
+def source_reducer(aggr: str) -> SourceReduce:
+    return _SOURCE_REDUCE[aggr]
+
+
+_SOURCE_REDUCE = {name: SourceReduce(make()) for name, make in REDUCERS.items()}

@@ -1,0 +1,170 @@
+"""torch_bridge: tg.nn.GATConv and tg.nn.GATv2Conv, PyG's attention layers with the softmax
+aggregation run by Tiga.
+
+Without attention weights to return (and without attention dropout in training) a layer is
+one Tiga propagate with the online_softmax reducer: scores are formed in the edge function
+and no per-edge weight is ever stored. return_attention_weights=True (or dropout > 0 in
+training) forms the per-edge scores in torch, normalises them with two Tiga reductions
+(maximum and sum per destination) and aggregates the weighted sources with a third.
+
+Multi-head shapes (H = heads, C = out_channels, N destinations, E edges after self loops):
+projected sources/destinations (N, H, C); scores and attention weights (E, H), softmax-
+normalised over each destination's incoming edges per head; output (N, H * C) with
+concat=True (heads side by side, head h in columns h*C..(h+1)*C-1), (N, C) with
+concat=False (the mean over heads); bias (H * C,) or (C,) accordingly.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from ...core.errors import ShapeError
+from ...core.graph import Graph
+from ...core.reducers import online_softmax
+from ...trace import math as tm
+from ...trace.message_passing import MessagePassing
+from .common import (
+    REDUCERS,
+    WEIGHTED_SUM,
+    LayerArgumentError,
+    edge_index_like,
+    edge_reduce,
+    relation,
+)
+
+
+class _Attention(MessagePassing):
+    """GAT: softmax_j leaky_relu(a_src[j] + a_dst[i] (+ a_edge)) weighting h_j, per head."""
+
+    def __init__(self, slope: float):
+        super().__init__()
+        self.reducer, self.slope = online_softmax(), slope
+
+    def edge(self, src, dst, edge):
+        score = src.a + dst.a
+        if "a" in edge:
+            score = score + edge.a
+        return self.reducer(tm.leaky_relu(score, self.slope), src.h)
+
+
+class _AttentionV2(MessagePassing):
+    """GATv2: softmax_j att . leaky_relu(x_l[j] + x_r[i] (+ e)) weighting x_l[j], per head."""
+
+    def __init__(self, slope: float):
+        super().__init__()
+        self.reducer, self.slope = online_softmax(), slope
+
+    def edge(self, src, dst, edge, att):
+        z = src.h + dst.r
+        if "e" in edge:
+            z = z + edge.e
+        score = tm.sum(tm.leaky_relu(z, self.slope) * att, axis=-1)
+        return self.reducer(score, src.h)
+
+
+@functools.lru_cache(maxsize=None)
+def _attention(kind: str, slope: float) -> MessagePassing:
+    # one instance per slope: compiled programs are cached per (edge function, owner)
+    return (_Attention if kind == "v1" else _AttentionV2)(slope)
+
+
+def edge_softmax(graph: Graph, score: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """PyG's softmax of per-edge scores (E, H) over each destination's incoming edges: the
+    maximum (not differentiated: the softmax does not depend on it) and the sum run in
+    Tiga; PyG's 1e-16 guard on the sum is kept."""
+    peak = edge_reduce(graph, score.detach(), "max")
+    z = (score - peak[dst]).exp()
+    total = edge_reduce(graph, z, "sum")
+    return z / (total[dst] + 1e-16)
+
+
+def self_loops(layer: str, graph: Graph, edge_attr, fill_value) -> tuple:
+    """PyG's GAT loops: remove_self_loops then add_self_loops (edge order: the non-loop
+    edges, then loops 0..n-1); a loop's edge_attr from fill_value: a number or tensor, or
+    "add"/"sum"/"mean"/"max"/"min"/"mul" of the node's incoming edge attributes."""
+    bare, keep = graph.remove_self_loops()
+    looped, _ = bare.add_remaining_self_loops()
+    if edge_attr is None:
+        return looped, None
+    if not isinstance(edge_attr, torch.Tensor) or edge_attr.size(0) != graph.num_edges:
+        found = tuple(edge_attr.shape) if isinstance(edge_attr, torch.Tensor) else \
+            type(edge_attr).__name__
+        raise ShapeError(f"{layer}: edge_attr is {found}, expected a tensor with "
+                         f"{graph.num_edges} rows (one per edge)")
+    kept = edge_attr[torch.tensor(keep, device=edge_attr.device)]
+    n = looped.num_edges - bare.num_edges
+    if isinstance(fill_value, str):
+        if fill_value not in REDUCERS:
+            raise LayerArgumentError(f"{layer}: fill_value is {fill_value!r}, expected a "
+                                     f"number, a tensor or one of {tuple(REDUCERS)}")
+        loop_attr = edge_reduce(bare, kept, fill_value)[:n]
+    else:
+        loop_attr = torch.as_tensor(fill_value, dtype=kept.dtype, device=kept.device)
+        if loop_attr.dim() != kept.dim():   # PyG: a value for every loop
+            loop_attr = loop_attr.unsqueeze(0)
+        loop_attr = loop_attr.expand((n,) + tuple(kept.shape[1:]))
+    return looped, torch.cat([kept, loop_attr], dim=0)
+
+
+class _AttentionBase(torch.nn.Module):
+    """What GATConv and GATv2Conv share: arguments, loops, the two aggregation routes."""
+
+    kind = "v1"
+
+    def _common_args(self, in_channels, out_channels, heads, concat, negative_slope,
+                     dropout, add_self_loops, edge_dim, fill_value, residual):
+        name = type(self).__name__
+        for arg, value in (("out_channels", out_channels), ("heads", heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise LayerArgumentError(f"{name}: {arg} is {value!r}, expected a positive "
+                                         "int")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise LayerArgumentError(f"{name}: dropout is {dropout!r}, expected 0 <= p < 1")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.concat, self.negative_slope = concat, float(negative_slope)
+        self.dropout, self.add_self_loops = float(dropout), add_self_loops
+        self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
+
+    def _relation(self, edge_index, n_src: int, n_dst: int, edge_attr) -> tuple:
+        name = type(self).__name__
+        graph = relation(name, edge_index, n_src, n_dst)
+        if self.add_self_loops:
+            return self_loops(name, graph, edge_attr, self.fill_value)
+        return graph, edge_attr
+
+    def _edge_features(self, edge_attr):
+        """lin_edge(edge_attr) as (E, H, C), or None without edge features."""
+        if edge_attr is None or self.lin_edge is None:
+            return None
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+
+    def _weights_route(self, want_weights: bool) -> bool:
+        return bool(want_weights) or (self.training and self.dropout > 0.0)
+
+    def _weighted(self, graph: Graph, score, h):
+        """(aggregated (N, H, C), attention (E, H)) from per-edge scores (E, H); the
+        attention returned is the one used: after dropout in training, as PyG's."""
+        dst = edge_index_like(graph, score)[1]
+        alpha = edge_softmax(graph, score, dst)
+        dropped = F.dropout(alpha, p=self.dropout, training=self.training)
+        out = WEIGHTED_SUM(graph=graph, src={"h": h}, edge={"w": dropped.unsqueeze(-1)})
+        return out, dropped
+
+    def _finish(self, out, res, graph, edge_index, alpha):
+        out = out.reshape(out.size(0), -1) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        if alpha is None:
+            return out
+        where = graph if isinstance(edge_index, Graph) else edge_index_like(graph, out)
+        return out, (where, alpha)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
+                f"heads={self.heads})")

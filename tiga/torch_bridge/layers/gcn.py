@@ -1,0 +1,119 @@
+"""torch_bridge: tg.nn.GCNConv, PyG's GCNConv with its aggregation run by Tiga."""
+from __future__ import annotations
+
+import torch
+
+from ...core.errors import ShapeError
+from ...core.reducers import sum as sum_r
+from ...trace.message_passing import MessagePassing
+from .common import (
+    WEIGHTED_SUM,
+    LayerArgumentError,
+    check_positive,
+    edge_reduce,
+    follow,
+    linear,
+    relation,
+)
+
+
+class _Normalized(MessagePassing):
+    """sum_j dis(j) w(j -> i) dis(i) h_j: PyG's gcn_norm edge weight, formed per edge."""
+    reducer = sum_r()
+
+    def edge(self, src, dst, edge):
+        return src.dis * edge.w * dst.dis * src.h
+
+
+_NORMALIZED = _Normalized()
+
+
+class GCNConv(torch.nn.Module):
+    """PyG's GCNConv: x' = D^-1/2 (A + fill I) D^-1/2 (x W^T) + b, as a torch module.
+
+    Arguments, defaults and parameter names (`lin.weight`, `bias`) are PyG's, so
+    `load_state_dict(pyg_conv.state_dict())` gives PyG's outputs and gradients.
+    Self loops are PyG's `add_remaining_self_loops` (Graph.add_remaining_self_loops): a node
+    that already has a self edge keeps it and its weight and gets no second loop; the others
+    get a loop of weight 1 (2 with improved=True and an edge_weight given: PyG fills 2 into
+    given weights only, and weighs every edge 1 when there are none). D is the weighted in-degree over that
+    relation (0 where it is 0). normalize=False sums w(j -> i) x_j W^T with no loops.
+
+    forward(x, edge_index, edge_weight=None): x (N, in_channels); edge_index a tg.Graph
+    over N nodes or a (2, E) integer tensor [sources; targets]; edge_weight (E,) in that
+    relation's edge order, differentiable. Returns (N, out_channels). cached=True keeps the
+    first call's relation and normalisation (as PyG: for a fixed graph only).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False,
+                 cached: bool = False, add_self_loops: bool | None = None,
+                 normalize: bool = True, bias: bool = True):
+        super().__init__()
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise LayerArgumentError(
+                "GCNConv: add_self_loops=True needs normalize=True (as PyG: loops are added "
+                "by the on-the-fly normalisation)")
+        self.in_channels = check_positive("GCNConv", "in_channels", in_channels)
+        self.out_channels = check_positive("GCNConv", "out_channels", out_channels)
+        self.improved, self.cached = improved, cached
+        self.add_self_loops, self.normalize = add_self_loops, normalize
+        self._cache = None
+        self.lin = linear(in_channels, out_channels, bias=False, glorot=True)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(out_channels))
+        else:
+            self.register_parameter("bias", None)
+
+    def reset_parameters(self) -> None:
+        fresh = linear(self.in_channels, self.out_channels, bias=False, glorot=True)
+        with torch.no_grad():
+            self.lin.weight.copy_(fresh.weight)
+            if self.bias is not None:
+                self.bias.zero_()
+        self._cache = None
+
+    def forward(self, x, edge_index, edge_weight=None):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ShapeError(f"GCNConv: x is {found}, expected a 2-D tensor (nodes, "
+                             "features); GCNConv has no bipartite form (as PyG)")
+        graph, w, dis = self._relation(x, edge_index, edge_weight)
+        h = self.lin(x)
+        if dis is None:
+            out = WEIGHTED_SUM(graph=graph, src={"h": h}, edge={"w": w.unsqueeze(-1)})
+        else:
+            out = _NORMALIZED(graph=graph, src={"h": h, "dis": dis}, dst={"dis": dis},
+                              edge={"w": w})
+        return out if self.bias is None else out + self.bias
+
+    def _relation(self, x, edge_index, edge_weight) -> tuple:
+        """(relation with loops, edge weights, D^-1/2 or None), cached when asked."""
+        if self.cached and self._cache is not None:
+            return self._cache
+        graph = relation("GCNConv", edge_index, x.size(0), x.size(0))
+        w = edge_weight
+        # PyG fills the loops' weights (2 if improved) only into a given edge_weight;
+        # without one every edge, loops included, weighs 1
+        fill = 2.0 if self.improved and w is not None else 1.0
+        if w is None:
+            w = torch.ones(graph.num_edges, dtype=x.dtype, device=x.device)
+        elif not isinstance(w, torch.Tensor) or tuple(w.shape) != (graph.num_edges,):
+            found = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+            raise ShapeError(f"GCNConv: edge_weight is {found}, expected a tensor of shape "
+                             f"({graph.num_edges},): one weight per edge")
+        dis = None
+        if self.normalize:
+            if self.add_self_loops:
+                graph, ids = graph.add_remaining_self_loops()
+                w = follow(w, ids, torch.tensor(fill))
+            deg = edge_reduce(graph, w, "sum")
+            dis = deg.pow(-0.5)
+            dis = dis.masked_fill(dis == float("inf"), 0.0)
+        if self.cached:
+            self._cache = (graph, w, dis)
+        return graph, w, dis
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_channels}, {self.out_channels})"
