@@ -10,12 +10,12 @@ import numpy as np
 from . import opt
 from .autodiff import vjp_program
 from .core.errors import DTypeError, ShapeError, TigaError
-from .core.passes import dce
+from .core.passes import bind_constants, dce
 from .core.program import GraphProgram, Lit
 from .core.types import GraphType, TensorType
 from .lower.backends import using_backend
 from .lower.pipeline import ir_text, module_name
-from .trace import call_cache, message_passing
+from .trace import call_cache, control, message_passing
 from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
@@ -281,7 +281,7 @@ def _check_scalar_output(traced) -> None:
                          "outputs")
 
 
-def _traced_for(fn, what, nums, has_aux, args, derive):
+def _traced_for(fn, what, nums, has_aux, args, derive, reads=None):
     """(traced bound to this call's leaves, *derived): `fn` traced and `derive(traced)` run
     once per (fn, options, input types), reused while what fn read is unchanged."""
     leaves, in_tree = tree_flatten(list(args))
@@ -292,13 +292,8 @@ def _traced_for(fn, what, nums, has_aux, args, derive):
         derived = derive(traced)
         return (traced, *derived), traced.reusable(guards)
 
-    traced, *derived = call_cache.reuse_transform(fn, extra, build)
+    traced, *derived = call_cache.reuse_transform(fn, extra, build, reads)
     return (traced.at(leaves), *derived)
-
-
-def _grad_vjp(traced) -> tuple:
-    _check_scalar_output(traced)
-    return opt.optimize_program(vjp_program(traced.program, traced.wrt), _VJP)[0], {}
 
 
 def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
@@ -308,7 +303,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     @functools.wraps(fn)
     def wrapped(*args):
         _check_argnums(nums, args)
-        traced, vjp, memo = _traced_for(fn, "value_and_grad", nums, has_aux, args, _grad_vjp)
+        traced, vjp, memo, _, _ = _traced_for(fn, "grad", nums, has_aux, args, _grad_programs)
         seeds = _cotangent_seeds(traced, traced.program.out_types, scalar_only=True)
         res = run_staged(vjp, traced.args() + seeds, memo)
         outs, grads = res[:len(seeds)], res[len(seeds):]
@@ -319,13 +314,38 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     return wrapped
 
 
+def _grad_programs(traced) -> tuple:
+    """(joint program, its memo, gradient program, its memo), derived once per trace for
+    tg.value_and_grad and tg.grad alike. The gradient program is the joint one without the
+    primal value (tg.grad discards it) and with its seeds bound as constants, so dce drops
+    forward work the gradient does not read, as tg.jit(tg.grad(f)) does; aux outputs stay."""
+    _check_scalar_output(traced)
+    joint = opt.optimize_program(vjp_program(traced.program, traced.wrt), _VJP)[0]
+    n_seeds = len(traced.program.out_types)
+    keep = joint.outs[traced.n_out:n_seeds] + joint.outs[n_seeds:]
+    seeds = _cotangent_seeds(traced, traced.program.out_types, scalar_only=True)
+    first = len(joint.in_binders) - n_seeds
+    grads = bind_constants(GraphProgram(joint.in_binders, joint.eqns, keep),
+                           {first + k: s for k, s in enumerate(seeds)})
+    return joint, {}, dce(grads), {}
+
+
 def grad(fn: Callable, argnums=0, has_aux: bool = False):
-    vg = value_and_grad(fn, argnums, has_aux)
+    """`tg.grad(f)(*args)`: the gradient of the scalar `f` with respect to `argnums`."""
+    argnums_tuple = isinstance(argnums, (tuple, list))
+    nums = _checked_argnums(argnums)
 
     @functools.wraps(fn)
     def wrapped(*args):
-        value, grads = vg(*args)
-        return (grads, value[1]) if has_aux else grads
+        _check_argnums(nums, args)
+        traced, _, _, program, memo = _traced_for(fn, "grad", nums, has_aux, args,
+                                                  _grad_programs)
+        res = run_staged(program, traced.args(), memo)
+        n_aux = len(traced.program.out_types) - traced.n_out
+        grads = traced.grads_tree(res[n_aux:], argnums_tuple)
+        if not has_aux:
+            return grads
+        return grads, tree_unflatten(traced.aux_tree, res[:n_aux])
 
     return wrapped
 
@@ -499,6 +519,16 @@ def _ir_call(call, stage):
     return ir_text(program, stage, name=module_name(name))
 
 
+def _eager_loop(looped: Callable, init, user_fns: tuple):
+    """A tg.repeat / tg.while_loop called outside any trace: `looped(state)` stages the loop;
+    it is traced once per body and input types (the cache tg.grad's functions use, guarded by
+    what `user_fns` read) and runs as a program on the compiled path, exactly as under
+    tg.jit."""
+    traced, memo = _traced_for(looped, "loop", (), False, (init,), lambda _: ({},), user_fns)
+    return traced.split(run_staged(traced.program, traced.args(), memo))[0]
+
+
+control.hooks["eager"] = _eager_loop
 message_passing.hooks.update(execute=_execute_call, explain=_explain_call,
                              reference=_reference_call, ir=_ir_call)
 

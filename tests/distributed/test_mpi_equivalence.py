@@ -183,3 +183,20 @@ def test_mismatched_shapes_raise_on_every_rank():
     x = np.ones((dg.plan.n_owned, f))
     with pytest.raises(tg.DistributedError, match="ranks disagree on the program"):
         _call(layer, dg, x, x, np.ones((dg.num_edges, 1)))
+
+
+@pytest.mark.parametrize("method", ["rows", "edges"])
+def test_eager_repeat_over_a_distributed_graph_matches_one_process(method):
+    """tg.repeat outside any trace runs its body on the distributed route (halo exchange per
+    iteration), not the reference impl rule (which has no single CSR to read)."""
+    g, d = _problem(seed=5)
+    dg = _dist(g, d, method)
+    layer = _layer("mean")
+
+    def step(graph, w):
+        return lambda s: 0.5 * _call(layer, graph, s, s, w)
+
+    got = tg.repeat(3, step(dg, dg.local_edges(d["w"])), dg.local(d["x"]))
+    want = tg.repeat(3, step(g, d["w"]), d["x"])
+    np.testing.assert_allclose(dg.gather(np.asarray(got)), np.asarray(want), rtol=1e-10,
+                               atol=1e-12)

@@ -70,3 +70,40 @@ def _hashable(v):
         return v
     except TypeError:
         return repr(v)
+
+
+# A folded value is held by the program (and the caches that hold it) for its lifetime:
+# larger results stay equations, computed per call.
+FOLD_ELEMENTS = 1 << 22
+
+
+def bind_constants(program: GraphProgram, values: dict) -> GraphProgram:
+    """`program` with the binders at the positions in `values` ({position: array}) replaced
+    by literals, and the tensor equations that then read only literals evaluated once (a
+    tg.grad seed of ones broadcast to a field's shape is an array, not per-call work)."""
+    from .eval import run_eqn     # (eval imports the registries this module sits below)
+    lit = {id(program.in_binders[i]): Lit(v, program.in_binders[i].type)
+           for i, v in values.items()}
+    eqns = []
+    for eqn in program.eqns:
+        inputs = tuple(lit.get(id(a), a) for a in eqn.inputs)
+        if _foldable(eqn, inputs):
+            outs = run_eqn(eqn, [a.value for a in inputs], {}, {})
+            lit.update((id(v), Lit(o, v.type)) for v, o in zip(eqn.outputs, outs))
+            continue
+        eqns.append(type(eqn)(eqn.primitive, inputs, eqn.params, eqn.outputs))
+    binders = [b for i, b in enumerate(program.in_binders) if i not in values]
+    return GraphProgram(binders, eqns, [lit.get(id(a), a) for a in program.outs])
+
+
+def _foldable(eqn, inputs) -> bool:
+    from .types import TensorType
+    return (all(isinstance(a, Lit) and isinstance(a.type, TensorType) for a in inputs)
+            and not any(hasattr(p, "program") for p in eqn.params.values())
+            and all(isinstance(v.type, TensorType) and _small(v.type.shape)
+                    for v in eqn.outputs))
+
+
+def _small(shape) -> bool:
+    # (a symbolic size is known only per call)
+    return all(type(d) is int for d in shape) and int(np.prod(shape)) <= FOLD_ELEMENTS

@@ -120,8 +120,8 @@ _GRAPH_KEYS: dict = {}    # id(tg.Graph) -> (weak graph, _graph_key): a memo of 
 def _reducer_key(r):
     """(key, objects the key relies on) of a reducer, by value: built-ins by name (and
     pruning threshold), user reducers by name, identity, flags and their functions."""
-    if r.builtin:
-        return ("builtin", r.name, r.prune_threshold), ()
+    if r.builtin:   # (with its empty= value and arg-reducer ids)
+        return r._key(), ()
     if r.regions is not None:            # already traced: its regions are structural
         return r._key(), ()
     fns = [(_fn_key(f) if f is not None else (("none",), ())) for f in
@@ -280,7 +280,7 @@ def clear() -> None:
         _ENTRIES.clear()
 
 
-def reuse_transform(fn, extra_key, build):
+def reuse_transform(fn, extra_key, build, reads=None):
     """What `build(guards)` made for the function `fn` of a transformation (tg.grad,
     tg.value_and_grad, tg.vjp) at `extra_key` (its options and input types), built once
     while what `fn` read is unchanged. The cache outlives the transformation object
@@ -288,6 +288,8 @@ def reuse_transform(fn, extra_key, build):
 
     `build(guards)` returns (payload, reusable): the guards tell it which objects the
     trace may keep by identity; `reusable` False keeps the payload out of the cache.
+    `reads`: the user functions whose reads guard the entry, when `fn` is Tiga's own wrapper
+    of them (an eager loop's staging); default `[fn]`.
     """
     try:
         found = _fn_key(fn)
@@ -301,7 +303,7 @@ def reuse_transform(fn, extra_key, build):
     entry = _lookup(key, found[1])
     if entry is not None:
         return entry[2]
-    guards = guards_mod.collect([fn])
+    guards = guards_mod.collect([fn] if reads is None else list(reads))
     payload, reusable = build(guards)
     STATS["misses"] += 1
     if reusable:

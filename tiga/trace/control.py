@@ -8,7 +8,15 @@ from ..core.prims.control import repeat_p, while_loop_p
 from ..core.program import ClosedProgram
 from .pytree import tree_flatten, tree_unflatten
 from .staging import leaf_aval, leaf_value, trace_flat
-from .tracer import bind
+from .tracer import bind, current_builder
+
+# Set by tiga/api: runs a loop called outside any trace on the compiled path (traced once per
+# body and input types, like tg.grad's function), never on the reference impl rule.
+hooks: dict[str, Callable | None] = {"eager": None}
+
+
+def _eager() -> bool:
+    return current_builder() is None and hooks["eager"] is not None
 
 
 def _trace_body(fn, in_tree, avals, what):
@@ -33,6 +41,8 @@ def repeat(n: int, body: Callable, init):
     """Apply `body` to the state `n` times (n static): `body(state) -> state`."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise TigaError(f"repeat: n must be a non-negative Python int, found {n!r}")
+    if _eager():
+        return hooks["eager"](lambda state: repeat(n, body, state), init, (body,))
     leaves, in_tree = tree_flatten(init)
     avals = [leaf_aval(x).strong() for x in leaves]
     prog, caps, out_tree = _trace_body(body, in_tree, avals, "repeat")
@@ -49,6 +59,9 @@ def while_loop(cond: Callable, body: Callable, init, max_iterations: int):
             or max_iterations < 0:
         raise TigaError("while_loop: max_iterations must be a non-negative Python int, found "
                         f"{max_iterations!r}")
+    if _eager():
+        return hooks["eager"](lambda state: while_loop(cond, body, state, max_iterations), init,
+                              (cond, body))
     leaves, in_tree = tree_flatten(init)
     avals = [leaf_aval(x).strong() for x in leaves]
     cprog, ccaps, _ = _trace_body(cond, in_tree, avals, "while_loop cond")
