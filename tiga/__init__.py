@@ -27,11 +27,11 @@ from .core.eval import eval_program
 from .core.graph import Graph
 from .core.pprint import pp_program
 from .core.program import ClosedProgram, GraphProgram
-from .core.reducers import Reducer, max, mean, min, online_softmax, prod, sum
+from .core.reducers import Reducer, argmax, argmin, max, mean, min, online_softmax, prod, sum
 from .core.types import GraphType, TensorType
 from .trace import math
 from .trace.control import repeat, while_loop
-from .trace.message_passing import MessagePassing, propagate
+from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
 from .xla_free_runtime import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime import memory, store
@@ -48,5 +48,5 @@ __all__ = [
     "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",
-    "asarray", "from_dlpack", "nn", "distributed",
+    "asarray", "from_dlpack", "nn", "distributed", "argmin", "argmax", "edge_map",
 ]

@@ -7,7 +7,12 @@ from typing import Any
 
 from .errors import TigaError
 
-BUILTIN = ("sum", "mean", "max", "min", "prod", "online_softmax")
+BUILTIN = ("sum", "mean", "max", "min", "prod", "online_softmax", "argmin", "argmax")
+# reducers whose empty row value `empty=` may set (None: the default, 0 or 1)
+EMPTY_SETTABLE = ("max", "min", "prod")
+# arg-reducers: the winning source id (of="src") or edge id (of="edge"); an int64 result
+ARG = ("argmin", "argmax")
+ARG_OF = ("src", "edge")
 
 
 class ReducerMessage:
@@ -35,7 +40,7 @@ class Reducer:
                  finalize: Callable | None = None, lift: Callable | None = None,
                  commutative: bool = True, associative: bool = True, *,
                  _builtin: bool = False, prune_threshold: float | None = None,
-                 stats: bool = False):
+                 stats: bool = False, empty: float | None = None, of: str | None = None):
         if not _builtin:
             _check_user_reducer(name, identity, (combine, finalize, lift),
                                 (commutative, associative))
@@ -52,14 +57,24 @@ class Reducer:
         # mass = sum exp(score - max)) as two more outputs, the residuals its VJP reads
         # (opt.attention_pairing sets it; never part of the public constructor)
         self.stats = bool(stats) and _builtin and name == "online_softmax"
+        # max/min/prod: the value of a row without edges (None: the default 0, or 1 for prod)
+        self.empty = empty if _builtin and name in EMPTY_SETTABLE else None
+        self.of = of if _builtin and name in ARG else None
         self.regions: tuple | None = None  # (lift, combine, finalize) ClosedPrograms once traced
 
     @property
     def arity(self) -> int:
-        """Message parts consumed per output (online_softmax takes score and value)."""
-        return 2 if self.name == "online_softmax" and self.builtin else 1
+        """Message parts consumed per output (online_softmax takes score and value; an
+        arg-reducer the message and the id the tracer appends to it)."""
+        return 2 if self.name in ("online_softmax",) + ARG and self.builtin else 1
+
+    @property
+    def is_arg(self) -> bool:
+        return self.builtin and self.name in ARG
 
     def __call__(self, *parts) -> ReducerMessage:
+        if self.is_arg and len(parts) == 1:   # the id part is the tracer's, not the user's
+            return ReducerMessage(self, parts)
         if len(parts) != self.arity:
             raise TigaError(f"{self.name} reducer takes {self.arity} message part(s) "
                             f"({'score, value' if self.arity == 2 else 'message'}), "
@@ -68,7 +83,9 @@ class Reducer:
 
     def _key(self):
         if self.builtin:
-            return ("builtin", self.name, self.prune_threshold, self.stats)
+            # repr: an empty=nan reducer equals itself
+            return ("builtin", self.name, self.prune_threshold, self.stats,
+                    repr(self.empty), self.of)
         if self.regions is None:   # by value: the same functions (objects) and settings
             return ("untraced", self.name, repr(self.identity), self.commutative,
                     self.associative, self.lift, self.combine, self.finalize)
@@ -82,10 +99,13 @@ class Reducer:
         return hash(self._key())
 
     def pp_param(self) -> str:
-        if self.builtin and (self.prune_threshold is not None or self.stats):
+        if self.builtin and (self.prune_threshold is not None or self.stats
+                             or self.empty is not None or self.of is not None):
             opts = ([f"prune_threshold={self.prune_threshold}"]
                     if self.prune_threshold is not None else []) + \
-                (["stats"] if self.stats else [])
+                (["stats"] if self.stats else []) + \
+                ([f"empty={self.empty!r}"] if self.empty is not None else []) + \
+                ([f"of={self.of}"] if self.of is not None else [])
             return f"{self.name}({', '.join(opts)})"
         return self.name if self.builtin else f"user:{self.name}"
 
@@ -128,8 +148,20 @@ def _check_user_reducer(name: Any, identity: Any, fns: tuple, flags: tuple) -> N
             raise TigaError(f"Reducer {name!r}: {arg} is {flag!r}, expected True or False")
 
 
-def _builtin(name: str, identity: Any, prune_threshold=None) -> Reducer:
-    return Reducer(name, identity, _builtin=True, prune_threshold=prune_threshold)
+def _builtin(name: str, identity: Any, prune_threshold=None, **opts) -> Reducer:
+    return Reducer(name, identity, _builtin=True, prune_threshold=prune_threshold, **opts)
+
+
+def _checked_empty(name: str, empty: Any) -> float | None:
+    """`empty=` as a float (inf, -inf and nan allowed), or None for the default."""
+    if empty is None:
+        return None
+    if isinstance(empty, bool) or not isinstance(empty, (int, float)) and \
+            not (hasattr(empty, "dtype") and getattr(empty, "shape", None) == ()):
+        raise TigaError(f"tg.{name}(empty=...): the value of a row without edges must be a "
+                        f"real scalar (e.g. math.inf), found {empty!r} "
+                        f"({type(empty).__name__})")
+    return float(empty)
 
 
 def sum() -> Reducer:  # noqa: A001 - public name from API.md
@@ -140,16 +172,40 @@ def mean() -> Reducer:
     return _builtin("mean", 0.0)
 
 
-def max() -> Reducer:  # noqa: A001
-    return _builtin("max", -math.inf)
+def max(empty: float | None = None) -> Reducer:  # noqa: A001
+    """Largest message per row; a row without edges gives `empty` (default 0)."""
+    return _builtin("max", -math.inf, empty=_checked_empty("max", empty))
 
 
-def min() -> Reducer:  # noqa: A001
-    return _builtin("min", math.inf)
+def min(empty: float | None = None) -> Reducer:  # noqa: A001
+    """Smallest message per row; a row without edges gives `empty` (default 0)."""
+    return _builtin("min", math.inf, empty=_checked_empty("min", empty))
 
 
-def prod() -> Reducer:
-    return _builtin("prod", 1.0)
+def prod(empty: float | None = None) -> Reducer:
+    """Product of the messages per row; a row without edges gives `empty` (default 1)."""
+    return _builtin("prod", 1.0, empty=_checked_empty("prod", empty))
+
+
+def _arg(name: str, of: Any) -> Reducer:
+    if of not in ARG_OF:
+        raise TigaError(f"tg.{name}(of=...): of must be \"src\" (the winning source id) or "
+                        f"\"edge\" (the winning edge id, in the relation's edge order), "
+                        f"found {of!r}")
+    return _builtin(name, math.inf if name == "argmin" else -math.inf, of=of)
+
+
+def argmin(of: str = "src") -> Reducer:
+    """Per destination row (and per message entry) the id of the smallest message: its
+    source id (`of="src"`) or edge id (`of="edge"`); ties go to the smaller id, a NaN
+    message wins (as numpy's argmin), a row without edges gives -1. int64, not
+    differentiable."""
+    return _arg("argmin", of)
+
+
+def argmax(of: str = "src") -> Reducer:
+    """As `argmin`, for the largest message."""
+    return _arg("argmax", of)
 
 
 def online_softmax(prune_threshold: float | None = None) -> Reducer:

@@ -19,9 +19,17 @@ def _extreme_fill(dtype, largest: bool):
     return info.min if largest else info.max
 
 
-def segment_reduce(name: str, parts: list, seg: np.ndarray, n: int, counts: np.ndarray):
-    """Reduce messages (rows of `parts`) into `n` segments with ids `seg`; empty -> 0."""
+def segment_reduce(name: str, parts: list, seg: np.ndarray, n: int, counts: np.ndarray,
+                   empty=None):
+    """Reduce messages (rows of `parts`) into `n` segments with ids `seg`; an empty segment
+    gives 0 (prod: 1; arg-reducers: -1), or `empty` where max/min/prod set it."""
     m = parts[0]
+    if empty is not None and name in ("max", "min", "prod"):
+        out = segment_reduce(name, parts, seg, n, counts)
+        out[counts == 0] = empty
+        return out
+    if name in ("argmin", "argmax"):
+        return _segment_arg(name == "argmax", m, np.asarray(parts[1], np.int64), seg, n, counts)
     if name == "sum":
         out = _zeros_like_rows(n, m, 0)
         np.add.at(out, seg, m)
@@ -42,6 +50,23 @@ def segment_reduce(name: str, parts: list, seg: np.ndarray, n: int, counts: np.n
     if name == "online_softmax":
         return _segment_softmax(parts[0], parts[1], seg, n, counts)
     raise UnsupportedError(f"reducer {name!r} has no reference segment reduction")
+
+
+def _segment_arg(largest: bool, m, ids, seg, n, counts):
+    """The smallest id among each segment's extremal messages (a NaN is extremal, as in
+    numpy's argmin), per message entry; -1 for an empty segment."""
+    best = _zeros_like_rows(n, m, _extreme_fill(m.dtype, largest))
+    (np.maximum if largest else np.minimum).at(best, seg, m)   # NaN propagates
+    top = best[seg]
+    hit = m == top
+    if m.dtype.kind in "fc" or m.dtype.kind == "V":
+        hit |= np.isnan(m.astype(np.float64)) & np.isnan(top.astype(np.float64))
+    lifted = np.broadcast_to(ids.reshape(ids.shape + (1,) * (m.ndim - 1)), m.shape)
+    cand = np.where(hit, lifted, np.iinfo(np.int64).max)
+    out = np.full((n,) + m.shape[1:], np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(out, seg, cand)
+    out[counts == 0] = -1
+    return out
 
 
 def _segment_softmax(score, value, seg, n, counts):

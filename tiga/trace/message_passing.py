@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..core.errors import FieldError, ShapeError, TigaError
+from ..core.errors import FieldError, ShapeError, TigaError, UnsupportedError
 from ..core.graph import Graph
 from ..core.prims.graph import propagate_p, role_size, row_type
 from ..core.program import ClosedProgram, GraphProgram, Var
-from ..core.reducers import Reducer, ReducerMessage
+from ..core.reducers import Reducer, ReducerMessage, sum as sum_reducer
 from ..core.types import GraphType
 from . import generated
 from .call_checks import (
@@ -25,6 +25,8 @@ from .staging import leaf_aval, leaf_value, trace_flat
 from .tracer import Tracer, bind, current_builder
 
 ROLE_ORDER = ("src", "dst", "edge")
+# the hidden field holding the ids an arg-reducer returns (source ids or edge ids)
+ARG_ID = "_tg_arg_id"
 
 # The runtime registers how concrete (non-traced) calls execute; trace cannot import it.
 hooks: dict[str, Callable | None] = {"execute": None, "explain": None, "reference": None,
@@ -92,6 +94,8 @@ class PropagateCall:
         if hidden is not None:   # a generated relation: its coordinates are field operands
             for role, extra in hidden.items():
                 self.fields[role].update(extra)
+        if reducer.is_arg:
+            self.fields[reducer.of][ARG_ID] = _arg_ids(graph, reducer)
         self.params = dict(params)
         self.lattice = _flatten_lattice_fields(graph, self.fields)
         for role, fields in self.fields.items():
@@ -215,6 +219,9 @@ class PropagateCall:
             out = self.edge_fn(FieldView("src", views["src"]), FieldView("dst", views["dst"]),
                                FieldView("edge", views["edge"], lazy), **kw)
             parts = self._message_parts(out)
+            if self.reducer.is_arg:   # each message with the id of its source / edge
+                ident = views[self.reducer.of][ARG_ID]
+                parts = [p for m in parts for p in (m, ident)]
             n_out[0] = len(parts) // self.reducer.arity
             return parts
 
@@ -228,7 +235,7 @@ class PropagateCall:
                 raise TigaError(f"edge function packaged a message for {out.reducer.name} but "
                                 f"the reducer is {self.reducer.name}")
             return list(out.parts)
-        if self.reducer.arity != 1:
+        if self.reducer.arity != 1 and not self.reducer.is_arg:
             raise TigaError(f"the {self.reducer.name} reducer needs its parts packaged in the "
                             "edge function: return reducer(score, value), calling the reducer "
                             "object itself (self.reducer in a MessagePassing subclass; with "
@@ -277,6 +284,20 @@ class PropagateCall:
         return _captures_last(prog, len(caps)), caps
 
 
+def _arg_ids(graph, reducer: Reducer) -> np.ndarray:
+    """0..n-1 for the sources (of="src") or the edges (of="edge", in the relation's edge
+    order: an edge field is read through the stored permutation, so row k holds edge k)."""
+    t = graph.aval if isinstance(graph, Tracer) else graph.type() \
+        if hasattr(graph, "type") else None
+    n = None if t is None else (t.num_src if reducer.of == "src" else t.num_edges)
+    if not isinstance(n, (int, np.integer)):
+        raise UnsupportedError(f"{reducer.pp_param()}: the relation's number of "
+                               f"{'sources' if reducer.of == 'src' else 'edges'} is {n!r}, "
+                               "not known when the call is traced",
+                               hint="call it on a relation with concrete sizes")
+    return np.arange(int(n), dtype=np.int64)
+
+
 def _flatten_lattice_fields(graph, fields: dict) -> tuple | None:
     """A stencil relation's src/dst fields may come in lattice shape (*shape, ...): they
     are flattened in C order (the relation's point order). A field whose first axis already
@@ -317,6 +338,17 @@ def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=
     check_keywords("tg.propagate", ("graph", "edge_fn", "reducer", "src", "dst", "edge",
                                     "update"), edge_fn, update, params)
     call = PropagateCall(graph, edge_fn, reducer, src, dst, edge, update, params)
+    return run_call(call)
+
+
+def edge_map(graph, edge_fn, *, src=None, dst=None, edge=None, **params):
+    """Per-edge values `edge_fn(src, dst, edge)`, shape `(num_edges, ...)`, in the relation's
+    edge order (row k is edge k: the order of `from_coo` / `from_edge_index` input, or of
+    `col_idx` for CSR): messages, attention weights, neighbour distances. Differentiable."""
+    check_keywords("tg.edge_map", ("graph", "edge_fn", "src", "dst", "edge"), edge_fn, None,
+                   params)
+    call = PropagateCall(graph, edge_fn, sum_reducer(), src, dst, edge, None, params,
+                         reduce_by="edge")
     return run_call(call)
 
 

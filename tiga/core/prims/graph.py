@@ -52,7 +52,14 @@ def _reduced_type(reducer, parts: list, name: str) -> TensorType:
             raise DTypeError(f"online_softmax: score and value must be floating, found "
                              f"{score} and {value}")
         return value.strong()
+    if reducer.builtin and reducer.name in ("argmin", "argmax"):
+        m, ids = parts   # the message and the id the tracer appends (a source or edge id)
+        if ids.shape != () or ids.dtype != int64:
+            raise DTypeError(f"{name}: {reducer.name} takes (message, id) with a scalar int64 "
+                             f"id per edge, found {m} and {ids}")
+        return TensorType(m.shape, int64)
     (m,) = parts
+    _check_empty(reducer, m, name)
     if reducer.builtin and reducer.name == "mean" and not m.dtype.is_float:
         raise DTypeError(f"{name}: mean needs floating messages, found {m}")
     if not reducer.builtin and reducer.regions is not None:
@@ -113,6 +120,17 @@ def _per_output_types(g, fields, edge_fn, reducer, roles, names, reduce_by, upda
     return [TensorType(((g.num_src if by == "src" else g.num_dst),)
                        + _reduced_type(reducer, [m], "propagate").shape, m.strong().dtype)
             for m, by in zip(msgs, reduce_by)]
+
+
+def _check_empty(reducer, m: TensorType, name: str) -> None:
+    """`empty=` must be representable in the message dtype (an int row cannot hold inf)."""
+    e = getattr(reducer, "empty", None)
+    if e is None or m.dtype.is_float:
+        return
+    if not (e == e and abs(e) != float("inf") and float(e).is_integer()):
+        raise DTypeError(f"{name}: {reducer.name}(empty={e!r}) over {m} messages: an empty "
+                         f"row of {m.dtype} cannot hold {e!r}; give an integer empty= or cast "
+                         "the message to a float")
 
 
 def _update_types(update, rows, roles, outs):
@@ -184,7 +202,8 @@ def _unpermute(m, perm):
 
 def _reduce(reducer, parts, seg, n, counts):
     if reducer.builtin:
-        return segment_reduce(reducer.name, parts, seg, n, counts)
+        return segment_reduce(reducer.name, parts, seg, n, counts,
+                              getattr(reducer, "empty", None))
     return _fold_user(reducer, parts[0], seg, n)
 
 

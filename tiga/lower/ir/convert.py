@@ -94,6 +94,10 @@ def reducer_from_spec(spec) -> reducers.Reducer:
         if spec.name == "online_softmax":
             found = reducers.online_softmax(spec.prune_threshold)
             return found.with_stats() if spec.stats else found
+        if spec.name in reducers.ARG:
+            return getattr(reducers, spec.name)(spec.of)
+        if spec.name in reducers.EMPTY_SETTABLE:
+            return getattr(reducers, spec.name)(spec.empty)
         return getattr(reducers, spec.name)()
     r = reducers.Reducer(spec.name, spec.identity, combine=_region_only,
                          commutative=spec.commutative, associative=spec.associative)

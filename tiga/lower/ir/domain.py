@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from ...core.dtypes import DType, int64
 from ...core.errors import CompilationError
 from ...core.prims.graph import REDUCE_BY, ROLES, propagate_p
-from ...core.reducers import BUILTIN
+from ...core.reducers import ARG, ARG_OF, BUILTIN, EMPTY_SETTABLE
 from ...core.types import GraphType, TensorType
 from .base import (
     AttrReader,
@@ -31,7 +31,7 @@ from .base import (
 from .syntax import format_type
 
 BUILTIN_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0,
-                    "online_softmax": 0.0}
+                    "online_softmax": 0.0, "argmin": math.inf, "argmax": -math.inf}
 REGION_KINDS = ("edge", "update", "reducer.lift", "reducer.combine", "reducer.finalize")
 
 
@@ -51,10 +51,12 @@ class ReducerSpec:
     finalize: Region | None = None
     # online_softmax(stats): the per-row (max, mass) are outputs too (residuals the VJP reads)
     stats: bool = False
+    empty: float | None = None        # max/min/prod: an empty row's value (None: 0, prod 1)
+    of: str | None = None             # argmin/argmax: "src" or "edge" ids
 
     @property
     def arity(self) -> int:
-        return 2 if self.builtin and self.name == "online_softmax" else 1
+        return 2 if self.builtin and self.name in ("online_softmax",) + ARG else 1
 
 
 def builtin_state(name: str, parts: list) -> tuple:
@@ -63,6 +65,8 @@ def builtin_state(name: str, parts: list) -> tuple:
     if name == "online_softmax":
         score, value = parts
         return (score, score, value)           # running max, mass, weighted accumulator
+    if name in ARG:                            # best message and its (smallest) id
+        return (parts[0], TensorType(parts[0].shape, int64))
     if name == "mean":
         return (parts[0], TensorType((), int64))  # running sum and edge count
     return (parts[0],)
@@ -105,6 +109,10 @@ class Computation:
             out.append(("reducer_prune_threshold", r.prune_threshold))
         if r.stats:
             out.append(("reducer_stats", True))
+        if r.empty is not None:
+            out.append(("reducer_empty", r.empty))
+        if r.of is not None:
+            out.append(("reducer_of", r.of))
         out.append(("region_kinds", tuple(k for k, _ in self.named_regions())))
         return out
 
@@ -123,10 +131,12 @@ class Computation:
         assoc = r.take("reducer_associative") if user else True
         prune = r.take("reducer_prune_threshold", None)
         stats = r.take("reducer_stats", False)
+        empty, of = r.take("reducer_empty", None), r.take("reducer_of", None)
         regions = _regions_by_kind(g, r.take("region_kinds"))
         spec = ReducerSpec(name, not user, identity, state, comm, assoc, prune,
                            regions.get("reducer.lift"), regions.get("reducer.combine"),
-                           regions.get("reducer.finalize"), stats)
+                           regions.get("reducer.finalize"), stats,
+                           None if empty is None else float(empty), of)
         return cls(g.results, g.operands[0], g.operands[1:], roles, names, spec, reduce_by,
                    regions["edge"], regions.get("update"))
 
@@ -183,6 +193,7 @@ class Computation:
             if (r.prune_threshold is not None or r.stats) and r.name != "online_softmax":
                 raise CompilationError(f"{where}: only online_softmax takes a prune threshold "
                                        "or reducer_stats")
+            _verify_builtin_options(r, where)
         elif r.combine is None:
             raise CompilationError(f"{where}: user reducer {r.name!r} needs a reducer.combine "
                                    "region")
@@ -205,6 +216,16 @@ def _state_types(state):
         return state
     return tuple(tuple(TensorType((), t) if isinstance(t, DType) else t for t in s)
                  if isinstance(s, tuple) else s for s in state)
+
+
+def _verify_builtin_options(r: ReducerSpec, where: str) -> None:
+    if r.empty is not None and (r.name not in EMPTY_SETTABLE
+                                or not isinstance(r.empty, (int, float))):
+        raise CompilationError(f"{where}: reducer_empty is a number for "
+                               f"{', '.join(EMPTY_SETTABLE)} only, found {r.empty!r} on {r.name}")
+    if (r.name in ARG) != (r.of in ARG_OF):
+        raise CompilationError(f"{where}: reducer_of is one of {ARG_OF} on {', '.join(ARG)} "
+                               f"(and absent elsewhere), found {r.of!r} on {r.name}")
 
 
 def _fmt_state(state) -> str:

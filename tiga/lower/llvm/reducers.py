@@ -10,7 +10,7 @@ import math
 
 from llvmlite import ir
 
-from ...core.dtypes import float64
+from ...core.dtypes import float64, int64
 from ...core.reducers import Reducer
 from .rules.reductions import combine, identity
 from .values import F64, CodegenUnsupported, Val, cast, const, numel
@@ -21,7 +21,9 @@ SIMPLE = ("sum", "mean", "max", "min", "prod")
 def reducer_codegen(reducer: Reducer, msg_types: list):
     """The state machine for one output of `reducer` over message parts `msg_types`."""
     if reducer.builtin and reducer.name in SIMPLE:
-        return SimpleState(reducer.name, msg_types[0])
+        return SimpleState(reducer.name, msg_types[0], getattr(reducer, "empty", None))
+    if reducer.builtin and reducer.name in ("argmin", "argmax"):
+        return ArgState(reducer.name, msg_types[0])
     if reducer.builtin and reducer.name == "online_softmax":
         return SoftmaxState(msg_types[0], msg_types[1])
     if not reducer.builtin:
@@ -32,10 +34,11 @@ def reducer_codegen(reducer: Reducer, msg_types: list):
 class SimpleState:
     """sum, mean, max, min, prod: an accumulator of the message shape."""
 
-    def __init__(self, name: str, msg_type):
+    def __init__(self, name: str, msg_type, empty: float | None = None):
         if msg_type.dtype.name == "bool":
             raise CodegenUnsupported(f"{name} over bool messages has no cpu-llvm lowering")
         self.name, self.kind = name, "sum" if name == "mean" else name
+        self.empty = empty   # max/min/prod: an empty row's value (None: 0 for max/min)
         self.shape, self.dtype = tuple(msg_type.shape), msg_type.dtype
         # sums may be split over several accumulators and merged (the kernel's unrolled edge
         # loop): exact for integers, a different rounding order for float32/float64, as
@@ -90,12 +93,64 @@ class SimpleState:
             ctx.loop_nest(self.shape, lambda idx: acc.store(b, idx, cast(
                 b, b.fdiv(cast(b, acc.load(b, idx), self.dtype, float64), n), float64,
                 self.dtype)))
-        elif self.name in ("max", "min"):
+        elif self.name in ("max", "min") or self.empty is not None:
             empty = b.icmp_signed("==", count, ir.Constant(count.type, 0))
-            zero = const(self.dtype, 0)
+            fill = const(self.dtype, 0 if self.empty is None else self.empty)
             ctx.loop_nest(self.shape, lambda idx: acc.store(
-                b, idx, b.select(empty, zero, acc.load(b, idx))))
+                b, idx, b.select(empty, fill, acc.load(b, idx))))
         return [acc]
+
+
+class ArgState:
+    """argmin / argmax: the best message so far and its id, per message entry.
+
+    An edge wins when its message is better, or as good with a smaller id; a NaN message
+    beats any number (numpy's argmin). The order is total, so the fold is edge-order free.
+    """
+
+    def __init__(self, name: str, msg_type):
+        if msg_type.dtype.name == "bool":
+            raise CodegenUnsupported(f"{name} over bool messages has no cpu-llvm lowering")
+        self.largest = name == "argmax"
+        self.shape, self.dtype = tuple(msg_type.shape), msg_type.dtype
+
+    def init(self, ctx) -> list:
+        best, ids = ctx.new_buf(self.shape, self.dtype), ctx.new_buf(self.shape, int64)
+        ctx.fill(best, identity("max" if self.largest else "min", self.dtype))
+        ctx.fill(ids, const(int64, (1 << 63) - 1))
+        return [best, ids]
+
+    def _wins(self, b, x, bx, i, bi) -> ir.Value:
+        op = ">" if self.largest else "<"
+        smaller_id = b.icmp_signed("<", i, bi)
+        if not self.dtype.is_float:
+            better = b.icmp_signed(op, x, bx)
+            return b.or_(better, b.and_(b.icmp_signed("==", x, bx), smaller_id))
+        x_nan, b_nan = b.fcmp_unordered("uno", x, x), b.fcmp_unordered("uno", bx, bx)
+        better = b.or_(b.fcmp_ordered(op, x, bx), b.and_(x_nan, b.not_(b_nan)))
+        same = b.or_(b.fcmp_ordered("==", x, bx), b.and_(x_nan, b_nan))
+        return b.or_(better, b.and_(same, smaller_id))
+
+    def fold(self, ctx, state: list, msgs: list) -> None:
+        (best, ids), (m, ident) = state, msgs
+        b = ctx.b
+
+        def body(idx):
+            x, bx, bi = m.load(b, idx), best.load(b, idx), ids.load(b, idx)
+            i = ident.load(b, [])
+            take = self._wins(b, x, bx, i, bi)
+            best.store(b, idx, b.select(take, x, bx))
+            ids.store(b, idx, b.select(take, i, bi))
+
+        ctx.loop_nest(self.shape, body)
+
+    def finalize(self, ctx, state: list, count: ir.Value) -> list:
+        _, ids = state
+        b = ctx.b
+        empty = b.icmp_signed("==", count, ir.Constant(count.type, 0))
+        ctx.loop_nest(self.shape, lambda idx: ids.store(
+            b, idx, b.select(empty, const(int64, -1), ids.load(b, idx))))
+        return [ids]
 
 
 class SoftmaxState:

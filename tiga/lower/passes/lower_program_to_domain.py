@@ -165,7 +165,9 @@ def reducer_spec(reducer: Reducer, msgs: list) -> ReducerSpec:
         return ReducerSpec(reducer.name, True, to_attr(float(reducer.identity)),
                            tuple(builtin_state(reducer.name, g) for g in groups),
                            prune_threshold=reducer.prune_threshold,
-                           stats=bool(getattr(reducer, "stats", False)))
+                           stats=bool(getattr(reducer, "stats", False)),
+                           empty=getattr(reducer, "empty", None),
+                           of=getattr(reducer, "of", None))
     if reducer.regions is None:
         raise CompilationError(f"reducer {reducer.name!r} was never traced into regions")
     lift, combine, finalize = reducer.regions

@@ -3,7 +3,8 @@
 State tiles are `[1, *padded]`; a fold first broadcasts the tile's messages to
 `[BLOCK_N, *padded]` and replaces invalid neighbours (past the row's degree) by the
 identity. Empty rows finalise as the reference does: sum/mean/max/min/online_softmax -> 0,
-prod -> 1. Half-precision states accumulate in float32.
+prod -> 1 (max/min/prod: `empty=` where set), argmin/argmax -> -1. Half-precision states
+accumulate in float32.
 """
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ from .rules.reductions import identity
 _FOLD = {"sum": "tl.sum({x}, axis=0, keep_dims=True)",
          "max": "tl.max({x}, axis=0, keep_dims=True)",
          "min": "tl.min({x}, axis=0, keep_dims=True)",
-         "prod": "tl.reduce({x}, 0, _tiga_mul, keep_dims=True)"}
+         "prod": "tl.reduce({x}, 0, _tiga_mul, keep_dims=True)",
+         "nanmax": "tl.reduce({x}, 0, _tiga_max, keep_dims=True)",
+         "nanmin": "tl.reduce({x}, 0, _tiga_min, keep_dims=True)"}
 _COMBINE = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})",
-            "prod": "{a} * {b}"}
+            "prod": "{a} * {b}", "nanmax": "_tiga_max({a}, {b})",
+            "nanmin": "_tiga_min({a}, {b})"}
+# the module-level @triton.jit helper (kernel.HELPERS) each fold rule calls
+_HELPER = {"prod": "_tiga_mul", "nanmax": "_tiga_max", "nanmin": "_tiga_min"}
 
 
 def state_dtype(dtype):
@@ -44,8 +50,8 @@ def valid_mask(rank: int) -> str:
 class Fold:
     """sum / mean / max / min / prod over one message part."""
 
-    def __init__(self, name: str, msg_type):
-        self.name = name
+    def __init__(self, name: str, msg_type, empty: float | None = None):
+        self.name, self.empty = name, empty
         self.shape = tuple(msg_type.shape)
         self.out_dtype = as_dtype(msg_type.dtype)
         self.dtype = state_dtype(msg_type.dtype)
@@ -57,20 +63,27 @@ class Fold:
     def _op(self) -> str:
         return "sum" if self.name == "mean" else self.name
 
+    def _rule(self, ctx: Emitter) -> str:
+        """The fold's combine rule, its helper registered: float max/min keep NaN, as the
+        reference's numpy maximum does (tl.max and tl.maximum drop it)."""
+        op = self._op()
+        rule = f"nan{op}" if op in ("max", "min") and self.dtype.is_float else op
+        if rule in _HELPER:
+            ctx.helpers.add(_HELPER[rule])
+        return rule
+
     def init(self, ctx: Emitter) -> list:
         ident = identity(self._op(), self.dtype)
         return [ctx.let(f"tl.full([{_dims(self.shape)}], {ident}, {tl_dtype(self.dtype)})",
                         "acc")]
 
     def fold(self, ctx: Emitter, state: list, msgs: list) -> None:
-        op = self._op()
-        if op == "prod":
-            ctx.helpers.add("_tiga_mul")
+        op, rule = self._op(), self._rule(ctx)
         (acc,), (m,) = state, msgs
         x = f"tl.where({valid_mask(len(self.shape))}, ({tile(ctx, m, self.shape)})" \
             f".to({tl_dtype(self.dtype)}), {identity(op, self.dtype)})"
-        part = _FOLD[op].format(x=x)
-        ctx.emit(f"{acc} = ({_COMBINE[op].format(a=acc, b=part)}).to({tl_dtype(self.dtype)})")
+        part = _FOLD[rule].format(x=x)
+        ctx.emit(f"{acc} = ({_COMBINE[rule].format(a=acc, b=part)}).to({tl_dtype(self.dtype)})")
 
     def layout(self) -> list:
         """(padded shape, dtype) of each state tile (the split path stores them per chunk)."""
@@ -79,19 +92,90 @@ class Fold:
     def merge(self, ctx: Emitter, state: list, other: list) -> None:
         """Fold another chunk's state (same row, later edges) into `state`."""
         (acc,), (o,) = state, other
-        ctx.emit(f"{acc} = ({_COMBINE[self._op()].format(a=acc, b=o)})"
+        ctx.emit(f"{acc} = ({_COMBINE[self._rule(ctx)].format(a=acc, b=o)})"
                  f".to({tl_dtype(self.dtype)})")
 
     def finalize(self, ctx: Emitter, state: list) -> list:
         (acc,) = state
         if self.name == "mean":
             expr = f"{acc} / tl.maximum(cnt, 1).to({tl_dtype(self.dtype)})"
-        elif self.name in ("max", "min"):
-            expr = f"tl.where(cnt > 0, {acc}, 0)"
+        elif self.name in ("max", "min") or self.empty is not None:
+            expr = f"tl.where(cnt > 0, {acc}, {_literal(0 if self.empty is None else self.empty)})"
         else:
             expr = acc
         return [ctx.value(f"({expr}).to({tl_dtype(self.out_dtype)})", self.shape,
                           self.out_dtype, "row", "y")]
+
+
+def _literal(v: float) -> str:
+    """A Python literal Triton accepts for an empty row's value (inf and nan included)."""
+    v = float(v)
+    return f"float('{v}')" if v != v or v in (float("inf"), float("-inf")) else repr(v)
+
+
+class ArgFold:
+    """argmin / argmax: per message entry the best value and the smallest id reaching it (a
+    NaN beats any number, as numpy's argmin); each tile's winner merges into the state."""
+
+    def __init__(self, name: str, msg_type):
+        self.largest, self.shape = name == "argmax", tuple(msg_type.shape)
+        self.dtype = state_dtype(msg_type.dtype)
+        if self.dtype.name == "bool":
+            raise TritonUnsupported(f"{name} over bool messages")
+        self.worst = identity("max" if self.largest else "min", self.dtype)
+
+    def init(self, ctx: Emitter) -> list:
+        d = _dims(self.shape)
+        return [ctx.let(f"tl.full([{d}], {self.worst}, {tl_dtype(self.dtype)})", "abest"),
+                ctx.let(f"tl.full([{d}], {_ID_MAX}, tl.int64)", "aid")]
+
+    def fold(self, ctx: Emitter, state: list, msgs: list) -> None:
+        (m, ident), mask = msgs, valid_mask(len(self.shape))
+        x = ctx.let(f"tl.where({mask}, ({tile(ctx, m, self.shape)}).to("
+                    f"{tl_dtype(self.dtype)}), {self.worst})", "ax")
+        ids = ctx.let(f"tl.where({mask}, ({tile(ctx, ident, self.shape)}).to(tl.int64), "
+                      f"{_ID_MAX})", "aids")
+        red = "tl.max" if self.largest else "tl.min"
+        if self.dtype.is_float:
+            nan = ctx.let(f"({x} != {x})", "anan")
+            any_nan = ctx.let(f"tl.max({nan}.to(tl.int32), axis=0, keep_dims=True) > 0", "tnan")
+            top = ctx.let(f"{red}(tl.where({nan}, {self.worst}, {x}), axis=0, keep_dims=True)",
+                          "ttop")
+            hit = f"tl.where({any_nan}, {nan}, {x} == {top})"
+            top = ctx.let(f"tl.where({any_nan}, float('nan'), {top})", "ttop")
+        else:
+            top = ctx.let(f"{red}({x}, axis=0, keep_dims=True)", "ttop")
+            hit = f"{x} == {top}"
+        tid = ctx.let(f"tl.min(tl.where(({hit}) & {mask}, {ids}, {_ID_MAX}), axis=0, "
+                      "keep_dims=True)", "tid")
+        self._take(ctx, state, (top, tid))
+
+    def _take(self, ctx: Emitter, state: list, other: tuple) -> None:
+        """state <- other where other wins: better, or as good with a smaller id."""
+        (best, bid), (v, i) = state, other
+        op = ">" if self.largest else "<"
+        if self.dtype.is_float:
+            better = f"(({v} {op} {best}) | (({v} != {v}) & ({best} == {best})))"
+            same = f"(({v} == {best}) | (({v} != {v}) & ({best} != {best})))"
+        else:
+            better, same = f"({v} {op} {best})", f"({v} == {best})"
+        take = ctx.let(f"{better} | ({same} & ({i} < {bid}))", "take")
+        ctx.emit(f"{best} = tl.where({take}, {v}, {best}).to({tl_dtype(self.dtype)})")
+        ctx.emit(f"{bid} = tl.where({take}, {i}, {bid})")
+
+    def layout(self) -> list:
+        s = tuple(pow2(d) for d in self.shape)
+        return [(s, self.dtype), (s, as_dtype("int64"))]
+
+    def merge(self, ctx: Emitter, state: list, other: list) -> None:
+        self._take(ctx, state, tuple(other))
+
+    def finalize(self, ctx: Emitter, state: list) -> list:
+        return [ctx.value(f"tl.where(cnt > 0, {state[1]}, -1)", self.shape, as_dtype("int64"),
+                          "row", "y")]
+
+
+_ID_MAX = str((1 << 63) - 1)
 
 
 class OnlineSoftmax:
@@ -124,7 +208,10 @@ class OnlineSoftmax:
                         f"({tile(ctx, s, self.s_shape)}).to({t}), float('-inf'))", "sc")
         value = ctx.let(f"tl.where({valid_mask(len(self.v_shape))}, "
                         f"({tile(ctx, v, self.v_shape)}).to({t}), 0.0)", "vl")
-        new = ctx.let(f"tl.maximum({mx}, tl.max({score}, axis=0, keep_dims=True))", "mnew")
+        # a NaN score makes the row max NaN, hence the row NaN, as in the reference
+        ctx.helpers.add("_tiga_max")
+        new = ctx.let(f"_tiga_max({mx}, tl.reduce({score}, 0, _tiga_max, keep_dims=True))",
+                      "mnew")
         # a state that saw only -inf scores keeps a zero base, so exp() never sees -inf - -inf
         base = ctx.let(f"tl.where({new} == float('-inf'), 0.0, {new})", "base")
         alpha = ctx.let(f"tl.exp({mx} - {base})", "alpha")
@@ -143,7 +230,8 @@ class OnlineSoftmax:
         """Two (max, mass, acc) states rescaled to their common maximum."""
         (mx, mass, acc), (omx, omass, oacc) = state, other
         t = tl_dtype(self.dtype)
-        new = ctx.let(f"tl.maximum({mx}, {omx})", "mnew")
+        ctx.helpers.add("_tiga_max")
+        new = ctx.let(f"_tiga_max({mx}, {omx})", "mnew")
         base = ctx.let(f"tl.where({new} == float('-inf'), 0.0, {new})", "base")
         a = ctx.let(f"tl.exp({mx} - {base})", "alpha")
         b = ctx.let(f"tl.exp({omx} - {base})", "beta")
@@ -153,8 +241,10 @@ class OnlineSoftmax:
 
     def finalize(self, ctx: Emitter, state: list) -> list:
         _, mass, acc = state
-        safe = f"tl.where({mass} > 0, {mass}, 1.0)"
-        expr = f"tl.where({self._lift(mass + ' > 0')}, {acc} / {self._lift(safe)}, 0.0)"
+        # mass is 0 only where every score is -inf (the max's own weight is exp(0) = 1), and
+        # NaN after a NaN or +inf score: then 0 / 0 or NaN gives the reference's NaN row;
+        # an empty row is 0 (padded lanes may hold NaN: they are never stored)
+        expr = f"tl.where(cnt > 0, {acc} / {self._lift(mass)}, 0.0)"
         return [ctx.value(f"({expr}).to({tl_dtype(self.out_dtype)})", self.v_shape,
                           self.out_dtype, "row", "y")]
 
@@ -169,4 +259,8 @@ def reducer_folds(reducer, msg_types: list) -> list:
             raise TritonUnsupported("online_softmax with prune_threshold")
         return [(OnlineSoftmax(msg_types[i], msg_types[i + 1]), (i, i + 1))
                 for i in range(0, len(msg_types), 2)]
-    return [(Fold(reducer.name, t), (i,)) for i, t in enumerate(msg_types)]
+    if reducer.name in ("argmin", "argmax"):
+        return [(ArgFold(reducer.name, msg_types[i]), (i, i + 1))
+                for i in range(0, len(msg_types), 2)]
+    return [(Fold(reducer.name, t, getattr(reducer, "empty", None)), (i,))
+            for i, t in enumerate(msg_types)]
