@@ -45,7 +45,7 @@ class Scope:
 
     def __init__(self, budgets=None, spill_dir=None, page_rows=None, eviction=None):
         self.budgets = _read_budgets(budgets)
-        self.spill_dir = None if spill_dir is None else Path(spill_dir)
+        self.spill_dir = None if spill_dir is None else _read_spill_dir(spill_dir)
         if page_rows is not None and (isinstance(page_rows, bool) or
                                       not isinstance(page_rows, int) or page_rows < 1):
             raise StorageError(f"page_rows: is {page_rows!r}, expected an int >= 1")
@@ -63,7 +63,7 @@ class Scope:
         if self._token is not None:
             raise StorageError("tg.scope: this scope is already active; make a new one")
         if self.spill_dir is not None:
-            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            _make_dir(self.spill_dir, "spill_dir")
         self._token = _STACK.set(_STACK.get() + (self,))
         return self
 
@@ -80,6 +80,28 @@ class Scope:
                                   ("page_rows", self.page_rows),
                                   ("eviction", self.eviction)) if v}
         return f"tg.scope({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
+
+
+def _read_spill_dir(value) -> Path:
+    if not isinstance(value, (str, bytes, os.PathLike)) or not os.fspath(value):
+        raise StorageError(f"spill_dir: is {value!r}, expected a directory path (a str or "
+                           "os.PathLike)")
+    path = Path(os.fsdecode(os.fspath(value)))
+    if path.exists() and not path.is_dir():
+        raise StorageError(f"spill_dir: {path} is a file, not a directory; spill files "
+                           "need a directory")
+    return path
+
+
+def _make_dir(path: Path, what: str) -> None:
+    """Create the directory `path` (and its parents), or a StorageError naming it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise StorageError(f"{what}: {path} is (or lies under) a file, not a directory; "
+                           "spill files need a directory") from exc
+    except OSError as exc:
+        raise StorageError(f"{what}: cannot create the directory {path} ({exc})") from exc
 
 
 def _read_budgets(budgets) -> dict:
@@ -146,7 +168,7 @@ def spill_dir() -> Path:
         if s.spill_dir is not None:
             return s.spill_dir
     path = Path(tempfile.gettempdir()) / f"tiga-spill-{os.getpid()}"
-    path.mkdir(parents=True, exist_ok=True)
+    _make_dir(path, "spill_dir (the default, under the system temp dir)")
     return path
 
 

@@ -3,7 +3,8 @@
 Layout of a store at `path`:
 
     path/CURRENT              the committed version's directory name (one line)
-    path/v000001/manifest.json   counts, dtypes, fields, a checksum of itself; written last
+    path/v000001/manifest.json   counts, dtypes, fields, every chunk's crc32c, a checksum
+                                 of itself; written last
     path/v000001/row_ptr      zarr v3 int64 [num_dst + 1]
     path/v000001/col_idx      zarr v3 index dtype [num_edges]
     path/v000001/fields/<name>   zarr v3 [rows, ...]
@@ -11,12 +12,13 @@ Layout of a store at `path`:
 A commit writes a whole new version directory, fsyncs it, writes the manifest, and then
 atomically replaces CURRENT (write a temp file, fsync, rename). Until that rename the
 previous version is the store; a killed ingest leaves only an unreferenced directory.
+Version numbers are claimed, and old versions pruned, under a lock (store_versions), so an
+ingest and a transposed build running at once never share a number. A reader checks every
+chunk against the crc32c its version's manifest records.
 """
 from __future__ import annotations
 
-import builtins
 import json
-import os
 import re
 import shutil
 import zlib
@@ -28,25 +30,18 @@ from ..core.dtypes import as_dtype
 from ..core.errors import GraphValidationError, StorageError
 from ..core.graph import store_hooks
 from .progress import progress_bar
-from .storage.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for, fsync_dir, fsync_tree
+from . import store_versions as sv
+from .storage.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for, fsync_tree
 from .store_ingest import Appender, check_csr_chunk, check_field_rows
+from .store_versions import MANIFEST, POINTER
 
-FORMAT = "tiga-store/1"
-POINTER = "CURRENT"
-MANIFEST = "manifest.json"
+FORMAT = "tiga-store/2"
+# (format 1, before chunk checksums in the manifest, is still read, without that check)
+FORMATS = ("tiga-store/1", FORMAT)
 ROLES = ("src", "dst", "edge")
-_VERSION = re.compile(r"^v(\d{6})$")
-
-
-def _versions(path: Path) -> list:
-    return sorted(int(m.group(1)) for d in path.iterdir() if (m := _VERSION.match(d.name)))
-
-
-def _current(path: Path) -> str | None:
-    try:
-        return (path / POINTER).read_text().strip() or None
-    except FileNotFoundError:
-        return None
+# (names other runtime modules use)
+_versions, _current, _write_atomic, _with_checksum = \
+    sv.versions, sv.current, sv.write_atomic, sv.with_checksum
 
 
 class StoreWriter:
@@ -65,9 +60,8 @@ class StoreWriter:
         if self.index_dtype == np.int32 and self.num_src > np.iinfo(np.int32).max:
             raise GraphValidationError(f"index_dtype: int32 cannot hold source ids up to "
                                        f"num_src={self.num_src}; use 'int64'")
-        self.version = self._claim(overwrite)
-        self.vdir = self.path / f"v{self.version:06d}"
-        self.vdir.mkdir()
+        self._claimed = self._claim(overwrite)
+        self.version, self.vdir = self._claimed.number, self._claimed.vdir
         self._row_ptr = Appender(self.vdir / "row_ptr", np.int64, ())
         self._row_ptr.append(np.zeros(1, np.int64))
         self._col = Appender(self.vdir / "col_idx", self.index_dtype, ())
@@ -76,24 +70,22 @@ class StoreWriter:
         self._done = False
         self._bar = progress_bar(self.num_dst, "tg.store ingest", "rows")
 
-    def _claim(self, overwrite: bool) -> int:
+    def _claim(self, overwrite: bool) -> sv.Claim:
         p = self.path
         if p.exists() and not p.is_dir():
             raise StorageError(f"{p}: exists and is not a directory; expected a store path")
-        p.mkdir(parents=True, exist_ok=True)
-        current = _current(p)
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"{p}: cannot create the store directory ({exc})") from exc
+        current = sv.current(p)
         if current is not None and not overwrite:
             raise StorageError(f"{p}: a committed store exists (version {current}); pass "
                                "overwrite=True to write a new version")
-        if current is None and any(p.iterdir()) and not _versions(p):
+        if current is None and any(p.iterdir()) and not sv.versions(p):
             raise StorageError(f"{p}: directory is not empty and holds no store; refusing "
                                "to write into it")
-        keep = {current, _previous(p, current)}
-        for v in _versions(p):     # versions never committed (a killed ingest)
-            name = f"v{v:06d}"
-            if name not in keep and not (p / name / MANIFEST).exists():
-                shutil.rmtree(p / name, ignore_errors=True)
-        return (max(_versions(p), default=0)) + 1
+        return sv.claim(p)
 
     # ---- appends ---------------------------------------------------------------------------
 
@@ -148,11 +140,12 @@ class StoreWriter:
         manifest = {"format": FORMAT, "version": self.version, "num_src": self.num_src,
                     "num_dst": self.num_dst, "num_edges": self._edges,
                     "index_dtype": self.index_dtype.name, "arrays": arrays, "fields": fields}
-        _write_atomic(self.vdir / MANIFEST, _with_checksum(manifest))
-        _write_atomic(self.path / POINTER, f"{self.vdir.name}\n")
+        sv.write_atomic(self.vdir / MANIFEST, sv.with_checksum(manifest))
+        with sv.locked(self.path):
+            sv.switch(self.path, self.vdir.name)
         self._done = True
+        self._claimed.release()
         self._close_bar()
-        _prune(self.path, self.vdir.name)
         return self.version
 
     def abort(self) -> None:
@@ -161,6 +154,7 @@ class StoreWriter:
             self._done = True
             self._close_bar()
             shutil.rmtree(self.vdir, ignore_errors=True)
+            self._claimed.release()
 
     def _live(self) -> None:
         if self._done:
@@ -190,59 +184,31 @@ def _count(n, what: str) -> int:
     return int(n)
 
 
-def _previous(path: Path, current: str | None) -> str | None:
-    if current is None:
-        return None
-    older = [v for v in _versions(path) if f"v{v:06d}" < current and
-             (path / f"v{v:06d}" / MANIFEST).exists()]
-    return f"v{older[-1]:06d}" if older else None
-
-
-def _prune(path: Path, current: str) -> None:
-    """Keep the new version and the one before it (readers may still hold it open)."""
-    keep = {current, _previous(path, current)}
-    for v in _versions(path):
-        if f"v{v:06d}" not in keep:
-            shutil.rmtree(path / f"v{v:06d}", ignore_errors=True)
-
-
-def _with_checksum(manifest: dict) -> str:
-    body = json.dumps(manifest, sort_keys=True)
-    return json.dumps(dict(manifest, checksum=zlib.crc32(body.encode())), sort_keys=True,
-                      indent=1)
-
-
-def _write_atomic(target: Path, text: str) -> None:
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    with builtins.open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    fsync_dir(target.parent)
-
-
 # ---- reading ---------------------------------------------------------------------------------
 
 class Store:
     """A committed store version: counts, fields (disk tensors) and CSR row ranges."""
 
-    def __init__(self, path):
+    def __init__(self, path, version: str | None = None):
         self.path = Path(path)
-        current = _current(self.path)
+        current = version or sv.current(self.path)
         if current is None:
             raise StorageError(f"{self.path / POINTER}: not found; {self.path} holds no "
                                "committed store")
-        self.vdir = self.path / current
+        self.vdir = sv.version_dir(self.path, current)
         m = self.manifest = _read_manifest(self.vdir / MANIFEST)
         self.version = int(m["version"])
+        if f"v{self.version:06d}" != current:
+            raise StorageError(f"{self.vdir / MANIFEST}: version check failed: the manifest "
+                               f"is version {self.version}'s, found in {current} (a manifest "
+                               "copied from another version)")
         self.num_src, self.num_dst = int(m["num_src"]), int(m["num_dst"])
         self.num_edges = int(m["num_edges"])
         self.index_dtype = np.dtype(m["index_dtype"])
         self.fields = {k: {"role": v["role"], "dtype": v["dtype"], "shape": tuple(v["shape"])}
                        for k, v in m["fields"].items()}
-        self._row_ptr = self._open("row_ptr", (self.num_dst + 1,))
-        self._col = self._open("col_idx", (self.num_edges,))
+        self._row_ptr = self._open("row_ptr", (self.num_dst + 1,), m["arrays"]["row_ptr"])
+        self._col = self._open("col_idx", (self.num_edges,), m["arrays"]["col_idx"])
         ends = self._row_ptr.read_rows(0, 1)[0], self._row_ptr.read_rows(self.num_dst,
                                                                           self.num_dst + 1)[0]
         if int(ends[0]) != 0 or int(ends[1]) != self.num_edges:
@@ -258,11 +224,15 @@ class Store:
         from .store_transpose import build
         return build(self).transposed
 
-    def _open(self, rel: str, shape: tuple) -> DiskStorage:
+    def _open(self, rel: str, shape: tuple, entry: dict) -> DiskStorage:
+        """Array `rel` of this version, checked against its manifest `entry`: the shape
+        now, every chunk's crc32c when it is read."""
         st = DiskStorage.open(self.vdir / rel)
         if st.shape != tuple(shape):
             raise StorageError(f"{st.path}: count check failed: shape {st.shape}, the "
                                f"manifest says {tuple(shape)}")
+        if self.manifest["format"] != FORMATS[0]:
+            st.expect(entry.get("crc32c"))
         return st
 
     def __getitem__(self, name: str):
@@ -271,7 +241,8 @@ class Store:
         if name not in self.fields:
             raise StorageError(f"store {self.path}: no field {name!r}; fields are "
                                f"{sorted(self.fields)}")
-        st = self._open(f"fields/{name}", self.fields[name]["shape"])
+        st = self._open(f"fields/{name}", self.fields[name]["shape"],
+                        self.manifest["fields"][name])
         return Tensor(st, TensorType(st.shape, as_dtype(st.dtype)))
 
     def read_rows(self, start: int, stop: int, out: tuple = (None, None)) -> tuple:
@@ -325,9 +296,12 @@ class Transposed:
         self.path, self.vdir = store.path, store.vdir
         self.num_src, self.num_dst = store.num_dst, store.num_src
         self.num_edges, self.index_dtype = store.num_edges, store.index_dtype
-        self._row_ptr = store._open("transpose/row_ptr", (self.num_dst + 1,))
-        self._col = store._open("transpose/col_idx", (self.num_edges,))
-        self.edge_perm = store._open("transpose/edge_perm", (self.num_edges,))
+        arrays = store.manifest["transpose"]
+        self._row_ptr = store._open("transpose/row_ptr", (self.num_dst + 1,),
+                                    arrays["row_ptr"])
+        self._col = store._open("transpose/col_idx", (self.num_edges,), arrays["col_idx"])
+        self.edge_perm = store._open("transpose/edge_perm", (self.num_edges,),
+                                     arrays["edge_perm"])
 
     read_rows = Store.read_rows
     page_bounds = Store.page_bounds
@@ -338,12 +312,14 @@ def _read_manifest(path: Path) -> dict:
         m = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise StorageError(f"{path}: not found (the version was never committed)") from exc
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot be read ({exc})") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise StorageError(f"{path}: manifest check failed (not valid JSON: {exc})") from exc
     crc = m.pop("checksum", None) if isinstance(m, dict) else None
     if crc != zlib.crc32(json.dumps(m, sort_keys=True).encode()):
         raise StorageError(f"{path}: manifest checksum check failed (stored {crc})")
-    if m.get("format") != FORMAT:
+    if m.get("format") not in FORMATS:
         raise StorageError(f"{path}: format is {m.get('format')!r}, expected {FORMAT!r}")
     return m
 

@@ -49,11 +49,16 @@ class Appender:
         self.fill = 0
 
     def finish(self) -> dict:
+        """Write the tail; the array's shape, dtype and every chunk's crc32c (the manifest
+        records them, so a chunk copied from elsewhere is caught on read)."""
+        if self.disk.shape[0] != self.rows:
+            # (sized to the rows appended before the tail is written: the tail chunk then
+            # ends the array and is written whole, its checksum known)
+            self.disk.grow(self.rows)
         self._flush()
-        if self.disk.shape[0] != self.rows_written:
-            self.disk.grow(self.rows_written)       # (to the rows appended: a shrink)
         self.buf = None
-        return {"shape": list(self.disk.shape), "dtype": as_dtype(self.dtype).name}
+        return {"shape": list(self.disk.shape), "dtype": as_dtype(self.dtype).name,
+                "crc32c": self.disk.chunk_crcs()}
 
 
 def _index_array(x, what: str, where: str) -> np.ndarray:

@@ -15,6 +15,9 @@ in the stored CSR order) is built by a bounded-memory external sort keyed by sou
 Memory is one page plus one bucket plus the degree counts (8 bytes a source). The result is
 a new store version: the current version's files hard-linked (copied where links fail), the
 transposed arrays and a manifest naming them, committed by the same atomic pointer switch.
+Its number is claimed like an ingest's (store_versions), so a writer committing meanwhile
+never shares it; when the base version stops being the store's (a newer commit, which may
+prune it) the build fails with a StorageError and removes what it wrote.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import numpy as np
 from ..core.errors import StorageError
 from . import memory
 from . import scope as sc
+from . import store_versions as sv
 from .progress import progress_bar
 from .storage.disk import fsync_tree
 from .store_ingest import Appender
@@ -61,31 +65,48 @@ def out_degrees(store, step: int) -> np.ndarray:
 def build(store):
     """Build the transposed relation of `store` (a committed Store) as a new version and
     return the Store of it."""
-    from . import store as S  # (the store's version and pointer helpers)
     path, base = store.path, store.vdir.name
-    version = max(S._versions(path), default=0) + 1
-    vdir = path / f"v{version:06d}"
-    vdir.mkdir()        # (fails if a concurrent writer took the number)
+    claim = sv.claim(path)
+    vdir = claim.vdir
     try:
-        _link_tree(store.vdir, vdir)
-        arrays = _sorted_runs(store, vdir / TRANSPOSE)
-        fsync_tree(vdir)
-        manifest = dict(store.manifest, version=version, transpose=arrays)
-        if S._current(path) != base:
-            raise StorageError(f"{path}: the store changed (version {S._current(path)}) while "
-                               f"the transposed relation of {base} was built; open it again")
-        S._write_atomic(vdir / S.MANIFEST, S._with_checksum(manifest))
-        S._write_atomic(path / S.POINTER, f"{vdir.name}\n")
+        try:
+            _link_tree(store.vdir, vdir)
+            arrays = _sorted_runs(store, vdir / TRANSPOSE)
+            fsync_tree(vdir)
+        except OSError as exc:
+            _check_base(path, base, exc)
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"{vdir}: building the transposed relation failed ({exc})") \
+                from exc
+        manifest = dict(store.manifest, version=claim.number, transpose=arrays)
+        with sv.locked(path):
+            _check_base(path, base, None)
+            sv.write_atomic(vdir / sv.MANIFEST, sv.with_checksum(manifest))
+            sv.switch(path, vdir.name)
     except BaseException:
         shutil.rmtree(vdir, ignore_errors=True)
         raise
-    S._prune(path, vdir.name)
-    return type(store)(path)
+    finally:
+        claim.release()
+    return type(store)(path, vdir.name)
+
+
+def _check_base(path: Path, base: str, exc) -> None:
+    """A StorageError when `base` is no longer the store's version (a commit replaced it,
+    and may have pruned its files under the build)."""
+    now = sv.current(path)
+    if now != base:
+        raise StorageError(f"{path}: version {base} was replaced by {now} while its "
+                           "transposed relation was built (its files may be pruned); open "
+                           "the store again") from exc
 
 
 def _link_tree(src: Path, dst: Path) -> None:
     """The version's files under a new version directory (hard links: no bytes copied)."""
-    for root, _, files in os.walk(src):
+    def fail(exc):
+        raise exc
+    for root, _, files in os.walk(src, onerror=fail):
         rel = Path(root).relative_to(src)
         if rel.parts and rel.parts[0] == TRANSPOSE:
             continue

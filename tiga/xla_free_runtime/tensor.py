@@ -14,12 +14,13 @@ from ..core.errors import StorageError, UnsupportedError
 from ..core.types import TensorType
 from ..trace.array_ops import ArrayOps
 from ..trace.tracer import set_concrete_wrapper
-from . import memory
+from . import memory, save_target
 from . import scope as sc
 from .dlpack_export import bfloat16_capsule
 from .storage import DiskStorage, HostStorage
 from .storage import device as device_storage
 from .storage.disk import fsync_dir, fsync_tree
+from .store_versions import is_store
 
 _DEVICES = ("cpu",)
 _TIERS = ("host", "disk", "device", "cuda")
@@ -241,32 +242,69 @@ def _to_disk(st, stem: str, path=None) -> DiskStorage:
     return disk
 
 
-def save(t, path) -> None:
+def save(t, path, *, overwrite: bool = False) -> None:
     """Write `t` as a zarr v3 array at `path`, atomically: the array is written and fsynced
-    beside it, then swapped in by one rename (a crash keeps the previous array)."""
+    beside it, then swapped in by one rename (a crash keeps the previous array).
+
+    `path` may name nothing yet, or an array tg.save wrote, which is replaced. Anything else
+    there (a regular file, a link, an empty directory, a zarr array Tiga did not write) is
+    replaced only with overwrite=True; a store (or a path inside one) and a directory that
+    holds other files are never replaced. A refusal, or any file-system failure, is a
+    tg.StorageError naming the path."""
     t = asarray(t)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = save_target.absolute(path, "save")
+    try:
+        ident = save_target.check(path, overwrite)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"save: cannot create the directory of {path} ({exc})") from exc
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         _to_disk(t._storage, "save", path=tmp)
         fsync_tree(tmp)
         _replace_dir(tmp, path)
+        if _ident(tmp) != ident:    # another process put something there meanwhile
+            _replace_dir(tmp, path)
+            raise StorageError(f"save: {path} changed while the array was written; it was "
+                               "put back and nothing was replaced")
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"save: writing {path} failed ({exc})") from exc
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
+
+
+def _remove(p: Path) -> None:
+    if p.is_symlink() or (p.exists() and not p.is_dir()):
+        p.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def _replace_dir(new: Path, path: Path) -> None:
-    if path.exists() and _exchange(new, path):
-        return          # `new` now holds the old array; the caller removes it
-    if path.exists():
+    """Swap `new` in at `path`; what was there ends at `new`, for the caller to check and
+    remove."""
+    if os.path.lexists(path) and _exchange(new, path):
+        return
+    if os.path.lexists(path):
         old = path.parent / f".{path.name}.old-{os.urandom(4).hex()}"
         os.rename(path, old)
         os.rename(new, path)
-        shutil.rmtree(old, ignore_errors=True)
+        os.rename(old, new)
     else:
         os.rename(new, path)
     fsync_dir(path.parent)
+
+
+def _ident(p: Path):
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -286,10 +324,15 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def load(path, tier: str = "disk") -> Tensor:
-    """The array tg.save wrote: lazily on disk (default) or read onto the host."""
+    """The array tg.save wrote: lazily on disk (default) or read onto the host. A path
+    that holds no such array (nothing, a file, a store) is a tg.StorageError naming it."""
     if tier not in ("disk", "host"):
         raise UnsupportedError(f"load: tier {tier!r} is not supported",
                                hint="use tier='disk' or tier='host'")
+    path = save_target.absolute(path, "load")
+    if is_store(path):
+        raise StorageError(f"load: {path} is a tg.store, not an array; open it with "
+                           "tg.store.open(path) (its fields) or tg.Graph.open(path)")
     disk = DiskStorage.open(path)
     t = Tensor(disk, TensorType(disk.shape, as_dtype(disk.dtype)))
     return t.to("host") if tier == "host" else t

@@ -71,6 +71,8 @@ class DiskStorage:
         self._generation = 0
         self._direct = _direct_layout(Path(path), tuple(int(c) for c in array.chunks),
                                       self.shape or (1,))
+        self._written: dict = {}       # chunk -> crc32c of the bytes this storage wrote
+        self._expected = None          # chunk crc32c values a store's manifest records
 
     # ---- create / open ---------------------------------------------------------------------
 
@@ -99,21 +101,23 @@ class DiskStorage:
     @classmethod
     def open(cls, path, *, writable: bool = False) -> DiskStorage:
         zarr, _ = _zarr()
-        meta = Path(path) / "zarr.json"
+        path = Path(path)
+        meta = path / "zarr.json"
+        attrs = _read_attributes(path, meta)
         try:
-            attrs = json.loads(meta.read_text()).get("attributes", {})
             arr = zarr.open_array(str(path), mode="r+" if writable else "r")
-        except FileNotFoundError as exc:
-            raise StorageError(f"{meta}: not found; expected a zarr v3 array written by "
-                               "tg.save or a store") from exc
-        except (ValueError, TypeError, KeyError, json.JSONDecodeError) as exc:
-            raise StorageError(f"{meta}: metadata check failed ({exc})") from exc
+        except Exception as exc:      # (zarr raises its own types for foreign metadata)
+            raise StorageError(f"{meta}: metadata check failed ({type(exc).__name__}: "
+                               f"{exc})") from exc
         name = attrs.get("tiga_dtype", str(arr.dtype))
         try:
             dtype = as_dtype(name).np
         except Exception as exc:
             raise StorageError(f"{meta}: attribute tiga_dtype is {name!r}, not a Tiga "
                                "dtype") from exc
+        if np.dtype(_RAW.get(as_dtype(dtype).name, dtype)) != arr.dtype:
+            raise StorageError(f"{meta}: metadata check failed: attribute tiga_dtype is "
+                               f"{name!r} but the chunks hold {arr.dtype}")
         return cls(path, arr, dtype, owned=False, writable=writable,
                    scalar=bool(attrs.get("tiga_scalar")))
 
@@ -123,6 +127,54 @@ class DiskStorage:
     def nbytes(self) -> int:
         """Payload bytes (rows x row bytes; checksums and metadata are not counted)."""
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def num_chunks(self) -> int:
+        rows = self.shape[0] if self.shape else 1
+        return -(-rows // self.chunk_rows)
+
+    def chunk_crcs(self) -> list:
+        """The crc32c of every chunk (what this storage wrote; a chunk written through
+        zarr: the checksum stored in its file), for a store's manifest."""
+        out = []
+        for k in range(self.num_chunks):
+            crc = self._written.get(k)
+            if crc is None:
+                crc = self._stored_crc(self._chunk_file(k))
+            out.append(crc)
+        return out
+
+    def expect(self, crcs) -> None:
+        """Check every chunk read against `crcs` (a store manifest's record): a chunk copied
+        from another array or version carries a valid checksum of its own, not this one."""
+        if crcs is None:
+            return
+        if not isinstance(crcs, list) or len(crcs) != self.num_chunks:
+            raise StorageError(f"{self.path}: count check failed: the manifest records "
+                               f"{len(crcs) if isinstance(crcs, list) else crcs!r} chunk "
+                               f"checksums, the array has {self.num_chunks} chunks")
+        self._expected = crcs
+
+    def _check_expected(self, k: int, crc: int, f) -> None:
+        if self._expected is not None and self._expected[k] != crc:
+            raise StorageError(f"{f}: manifest checksum check failed: chunk {k} has crc32c "
+                               f"{crc:08x}, the version's manifest records "
+                               f"{int(self._expected[k]):08x} (a chunk from another array "
+                               "or version)")
+
+    def _stored_crc(self, f) -> int:
+        try:
+            with builtins.open(f, "rb") as fh:
+                fh.seek(-4, os.SEEK_END)
+                return int.from_bytes(fh.read(4), "little")
+        except FileNotFoundError as exc:
+            raise StorageError(f"{f}: chunk file missing (existence check); the array at "
+                               f"{self.path} is incomplete") from exc
+        except OSError as exc:
+            raise StorageError(f"{f}: read failed ({exc})") from exc
+
+    def _chunk_file(self, k: int):
+        return self._chunk_files(slice(k * self.chunk_rows, k * self.chunk_rows + 1))[0]
 
     def _live(self):
         if self._array is None:
@@ -273,7 +325,7 @@ class DiskStorage:
         return out
 
     def _read_chunk(self, k: int, target: np.ndarray, key) -> None:
-        f = self._chunk_files(slice(k * self.chunk_rows, k * self.chunk_rows + 1))[0]
+        f = self._chunk_file(k)
         try:
             with builtins.open(f, "rb", buffering=0) as fh:
                 got = fh.readinto(memoryview(target))
@@ -288,6 +340,7 @@ class DiskStorage:
             raise StorageError(f"{f}: checksum check (crc32c) failed reading rows "
                                f"{_fmt(key)} (stored chunk of {got + len(crc)} bytes, "
                                f"expected {target.nbytes + 4} with a matching checksum)")
+        self._check_expected(k, int.from_bytes(crc, "little"), f)
 
     def _aligned(self, start: int, n: int) -> bool:
         """Rows [start, start + n) are whole chunks (the last one may end the array)."""
@@ -311,14 +364,16 @@ class DiskStorage:
             body = flat[a:a + chunk_bytes]
             if len(body) < chunk_bytes:         # the array's last chunk: padded
                 body = np.concatenate([body, np.zeros(chunk_bytes - len(body), np.uint8)])
-            f = self._chunk_files(slice(k * cr, k * cr + 1))[0]
+            f = self._chunk_file(k)
             tmp = f.with_name(f".{f.name}.tmp")
+            crc = google_crc32c.value(body)
             try:
                 tmp.parent.mkdir(parents=True, exist_ok=True)
-                _write_file(tmp, body, google_crc32c.value(body).to_bytes(4, "little"))
+                _write_file(tmp, body, crc.to_bytes(4, "little"))
                 os.replace(tmp, f)
             except OSError as exc:
                 raise StorageError(f"{f}: write failed ({exc})") from exc
+            self._written[k] = crc
 
     def _chunk_files(self, key) -> list:
         lo, hi = key.start, key.stop
@@ -334,6 +389,9 @@ class DiskStorage:
             if not f.exists():
                 raise StorageError(f"{f}: chunk file missing (existence check); the array "
                                    f"at {self.path} is incomplete")
+            if self._expected is not None:
+                k = int(f.relative_to(self.path).parts[1])
+                self._check_expected(k, self._stored_crc(f), f)
 
     def _bad_chunk(self, key):
         for f in self._chunk_files(key):
@@ -414,6 +472,30 @@ def aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
 
 def _fmt(key) -> str:
     return f"[{key.start}:{key.stop})"
+
+
+def _read_attributes(path: Path, meta: Path) -> dict:
+    """The attributes of the zarr array at `path` (any file-system error a StorageError
+    naming the file: a missing array, a regular file where the array should be)."""
+    try:
+        doc = json.loads(meta.read_bytes().decode("utf-8"))
+    except FileNotFoundError as exc:
+        what = "is a file, not a directory" if path.is_file() else "not found"
+        raise StorageError(f"{meta}: {what}; expected a zarr v3 array written by "
+                           "tg.save or a store") from exc
+    except NotADirectoryError as exc:
+        raise StorageError(f"{meta}: not found: {path} is a file, not a directory; expected "
+                           "a zarr v3 array written by tg.save or a store") from exc
+    except OSError as exc:
+        raise StorageError(f"{meta}: cannot be read ({exc})") from exc
+    except ValueError as exc:       # (JSONDecodeError and UnicodeDecodeError)
+        raise StorageError(f"{meta}: metadata check failed ({exc})") from exc
+    kind = doc.get("node_type", "array") if isinstance(doc, dict) else type(doc).__name__
+    attrs = doc.get("attributes", {}) if isinstance(doc, dict) else None
+    if not isinstance(attrs, dict) or kind != "array":
+        raise StorageError(f"{meta}: metadata check failed: describes a {kind!r}, not a "
+                           "zarr v3 array")
+    return attrs
 
 
 def fsync_tree(path) -> None:
