@@ -79,14 +79,15 @@ def read_query(query: Any, positions: np.ndarray) -> np.ndarray | None:
 
 
 def read_cutoff(cutoff: Any) -> float:
+    """A positive cutoff; +inf makes every pair a neighbour (one cell holds every point)."""
     try:
         c = float(cutoff)
     except (TypeError, ValueError):
-        raise GraphValidationError(f"cutoff: is {cutoff!r}, expected a positive finite "
-                                   "number") from None
-    if isinstance(cutoff, bool) or not np.isfinite(c) or c <= 0:
-        raise GraphValidationError(f"cutoff: is {cutoff!r}, expected a positive finite number "
-                                   "(cutoff > 0)")
+        raise GraphValidationError(f"cutoff: is {cutoff!r}, expected a positive number "
+                                   "(or math.inf)") from None
+    if isinstance(cutoff, bool) or np.isnan(c) or c <= 0:
+        raise GraphValidationError(f"cutoff: is {cutoff!r}, expected a positive number "
+                                   "(cutoff > 0, or math.inf for every pair)")
     return c
 
 

@@ -85,6 +85,8 @@ def _spec(graph, tiles: dict) -> GeoSpec:
     k = p["k"] if graph.kind == "knn" else (p["max_neighbors"] or 0)
     dtype = np.dtype(p["positions"].dtype).name
     mode, block = ("cells" if d <= geo.FAST_DIMS else "scan"), ()
+    if graph.kind == "radius" and p.get("cutoff") == float("inf"):
+        mode = "scan"   # cutoff=inf: every pair is a neighbour, no cell can bound them
     if hierarchy_for(_gtype(graph)) == KNN_TILED:
         mode, block = "tiled", block_shape(dtype, tiles)
         if not isinstance(graph, GeneratedType) and not knn_tiled.expanded_form_fits(graph):
@@ -158,6 +160,7 @@ class GeneratedType:
         self.params = {"dims": int(pos_t.shape[1]), "loop": bool(ep["loop"]),
                        "query": None if len(gen_eqn.inputs) == 1 else "traced",
                        "k": ep.get("k"), "max_neighbors": ep.get("max_neighbors"),
+                       "cutoff": ep.get("cutoff"),
                        "positions": np.empty((0, int(pos_t.shape[1])), pos_t.dtype.np)}
 
 

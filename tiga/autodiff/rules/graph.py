@@ -186,6 +186,14 @@ def propagate_vjp_rule(ct_outs, outs, graph, *fields, edge_fn, reducer, roles, n
                        reduce_by, update):
     fields = list(fields)
     extra = [None] * len(fields)
+    if reducer.builtin and reducer.name in ("argmin", "argmax") and reduce_by != "edge":
+        # ids are piecewise constant in the messages: no cotangent reaches any field
+        if update is not None:
+            raise UnsupportedError(f"gradients through {reducer.pp_param()} with an update "
+                                   "function: the ids are integers (not differentiable)",
+                                   hint="differentiate tg.min()/tg.max() for the value and "
+                                        "apply the update outside the propagate")
+        return (None,) * (1 + len(fields))
     if update is not None:
         outs = bind(propagate_p, graph, *fields, edge_fn=edge_fn, reducer=reducer, roles=roles,
                     names=names, reduce_by=reduce_by, update=None)
