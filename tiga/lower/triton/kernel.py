@@ -27,7 +27,12 @@ from .walks import emit_row, emit_tile, open_loops, walk_slots
 
 ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
 NBR_ROLE = {"dst": "src", "src": "dst"}
-HELPERS = {"_tiga_mul": "@triton.jit\ndef _tiga_mul(a, b):\n    return a * b\n"}
+# _tiga_max / _tiga_min: NaN wins (a + b is NaN when either is), as numpy's maximum/minimum
+HELPERS = {"_tiga_mul": "@triton.jit\ndef _tiga_mul(a, b):\n    return a * b\n",
+           "_tiga_max": "@triton.jit\ndef _tiga_max(a, b):\n    return tl.where((a != a) | "
+                        "(b != b), a + b, tl.maximum(a, b))\n",
+           "_tiga_min": "@triton.jit\ndef _tiga_min(a, b):\n    return tl.where((a != a) | "
+                        "(b != b), a + b, tl.minimum(a, b))\n"}
 
 
 @dataclass(frozen=True)
