@@ -56,6 +56,7 @@ class Graph:
         # the full check a 'none'/'basic' graph still owes, run once by ensure_valid()
         self._deferred = deferred
         self._transposed: tuple | None = None
+        self._transposed_rows: tuple | None = None
 
     # ---- explicit constructors -------------------------------------------------------------
 
@@ -421,18 +422,28 @@ class Graph:
 
     def transpose(self) -> tuple:
         """(graph_t, perm): the source-oriented relation as plain CSR, and the permutation with
-        field_t = field[perm] for an edge field in this graph's edge order. Cached."""
+        field_t = field[perm] for an edge field in this graph's edge order. Cached. Its
+        row_ptr has num_src + 1 entries; transpose_rows() is sized by the edges alone."""
         if self._transposed is None:
-            self.ensure_valid()
-            row_ptr, col_idx = self.resolve_csr()
-            rp_t, ci_t, perm = gb.transpose_csr(row_ptr, col_idx, self.edge_perm,
-                                                self.num_src, self.index_dtype.np)
-            gb.freeze(rp_t, ci_t, perm)
+            row_ids, rp, ci_t, perm = self.transpose_rows()
+            rp_t = gb.expand_rows(row_ids, rp, self.num_src)
+            gb.freeze(rp_t)
             graph_t = Graph(kind="csr", num_src=self.num_dst, num_dst=self.num_src,
                             num_edges=self.num_edges, index_dtype=self.index_dtype,
                             csr=(rp_t, ci_t), device=self.device)
             self._transposed = (graph_t, perm)
         return self._transposed
+
+    def transpose_rows(self) -> tuple:
+        """(row_ids, row_ptr_t, col_idx_t, perm): the transposed CSR over the sources that
+        have edges only (source row_ids[k] reads col_idx_t[row_ptr_t[k]:row_ptr_t[k+1]]),
+        every array sized by the edges, not by num_src. Cached (read-only arrays)."""
+        if self._transposed_rows is None:
+            self.ensure_valid()
+            row_ptr, col_idx = self.resolve_csr()
+            self._transposed_rows = gb.freeze(*gb.transpose_rows(
+                row_ptr, col_idx, self.edge_perm, self.index_dtype.np))
+        return self._transposed_rows
 
     def type(self, symbolic: bool = False) -> GraphType:
         """The relation's GraphType; symbolic sizes (N, S, E) let one kernel serve every size."""

@@ -112,12 +112,13 @@ def dst_of_edges(row_ptr: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(row_ptr) - 1, dtype=_I64), np.diff(row_ptr))
 
 
-def transpose_csr(row_ptr: np.ndarray, col_idx: np.ndarray, edge_perm, num_src: int,
-                  index_dtype: np.dtype) -> tuple:
-    """Source-major CSR of a valid relation and the permutation from user edge order into it.
+def transpose_rows(row_ptr: np.ndarray, col_idx: np.ndarray, edge_perm,
+                   index_dtype: np.dtype) -> tuple:
+    """The transposed CSR over the sources that have edges only: (row_ids, row_ptr_t,
+    col_idx_t, perm), source row_ids[k] owning positions row_ptr_t[k]:row_ptr_t[k+1].
 
-    Returns (row_ptr_t, col_idx_t, perm): field_t = field[perm] for an edge field in user order.
-    """
+    Every array is sized by the edges (a relation over 2**31 sources with 3 edges gets
+    3-entry arrays); perm maps user edge order into it (field_t = field[perm])."""
     dst = dst_of_edges(row_ptr)
     src = np.asarray(col_idx)
     if edge_perm is not None:
@@ -128,10 +129,29 @@ def transpose_csr(row_ptr: np.ndarray, col_idx: np.ndarray, edge_perm, num_src: 
         user_dst[edge_perm] = dst
         src, dst = user_src, user_dst
     perm = np.argsort(src, kind="stable").astype(_I64, copy=False)
-    row_ptr_t = np.zeros(num_src + 1, dtype=_I64)
-    np.cumsum(np.bincount(src, minlength=num_src), out=row_ptr_t[1:])
+    sorted_src = src[perm]
+    starts = np.flatnonzero(np.diff(sorted_src, prepend=-1) if len(src) else sorted_src)
+    row_ids = sorted_src[starts].astype(_I64, copy=False)
+    row_ptr_t = np.append(starts, len(src)).astype(_I64, copy=False)
     col_idx_t = np.ascontiguousarray(dst[perm], dtype=index_dtype)
-    return row_ptr_t, col_idx_t, perm
+    return row_ids, row_ptr_t, col_idx_t, perm
+
+
+def expand_rows(row_ids: np.ndarray, row_ptr_t: np.ndarray, num_rows: int) -> np.ndarray:
+    """The full row_ptr (num_rows + 1 entries) of a CSR stored over `row_ids` only."""
+    counts = np.zeros(num_rows + 1, dtype=_I64)
+    counts[row_ids + 1] = np.diff(row_ptr_t)
+    return np.cumsum(counts, out=counts)
+
+
+def transpose_csr(row_ptr: np.ndarray, col_idx: np.ndarray, edge_perm, num_src: int,
+                  index_dtype: np.dtype) -> tuple:
+    """Source-major CSR of a valid relation and the permutation from user edge order into it.
+
+    Returns (row_ptr_t, col_idx_t, perm): field_t = field[perm] for an edge field in user order.
+    """
+    row_ids, rp, col_idx_t, perm = transpose_rows(row_ptr, col_idx, edge_perm, index_dtype)
+    return expand_rows(row_ids, rp, num_src), col_idx_t, perm
 
 
 def cat_csr(parts: list, index_dtype: np.dtype) -> tuple:

@@ -35,13 +35,16 @@ UNROLL_STATE_BYTES = 512   # total accumulator bytes (all lanes) of an unrolled 
 PREFETCH_DISTANCE = 16
 GATHERING_TRAVERSALS = ("csr-row", "transposed-csr-row")
 # (radius/kNN walks compute their neighbours: no edge id range to unroll over)
+# (walks by source of implicit relations compute each edge's id: not one range either)
 NON_CONTIGUOUS_TRAVERSALS = ("stencil-row", "cell-directory-row", "knn-shell-row",
-                             "knn-tile-row")
+                             "knn-tile-row", "transposed-dense-row",
+                             "transposed-triangular-row", "transposed-segment-row",
+                             "transposed-stencil-row")
 CHUNKS_PER_THREAD = 16
 PARALLEL_MIN_WORK = 1 << 15     # rows + edges below which one call on the caller's thread wins
 # every row costs the same (dense, stencil), or its edges are found by the walk itself
 ROW_BALANCED_TRAVERSALS = ("dense-row", "stencil-row", "cell-directory-row", "knn-shell-row",
-                           "knn-tile-row")
+                           "knn-tile-row", "transposed-dense-row", "transposed-stencil-row")
 # knn-tiled-scan: a query tile's top-k states stay live while it scans source chunks of
 # KNN_CHUNK_BYTES (kept in L2); the product block is group_rows queries x group_vectors
 # vectors of KNN_VECTOR_BYTES. 512-bit registers (32 of them) hold 8 x 2 accumulators plus
@@ -87,7 +90,9 @@ def parallel_mode(reduce_by: str, reducer_name: str, builtin: bool, has_update: 
 def traversal_of_walk(relation: tuple, walk: str) -> str:
     """The Kernel IR traversal a renderer walk implements (walks.relation_descriptor)."""
     if walk == "src":
-        return "transposed-csr-row"
+        return {"dense_t": "transposed-dense-row", "triangular_t": "transposed-triangular-row",
+                "cu_seqlens_t": "transposed-segment-row",
+                "stencil_t": "transposed-stencil-row"}.get(relation[0], "transposed-csr-row")
     return {"csr": "csr-row", "dense": "dense-row", "triangular": "triangular-row",
             "cu_seqlens": "segment-row", "stencil": "stencil-row"}.get(relation[0], "csr-row")
 

@@ -28,7 +28,8 @@ from ..lower.ir.text import print_op
 from ..lower.pipeline import lower_launch, module_name
 from .cache import CACHE, Executable, full_key
 from .native.pool import parallel_copy
-from .threads import num_threads, row_chunks, run_chunks, run_jobs
+from .threads import num_threads, run_chunks, run_jobs
+from .walk_tables import chunks_of, implicit_tables
 
 if CPU_LLVM_AVAILABLE:
     from ..lower.backends import BACKENDS
@@ -246,8 +247,9 @@ def walk_arrays(graph, sig) -> tuple:
     """({slot: array} of the kernel's walk, row_ptr used to balance row chunks).
 
     Compressed rows bind the CSR (or the cached transpose). Implicit relations walked
-    natively bind only O(#sequences) tables, or the O(N) row_ptr of a non-periodic stencil
-    (edge ids); their row_ptr for chunking is computed from the kind's formula and cached.
+    natively, by destination or by source, bind only O(#sequences) tables, and a CSR with
+    sparse sources its transpose over the sources with edges (walk_tables.py); their row
+    offsets for chunking are computed from the kind's formula and cached.
     """
     if tuple(sig.relation) == ("csr",):
         rp, ci, perm = walked_csr(graph, sig.walk)
@@ -257,48 +259,13 @@ def walk_arrays(graph, sig) -> tuple:
         per_graph = _WALKS.setdefault(graph, {})
         found = per_graph.get(tuple(sig.relation))
     if found is None:
-        found = _implicit_tables(graph, tuple(sig.relation))
+        found = implicit_tables(graph, tuple(sig.relation))
         if int(found[1][-1]) != graph.num_edges:
             raise UnsupportedError(f"the {graph.kind} walk counts {int(found[1][-1])} edges, "
                                    f"the relation has {graph.num_edges}; this is a Tiga bug")
         with _CHUNK_LOCK:
             per_graph[tuple(sig.relation)] = found
     return found
-
-
-def _implicit_tables(graph, relation: tuple) -> tuple:
-    kind, p, i64 = relation[0], graph.params, np.int64
-    n = graph.num_dst
-    if kind == "dense":
-        s = graph.num_src
-        return {"walk_params": np.array([s], i64)}, np.arange(n + 1, dtype=i64) * s
-    if kind == "triangular":
-        r = np.arange(n + 1, dtype=i64)
-        return {}, r * (r + 1) // 2
-    if kind == "cu_seqlens":
-        cu = np.asarray(p["cu_seqlens"], dtype=i64)
-        lens = np.diff(cu)
-        per_seq = lens * (lens + 1) // 2 if relation[1] else lens * lens
-        seq_edges = np.concatenate([[0], np.cumsum(per_seq)]).astype(i64)
-        starts = np.repeat(cu[:-1], lens)
-        row_len = (np.arange(n, dtype=i64) - starts + 1) if relation[1] else \
-            np.repeat(lens, lens)
-        rp = np.concatenate([[0], np.cumsum(row_len)]).astype(i64)
-        tables = {"walk_params": np.array([len(cu) - 1], i64),
-                  "cu_ext": np.concatenate([cu, cu[-1:]]), "seq_edges": seq_edges}
-        return tables, rp
-    shape, offsets, periodic = relation[1:]
-    if periodic:
-        return {}, np.arange(n + 1, dtype=i64) * len(offsets)
-    counts = np.zeros(shape, dtype=i64)
-    for off in offsets:   # points whose neighbour at `off` is inside: a box per offset
-        inside = np.ones(shape, dtype=bool)
-        for axis, (m, o) in enumerate(zip(shape, off)):
-            ok = (np.arange(m) + o >= 0) & (np.arange(m) + o < m)
-            inside &= ok.reshape((1,) * axis + (m,) + (1,) * (len(shape) - axis - 1))
-        counts += inside
-    rp = np.concatenate([[0], np.cumsum(counts.reshape(-1))]).astype(i64)
-    return {"row_ptr": rp}, rp
 
 
 def chunk_row_ptr(graph, reduce_by: str) -> np.ndarray:
@@ -326,8 +293,8 @@ def _chunks(graph, walk, row_ptr, launch) -> list:
     with _CHUNK_LOCK:
         per_graph = _CHUNKS.setdefault(graph, {})
         if key not in per_graph:
-            per_graph[key] = row_chunks(row_ptr, launch.threads, launch.row_partition,
-                                        launch.chunks_per_thread)
+            per_graph[key] = chunks_of(row_ptr, launch.threads, launch.row_partition,
+                                       launch.chunks_per_thread)
         return per_graph[key]
 
 

@@ -14,10 +14,12 @@ from ..core.types import GraphType
 from .explain import Explanation, launch_facts, schedule_line
 from .generated import GeneratedType, generated_relations
 from .launch import plan
+from .run_report import measured
 from .paging import describe_stats
 from .propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .resident_pages import RESIDENT_KINDS
-from .threads import num_threads, row_chunks
+from .threads import num_threads
+from .walk_tables import chunks_of
 from .tasks import describe_walk, task_walk
 from .triton_launch import relabel_routes
 
@@ -49,7 +51,7 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
             compiled += 1
             typed = isinstance(graph, GeneratedType)   # concrete only at the call
             _explain_compiled(ex, eqn, None if typed else graph, cache.status(found), where)
-            last = getattr(graph, "params", {}).get("last_paged_run") \
+            last = measured("paged", graph) \
                 if getattr(graph, "kind", None) in RESIDENT_KINDS else None
             if last is not None:
                 ex.traversal.append(f"{where}paged when the call's disk-tier fields and "
@@ -74,7 +76,10 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
     ex.tasks = describe_walk(task_walk(program))
     ex.vjp_route = ("the VJP program is lowered the same way: source cotangents are a "
-                    "propagate grouped by source (compiled over the transposed CSR; over a "
+                    "propagate grouped by source (dense, triangular, cu_seqlens and stencil "
+                    "relations walk their transpose natively, as the forward walks them: no "
+                    "CSR, no index arrays; stored relations are compiled over the transposed "
+                    "CSR, sized by the edges where sources are sparse; over a "
                     "symmetric radius relation the fused cell walk with roles swapped), edge "
                     "cotangents per edge, parameter cotangents one fold over all edges")
     stats = cache.stats.as_dict()
@@ -135,17 +140,16 @@ def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
                       "compiles"))
     native = _native_walk(graph, p["reduce_by"])
     walk = WALK[p["reduce_by"]]
-    if native is not None:
+    if native is not None and p["reduce_by"] == "src":
+        walk = f"source rows walk the {NATIVE_T[native]}"
+    elif native is not None:
         walk = walk.replace("walk their CSR edges", f"walk the {NATIVE[native]}")
     facts = f"{launch_facts(op)}: " if op is not None else ""
     ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation, grouped "
                         f"by {p['reduce_by']}: {facts}{walk}")
     ex.schedule = _schedule(graph, p["reduce_by"], op)
     _explain_row_buffers(ex, p["edge_fn"])
-    if native == "stencil" and not graph.params["periodic"]:
-        ex.materialized.append(("row_ptr of the stencil (edge ids; no column indices)",
-                                8 * (graph.num_dst + 1), "computed once per relation"))
-    elif graph is not None and kind not in ("csr", "cat") and native is None:
+    if graph is not None and kind not in ("csr", "cat") and native is None:
         ex.materialized.append(("CSR of the implicit relation",
                                 8 * (graph.num_dst + 1) + graph.index_dtype.itemsize
                                 * graph.num_edges, "the kernel walks resolved CSR"))
@@ -160,7 +164,13 @@ def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
                 "only when the array starts mid cache line (rows gathered at random then "
                 "touch an extra line); made per call into scratch kept between calls, "
                 "skipped with several threads when it fits in one core's L2 (2 MiB)"))
-    if graph is not None and p["reduce_by"] == "src":
+    if native == "csr_rows":
+        ex.materialized.append((
+            "transposed CSR + permutation over the sources with edges",
+            16 * graph.num_edges + 8 + (8 + graph.index_dtype.itemsize) * graph.num_edges,
+            "at most; sources are sparse, so every array is sized by the edges (rows are "
+            "found by a cursor into the source ids); cached on the relation"))
+    elif graph is not None and p["reduce_by"] == "src" and native is None:
         ex.materialized.append(("transposed CSR + permutation",
                                 8 * (graph.num_src + 1) + (8 + graph.index_dtype.itemsize)
                                 * graph.num_edges, "cached on the relation; built once"))
@@ -191,14 +201,32 @@ NATIVE = {"dense": "dense coordinate hierarchy natively (row r owns edges [r*S, 
           "stencil": "stencil coordinate hierarchy natively (lattice coordinates plus static "
                      "offsets give each neighbour; no column index array)"}
 
+# walks by source (lower/llvm/walks_transposed.py): the transpose computed, not stored
+NATIVE_T = {"dense": "transpose of dense(S, D), dense(D, S), natively (source r is read by "
+                     "every destination d, edge d*S + r; no CSR, no index arrays)",
+            "triangular": "transposed triangular relation natively, an upper triangular "
+                          "walk (source r is read by destinations r..n-1, edge d(d+1)/2 + r; "
+                          "no CSR, no index arrays)",
+            "cu_seqlens": "cu-seqlens blocks natively with src and dst swapped (sequence by "
+                          "binary search; source r is read by r..the sequence end (causal) "
+                          "or the whole sequence; no per-edge index arrays)",
+            "stencil": "stencil with negated offsets natively (destination p = r - offset, "
+                       "outside points skipped or wrapped; edge ids computed from the "
+                       "lattice; no index arrays)",
+            "csr_rows": "transposed CSR stored over the sources that have edges only (a "
+                        "cursor into their sorted ids finds each row; every array sized by "
+                        "the edges, not by num_src)"}
+
 
 def _native_walk(graph, reduce_by: str):
-    """The implicit kind the kernel walks without CSR, or None (compressed rows)."""
-    if graph is None or reduce_by == "src":
+    """The implicit kind the kernel walks without CSR (by source too), "csr_rows" (a
+    transposed CSR over the sources with edges), or None (compressed rows)."""
+    if graph is None:
         return None
     from ..lower.llvm.walks import relation_descriptor
 
-    kind = relation_descriptor(graph, "dst")[0]
+    kind = relation_descriptor(graph, "src" if reduce_by == "src" else "dst")[0]
+    kind = kind[:-2] if kind.endswith("_t") else kind
     return None if kind == "csr" else kind
 
 
@@ -214,8 +242,8 @@ def _schedule(graph, reduce_by: str, op) -> str:
     if graph is None:
         return line + "; row chunks cut per relation at the call"
     graph.ensure_valid()
-    chunks = row_chunks(chunk_row_ptr(graph, reduce_by), s.threads, s.row_partition,
-                        s.chunks_per_thread)
+    chunks = chunks_of(chunk_row_ptr(graph, reduce_by), s.threads, s.row_partition,
+                       s.chunks_per_thread)
     if len(chunks) <= 1:
         return line + ("; 1 row chunk of this relation (below the parallel threshold or one "
                        "thread: one call on the caller's thread)")

@@ -39,19 +39,26 @@ ROW_PARTITIONS = ("edge-balanced", "row-balanced")
 PARALLEL_MODES = ("rows", "partial_sums", "single")
 
 
+# implicit relations walked by source natively: the transposed walk computes each source's
+# destinations and edge ids as the forward walk does (no CSR, no transpose)
+TRANSPOSED_NATIVE = ("dense", "triangular", "cu-seqlens", "stencil")
+
+
 def traversal_for(hierarchy: str, ordering: str) -> str:
     # (attention walks both ways over its row ranges: key blocks for the backward)
+    if ordering == "source-major" and hierarchy in TRANSPOSED_NATIVE:
+        return "transposed-" + TRAVERSAL_OF[hierarchy]
     if ordering == "source-major" and hierarchy != "attention-tiles":
         return "transposed-csr-row"
     return TRAVERSAL_OF[hierarchy]
 
 
 def materialized_for(hierarchy: str, ordering: str) -> tuple:
-    """Arrays a traversal needs that the relation does not store: implicit relations walked
-    by source resolve their CSR before transposing it."""
+    """Arrays a traversal needs that the relation does not store: a stored relation walked
+    by source, its transposed CSR (sized by the edges); implicit ones walk it natively."""
     out = []
-    if hierarchy == "attention-tiles":   # (per-row source ranges, not CSR: no arrays here)
-        return ()
+    if hierarchy == "attention-tiles" or hierarchy in TRANSPOSED_NATIVE:
+        return ()   # (attention: per-row source ranges; implicit kinds: computed walks)
     if hierarchy == "cat" or (ordering == "source-major" and hierarchy != "compressed-row"):
         out.append("csr")
     if ordering == "source-major":

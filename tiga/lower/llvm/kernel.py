@@ -10,7 +10,8 @@ edge_perm (when the walk has one), every field/parameter operand, every output. 
 row's edges, evaluates the edge function per edge with every row value held in a small
 stack buffer (or a register), folds it into the state, finalises, applies `update` and
 stores the row. No (num_edges, F) message array exists. reduce_by="src" walks the
-transposed CSR (rows are sources); "edge" stores each message at its edge id; "all" folds
+transposed relation (rows are sources): implicit kinds natively, CSR through its transpose
+(walks_transposed.py); "edge" stores each message at its edge id; "all" folds
 every edge into one state and must run as one call over all rows. Sums over float32/float64
 keep schedule.edge_unroll accumulators per row (merged at the row's end). Next to the kernel,
 `<kernel>_drive` claims row chunks with an atomic counter, so each thread of a parallel call
@@ -34,6 +35,7 @@ from .emitter import Emitter, check_row
 from .reducers import reducer_codegen
 from .values import I8, I64, PTR, CodegenUnsupported, Val, cast, i64, numel, storage_type
 from .walks import walk_for
+from .walks_transposed import TRANSPOSED_KINDS
 
 DRIVER_SUFFIX = "_drive"    # the chunk-loop entry point next to every kernel
 PREFETCH_LOCALITY = 3    # llvm.prefetch locality: 3 = all cache levels (prefetcht0)
@@ -187,9 +189,11 @@ def _signature(params, in_types, index_dtype, schedule, symbol) -> KernelSignatu
     for t, s in zip(outs, out_shapes):
         check_row(TensorType(s, t.dtype), "an output row")
     walk = "src" if reduce_by == "src" else "dst"
-    has_perm = True if walk == "src" else schedule.has_edge_perm
-    relation = ("csr",) if walk == "src" else tuple(schedule.relation)
-    if relation != ("csr",) and has_perm:
+    relation = _walk_relation(walk, tuple(schedule.relation))
+    # a walk by source over stored rows reaches edge ids through the transpose's permutation
+    has_perm = relation in (("csr",), ("csr_rows",)) if walk == "src" else \
+        schedule.has_edge_perm
+    if relation != ("csr",) and has_perm and walk == "dst":
         raise CodegenUnsupported("an implicit relation walk with an edge permutation")
     slots = walk_for(relation).slots + (("edge_perm",) if has_perm else ()) + tuple(
         f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
@@ -199,6 +203,18 @@ def _signature(params, in_types, index_dtype, schedule, symbol) -> KernelSignatu
                            out_shapes=out_shapes, out_dtypes=tuple(t.dtype.name for t in outs),
                            index_dtype=index_dtype.name, parallel=_parallel(params),
                            relation=relation)
+
+
+def _walk_relation(walk: str, relation: tuple) -> tuple:
+    """The walk a kernel renders: by source, the transposed walk of the relation (a
+    destination-major descriptor there means its transposed CSR)."""
+    transposed = relation[0] in TRANSPOSED_KINDS
+    if walk == "src":
+        return relation if transposed else ("csr",)
+    if transposed:
+        raise CodegenUnsupported(f"the walk by source {relation[0]!r} for a propagate "
+                                 "grouped by destination")
+    return relation
 
 
 def _parallel(params) -> str:
@@ -268,6 +284,7 @@ class _KernelBuilder:
 
     def emit(self, begin, end, argv) -> None:
         self._load_args(argv)
+        self.begin = begin      # (a walk may position itself at the call's first row)
         self.walk.setup(self)
         self.ctx.open_hoist()
         if self.walk.gathers:

@@ -25,9 +25,12 @@ from .values import CodegenUnsupported
 # row walks rendered by codegen_propagate, and the relation each one walks when no call
 # data says more (the IR text of these four is the whole kernel)
 ROW_TRAVERSALS = ("csr-row", "transposed-csr-row", "dense-row", "triangular-row",
-                  "segment-row", "stencil-row")
+                  "segment-row", "stencil-row", "transposed-dense-row",
+                  "transposed-triangular-row", "transposed-segment-row",
+                  "transposed-stencil-row")
 RELATION_OF = {"csr-row": ("csr",), "transposed-csr-row": ("csr",), "dense-row": ("dense",),
-               "triangular-row": ("triangular",)}
+               "triangular-row": ("triangular",), "transposed-dense-row": ("dense_t",),
+               "transposed-triangular-row": ("triangular_t",)}
 GENERATED_TRAVERSALS = ("cell-directory-row", "knn-shell-row", "knn-tile-row")
 
 

@@ -8,8 +8,11 @@ coordinate hierarchy, destination-major).
   sources cu[k] .. r (causal) or cu[k] .. cu[k+1]-1; the edges before sequence k come from
   an O(K) prefix table, so the walk needs two arrays of K + 2 integers, nothing per edge.
 - `stencil`: row r's lattice coordinates (static shape) plus each static offset give the
-  neighbour; outside points are skipped (or wrapped when periodic). Non-periodic lattices
-  read the O(N) row_ptr for edge ids; periodic ones compute r*K.
+  neighbour; outside points are skipped (or wrapped when periodic). Edge ids: r*K
+  (periodic), or a closed form over the lattice (non-periodic: per offset, the points of
+  its inside box before r; stencil_edge_start), so no array is read at all.
+
+Walks by source (the transposed relation) are in walks_transposed.py.
 
 A walk names the pointer slots it needs (`slots`), computes `edge_start(r)` for any
 r in [0, N] (so `edge_start(end) - edge_start(begin)` counts a chunk's edges), and emits
@@ -29,7 +32,10 @@ def relation_descriptor(graph, walk: str) -> tuple:
     """Static description of how the kernel walks this relation (part of the cache key)."""
     kind = getattr(graph, "kind", "csr")
     params = getattr(graph, "params", {}) or {}
-    if walk != "dst" or kind not in IMPLICIT_KINDS:
+    if walk != "dst":
+        from .walks_transposed import transposed_descriptor
+        return transposed_descriptor(graph, relation_descriptor(graph, "dst"))
+    if kind not in IMPLICIT_KINDS:
         return ("csr",)
     if kind == "cu_seqlens":
         return ("cu_seqlens", bool(params["causal"]))
@@ -54,6 +60,9 @@ def walk_for(descriptor) -> Walk:
         return CuSeqlensWalk(descriptor[1])
     if kind == "stencil":
         return StencilWalk(*descriptor[1:])
+    from .walks_transposed import TRANSPOSED_KINDS, transposed_walk
+    if kind in TRANSPOSED_KINDS:
+        return transposed_walk(descriptor)
     raise CodegenUnsupported(f"relation walk {descriptor!r} has no cpu-llvm lowering")
 
 
@@ -196,24 +205,33 @@ class CuSeqlensWalk(Walk):
 class StencilWalk(Walk):
     hierarchy = "stencil"
     contiguous = False
+    slots = ()
 
     def __init__(self, shape: tuple, offsets: tuple, periodic: bool):
         self.shape, self.offsets, self.periodic = tuple(shape), tuple(offsets), periodic
-        self.slots = () if periodic else ("row_ptr",)
-        strides, step = [], 1
-        for n in reversed(self.shape):
-            strides.append(step)
-            step *= n
-        self.strides = tuple(reversed(strides))
+        self.strides = _strides(self.shape)
 
     def edge_start(self, kb, r):
         if self.periodic:
             return kb.b.mul(r, i64(len(self.offsets)), flags=["nsw"])
-        return kb._load_index("row_ptr", r, I64)
+        return stencil_edge_start(kb.b, _coords(kb.b, r, self.shape, self.strides),
+                                  self.shape, self.offsets)
 
     def row(self, kb, r):
-        e1 = self.edge_start(kb, kb.b.add(r, i64(1), flags=["nsw"]))
-        return self.edge_start(kb, r), e1, None
+        b = kb.b
+        e0 = self.edge_start(kb, r)
+        if self.periodic:
+            return e0, b.add(e0, i64(len(self.offsets)), flags=["nsw"]), None
+        coords = _coords(b, r, self.shape, self.strides)
+        e1 = e0
+        for off in self.offsets:   # (the row's degree: its inside neighbours)
+            ok = ir.Constant(I1, 1)
+            for x, o, n in zip(coords, off, self.shape):
+                c = b.add(x, i64(o), flags=["nsw"])
+                ok = b.and_(ok, b.and_(b.icmp_signed(">=", c, i64(0)),
+                                       b.icmp_signed("<", c, i64(n))))
+            e1 = b.add(e1, b.zext(ok, I64))
+        return e0, e1, None
 
     def edges(self, kb, r, row, body) -> None:
         b, ctx = kb.b, kb.ctx
@@ -244,3 +262,47 @@ class StencilWalk(Walk):
             b.store(b.add(p, i64(1), flags=["nsw"]), counter)
             b.branch(nxt)
             b.position_at_end(nxt)
+
+
+def _strides(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _coords(b, r, shape: tuple, strides: tuple) -> list:
+    """Lattice coordinates of point r; the first is not reduced, so r = N gives (n0, 0..)."""
+    out = []
+    for axis, (n, s) in enumerate(zip(shape, strides)):
+        q = b.sdiv(r, i64(s)) if s != 1 else r
+        out.append(b.srem(q, i64(n)) if axis > 0 else q)
+    return out
+
+
+def stencil_edge_start(b, coords: list, shape: tuple, offsets: tuple) -> ir.Value:
+    """Edges of a non-periodic stencil before point `coords` (C order): per offset, the
+    points of its inside box [lo, hi) that come first, counted axis by axis (the points that
+    agree on the earlier axes, lie in the box there and are smaller on this one)."""
+    total = i64(0)
+    for off in offsets:
+        lo = [max(0, -o) for o in off]
+        size = [max(0, n - abs(o)) for n, o in zip(shape, off)]
+        if 0 in size:
+            continue
+        same = ir.Constant(I1, 1)
+        for axis, x in enumerate(coords):
+            rest = 1
+            for m in size[axis + 1:]:
+                rest *= m
+            before = b.sub(x, i64(lo[axis]))
+            before = b.select(b.icmp_signed("<", before, i64(0)), i64(0), before)
+            before = b.select(b.icmp_signed(">", before, i64(size[axis])), i64(size[axis]),
+                              before)
+            term = b.mul(before, i64(rest)) if rest != 1 else before
+            total = b.add(total, b.select(same, term, i64(0)))
+            inside = b.and_(b.icmp_signed(">=", x, i64(lo[axis])),
+                            b.icmp_signed("<", x, i64(lo[axis] + size[axis])))
+            same = b.and_(same, inside)
+    return total

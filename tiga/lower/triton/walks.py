@@ -11,8 +11,8 @@ the implicit relations are walked from indices, with no resolved CSR:
   before each sequence, so the walk reads O(K) integers and nothing per edge.
 - ("stencil", shape, offsets, periodic): row r's lattice coordinates from the static shape,
   plus each offset (stencil_offsets, K x d) gives the neighbour; outside ones are masked (or
-  wrapped when periodic). Edge ids: r*K + j (periodic) or row_ptr[r] + the number of
-  inside neighbours before j (non-periodic: the O(N) row_ptr the reference numbers by).
+  wrapped when periodic). Edge ids: r*K + j (periodic) or the edges before row r (a closed
+  form over the lattice, no per-point array) + the number of inside neighbours before j.
 - ("radius", dims): a generated relation walked through a cell directory of the source
   points (cells at least `cutoff` wide, counting-sorted on the launch device: cell_start,
   cell_order; grid_lo, grid_dims, walk_scal = (1 / width, squared cutoff, exclude self)).
@@ -94,7 +94,7 @@ def walk_slots(relation: tuple) -> tuple:
         return ("walk_params", "cu_ext", "seq_edges")
     if kind == "radius":
         return RADIUS_SLOTS
-    return ("stencil_offsets",) + (() if relation[3] else ("row_ptr",))
+    return ("stencil_offsets",)
 
 
 def emit_row(c, relation: tuple) -> None:
@@ -153,9 +153,32 @@ def _emit_stencil_row(c, relation: tuple) -> None:
         c.emit(f"e0 = rr * {len(offsets)}")
         c.emit(f"e1 = tl.where(live, e0 + {len(offsets)}, e0)")
     else:
-        c.emit("e0 = tl.load(row_ptr + rr)")
-        c.emit("e1 = tl.where(live, tl.load(row_ptr + rr + 1), e0)")
+        _emit_stencil_offsets(c, shape, offsets)
     c.emit("seen = e0 * 0")
+
+
+def _emit_stencil_offsets(c, shape: tuple, offsets: tuple) -> None:
+    """e0 / e1 of a non-periodic stencil row from its coordinates (lower/llvm/walks.py's
+    stencil_edge_start: per offset, the points of its inside box before the row, axis by
+    axis), so no per-point array exists."""
+    c.emit("e0 = rr * 0")
+    c.emit("deg = rr * 0")
+    for off in offsets:
+        size = [max(0, n - abs(o)) for n, o in zip(shape, off)]
+        inside = " & ".join(f"(coord{a} + {o} >= 0) & (coord{a} + {o} < {n})"
+                            for a, (o, n) in enumerate(zip(off, shape))) or "rr >= 0"
+        c.emit(f"deg = deg + ({inside}).to(tl.int64)")
+        if 0 in size:
+            continue
+        c.emit("same = rr >= 0")
+        for a, o in enumerate(off):
+            lo, rest = max(0, -o), 1
+            for m in size[a + 1:]:
+                rest *= m
+            c.emit(f"before = tl.minimum(tl.maximum(coord{a} - {lo}, 0), {size[a]})")
+            c.emit(f"e0 = e0 + tl.where(same, before * {rest}, 0)")
+            c.emit(f"same = same & (coord{a} >= {lo}) & (coord{a} < {lo + size[a]})")
+    c.emit("e1 = tl.where(live, e0 + deg, e0)")
 
 
 def _emit_radius_row(c, relation: tuple) -> None:
