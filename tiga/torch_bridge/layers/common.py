@@ -99,9 +99,11 @@ def follow(field: torch.Tensor, edge_ids: np.ndarray, fill: torch.Tensor) -> tor
     (one row per new edge, or broadcastable) where edge_ids is -1."""
     ids = torch.tensor(edge_ids, device=field.device)
     new = ids < 0
-    picked = field[ids.clamp(min=0)]
     if not bool(new.any()):
-        return picked
+        return field[ids]
+    # gather from a padded copy, so that an empty field still has a row to read
+    padded = torch.cat([field, field.new_zeros((1,) + tuple(field.shape[1:]))])
+    picked = padded[torch.where(new, len(field), ids)]
     mask = new.view((-1,) + (1,) * (field.dim() - 1))
     return torch.where(mask, fill.to(field.dtype).expand_as(picked), picked)
 

@@ -41,7 +41,9 @@ class GCNConv(torch.nn.Module):
 
     forward(x, edge_index, edge_weight=None): x (N, in_channels); edge_index a tg.Graph
     over N nodes or a (2, E) integer tensor [sources; targets]; edge_weight (E,) in that
-    relation's edge order, differentiable. Returns (N, out_channels). cached=True keeps the
+    relation's edge order, differentiable (where a node has several self loops, only the
+    last one's weight is used, as in PyG, so the others' gradient is 0; PyG's backward hands
+    them the kept loop's gradient too). Returns (N, out_channels). cached=True keeps the
     first call's relation and normalisation (as PyG: for a fixed graph only).
     """
 
