@@ -56,7 +56,8 @@ def _segment_arg(largest: bool, m, ids, seg, n, counts):
     """The smallest id among each segment's extremal messages (a NaN is extremal, as in
     numpy's argmin), per message entry; -1 for an empty segment."""
     best = _zeros_like_rows(n, m, _extreme_fill(m.dtype, largest))
-    (np.maximum if largest else np.minimum).at(best, seg, m)   # NaN propagates
+    with np.errstate(invalid="ignore"):   # NaN propagates: it is the extremum
+        (np.maximum if largest else np.minimum).at(best, seg, m)
     top = best[seg]
     hit = m == top
     if m.dtype.kind in "fc" or m.dtype.kind == "V":
