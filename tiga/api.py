@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -22,6 +23,7 @@ from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, tra
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
 from .xla_free_runtime import triton_launch
 from .xla_free_runtime.executor import execute, explain_program
+from .xla_free_runtime.run_report import explaining, profile
 from .xla_free_runtime.tensor import Tensor, _wrap
 
 
@@ -441,6 +443,9 @@ def _host_numpy(call) -> bool:
 
 def _execute_call(call):
     if not _host_numpy(call):
+        if _torch_compiling():   # torch.compile's trace: the call becomes one opaque torch op
+            from .torch_bridge.compiled import compiled_call
+            return compiled_call(call)
         # CUDA inputs run on the triton backend or raise here, before any copy to the host
         if triton_launch.call_backend(call) is not None and not _has_torch(call):
             _triton_tensors().adopt_cuda(call)   # CUDA DLPack producers as torch tensors
@@ -455,19 +460,33 @@ def _execute_call(call):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def _torch_compiling() -> bool:
+    torch = sys.modules.get("torch")   # never imports torch: a torch.compile trace has it
+    return torch is not None and torch.compiler.is_compiling()
+
+
 def _torch_call(call, route):
     from .torch_bridge.autograd import run_call_torch
 
     return run_call_torch(call, route=route)
 
 
-def _explain_call(call):
+def _explain_call(call, run: bool = False):
+    """explain(): the route of `call` without running it; `run`: it runs under a profile of
+    its own first, and the explanation carries (and reads) that run's report."""
+    report = None
+    if run:
+        with profile() as prof:
+            _execute_call(call)
+        report = prof.calls[-1] if prof.calls else None
     # CUDA inputs: explained on the backend the call runs on (triton), or the call's error
     backend = triton_launch.call_backend(call)
     if backend is not None and not _has_torch(call):
         _triton_tensors().adopt_cuda(call)
-    with using_backend(backend):
-        return _explain_selected(call)
+    with using_backend(backend), explaining(report):
+        ex = _explain_selected(call)
+    ex.run_report = report
+    return ex
 
 
 def _explain_selected(call):

@@ -26,6 +26,7 @@ from ..xla_free_runtime.executor import execute, explain_program
 from ..xla_free_runtime.triton_launch import call_backend
 from .dlpack import is_torch, to_numpy, to_torch
 from .nn import TracedModule
+from .transforms import batched_backward, check_no_tangents, vmap_error
 
 ROUTES = ("auto", "reference")
 
@@ -42,6 +43,7 @@ def run_call_torch(call, route: str = "auto"):
     # CUDA inputs: the triton backend, or an error before _prepare copies them to the host
     backend = call_backend(call) if route == "auto" else None
     program, np_args, originals, vjps = _prepare(call, keep_device=backend == "triton")
+    check_no_tangents(originals, _names(len(originals) - len(call.values()), call))
     run = _Run(program, np_args, originals, route, vjps, backend)
     if not any(run.wrt):
         outs = run.forward()
@@ -96,12 +98,17 @@ def _prepare(call, keep_device: bool = False) -> tuple:
     (program, vjps), held = call_cache.reuse(call, extra, build)
     caps = fresh.get("caps", held)
     originals = list(caps) + values
-    names = [f"captured value {i}" for i in range(len(caps))] + ["graph"] + \
-        [f"{r}.{n}" for r, n, _ in call.field_items()] + [k for k, _ in call.param_items()]
+    names = _names(len(caps), call)
     # (keep_device: the triton route's kernels read CUDA tensors where they are)
     np_args = [(a.detach() if keep_device and on_device(a) else to_numpy(a, n)) if is_torch(a)
                else leaf_value(a) for a, n in zip(originals, names)]
     return program, np_args, originals, vjps
+
+
+def _names(n_caps: int, call) -> list:
+    """Operand names in binder order (captured values, graph, fields, params), for errors."""
+    return [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
+        [f"{r}.{n}" for r, n, _ in call.field_items()] + [k for k, _ in call.param_items()]
 
 
 def _aliasing(values) -> tuple:
@@ -447,12 +454,18 @@ def _reading_outputs(full: GraphProgram, n_out: int) -> GraphProgram:
 
 class _PropagateFunction(torch.autograd.Function):
     """Outputs of one Tiga call as a torch autograd node; `inputs` are the tensors that
-    require grad (fields, params, captured values), `run` holds everything else."""
+    require grad (fields, params, captured values), `run` holds everything else. forward /
+    setup_context are separate (torch.func's form), so torch.func.grad, vjp and jacrev
+    differentiate through it; forward-mode and vmap of the forward raise (transforms.py)."""
 
     @staticmethod
-    def forward(ctx, run, *inputs):
+    def forward(run, *inputs):
+        return tuple(run.forward())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        run, inputs = inputs[0], inputs[1:]
         ctx.run = run
-        outs = run.forward()
         # saved so that an in-place change before backward to an input, to any other
         # tensor the backward reads (a field that needs no gradient, a residual's memory) or
         # to an output the VJP reads (online_softmax, max) raises torch's error; an output
@@ -460,15 +473,19 @@ class _PropagateFunction(torch.autograd.Function):
         ctx.n_inputs = len(inputs)
         read = [o for o, w, r in zip(run.originals, run.wrt, run.read_ins)
                 if r and not w and is_torch(o)]
-        ctx.save_for_backward(*inputs, *[o for o, r in zip(outs, run.read_outs) if r], *read)
-        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
-        return tuple(outs)
+        ctx.save_for_backward(*inputs, *[o for o, r in zip(output, run.read_outs) if r],
+                              *read)
+        ctx.mark_non_differentiable(*[o for o in output if not o.is_floating_point()])
+
+    @staticmethod
+    def vmap(info, in_dims, run, *inputs):
+        raise vmap_error("a tensor passed to the Tiga call")
 
     @staticmethod
     def backward(ctx, *grad_outs):
         inputs = ctx.saved_tensors[:ctx.n_inputs]
-        with torch.no_grad():
-            grads = ctx.run.backward(grad_outs)
+        with torch.no_grad():   # (jacrev: cotangents batched by vmap run one at a time)
+            grads = batched_backward(ctx.run.backward, grad_outs)
         if torch.is_grad_enabled():  # create_graph=True: a second derivative may follow
             deps = [t for t in list(inputs) + list(grad_outs)
                     if t is not None and t.requires_grad]
@@ -482,9 +499,15 @@ class _NoDoubleBackward(torch.autograd.Function):
     differentiation reaches it and fails with a clear message instead of silently
     returning a gradient that misses the Tiga call's second-order terms."""
 
+    generate_vmap_rule = True   # a clone: jacrev's batched cotangents pass through it
+
     @staticmethod
-    def forward(ctx, grad, *deps):
+    def forward(grad, *deps):
         return grad.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass   # nothing to save: its backward only raises
 
     @staticmethod
     def backward(ctx, *_):

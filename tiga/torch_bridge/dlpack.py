@@ -7,6 +7,7 @@ import torch
 from ..core.dtypes import as_dtype, bfloat16
 from ..core.errors import DTypeError, UnsupportedError
 from ..core.graph_validate import layout_problem
+from .transforms import plain
 
 
 def is_torch(x) -> bool:
@@ -21,6 +22,21 @@ def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
     conjugate/negative-bit views (materialised). The view is read-only so that no numpy
     rule can write into the caller's tensor.
     """
+    t = plain(t, name)   # torch.func's grad wrappers hold the value; vmap's batch raises
+    # (below torch.func, torch ops on the unwrapped value would be wrapped again)
+    with torch._C._DisableFuncTorch():
+        arr = _host_view(t, name)
+    try:
+        as_dtype(arr.dtype)
+    except DTypeError as exc:  # complex and other numpy-only types: name the argument
+        raise DTypeError(f"{name}: torch dtype {t.dtype} is not supported ({exc})") from exc
+    arr = arr.view()
+    arr.flags.writeable = False
+    return arr
+
+
+def _host_view(t: torch.Tensor, name: str) -> np.ndarray:
+    """The numpy view of a plain tensor (to_numpy without the read-only flag and checks)."""
     check_strided(t, name)
     t = t.detach()
     if t.device.type != "cpu":
@@ -36,12 +52,6 @@ def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
         except TypeError as exc:  # complex32, float8, quantized types, ...
             raise DTypeError(f"{name}: torch dtype {t.dtype} has no Tiga counterpart; "
                              "expected a float, integer or bool tensor") from exc
-    try:
-        as_dtype(arr.dtype)
-    except DTypeError as exc:  # complex and other numpy-only types: name the argument
-        raise DTypeError(f"{name}: torch dtype {t.dtype} is not supported ({exc})") from exc
-    arr = arr.view()
-    arr.flags.writeable = False
     return arr
 
 

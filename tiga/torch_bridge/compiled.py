@@ -1,0 +1,206 @@
+"""torch_bridge: a Tiga call inside torch.compile, as one opaque torch custom op.
+
+Dynamo does not trace Tiga (numpy, ctypes, compiled kernels). When it reaches a call
+(`tiga/api.py` asks `compiling()`), `compiled_call` (the only code here Dynamo traces) puts
+the call's tensors into one `tiga::call` op. Everything else about the call (functions,
+relation, reducer, Python-number params, the module parameters its edge function captures)
+is registered once per compilation by `_register`, which Dynamo runs for real
+(`assume_constant_result`) and whose integer key the op carries. The op's fake
+implementation gives the staged program's output types; its autograd registration runs
+Tiga's VJP through the eager bridge (`tiga::call_vjp`, itself opaque), recomputing the
+forward's residuals there (a compiled graph carries tensors, not a `_Run` between passes).
+
+Dynamo guards on the identity of the relation, layer and reducer objects (like module
+attributes): a new `tg.Graph` object recompiles. Fields and params inside a compiled region
+are torch tensors or Python numbers.
+"""
+from __future__ import annotations
+
+import threading
+import types
+
+import numpy as np
+import torch
+
+from ..core.errors import UnsupportedError
+from ..trace.message_passing import PropagateCall
+from .autograd import _persistent, run_call_torch, stage_call_torch
+from .dlpack import is_torch, to_torch
+
+ROLES = ("src", "dst", "edge")
+_ENTRIES: dict[int, _Entry] = {}     # key -> entry; one per distinct compiled call site
+_KEYS: dict[tuple, int] = {}
+_LOCK = threading.Lock()
+
+
+def compiling() -> bool:
+    """Whether torch.compile (Dynamo) is tracing right now (constant-folded by Dynamo)."""
+    return torch.compiler.is_compiling()
+
+
+def compiled_call(call):
+    """The call as one `tiga::call` op (traced by Dynamo: plain loops, no Tiga internals)."""
+    tensors, slots, shapes, skipped = [], [], [], []
+    for role in ROLES:
+        for name, value in call.fields[role].items():
+            if isinstance(value, torch.Tensor):
+                slots.append((role, name))
+                shapes.append((tuple(int(d) for d in value.shape), value.dtype))
+                tensors.append(value)
+            else:
+                skipped.append(f"{role}.{name}")
+    consts = []
+    for name, value in call.params.items():
+        if isinstance(value, torch.Tensor):
+            slots.append(("param", name))
+            shapes.append((tuple(int(d) for d in value.shape), value.dtype))
+            tensors.append(value)
+        else:
+            consts.append((name, value))
+    key = _register(call.graph, *_split(call.edge_fn), *_split(call.update), call.reducer,
+                    call.reduce_by, tuple(slots), tuple(shapes), tuple(consts),
+                    tuple(skipped))
+    captured = _ENTRIES[key].captured
+    outs = torch.ops.tiga.call(key, tensors + list(captured))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class _Entry:
+    """A compiled call site: how to rebuild the call from the op's tensors, the captured
+    tensors gradients flow to, and the output types (for the fake implementation)."""
+
+    def __init__(self, parts, slots, consts, captured, out_types):
+        self.parts, self.slots, self.consts = parts, slots, consts
+        self.captured = captured
+        self.out_types = out_types      # [(shape, torch dtype)]
+
+    def call_with(self, tensors) -> PropagateCall:
+        graph, edge_fn, reducer, update, reduce_by = self.parts
+        fields = {r: {} for r in ROLES}
+        params = dict(self.consts)
+        for (role, name), t in zip(self.slots, tensors):
+            (params if role == "param" else fields[role])[name] = t
+        call = PropagateCall(graph, edge_fn, reducer, fields["src"], fields["dst"],
+                             fields["edge"], update, params, reduce_by=reduce_by)
+        for (role, name), t in zip(self.slots, tensors):
+            if role != "param":   # a generated relation's coordinates: the op's tensor
+                call.fields[role][name] = t
+        return call
+
+
+def _split(fn) -> tuple:
+    """(owner, function) of a bound method, (None, fn) otherwise: Dynamo passes objects
+    and functions to `_register`, not bound methods."""
+    if isinstance(fn, types.MethodType):
+        return fn.__self__, fn.__func__
+    return None, fn
+
+
+def _join(owner, fn):
+    return fn if owner is None else types.MethodType(fn, owner)
+
+
+@torch._dynamo.assume_constant_result
+def _register(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce_by, slots,
+              shapes, consts, skipped) -> int:
+    """The key of this call site's entry (made once: staged on stand-in tensors of the
+    traced shapes, which gives the captured tensors and the output types)."""
+    edge_fn, update = _join(edge_owner, edge_fn), _join(update_owner, update)
+    ident = (id(graph), edge_fn, id(reducer), update, reduce_by, slots, shapes, consts)
+    with _LOCK:
+        if ident in _KEYS:
+            return _KEYS[ident]
+    stand_ins = [torch.zeros((), dtype=dtype).expand(shape) for shape, dtype in shapes]
+    entry = _Entry((graph, edge_fn, reducer, update, reduce_by), slots, consts, (), [])
+    call = entry.call_with(stand_ins)
+    lost = [n for n in skipped if n.split(".", 1)[1] not in call.fields[n.split(".")[0]]]
+    if lost:
+        raise UnsupportedError(
+            f"{lost[0]}: is not a torch tensor; inside torch.compile a Tiga call's fields "
+            "are torch tensors (they become inputs of its torch op)",
+            hint="pass torch.as_tensor(array) instead of the numpy array")
+    program, _, originals, _ = stage_call_torch(call)
+    captured = tuple(originals[:len(originals) - len(call.values())])
+    if not _persistent(captured, call):
+        raise UnsupportedError(
+            "inside torch.compile, the edge/update function computes a tensor from a "
+            "captured one while tracing (e.g. `w * 2`); the compiled graph could not "
+            "differentiate it", hint="capture parameters directly (tg.nn.trace modules or "
+                                     "tensors held by the layer), or pass the tensor as a "
+                                     "keyword parameter of the call")
+    entry.captured = captured
+    entry.out_types = [(tuple(int(d) for d in t.shape), _torch_dtype(t.dtype.np))
+                       for t in program.out_types]
+    with _LOCK:
+        key = _KEYS.setdefault(ident, len(_ENTRIES))
+        _ENTRIES.setdefault(key, entry)
+    return key
+
+
+def _torch_dtype(np_dtype):
+    return to_torch(np.zeros(0, np_dtype)).dtype   # (bfloat16 included)
+
+
+@torch.library.custom_op("tiga::call", mutates_args=())
+def _call_op(key: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    entry = _ENTRIES[key]
+    n = len(entry.slots)     # the captured tensors after them are read from their owners
+    with torch.no_grad():
+        outs = run_call_torch(entry.call_with(list(tensors[:n])))
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    # a custom op's outputs may not alias its inputs (an update returning a field as is)
+    return [o.clone() if any(_aliases(o, t) for t in tensors) else o for o in outs]
+
+
+@_call_op.register_fake
+def _call_fake(key, tensors):
+    device = tensors[0].device if tensors else torch.device("cpu")
+    return [torch.empty(shape, dtype=dtype, device=device)
+            for shape, dtype in _ENTRIES[key].out_types]
+
+
+@torch.library.custom_op("tiga::call_vjp", mutates_args=())
+def _vjp_op(key: int, tensors: list[torch.Tensor], cts: list[torch.Tensor],
+            wrt: list[bool]) -> list[torch.Tensor]:
+    """Gradients for the tensors marked in `wrt`, by the eager bridge (Tiga's VJP program)."""
+    entry = _ENTRIES[key]
+    n = len(entry.slots)
+    leaves = [t.detach().requires_grad_(w) for t, w in zip(tensors[:n], wrt)]
+    targets = [x for x, w in zip(leaves + list(entry.captured), wrt) if w]
+    with torch.enable_grad():
+        outs = run_call_torch(entry.call_with(leaves))
+        outs = list(outs) if isinstance(outs, tuple) else [outs]
+        pairs = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
+        grads = torch.autograd.grad([o for o, _ in pairs], targets, [c for _, c in pairs],
+                                    allow_unused=True) if pairs else [None] * len(targets)
+    return [torch.zeros_like(x) if g is None else g.detach() for g, x in zip(grads, targets)]
+
+
+@_vjp_op.register_fake
+def _vjp_fake(key, tensors, cts, wrt):
+    return [torch.empty_like(t) for t, w in zip(tensors, wrt) if w]
+
+
+def _setup(ctx, inputs, output):
+    key, tensors = inputs
+    ctx.key = key
+    ctx.save_for_backward(*tensors)
+
+
+def _backward(ctx, grads):
+    tensors = ctx.saved_tensors
+    wrt = [bool(w) and t.is_floating_point()
+           for w, t in zip(ctx.needs_input_grad[1], tensors)]
+    shapes = _ENTRIES[ctx.key].out_types
+    cts = [torch.zeros(shape, dtype=dtype, device=tensors[0].device) if g is None else g
+           for g, (shape, dtype) in zip(grads, shapes)]
+    got = iter(torch.ops.tiga.call_vjp(ctx.key, list(tensors), cts, wrt) if any(wrt) else [])
+    return None, [next(got) if w else None for w in wrt]
+
+
+_call_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _aliases(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return is_torch(b) and a.device == b.device and a.numel() > 0 and b.numel() > 0 and \
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
