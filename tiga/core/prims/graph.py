@@ -127,10 +127,12 @@ def _check_empty(reducer, m: TensorType, name: str) -> None:
     e = getattr(reducer, "empty", None)
     if e is None or m.dtype.is_float:
         return
-    if not (e == e and abs(e) != float("inf") and float(e).is_integer()):
+    info = np.iinfo(m.dtype.np) if m.dtype.name != "bool" else np.iinfo(np.uint8)
+    if not (e == e and abs(e) != float("inf") and float(e).is_integer()
+            and info.min <= e <= info.max and m.dtype.name != "bool"):
         raise DTypeError(f"{name}: {reducer.name}(empty={e!r}) over {m} messages: an empty "
-                         f"row of {m.dtype} cannot hold {e!r}; give an integer empty= or cast "
-                         "the message to a float")
+                         f"row of {m.dtype} cannot hold {e!r}; give an empty= that {m.dtype} "
+                         "holds, or cast the message to a float")
 
 
 def _update_types(update, rows, roles, outs):
