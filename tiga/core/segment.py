@@ -1,9 +1,18 @@
-"""core: numpy segment reductions the reference propagate folds messages with."""
+"""core: numpy segment reductions the reference propagate folds messages with.
+
+Half-precision messages (float16, bfloat16) accumulate in float32 and round once to their
+dtype at the end (core/reducers.py states the rule every route follows).
+"""
 from __future__ import annotations
 
 import numpy as np
 
 from .errors import UnsupportedError
+
+
+def wide(m: np.ndarray) -> np.ndarray:
+    """`m` in the dtype its sums, products and softmax accumulate in (float32 for halves)."""
+    return m.astype(np.float32) if m.dtype.name in ("float16", "bfloat16") else m
 
 
 def _zeros_like_rows(n: int, m: np.ndarray, fill) -> np.ndarray:
@@ -30,12 +39,13 @@ def segment_reduce(name: str, parts: list, seg: np.ndarray, n: int, counts: np.n
         return out
     if name in ("argmin", "argmax"):
         return _segment_arg(name == "argmax", m, np.asarray(parts[1], np.int64), seg, n, counts)
-    if name == "sum":
-        out = _zeros_like_rows(n, m, 0)
-        np.add.at(out, seg, m)
-        return out
+    if name in ("sum", "prod"):   # in the wide dtype, rounded once to the messages' dtype
+        w = wide(m)
+        out = _zeros_like_rows(n, w, 0 if name == "sum" else 1)
+        (np.add if name == "sum" else np.multiply).at(out, seg, w)
+        return out.astype(m.dtype, copy=False)
     if name == "mean":
-        out = segment_reduce("sum", parts, seg, n, counts)
+        out = segment_reduce("sum", [wide(m)], seg, n, counts)
         denom = np.maximum(counts, 1).reshape((n,) + (1,) * (m.ndim - 1))
         return (out / denom).astype(m.dtype, copy=False)
     if name in ("max", "min"):
@@ -43,12 +53,9 @@ def segment_reduce(name: str, parts: list, seg: np.ndarray, n: int, counts: np.n
         (np.maximum if name == "max" else np.minimum).at(out, seg, m)
         out[counts == 0] = 0
         return out
-    if name == "prod":
-        out = _zeros_like_rows(n, m, 1)
-        np.multiply.at(out, seg, m)
-        return out
     if name == "online_softmax":
-        return _segment_softmax(parts[0], parts[1], seg, n, counts)
+        out = _segment_softmax(wide(parts[0]), wide(parts[1]), seg, n, counts)
+        return out.astype(parts[1].dtype, copy=False)
     raise UnsupportedError(f"reducer {name!r} has no reference segment reduction")
 
 

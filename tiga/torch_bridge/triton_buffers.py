@@ -21,7 +21,10 @@ def from_array(x, dtype: str, device: str) -> torch.Tensor:
         arr = arr.copy()   # torch wraps only writable memory without a warning
     if arr.size == 0:
         arr = np.zeros(1, dtype=arr.dtype)
-    t = torch.from_numpy(arr)
+    if dtype == "bfloat16":   # torch cannot wrap ml_dtypes' bfloat16: share its bits
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(arr)
     return t if device == "cpu" else t.to(device)
 
 
@@ -48,6 +51,9 @@ def cell_directory(pos: torch.Tensor, lo, inv_w: float, dims) -> tuple:
 
 
 def to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
+    if t.dtype == torch.bfloat16:   # numpy has no bfloat16 of torch's: ml_dtypes' bits
+        return t.cpu().view(torch.int16).numpy().view(np.dtype("bfloat16")) \
+            .astype(dtype, copy=False)
     return t.cpu().numpy().astype(dtype, copy=False)
 
 

@@ -8,7 +8,7 @@ from ..errors import DTypeError, ShapeError, UnsupportedError
 from ..eval import eval_closed, eval_rows
 from ..primitive import abstract_eval_rules, impl_rules, primitive
 from ..program import ClosedProgram
-from ..segment import segment_reduce
+from ..segment import segment_reduce, wide
 from ..types import GraphType, TensorType
 
 propagate_p = primitive("propagate", "graph", multiple_results=True)
@@ -186,14 +186,16 @@ def propagate_impl_rule(graph, *fields, edge_fn, reducer, roles, names, reduce_b
 
 def _softmax_stats(score, seg, n, counts) -> list:
     """online_softmax's per-row statistics: the row max of the scores (0 for an empty row)
-    and mass = sum exp(score - max) (NaN where every score is -inf), as the reducer keeps."""
+    and mass = sum exp(score - max) (NaN where every score is -inf), as the reducer keeps;
+    half-precision scores accumulate in float32 and round once."""
+    dtype, score = score.dtype, wide(score)
     top = np.full((n,) + score.shape[1:], -np.inf, score.dtype)
     np.maximum.at(top, seg, score)
     top[counts == 0] = 0
     mass = np.zeros((n,) + score.shape[1:], score.dtype)
     with np.errstate(invalid="ignore"):
         np.add.at(mass, seg, np.exp(score - top[seg]))
-    return [top, mass]
+    return [top.astype(dtype, copy=False), mass.astype(dtype, copy=False)]
 
 
 def _unpermute(m, perm):

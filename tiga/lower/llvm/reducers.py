@@ -10,7 +10,7 @@ import math
 
 from llvmlite import ir
 
-from ...core.dtypes import float64, int64
+from ...core.dtypes import compute_dtype, float64, int64
 from ...core.reducers import Reducer
 from .rules.reductions import combine, identity
 from .values import F64, CodegenUnsupported, Val, cast, const, numel
@@ -39,11 +39,15 @@ class SimpleState:
             raise CodegenUnsupported(f"{name} over bool messages has no cpu-llvm lowering")
         self.name, self.kind = name, "sum" if name == "mean" else name
         self.empty = empty   # max/min/prod: an empty row's value (None: 0 for max/min)
-        self.shape, self.dtype = tuple(msg_type.shape), msg_type.dtype
+        self.shape, self.out_dtype = tuple(msg_type.shape), msg_type.dtype
+        # float16 sums and products accumulate in float32 and round once in finalize (the
+        # rule of core/reducers.py); max/min are exact and keep the message dtype
+        self.dtype = compute_dtype(self.out_dtype) if self.kind in ("sum", "prod") \
+            else self.out_dtype
         # sums may be split over several accumulators and merged (the kernel's unrolled edge
         # loop): exact for integers, a different rounding order for float32/float64, as
-        # numpy's pairwise sums. float16 keeps edge order (its rounding is visible).
-        self.reassociable = self.kind == "sum" and self.dtype.name != "float16"
+        # numpy's pairwise sums
+        self.reassociable = self.kind == "sum"
 
     def state_bytes(self) -> int:
         n = 1
@@ -98,7 +102,7 @@ class SimpleState:
             fill = const(self.dtype, 0 if self.empty is None else self.empty)
             ctx.loop_nest(self.shape, lambda idx: acc.store(
                 b, idx, b.select(empty, fill, acc.load(b, idx))))
-        return [acc]
+        return [_as(ctx, acc, self.out_dtype)]   # a float32 state rounds once, here
 
 
 class ArgState:
@@ -157,8 +161,10 @@ class SoftmaxState:
     """Streaming softmax: running max `top`, mass and accumulator per score entry."""
 
     def __init__(self, score_t, value_t):
-        self.s_shape, self.s_dtype = tuple(score_t.shape), score_t.dtype
-        self.v_shape, self.v_dtype = tuple(value_t.shape), value_t.dtype
+        # float16 scores and values run in float32 and the result rounds once (finalize)
+        self.s_shape, self.s_dtype = tuple(score_t.shape), compute_dtype(score_t.dtype)
+        self.v_shape, self.v_dtype = tuple(value_t.shape), compute_dtype(value_t.dtype)
+        self.out_dtype = value_t.dtype
         self.tail = self.v_shape[len(self.s_shape):]
 
     def init(self, ctx) -> list:
@@ -218,7 +224,7 @@ class SoftmaxState:
             acc.store(b, idx, b.select(dead, nan, y))
 
         ctx.loop_nest(self.v_shape, body)
-        return [acc]
+        return [_as(ctx, acc, self.out_dtype)]
 
 
 class UserState:

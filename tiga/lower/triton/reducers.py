@@ -242,9 +242,11 @@ class OnlineSoftmax:
     def finalize(self, ctx: Emitter, state: list) -> list:
         _, mass, acc = state
         # mass is 0 only where every score is -inf (the max's own weight is exp(0) = 1), and
-        # NaN after a NaN or +inf score: then 0 / 0 or NaN gives the reference's NaN row;
-        # an empty row is 0 (padded lanes may hold NaN: they are never stored)
-        expr = f"tl.where(cnt > 0, {acc} / {self._lift(mass)}, 0.0)"
+        # NaN after a NaN or +inf score: both rows are NaN, as the reference's; an empty
+        # row is 0 (no 0 / 0 is computed: the interpreter would warn on padded lanes)
+        live = self._lift(f"{mass} > 0")
+        safe = self._lift(f"tl.where({mass} > 0, {mass}, 1.0)")
+        expr = f"tl.where(cnt > 0, tl.where({live}, {acc} / {safe}, float('nan')), 0.0)"
         return [ctx.value(f"({expr}).to({tl_dtype(self.out_dtype)})", self.v_shape,
                           self.out_dtype, "row", "y")]
 
