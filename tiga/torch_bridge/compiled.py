@@ -31,6 +31,7 @@ ROLES = ("src", "dst", "edge")
 _ENTRIES: dict[int, _Entry] = {}     # key -> entry; one per distinct compiled call site
 _KEYS: dict[tuple, int] = {}
 _LOCK = threading.Lock()
+_CAPTURED = types.SimpleNamespace()   # k<key> -> the entry's captured tensors (Dynamo reads)
 
 
 def compiling() -> bool:
@@ -60,7 +61,9 @@ def compiled_call(call):
     key = _register(call.graph, *_split(call.edge_fn), *_split(call.update), call.reducer,
                     call.reduce_by, tuple(slots), tuple(shapes), tuple(consts),
                     tuple(skipped))
-    captured = _ENTRIES[key].captured
+    # (an attribute per key: Dynamo reads it when it gets here, after _register made it;
+    # a dict would be read once per frame, before a second layer's key existed)
+    captured = getattr(_CAPTURED, f"k{key}")
     outs = torch.ops.tiga.call(key, tensors + list(captured))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -133,7 +136,8 @@ def _register(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce_
                        for t in program.out_types]
     with _LOCK:
         key = _KEYS.setdefault(ident, len(_ENTRIES))
-        _ENTRIES.setdefault(key, entry)
+        if _ENTRIES.setdefault(key, entry) is entry:
+            setattr(_CAPTURED, f"k{key}", captured)
     return key
 
 
