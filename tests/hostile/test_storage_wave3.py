@@ -536,3 +536,45 @@ def test_paged_grads_racing_a_writer_in_another_process(tmp_path):
             st.transposed.read_rows(0, st.transposed.num_dst)
             st.transposed.edge_perm.read()
 
+
+
+def test_budget_errors_name_the_knob_that_fixes_them():
+    """Issue 26 item 5: each budget StorageError names a fix, and following it works (the
+    oracle of the fixed run is numpy)."""
+    check_cases(HELPERS + '''
+N, k = 20000, 3
+rp, ci = ring(N, k)
+write_store("big", rp, ci)
+x = np.random.default_rng(3).random((N, 8))
+
+@case
+def page_buffers_over_budget_name_page_rows():
+    g = tg.Graph.open("big")
+    run = lambda: tg.propagate(g, lambda s, d, e: s.x, tg.sum(), src={"x": x})
+    with tg.scope(budgets={"host": "256KiB"}, page_rows=65536):
+        err = raises(tg.StorageError, run, "page 0 buffers", "a smaller page_rows",
+                     "now 65536", "budgets['host']")
+        assert "eviction" not in str(err), err
+    with tg.scope(budgets={"host": "256KiB"}, page_rows=1024):
+        same(np.asarray(run()), x[ci].reshape(N, k, 8).sum(1))
+
+@case
+def idle_host_tensors_that_cover_the_request_suggest_lru():
+    with tg.scope(budgets={"host": "100KiB"}):
+        held = tg.asarray(x[:1000]).to("disk").to("host")          # 64000 idle bytes
+        want = x[:700].copy()                                        # 44800 more
+        err = raises(tg.StorageError, lambda: tg.asarray(want).to("disk").to("host"),
+                     "eviction='lru' would spill", "62.50 KiB")
+        with tg.scope(eviction="lru"):
+            got = tg.asarray(want).to("disk").to("host")
+        same(got.numpy(), want)
+        assert held.tier == "disk"                                   # it was spilled
+
+@case
+def a_request_larger_than_the_budget_names_the_budget_and_the_disk_tier():
+    tg.save(x, "xs")
+    with tg.scope(budgets={"host": "100KiB"}, eviction="lru"):
+        raises(tg.StorageError, lambda: tg.load("xs", tier="host"), "budgets['host']",
+               "'disk' tier")
+        same(tg.load("xs")[:10].numpy(), x[:10])                    # the disk tier works
+''')

@@ -47,14 +47,17 @@ def fmt_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-def charge(tier: str, nbytes: int, what: str = "allocation") -> Charge:
+def charge(tier: str, nbytes: int, what: str = "allocation", knob: str | None = None) \
+        -> Charge:
     """Charge `nbytes` on `tier` before allocating them: over the innermost budget, idle
-    host tensors are spilled first (eviction='lru'), else tg.StorageError."""
+    host tensors are spilled first (eviction='lru'), else tg.StorageError naming the knob
+    that fixes it. `knob="page_rows"`: the request grows with the scope's page_rows (page
+    buffers), so a smaller page_rows is the first fix."""
     with _LOCK:
-        return _charge(tier, int(nbytes), what)
+        return _charge(tier, int(nbytes), what, knob)
 
 
-def _charge(tier: str, nbytes: int, what: str) -> Charge:
+def _charge(tier: str, nbytes: int, what: str, knob: str | None = None) -> Charge:
     owner = sc.budget_scope(tier)
     if owner is not None and owner.used[tier] + nbytes > owner.budgets[tier]:
         if tier == "host" and sc.eviction() == "lru":
@@ -63,14 +66,44 @@ def _charge(tier: str, nbytes: int, what: str) -> Charge:
             raise StorageError(
                 f"{tier} budget {fmt_bytes(owner.budgets[tier])} cannot hold a request of "
                 f"{fmt_bytes(nbytes)} for {what}: {fmt_bytes(owner.used[tier])} already "
-                f"allocated in the scope that sets it"
-                + ("" if tier != "host" or sc.eviction() == "lru" else
-                   "; eviction='lru' would spill idle host tensors first"))
+                f"allocated in the scope that sets it; " + _advice(tier, nbytes, owner, knob))
     scopes = sc.chain()
     for s in scopes:
         s.used[tier] += nbytes
         s.peak[tier] = max(s.peak[tier], s.used[tier])
     return Charge(tier, nbytes, scopes)
+
+
+_OTHER_TIER = {"host": "keep the value on the 'disk' tier (t.to('disk') or t.spill(); "
+                       "programs read disk tensors page by page)",
+               "device": "keep the value on the 'host' tier",
+               "disk": "spill under a scope whose disk budget is larger"}
+
+
+def _advice(tier: str, nbytes: int, owner, knob: str | None) -> str:
+    """The knob that fixes an over-budget request, most specific first: a smaller
+    page_rows for page-sized requests, eviction='lru' only where the idle host tensors it
+    would spill cover the shortfall, else a larger budget or another tier."""
+    short = owner.used[tier] + nbytes - owner.budgets[tier]
+    raise_it = f"raise budgets[{tier!r}] by at least {fmt_bytes(short)}"
+    if knob == "page_rows":
+        return (f"a smaller page_rows (tg.scope(page_rows=...), now {sc.page_rows()}) makes "
+                f"each page's buffers smaller, or {raise_it}")
+    if tier == "host" and sc.eviction() != "lru" and nbytes <= owner.budgets[tier]:
+        idle = _idle_bytes(owner)
+        if idle >= short:
+            return (f"eviction='lru' would spill {fmt_bytes(idle)} of idle host tensors "
+                    f"first, or {raise_it}")
+    return f"{raise_it}, or {_OTHER_TIER[tier]}"
+
+
+def _idle_bytes(owner) -> int:
+    total = 0
+    for ref in list(owner.lru.values()):
+        t = ref()
+        if t is not None and _idle(t) and t._charge is not None:
+            total += max(t._charge.nbytes, 0)
+    return total
 
 
 def track(tensor, ch: Charge) -> None:

@@ -45,7 +45,7 @@ class PageSet:
             del self.bufs[name]
         cap = max(1, with_slack(n))
         row = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
-        ch = memory.charge("host", cap * row, what)
+        ch = memory.charge("host", cap * row, what, knob="page_rows")
         arr = aligned_empty((cap,) + tuple(row_shape), dtype, 4096)   # (O_DIRECT writes)
         self.bufs[name] = (arr, ch)
         return arr[:n]

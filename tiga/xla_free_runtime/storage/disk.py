@@ -250,7 +250,10 @@ class DiskStorage:
         if not self.writable:
             raise StorageError(f"disk storage {self.path} is read-only")
         self._generation += 1
-        self._live().resize((rows,) + self.shape[1:])
+        try:
+            self._live().resize((rows,) + self.shape[1:])
+        except OSError as exc:
+            raise StorageError(f"{self.path}: resize to {rows} rows failed ({exc})") from exc
         self.shape = (rows,) + self.shape[1:]
 
     def release(self) -> None:
@@ -502,21 +505,27 @@ def fsync_tree(path) -> None:
     """fsync every file under `path`, then the directories (so renames of them are durable)."""
     path = Path(path)
     dirs = [path]
-    for root, subdirs, files in os.walk(path):
+
+    def fail(exc):
+        raise StorageError(f"{path}: fsync failed ({exc})") from exc
+    for root, subdirs, files in os.walk(path, onerror=fail):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(os.path.join(root, name))
         dirs.extend(Path(root) / d for d in subdirs)
     for d in dirs + [path.parent]:
         fsync_dir(d)
 
 
 def fsync_dir(path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
+    _fsync(str(path))
+
+
+def _fsync(name: str) -> None:
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError(f"{name}: fsync failed ({exc})") from exc
