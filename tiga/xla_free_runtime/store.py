@@ -29,8 +29,8 @@ import numpy as np
 from ..core.dtypes import as_dtype
 from ..core.errors import GraphValidationError, StorageError
 from ..core.graph import store_hooks
-from .progress import progress_bar
 from . import store_versions as sv
+from .progress import progress_bar
 from .storage.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for, fsync_tree
 from .store_ingest import Appender, check_csr_chunk, check_field_rows
 from .store_versions import MANIFEST, POINTER
@@ -39,9 +39,6 @@ FORMAT = "tiga-store/2"
 # (format 1, before chunk checksums in the manifest, is still read, without that check)
 FORMATS = ("tiga-store/1", FORMAT)
 ROLES = ("src", "dst", "edge")
-# (names other runtime modules use)
-_versions, _current, _write_atomic, _with_checksum = \
-    sv.versions, sv.current, sv.write_atomic, sv.with_checksum
 
 
 class StoreWriter:
@@ -190,11 +187,23 @@ class Store:
     """A committed store version: counts, fields (disk tensors) and CSR row ranges."""
 
     def __init__(self, path, version: str | None = None):
+        """The version CURRENT names (or `version`, a vNNNNNN name)."""
         self.path = Path(path)
         current = version or sv.current(self.path)
         if current is None:
             raise StorageError(f"{self.path / POINTER}: not found; {self.path} holds no "
                                "committed store")
+        try:
+            self._load(current)
+        except StorageError as exc:
+            now = sv.current(self.path)
+            if version is None and now != current:   # a commit pruned it while it opened
+                raise StorageError(f"{self.path}: version {current} was replaced by {now} "
+                                   "and pruned while it was opened; open the store "
+                                   "again") from exc
+            raise
+
+    def _load(self, current: str) -> None:
         self.vdir = sv.version_dir(self.path, current)
         m = self.manifest = _read_manifest(self.vdir / MANIFEST)
         self.version = int(m["version"])
