@@ -5,11 +5,16 @@ reducer and every relation kind, forward and gradients; the streaming attention 
 (LLVM float32 and numpy tiles) over triangular, cu_seqlens and dense relations; softmax
 rows with +-inf scores against torch; a long edge function over wide rows (stack budget).
 The oracle is `eval_program` on the traced, unoptimised program (the numpy reference
-interpreter); results must agree NaN for NaN and inf for inf.
+interpreter); results must agree NaN for NaN and inf for inf. The Triton route runs in
+Triton's interpreter on CPU (the kernels the GPU runs): every reducer over every relation
+kind, split (hub) rows, softmax rows with non-finite scores.
 """
 from __future__ import annotations
 
 import os
+
+# Triton decides at its import whether its kernels are interpreted (tests/triton/conftest.py)
+os.environ.setdefault("TRITON_INTERPRET", "1")
 import subprocess
 import sys
 import textwrap
@@ -335,3 +340,107 @@ def test_wide_rows_past_the_stack_budget(width, steps):
     assert "SAME" in done.stdout
     assert "route:      cpu-llvm" in done.stdout, done.stdout
     assert "heap block" in done.stdout, done.stdout
+
+
+# ---- the Triton route (Triton's interpreter: the GPU kernels' source) ------------------------
+
+
+@pytest.fixture
+def triton_route():
+    """Every propagate on triton-interpreter, strictly: a silent reference run would agree
+    with the oracle by construction."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    old = tg.config._backend, tg.config.strict
+    tg.config.backend, tg.config.strict = "triton-interpreter", True
+    try:
+        yield
+    finally:
+        tg.config.backend, tg.config.strict = old
+
+
+def row_edges(graph, r: int) -> np.ndarray:
+    """The edge ids (positions in the edge field) of destination row r."""
+    rp, _ = graph.resolve_csr()
+    pos = np.arange(rp[r], rp[r + 1])
+    return pos if graph.edge_perm is None else np.asarray(graph.edge_perm)[pos]
+
+
+def hostile_operands(graph, rng) -> dict:
+    """The issue's rows: one whose every message is NaN, one mixing NaN, finite and +inf
+    (`[nan, 1, inf]` for max/min), one with a -inf, and a +inf source entry."""
+    ops = operands(graph, rng)
+    rp, _ = graph.resolve_csr()
+    rows = [r for r in range(graph.num_dst) if rp[r + 1] > rp[r]]
+    ops["w"][row_edges(graph, rows[0])] = np.nan
+    mixed = max(rows[1:], key=lambda r: rp[r + 1] - rp[r], default=None)
+    if mixed is not None:
+        e = row_edges(graph, mixed)
+        ops["w"][e[0], 0], ops["w"][e[-1], 1] = np.nan, np.inf
+        ops["w"][e[len(e) // 2], 2] = -np.inf
+    ops["x"][-1, 1] = np.inf
+    return ops
+
+
+@pytest.mark.parametrize("kind", ["csr", "dense", "triangular", "cu_seqlens", "stencil",
+                                  "radius", "knn", "cat"])
+@pytest.mark.parametrize("reducer", list(REDUCERS))
+def test_triton_every_relation_kind(triton_route, kind, reducer):
+    graph = relation(kind)
+    check_model(model(reducer), graph, hostile_operands(graph, np.random.default_rng(5)),
+                None, grads=False)
+
+
+@pytest.mark.parametrize("reducer", list(REDUCERS))
+@given(data=st.data())
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_triton_every_field_kind(triton_route, reducer, data):
+    """Random placements in every field kind, forward and (sum, online_softmax: their VJPs
+    are Triton propagates too; kept to two, the interpreter is slow) gradients."""
+    graph = relation("csr")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
+    ops = operands(graph, rng)
+    place(ops, data.draw)
+    check_model(model(reducer), graph, ops, rng.standard_normal((graph.num_dst, 3)),
+                grads=reducer in ("sum", "online_softmax"))
+
+
+def hub_graph():
+    """Rows past the kernel's split degree (128 edges: 8 tiles of 16), folded in chunks by
+    programs of their own and merged: 150 edges, 140 edges, 131 edges, then short rows."""
+    rng = np.random.default_rng(7)
+    degrees = [150, 140, 131, 2, 0, 3]
+    cols = [rng.integers(0, 6, d) for d in degrees]
+    row_ptr = np.concatenate([[0], np.cumsum(degrees)]).astype(np.int64)
+    return tg.Graph.from_csr(row_ptr, np.concatenate(cols).astype(np.int64), num_src=6)
+
+
+@pytest.mark.parametrize("reducer", list(REDUCERS))
+def test_triton_split_rows(triton_route, reducer):
+    """NaN and +-inf in later chunks of a hub row, a hub row of only NaN: the chunk merge
+    keeps them as the reference does."""
+    from tiga.xla_free_runtime import triton_launch
+
+    graph = hub_graph()
+    ops = operands(graph, np.random.default_rng(8))
+    ops["w"][140, 0] = np.nan                       # chunk 2 of row 0
+    ops["w"][150:290] = np.nan                      # all of row 1
+    ops["w"][290 + 20, 1], ops["w"][290 + 130, 2] = np.inf, -np.inf   # row 2, chunks 1 and 2
+    before = triton_launch.STATS["split_launches"]
+    check_model(model(reducer), graph, ops, None, grads=False)
+    assert triton_launch.STATS["split_launches"] > before, "no row ran the split path"
+
+
+@pytest.mark.parametrize("scores", [[np.inf, 1.0], [-np.inf, 1.0], [-np.inf, -np.inf],
+                                    [np.nan, 1.0], [np.inf, np.inf], [np.inf, -np.inf],
+                                    [-np.inf], [np.inf], [3.0, -np.inf, 2.0]])
+def test_triton_softmax_of_non_finite_scores(triton_route, scores):
+    n = len(scores)
+    graph = tg.Graph.from_csr(np.array([0, n, n]), np.arange(n), num_src=n)
+    s, v = np.array(scores, np.float64), np.arange(1.0, n + 1.0)
+
+    def f(s, v):
+        return Scores()(graph=graph, src={"v": v}, dst={}, edge={"s": s})
+
+    assert_same(f(s, v), reference(f, s, v)[0], what="triton vs reference")
