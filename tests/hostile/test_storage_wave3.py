@@ -282,7 +282,7 @@ def manifest_copied_from_another_version():
 
 def test_chunks_copied_from_elsewhere_are_detected():
     check_cases(HELPERS + '''
-import shutil
+import json, shutil
 from tiga.xla_free_runtime.storage import disk
 disk.CHUNK_BYTES = 64          # several chunks per array
 rp, ci = ring(60)
@@ -330,6 +330,22 @@ def chunk_from_an_older_version_of_the_same_store():
     shutil.copy("c/v000001/col_idx/c/0", "c/v000002/col_idx/c/0")
     raises(tg.StorageError, lambda: tg.store.open("c").read_csr(), "col_idx/c/0",
            "manifest checksum check failed")
+
+@case
+def a_format_1_store_without_chunk_checksums_still_reads():
+    import zlib
+    write_store("old", rp, ci, fields=[("x", X60, "src")])
+    man = Path("old/v000001/manifest.json")
+    m = json.loads(man.read_text())
+    m.pop("checksum")
+    m["format"] = "tiga-store/1"
+    for entry in list(m["arrays"].values()) + list(m["fields"].values()):
+        entry.pop("crc32c")
+    body = json.dumps(m, sort_keys=True)
+    man.write_text(json.dumps(dict(m, checksum=zlib.crc32(body.encode())), sort_keys=True))
+    st = tg.store.open("old")
+    same(st.read_csr()[1], ci)
+    same(st["x"].numpy(), X60)
 
 @case
 def an_untouched_store_reads_back():
@@ -417,6 +433,28 @@ def writer_claims_during_a_build_and_commits_after_it():
     assert st.version == w.version
     same(st.read_csr()[1], ci2)
     same(grad("t"), want_grad(rp2, ci2), rtol=1e-12)
+
+@case
+def two_builds_of_one_version_share_the_first_committed():
+    write_store("b2", rp, ci)
+    seen = {}
+    def other_build(vdir):
+        store_transpose._distribute = REAL      # (one pause: the inner build runs through)
+        seen["outer"] = vdir.name
+        seen["inner_grad"] = grad("b2")
+        seen["inner"] = tg.store.open("b2").version
+    pausing(other_build)
+    try:
+        got = grad("b2")
+    finally:
+        store_transpose._distribute = REAL
+    want = want_grad(rp, ci)
+    same(got, want, rtol=1e-12)
+    same(seen["inner_grad"], want, rtol=1e-12)
+    st = tg.store.open("b2")
+    assert st.version == seen["inner"] and st.transposed is not None, (st.version, seen)
+    assert not (ROOT / "b2" / seen["outer"]).exists()   # the second build removed its own
+    assert sorted(os.listdir("b2")) == ["CURRENT", "v000001", f"v{seen['inner']:06d}"]
 
 @case
 def a_killed_owner_s_version_is_reclaimed():

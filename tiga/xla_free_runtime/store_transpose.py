@@ -64,42 +64,66 @@ def out_degrees(store, step: int) -> np.ndarray:
 
 def build(store):
     """Build the transposed relation of `store` (a committed Store) as a new version and
-    return the Store of it."""
-    path, base = store.path, store.vdir.name
+    return the Store of it (or of the same relation's transposed version another process
+    committed meanwhile)."""
+    path = store.path
     claim = sv.claim(path)
-    vdir = claim.vdir
+    vdir, twin = claim.vdir, None
     try:
         try:
             _link_tree(store.vdir, vdir)
             arrays = _sorted_runs(store, vdir / TRANSPOSE)
             fsync_tree(vdir)
         except OSError as exc:
-            _check_base(path, base, exc)
-            if isinstance(exc, StorageError):
+            twin = _check_base(store, exc)
+            if twin is None and isinstance(exc, StorageError):
                 raise
-            raise StorageError(f"{vdir}: building the transposed relation failed ({exc})") \
-                from exc
-        manifest = dict(store.manifest, version=claim.number, transpose=arrays)
-        with sv.locked(path):
-            _check_base(path, base, None)
-            sv.write_atomic(vdir / sv.MANIFEST, sv.with_checksum(manifest))
-            sv.switch(path, vdir.name)
+            if twin is None:
+                raise StorageError(f"{vdir}: building the transposed relation failed "
+                                   f"({exc})") from exc
+        if twin is None:
+            manifest = dict(store.manifest, version=claim.number, transpose=arrays)
+            with sv.locked(path):
+                twin = _check_base(store, None)
+                if twin is None:
+                    sv.write_atomic(vdir / sv.MANIFEST, sv.with_checksum(manifest))
+                    sv.switch(path, vdir.name)
     except BaseException:
         shutil.rmtree(vdir, ignore_errors=True)
         raise
     finally:
         claim.release()
+    if twin is not None:
+        shutil.rmtree(vdir, ignore_errors=True)
+        return twin
     return type(store)(path, vdir.name)
 
 
-def _check_base(path: Path, base: str, exc) -> None:
-    """A StorageError when `base` is no longer the store's version (a commit replaced it,
-    and may have pruned its files under the build)."""
+def _check_base(store, exc):
+    """None while `store`'s version is still the store's. When another process committed
+    the transposed relation of the same version meanwhile, that version's Store. Else a
+    StorageError: a commit replaced the version (and may have pruned its files under the
+    build)."""
+    path, base = store.path, store.vdir.name
     now = sv.current(path)
-    if now != base:
-        raise StorageError(f"{path}: version {base} was replaced by {now} while its "
-                           "transposed relation was built (its files may be pruned); open "
-                           "the store again") from exc
+    if now == base:
+        return None
+    try:
+        other = type(store)(path, now) if now is not None else None
+    except StorageError:
+        other = None
+    if other is not None and other.transposed is not None and \
+            _relation_of(other.manifest) == _relation_of(store.manifest):
+        return other
+    raise StorageError(f"{path}: version {base} was replaced by {now} while its transposed "
+                       "relation was built (its files may be pruned); open the store "
+                       "again") from exc
+
+
+def _relation_of(manifest: dict) -> dict:
+    """A manifest without what a transposed build adds (the same relation, fields and
+    chunk checksums: the build links the base version's files)."""
+    return {k: v for k, v in manifest.items() if k not in ("version", "transpose")}
 
 
 def _link_tree(src: Path, dst: Path) -> None:
