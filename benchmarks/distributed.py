@@ -87,10 +87,12 @@ def _time_side(tg, comm, side: int, spec: dict, grad: bool) -> dict:
     deadline = time.perf_counter() + spec["seconds"]
     for k in range(spec["repeats"]):
         comm.raw.Barrier()
-        t0 = time.perf_counter()
-        step(xl)
-        times.append(time.perf_counter() - t0)
-        waits.append(graph.last_call.get("wait_s", 0.0) if comm.size > 1 else 0.0)
+        with tg.profile() as prof:
+            t0 = time.perf_counter()
+            step(xl)
+            times.append(time.perf_counter() - t0)
+        halo = prof.measured("halo")
+        waits.append(halo[-1].get("wait_s", 0.0) if comm.size > 1 and halo else 0.0)
         if k >= 2 and time.perf_counter() > deadline:
             break
     every = comm.allgather_array(np.array([np.median(times), np.median(waits)]), "bench")

@@ -144,8 +144,14 @@ def _gather_layer(tg):
     return Gather()
 
 
-def _stats(g) -> dict:
-    s = g.params["last_paged_run"]
+def _profile(tg):
+    """tg.profile() (Tigas before the run reports kept the latest figures on the graph)."""
+    import contextlib
+    return tg.profile() if hasattr(tg, "profile") else contextlib.nullcontext()
+
+
+def _stats(g, prof) -> dict:
+    s = prof.measured("paged")[-1] if prof is not None else g.params["last_paged_run"]
     return {"pages": s.pages, "page_rows": s.page_rows, "stages_s": dict(s.seconds),
             "bytes_read": dict(s.bytes_read), "bytes_written": dict(s.bytes_written),
             "distinct_ratio": s.distinct_ratio, "overlapped_s": s.overlapped,
@@ -158,12 +164,12 @@ def phase_forward(tg, root: str, edges: int, budget: str, page_rows: int, reps: 
     g, x = tg.Graph.open(path), tg.store.open(path)["x"]
     layer, times, runs = _gather_layer(tg), [], []
     drop_page_cache(path)
-    with tg.scope(budgets={"host": budget}, page_rows=page_rows):
+    with tg.scope(budgets={"host": budget}, page_rows=page_rows), _profile(tg) as prof:
         for i in range(reps):
             t = time.perf_counter()
             y = layer(graph=g, src={"x": x})
             times.append(time.perf_counter() - t)
-            runs.append(_stats(g))
+            runs.append(_stats(g, prof))
             if i < reps - 1:
                 del y
         rss = _rss_mib()        # (before the check, which holds a float64 oracle)
@@ -196,14 +202,14 @@ def phase_gradient(tg, root: str, edges: int, budget: str, page_rows: int, **_) 
     drop_page_cache(path)
     g, x = tg.Graph.open(path), tg.store.open(path)["x"]
     layer = _gather_layer(tg)
-    with tg.scope(budgets={"host": budget}, page_rows=page_rows):
+    with tg.scope(budgets={"host": budget}, page_rows=page_rows), _profile(tg) as prof:
         t = time.perf_counter()
         y, back = tg.vjp(lambda x: layer(graph=g, src={"x": x}), x)
         t1 = time.perf_counter()
         (dx,) = back(y)
         t2 = time.perf_counter()
         rss = _rss_mib()
-        stats = _stats(g)
+        stats = _stats(g, prof)
         checked = check_result(dx, "dx", n)
     return {"transpose_build_s": build_s, "built": built, "forward_s": t1 - t,
             "backward_s": t2 - t1, "backward_run": stats, "rows_checked": checked,

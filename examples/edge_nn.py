@@ -62,5 +62,5 @@ got = torch.zeros(128, 128, dtype=torch.bool)
 got[rows, col_idx] = True
 assert torch.equal(got, want) and graph.num_edges == int(want.sum())
 print(f"edges: {graph.num_edges}, mean degree {graph.num_edges / 128:.1f}")
-print(program.explain())
+print(program.explain(graph=graph, src={"x": x}, dst={}))
 print(f"EdgeNN forward and all gradients checked on {device}.")

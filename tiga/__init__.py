@@ -37,6 +37,7 @@ from .xla_free_runtime import generated as _generated  # noqa: F401  (radius/knn
 from .xla_free_runtime import memory, store
 from .xla_free_runtime import paging as _paging  # noqa: F401  (registers the paged route)
 from .xla_free_runtime.explain import Explanation
+from .xla_free_runtime.run_report import Profile, RunReport, profile
 from .xla_free_runtime.scope import scope
 from .xla_free_runtime.tensor import Tensor, asarray, from_dlpack, load, save
 
@@ -48,5 +49,6 @@ __all__ = [
     "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",
-    "asarray", "from_dlpack", "nn", "distributed", "argmin", "argmax", "edge_map",
+    "asarray", "from_dlpack", "nn", "distributed", "argmin", "argmax", "edge_map", "profile",
+    "Profile", "RunReport",
 ]

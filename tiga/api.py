@@ -23,6 +23,7 @@ from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, tra
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
 from .xla_free_runtime import triton_launch
 from .xla_free_runtime.executor import execute, explain_program
+from .xla_free_runtime.run_report import explaining, profile
 from .xla_free_runtime.tensor import Tensor, _wrap
 
 
@@ -470,13 +471,22 @@ def _torch_call(call, route):
     return run_call_torch(call, route=route)
 
 
-def _explain_call(call):
+def _explain_call(call, run: bool = False):
+    """explain(): the route of `call` without running it; `run`: it runs under a profile of
+    its own first, and the explanation carries (and reads) that run's report."""
+    report = None
+    if run:
+        with profile() as prof:
+            _execute_call(call)
+        report = prof.calls[-1] if prof.calls else None
     # CUDA inputs: explained on the backend the call runs on (triton), or the call's error
     backend = triton_launch.call_backend(call)
     if backend is not None and not _has_torch(call):
         _triton_tensors().adopt_cuda(call)
-    with using_backend(backend):
-        return _explain_selected(call)
+    with using_backend(backend), explaining(report):
+        ex = _explain_selected(call)
+    ex.run_report = report
+    return ex
 
 
 def _explain_selected(call):

@@ -129,9 +129,12 @@ def test_jit_captured_graph_and_both_schedules(overlap):
     layer = _layer("max")
     xl, hl, wl = dg.local(d["x"]), dg.local(d["h"]), dg.local_edges(d["w"])
     f = tg.jit(lambda x: _call(layer, dg, x, hl, wl) + 1.0)
-    np.testing.assert_allclose(dg.gather(np.asarray(f(xl))),
+    with tg.profile() as prof:
+        got = f(xl)
+    np.testing.assert_allclose(dg.gather(np.asarray(got)),
                                np.asarray(_call(layer, g, d["x"], d["h"], d["w"])) + 1.0)
-    assert dg.last_call["order"] == ("overlapped" if overlap else "communicate-then-compute")
+    assert prof.measured("halo")[-1]["order"] == ("overlapped" if overlap
+                                                  else "communicate-then-compute")
 
 
 def test_empty_partitions_more_ranks_than_rows():
@@ -155,8 +158,8 @@ def test_explain_lists_the_halo_plan():
     layer = _layer("sum")
     kw = dict(graph=dg, src={"x": dg.local(d["x"])}, dst={"h": dg.local(d["h"])},
               edge={"w": dg.local_edges(d["w"])}, scale=1.0)
-    layer(**kw)
-    text = str(layer.explain(**kw))
+    assert "distributed measured" not in str(layer.explain(**kw))     # (not run)
+    text = str(layer.explain(run=True, **kw))
     p = dg.plan
     assert f"{p.n_ghost} ghost rows" in text
     for q, a, b in p.recv:
@@ -171,7 +174,9 @@ def test_explain_lists_the_halo_plan():
     # the Task IR the call ran, printed whole: it parses back to the same module
     module = text.split("task ir:\n", 1)[1]
     module = "\n".join(line[2:] for line in module.splitlines())
-    assert module == str(dg.last_call["module"]).rstrip("\n")
+    with tg.profile() as prof:
+        layer(**kw)
+    assert module == str(prof.measured("halo")[-1]["module"]).rstrip("\n")
     parse_task(module).verify()
 
 

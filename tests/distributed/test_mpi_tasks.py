@@ -45,11 +45,12 @@ def test_plan_is_task_ir_following_the_halo_plan(overlap, monkeypatch):
     dg.overlap = overlap
     layer = _layer("max")
     args = (dg.local(d["x"]), dg.local(d["h"]), dg.local_edges(d["w"]))
-    y = _call(layer, dg, *args)
+    with tg.profile() as prof:
+        y = _call(layer, dg, *args)
     np.testing.assert_allclose(dg.gather(np.asarray(y)),
                                np.asarray(_call(layer, g, d["x"], d["h"], d["w"])),
                                rtol=1e-12, atol=1e-12)
-    module = dg.last_call["module"]
+    module = prof.measured("halo")[-1]["module"]
     text = str(module)
     again = parse_task(text)
     again.verify()
@@ -76,10 +77,11 @@ def test_plan_is_task_ir_following_the_halo_plan(overlap, monkeypatch):
     assert sorted(op.rows for op in writes) == sorted(op.page_rows for op in launches)
     if launches or halo:
         assert _ops(module, JoinOp) and len(_ops(module, ReleaseOp)) == len(module.body.args)
-    assert dg.last_call["bytes_in"] == sum(ghosts.values()) * 3 * 8     # f64[3] rows
+    assert prof.measured("halo")[-1]["bytes_in"] == sum(ghosts.values()) * 3 * 8   # f64[3]
     # built once: the next call walks the same cached module
-    _call(layer, dg, *args)
-    assert dg.last_call["module"] is module
+    with tg.profile() as again:
+        _call(layer, dg, *args)
+    assert again.measured("halo")[-1]["module"] is module
 
 
 def test_runtime_walks_the_transfer_ops(monkeypatch):
@@ -102,10 +104,12 @@ def test_runtime_walks_the_transfer_ops(monkeypatch):
 
     x, z = dg.local(d["x"]), dg.local(d["h"])
     # traced: "a" and "c" are one operand of the equation, exchanged once
-    y = tg.jit(lambda x, z: Two()(graph=dg, src={"a": x, "b": z, "c": x}))(x, z)
+    with tg.profile() as prof:
+        y = tg.jit(lambda x, z: Two()(graph=dg, src={"a": x, "b": z, "c": x}))(x, z)
     want = Two()(graph=g, src={"a": d["x"], "b": d["h"], "c": d["x"]})
     np.testing.assert_allclose(dg.gather(np.asarray(y)), np.asarray(want), rtol=1e-12)
-    halo = [op for op in _ops(dg.last_call["module"], TransferOp) if op.kind == "halo"]
+    halo = [op for op in _ops(prof.measured("halo")[-1]["module"], TransferOp)
+            if op.kind == "halo"]
     assert len({op.value.name for op in halo}) == (2 if dg.plan.peers() else 0)
     assert started == [op.peer for op in halo]
 

@@ -74,7 +74,7 @@ def test_fused_sum_matches_oracle(kind, kw, d, points):
     dist = pair_distances(pos, pos)
     w = dense_weights(_rows(kind, pos, **kw), 140, lambda i, j, dist=dist: np.exp(-dist[i, j]))
     np.testing.assert_allclose(y, w @ x, rtol=1e-12, atol=1e-12)
-    text = _route(model)
+    text = _route(model, graph=g, src={"x": x})
     assert "fused " + kind in text and "no edge list" in text
     assert ("tiled scan" in text) == (d > 3)
     assert g._csr is None          # the compiled route never materialised the edges
@@ -121,7 +121,7 @@ def test_max_neighbors_truncation_reported_by_explain():
     from .oracle import truncated
     want = truncated(pos, 0.25, 5)
     assert want > 0
-    assert f"{want} row(s) truncated" in str(model.explain())
+    assert f"{want} row(s) truncated" in str(model.explain(graph=g, src={"x": np.ones((200, 1))}))
 
 
 def test_new_coordinates_rebind_the_compiled_executable():
@@ -137,9 +137,10 @@ def test_new_coordinates_rebind_the_compiled_executable():
         w = dense_weights(radius_rows(pos, 0.2), 256, lambda i, j, dist=dist: np.exp(-dist[i, j]))
         np.testing.assert_allclose(y, w @ x, rtol=1e-12)
     # other sizes and cutoffs reuse it too: the kernel depends on structure only
-    model(graph=tg.Graph.radius(rng.random((500, 3)), 0.1), src={"x": rng.random((500, 4))})
+    last = dict(graph=tg.Graph.radius(rng.random((500, 3)), 0.1), src={"x": rng.random((500, 4))})
+    model(**last)
     assert CACHE.stats.misses == misses
-    assert "hit (memory; executable rebound" in str(model.explain())
+    assert "hit (memory; executable rebound" in str(model.explain(**last))
 
 
 def _fd(f, arr, eps=1e-6, picks=8, seed=0):
@@ -292,6 +293,6 @@ def test_every_reducer_matches_the_reference_path(reducer, kind, d):
         kw = {"src": {"v": v}}
     g = make()
     got = np.asarray(model(graph=g, **kw))
-    assert g._csr is None and "no edge list" in str(model.explain())
+    assert g._csr is None and "no edge list" in str(model.explain(graph=g, **kw))
     want = np.asarray(model.reference(graph=make(), **kw))
     np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12)

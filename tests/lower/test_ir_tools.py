@@ -163,15 +163,18 @@ def test_ir_rejects_unknown_stage():
         WeightedSum().ir("mlir", **fixture_kwargs())
 
 
-def test_message_passing_ir_uses_the_last_call():
+def test_message_passing_ir_needs_the_calls_arguments():
+    """A layer keeps nothing of its calls (thread-safe): ir() is of the arguments given."""
     layer = WeightedSum()
-    with pytest.raises(tg.TigaError, match=r"WeightedSum\.ir\(\): no call yet"):
+    with pytest.raises(tg.TigaError, match=r"WeightedSum\.ir\(\): pass the call's arguments"):
         layer.ir("domain")
     kw = fixture_kwargs()
     out = layer(**kw)
     np.testing.assert_allclose(np.asarray(out), [23.0, 6.0, 0.0])
-    assert layer.ir("iter") == golden("iter")
-    assert layer.ir("program") == str(layer._last_call.staged_program()[0])
+    with pytest.raises(tg.TigaError, match="pass the call's arguments"):
+        layer.ir("domain")                          # a call leaves nothing behind
+    assert layer.ir("iter", **kw) == golden("iter")
+    assert layer.ir("program", **kw) == str(layer._call_for(kw).staged_program()[0])
 
 
 def test_repeat_over_propagate_runs_and_lowers():

@@ -109,14 +109,15 @@ def test_result_goes_to_disk_past_the_host_budget_and_the_budget_holds(tmp_path)
     store = store_of(tmp_path / "s", rp, ci, 4000, [("x", x, "src")])
     g = tg.Graph.open(tmp_path / "s")
     want = np.asarray(Gather().reference(graph=tg.Graph.from_csr(rp, ci), src={"x": x}))
-    with tg.scope(budgets={"host": "100KB"}, page_rows=500, spill_dir=tmp_path / "sp"):
+    with tg.scope(budgets={"host": "100KB"}, page_rows=500, spill_dir=tmp_path / "sp"), \
+            tg.profile() as prof:
         y = Gather()(graph=g, src={"x": store["x"]})       # the result is 128000 bytes
         assert y.tier == "disk"
         rep = tg.memory.report()
         assert 0 < rep["host"]["peak"] <= 100_000
         assert rep["disk"]["bytes"] == 4000 * 8 * 4
         np.testing.assert_array_equal(y[1000:1500].numpy(), want[1000:1500])
-        stats = g.params["last_paged_run"]
+        stats = prof.measured("paged")[-1]
         assert stats.pages == 8 and stats.result_tier == "disk"
         assert stats.bytes_written == {"host": 0, "disk": 128000}
     with tg.scope(budgets={"host": "1MB"}, page_rows=500):
@@ -134,16 +135,16 @@ def test_each_distinct_source_is_gathered_once(tmp_path):
     x = np.ones((1000, 4), np.float32)
     store_of(tmp_path / "s", rp, ci, 1000)
     g = tg.Graph.open(tmp_path / "s")
-    with tg.scope(page_rows=100):
+    with tg.scope(page_rows=100), tg.profile() as prof:
         Gather()(graph=g, src={"x": x})
-    s = g.params["last_paged_run"]
+    s = prof.measured("paged")[-1]
     assert (s.pages, s.page_rows, s.edges) == (10, 100, 8000)
     assert s.distinct_sources == 10 * 107                 # rows i+1 .. i+107 per page
     assert s.bytes_read["host"] == 10 * 107 * 16
     assert s.bytes_read["disk"] == 10 * (101 * 8 + 800 * 4)
 
 
-def test_explain_reports_the_page_plan_and_the_last_run(tmp_path):
+def test_explain_reports_the_page_plan_and_what_its_run_measured(tmp_path):
     rp, ci = ring(300)
     x = np.ones((300, 2))
     store_of(tmp_path / "s", rp, ci, 300)
@@ -151,9 +152,11 @@ def test_explain_reports_the_page_plan_and_the_last_run(tmp_path):
     with tg.scope(page_rows=64):
         before = str(Gather().explain(graph=g, src={"x": x}))
         Gather()(graph=g, src={"x": x})
-        after = str(Gather().explain(graph=g, src={"x": x}))
+        plain = str(Gather().explain(graph=g, src={"x": x}))
+        after = str(Gather().explain(run=True, graph=g, src={"x": x}))
     assert "paged (5 page(s) of 64 destination rows" in before
-    assert "no run measured yet" in before
+    assert "run not measured: explain(..., run=True)" in before
+    assert "last run" not in plain          # a call leaves nothing on the relation
     assert "last run 5 page(s) x 64 rows, 1200 edges, distinct-source ratio" in after
     for word in ("read host", "disk", "written host", "overlapped", "gather", "compute"):
         assert word in after
@@ -278,9 +281,9 @@ def test_transposed_csr_is_built_once_into_a_new_store_version(tmp_path, monkeyp
 
     def f(x):
         return tg.math.sum(Gather()(graph=g, src={"x": x}) ** 2)
-    with tg.scope(page_rows=64):
+    with tg.scope(page_rows=64), tg.profile() as prof:
         g1 = tg.grad(f)(x)
-        stats = g.params["last_paged_run"]
+        stats = prof.measured("paged")[-1]
         g2 = tg.grad(f)(x)
         again = tg.grad(lambda x: tg.math.sum(Gather()(graph=tg.Graph.open(tmp_path / "s"),
                                                        src={"x": x}) ** 2))(x)
@@ -345,7 +348,7 @@ def test_task_ir_of_a_paged_call_is_the_page_plan_that_runs(tmp_path):
     store = store_of(tmp_path / "s", rp, ci, 300, [("x", x, "src"), ("w", np.ones((900, 1)),
                                                                        "edge")])
     g = tg.Graph.open(tmp_path / "s")
-    with tg.scope(page_rows=128):
+    with tg.scope(page_rows=128), tg.profile() as prof:
         kw = dict(graph=g, src={"x": store["x"]}, dst={"b": np.zeros((300, 1))},
                   edge={"w": store["w"]})
         text = Weighted().ir("task", **kw)
@@ -353,7 +356,7 @@ def test_task_ir_of_a_paged_call_is_the_page_plan_that_runs(tmp_path):
     np.testing.assert_allclose(np.asarray(y), np.asarray(Weighted().reference(
         graph=tg.Graph.from_csr(rp, ci), src={"x": x}, dst={"b": np.zeros((300, 1))},
         edge={"w": np.ones((900, 1))})), rtol=1e-12)
-    assert str(g.params["last_paged_plan"]) == text           # printed == interpreted
+    assert str(prof.measured("paged")[-1].module) == text      # printed == interpreted
     module = parse_task(text)
     module.verify()
     assert str(module) == text                                # round trip
@@ -391,9 +394,9 @@ def test_parameter_cotangents_sum_over_pages(tmp_path, monkeypatch):
     def loss(graph):
         return lambda x, scale: tg.math.sum(Scaled()(graph=graph, src={"x": x},
                                                      scale=scale) ** 2)
-    with tg.scope(page_rows=30):
+    with tg.scope(page_rows=30), tg.profile() as prof:
         got = tg.grad(loss(g), argnums=(0, 1))(x, scale)
-    stats = g.params["last_paged_run"]
+    stats = prof.measured("paged")[-1]
     want = tg.grad(loss(mem), argnums=(0, 1))(x, scale)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12)

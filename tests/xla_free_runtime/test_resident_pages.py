@@ -83,8 +83,8 @@ def test_fields_over_the_budget_run_by_pages_and_equal_the_reference(tmp_path_fa
     with tg.scope(spill_dir=spill):
         fields = [tg.asarray(a).to("disk") for a in (x, b, w)]
     over = sum(a.nbytes for a in (x, b, w)) + want.nbytes - 1      # one byte short
-    g.params.pop("last_paged_run", None)
-    with tg.scope(budgets={"host": over}, page_rows=page, spill_dir=spill):
+    with tg.scope(budgets={"host": over}, page_rows=page, spill_dir=spill), \
+            tg.profile() as prof:
         try:
             got = model(graph=g, src={"x": fields[0]}, dst={"b": fields[1]},
                         edge={"w": fields[2]})
@@ -92,7 +92,7 @@ def test_fields_over_the_budget_run_by_pages_and_equal_the_reference(tmp_path_fa
             assert "for page" in str(exc)
             reject()
         assert tg.memory.report()["host"]["peak"] <= over
-    stats = g.params["last_paged_run"]
+    stats = prof.measured("paged")[-1]
     assert stats.pages == -(-g.num_dst // page)
     assert stats.bytes_read["disk"] > 0
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
@@ -111,21 +111,25 @@ def test_result_past_the_budget_goes_to_disk_and_a_roomy_budget_runs_in_memory(t
     want = np.asarray(Gather().reference(graph=g, src={"x": x}))
     with tg.scope(spill_dir=tmp_path):
         xd = tg.asarray(x).to("disk")
-    with tg.scope(budgets={"host": "100KB"}, page_rows=500, spill_dir=tmp_path):
+    with tg.scope(budgets={"host": "100KB"}, page_rows=500, spill_dir=tmp_path), \
+            tg.profile() as prof:
         y = Gather()(graph=g, src={"x": xd})       # x and the result: 128000 bytes each
         assert y.tier == "disk"
         assert 0 < tg.memory.report()["host"]["peak"] <= 100_000
         np.testing.assert_array_equal(y.numpy(), want)
-    stats = g.params["last_paged_run"]
+    stats = prof.measured("paged")[-1]
     assert stats.pages == 8 and stats.result_tier == "disk"
     assert stats.bytes_read["disk"] >= x.nbytes and stats.bytes_read["host"] > 0   # (the CSR)
-    text = str(Gather().explain(graph=g, src={"x": xd}))
+    assert "8 page(s) x 500 rows" not in str(Gather().explain(graph=g, src={"x": xd}))
+    with tg.scope(budgets={"host": "100KB"}, page_rows=500, spill_dir=tmp_path):
+        text = str(Gather().explain(run=True, graph=g, src={"x": xd}))
     assert "exceed the host budget" in text and "8 page(s) x 500 rows" in text
     g2 = tg.Graph.from_csr(rp, ci)
-    with tg.scope(budgets={"host": "1MB"}, page_rows=500, spill_dir=tmp_path):
+    with tg.scope(budgets={"host": "1MB"}, page_rows=500, spill_dir=tmp_path), \
+            tg.profile() as prof:
         y = Gather()(graph=g2, src={"x": xd})      # fits: the in-memory route
         np.testing.assert_array_equal(np.asarray(y), want)
-    assert "last_paged_run" not in g2.params
+    assert prof.measured("paged") == []
 
 
 @pytest.mark.parametrize("shuffled", [False, True])
@@ -149,10 +153,10 @@ def test_grad_with_disk_fields_over_the_budget_matches_in_memory(tmp_path, shuff
     want_y, want_back = tg.vjp(f, x, b, w)
     with tg.scope(spill_dir=tmp_path):
         xd = tg.asarray(x).to("disk")
-    g.params.pop("last_paged_run", None)
-    with tg.scope(budgets={"host": "150KB"}, page_rows=64, spill_dir=tmp_path):
+    with tg.scope(budgets={"host": "150KB"}, page_rows=64, spill_dir=tmp_path), \
+            tg.profile() as prof:
         y, back = tg.vjp(f, xd, b, w)
-        assert g.params["last_paged_run"].pages == -(-600 // 64)     # the forward
+        assert prof.measured("paged")[-1].pages == -(-600 // 64)     # the forward
         got = back(np.asarray(want_y))
     np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-12, atol=1e-12)
     for a, e in zip(got, want_back(want_y)):

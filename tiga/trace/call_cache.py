@@ -34,7 +34,6 @@ from . import guards as guards_mod
 from .staging import leaf_aval, leaf_value
 
 MAX_ENTRIES = 128
-_SKIP_ATTRS = frozenset({"_last_call"})   # set by MessagePassing.__call__ itself
 
 _LOCK = threading.Lock()
 _ENTRIES: OrderedDict = OrderedDict()     # key -> (liveness refs, guards, payload...)
@@ -56,8 +55,7 @@ def _fn_key(fn):
         attrs = getattr(owner, "__dict__", None)
         if attrs is None:
             return None
-        fp = tuple(sorted((k, _value_print(v)) for k, v in attrs.items()
-                          if k not in _SKIP_ATTRS))
+        fp = tuple(sorted((k, _value_print(v)) for k, v in attrs.items()))
         return ("method", id(fn.__func__), id(owner), fp), (fn.__func__, owner)
     if inspect.isfunction(fn):
         cells = tuple(_value_print(c.cell_contents) if _cell_full(c) else ("empty",)

@@ -386,14 +386,14 @@ class MessagePassing:
 
     def __call__(self, *, graph, src=None, dst=None, edge=None, **params):
         call = self._call(graph, src, dst, edge, params)
-        result = run_call(call)
-        self._last_call = call
-        return result
+        return run_call(call)
 
-    def explain(self, **call_kwargs):
-        """Explain the call with these arguments (without running it), or the last call."""
+    def explain(self, run: bool = False, **call_kwargs):
+        """Explain the call with these arguments: route, traversal, schedule, what is
+        materialised, estimated bytes. Without running it by default; `run=True` also runs it
+        and adds what the run measured (pages, bytes per tier, halo overlap, pruned blocks)."""
         call = self._call_for(call_kwargs)
-        return hooks["explain"](call)
+        return hooks["explain"](call, run)
 
     def ir(self, stage: str = "domain", **call_kwargs) -> str:
         """IR text of the call with these arguments (or the last call) at `stage`:
@@ -410,8 +410,7 @@ class MessagePassing:
             kw = dict(call_kwargs)
             return self._call(kw.pop("graph"), kw.pop("src", None), kw.pop("dst", None),
                               kw.pop("edge", None), kw)
-        call = getattr(self, "_last_call", None)
-        if call is None:
-            raise TigaError(f"{type(self).__name__}.{what}(): no call yet; pass the call's "
-                            "arguments (graph=..., src=..., ...) to see it without running it")
-        return call
+        raise TigaError(f"{type(self).__name__}.{what}(): pass the call's arguments "
+                        "(graph=..., src=..., dst=..., edge=..., params) to see that call; a "
+                        "layer keeps nothing of its past calls (it may be called from several "
+                        "threads at once; tg.profile() reports what calls measured)")

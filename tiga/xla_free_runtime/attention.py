@@ -36,15 +36,15 @@ from ..lower.llvm import attention as kernel
 from ..lower.schedule import CHUNKS_PER_THREAD, attention_tiles
 from . import attention_tiles as tiles
 from .explain import launch_facts, schedule_line
+from .run_report import NOT_RUN, measured, record
 from .threads import num_threads, run_jobs
 
 KINDS = STREAMING_KINDS
 # per relation, its (lo, hi) row ranges: derived from the relation alone (a memo)
 _RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # diagnostics: how often each route ran (process counters; a pruned call's block counts
-# are kept on its relation, graph.params["last_pruned_blocks"], where explain() reads them)
+# go to its run report, run_report.record)
 STATS = {"native_calls": 0, "stats_walks": 0, "dq_walks": 0, "native_backward_calls": 0}
-LAST_PRUNED = "last_pruned_blocks"
 
 
 def row_ranges(graph) -> tuple:
@@ -185,7 +185,7 @@ class AttentionPlan:
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
                                     top, mass, lo, hi, scale, prune, _jobs)
-            graph.params[LAST_PRUNED] = (int(skipped[0]), int(skipped[1]))
+            record("pruned_blocks", graph, (int(skipped[0]), int(skipped[1])))
         if len(eqn.outputs) == 1:
             return [out]
         # online_softmax(stats): the row statistics are outputs too, (N, H) or (N,) per row
@@ -311,11 +311,11 @@ class AttentionPlan:
                                         "FlashAttention-2 style"))
             prune = p["reducer"].prune_threshold
             if prune is not None:
-                last = graph.params.get(LAST_PRUNED)
+                last = measured("pruned_blocks", graph)
                 ex.routes.append(("cpu-tiled", f"{where}prune_threshold={prune}",
                                   "APPROXIMATE result: key blocks whose scores fall more "
                                   f"than {prune} below the running max skip their value "
-                                  "loads; " + ("no call on this relation yet" if last is None
+                                  "loads; " + (f"blocks skipped {NOT_RUN}" if last is None
                                                else f"last call skipped {last[0]} of "
                                                f"{last[1]} blocks")))
         width = eqn.inputs[1 + (self.pattern.q if native else 0)].type.shape[-1]   # queries

@@ -30,7 +30,8 @@ from .paged_degrees import paged_degrees
 from .propagate import Fallback, run_propagate
 from .resident_pages import plan_resident
 from .routes import describe_program
-from .tasks import NoWalk, run_walk, task_walk
+from .run_report import reporting
+from .tasks import NoWalk, module_name, run_walk, task_walk
 from .threads import pin_threads, unpin_threads
 
 GENERATED = ("radius", "knn")
@@ -75,13 +76,14 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
     if len(args) != len(program.in_binders):
         raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
                            f"got {len(args)}")
-    if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
-        return run_distributed(program, list(args))
-    pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
-    try:
-        outs = _run(program, list(args))
-    finally:
-        unpin_threads(pinned)
+    with reporting(lambda: module_name(program)):   # (a report only inside tg.profile())
+        if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
+            return run_distributed(program, list(args))
+        pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
+        try:
+            outs = _run(program, list(args))
+        finally:
+            unpin_threads(pinned)
     return outs if keep_device else [host_array(o) if on_device(o) else o for o in outs]
 
 

@@ -35,6 +35,7 @@ class Explanation:
     cache_lines: list = field(default_factory=list)    # cache status per compiled propagate
     tasks: str = ""                 # how the runtime runs the program's Task IR
     task_ir: str = ""               # the Task IR a call ran (a distributed propagate's plan)
+    run_report: object = None       # explain(..., run=True): the RunReport of the run
     # ids of program values the chosen kernels read through their strides (no copy needed)
     strided_reads: set = field(default_factory=set, repr=False)
 
@@ -54,6 +55,9 @@ class Explanation:
             lines.append(f"tasks:      {self.tasks}")
         if self.cache:
             lines.append(f"cache:      {self.cache}")
+        if self.run_report is not None:
+            lines.append("measured:")
+            lines.extend(f"  {line}" for line in str(self.run_report).splitlines())
         if self.task_ir:
             lines.append("task ir:")
             lines.extend(f"  {line}" for line in self.task_ir.splitlines())

@@ -35,6 +35,7 @@ from . import scope as sc
 from .page_buffers import PageBuffers, with_slack
 from .page_writer import WRITE_QUEUE, PageWriter
 from .progress import progress_bar
+from .run_report import NOT_RUN, measured, record
 from .propagate import Fallback, plan_propagate, run_propagate
 from .storage import DiskStorage, HostStorage
 from .threads import num_threads
@@ -66,6 +67,7 @@ class PageStats:
     seconds: dict = field(default_factory=lambda: dict.fromkeys(
         ("read", "gather", "compute", "write", "wait", "total"), 0.0))
     result_tier: str = "host"
+    module: object = None             # the page plan's Task module that ran
 
     @property
     def distinct_ratio(self) -> float:
@@ -186,8 +188,7 @@ class PagedPlan:
                 walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
         run = _PagedRun(eqn, graph, values, walk, tasks)
         outs = run.execute()
-        graph.params["last_paged_run"] = run.stats
-        graph.params["last_paged_plan"] = run.module       # the Task IR that ran
+        record("paged", graph, dataclasses.replace(run.stats, module=run.module))
         return outs
 
     def describe(self, ex, eqn, graph, where) -> None:
@@ -215,9 +216,9 @@ class PagedPlan:
                           "the in-memory kernel on the page-local CSR, write the rows"))
         ex.traversal.append(f"paged: {LOADERS} prefetch thread(s) load the next pages while "
                             f"one computes (queue of {QUEUE_PAGES} pages)")
-        last = graph.params.get("last_paged_run")
+        last = measured("paged", graph)
         ex.traversal.append(describe_stats(last) if last is not None else
-                            "paged: no run measured yet on this relation")
+                            f"paged: run {NOT_RUN}")
 
 
 def describe_stats(s: PageStats) -> str:

@@ -49,7 +49,6 @@ class DistributedGraph:
         self.index_dtype = global_type.index_dtype
         self.edge_perm = None
         self.overlap = True          # False: communicate, then compute (benchmarks compare)
-        self.last_call: dict = {}    # the latest call's Task IR ("module") and timings
         self.task_plans = weakref.WeakKeyDictionary()   # eqn -> {schedule: Task IR plan}
         self.broken: str | None = None
         self._agreed: set = set()

@@ -8,6 +8,7 @@ import numpy as np
 from ...core.prims.graph import propagate_p
 from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
 from ..explain import Explanation
+from ..run_report import measured
 from .graph import is_distributed
 from .run import _graphs
 
@@ -55,7 +56,7 @@ def explain_distributed(program, args: list, cache) -> Explanation:
         ex.traversal.extend(f"distributed halo: {line}" for line in dg.halo_lines(row_bytes))
         ex.traversal.append(f"distributed interior relation: {dg.plan.n_interior} rows run "
                             "while the halo is in flight; boundary rows after the wait")
-        last = dg.last_call
+        last = measured("halo", dg) or {}
         if "module" in last:       # the plan the latest propagate ran, op by op
             ex.traversal.extend(f"distributed task: {line}" for line in op_lines(last["module"]))
             ex.task_ir = str(last["module"])

@@ -26,6 +26,7 @@ from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
 from ..launch import plan_cpu as plan_propagate  # (the cpu-llvm route table)
 from ..propagate import Fallback, run_propagate
+from ..run_report import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
 from .graph import DistributedGraph, is_distributed
@@ -348,7 +349,7 @@ class _Walk:
                         bytes_out=sum(ex.bytes_out for ex in live),
                         interior_s=s["interior"], wait_s=s["wait"], boundary_s=s["boundary"],
                         total_s=total)
-        self.dg.last_call = last
+        record("halo", self.dg, last)
 
 
 def _outputs(eqn, rows: int) -> list:
