@@ -227,6 +227,20 @@ def spill_dir_removed_under_a_scope():
         raises(tg.StorageError, lambda: tg.asarray(X).to("disk"), str(ROOT / "sp"))
 
 @case
+def store_paths_that_name_no_store():
+    raises(tg.StorageError, lambda: tg.store.open(""), "tg.store.open: path is ''")
+    raises(tg.StorageError, lambda: tg.Graph.open(5), "tg.store.open: path is 5")
+    raises(tg.StorageError, lambda: tg.store.create(None, num_src=1, num_dst=1),
+           "tg.store.create: path is None")
+    Path("plain3.txt").write_text("x")
+    raises(tg.StorageError, lambda: tg.store.open("plain3.txt"), "plain3.txt/CURRENT")
+    raises(tg.StorageError, lambda: tg.store.create("plain3.txt", num_src=1, num_dst=1),
+           "plain3.txt", "not a directory")
+    raises(tg.StorageError, lambda: tg.store.create("plain3.txt/s", num_src=1, num_dst=1),
+           "plain3.txt/s")
+    assert Path("plain3.txt").read_text() == "x"
+
+@case
 def current_not_utf8():
     rp, ci = ring(10)
     write_store("s3", rp, ci)

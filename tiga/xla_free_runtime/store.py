@@ -47,7 +47,7 @@ class StoreWriter:
 
     def __init__(self, path, num_src: int, num_dst: int, index_dtype="int32",
                  overwrite: bool = False):
-        self.path = Path(path)
+        self.path = sv.store_path(path, "create")
         self.num_src = _count(num_src, "num_src")
         self.num_dst = _count(num_dst, "num_dst")
         self.index_dtype = as_dtype(index_dtype).np
@@ -188,7 +188,7 @@ class Store:
 
     def __init__(self, path, version: str | None = None):
         """The version CURRENT names (or `version`, a vNNNNNN name)."""
-        self.path = Path(path)
+        self.path = sv.store_path(path, "open")
         current = version or sv.current(self.path)
         if current is None:
             raise StorageError(f"{self.path / POINTER}: not found; {self.path} holds no "

@@ -33,6 +33,14 @@ MANIFEST = "manifest.json"
 VERSION = re.compile(r"^v(\d{6})$")
 
 
+def store_path(path, op: str) -> Path:
+    """`path` of tg.store.`op` as a Path: a str or os.PathLike, not empty."""
+    if not isinstance(path, (str, bytes, os.PathLike)) or not os.fspath(path):
+        raise StorageError(f"tg.store.{op}: path is {path!r}, expected a non-empty str or "
+                           "os.PathLike naming the store's directory")
+    return Path(os.fsdecode(os.fspath(path)))
+
+
 def versions(path: Path) -> list:
     """The numbers of the version directories under `path`, ascending."""
     try:
