@@ -1,0 +1,90 @@
+"""Host overhead of a warm one-propagate call, with the kernel replaced by a stub.
+
+    python benchmarks/host_overhead/warm_call.py [--calls 20000]
+
+For cpu-llvm the compiled kernel's chunk runner is replaced by a no-op; for triton (its
+interpreter backend, so it runs on this machine) the launched kernel is a no-op callable.
+Everything else a warm call does runs as usual: call-cache lookup and guards, executor entry,
+Task-IR walk, route lookup, operand checks, output allocation, result wrapping. What is
+printed is microseconds per call with the stub, i.e. the host time a real kernel adds to.
+Issue 25's target: at most 15 us on both backends.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+
+import tiga as tg  # noqa: E402
+from tiga.xla_free_runtime import propagate, triton_launch  # noqa: E402
+
+
+class WeightedSum(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        return src.x * edge.w
+
+
+def _noop_kernel():
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+    return Launch()
+
+
+def per_call_us(fn, calls: int, rounds: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=20000)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    n = 64
+    g = tg.Graph.from_coo(rng.integers(0, n, 4 * n), rng.integers(0, n, 4 * n), num_src=n,
+                          num_dst=n)
+    kw = dict(graph=g, src={"x": rng.standard_normal((n, 8)).astype(np.float32)},
+              edge={"w": rng.standard_normal((4 * n, 1)).astype(np.float32)})
+    layer = WeightedSum()
+    real = per_call_us(lambda: layer(**kw), args.calls // 4)
+    propagate.run_chunks, saved = (lambda *a, **k: None), propagate.run_chunks
+    try:
+        stub = per_call_us(lambda: layer(**kw), args.calls)
+    finally:
+        propagate.run_chunks = saved
+    print(f"cpu-llvm  warm call {real:7.2f} us with its kernel, {stub:7.2f} us with a stub "
+          "kernel (host overhead)")
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+    except ImportError:
+        print("triton    not installed: skipped")
+        return
+    old = tg.config.backend
+    tg.config.backend = "triton-interpreter"
+    saved = triton_launch.TritonPlan.kernel
+    try:
+        layer(**kw)                                     # compile, warm the plan
+        triton_launch.TritonPlan.kernel = lambda self, part="": _noop_kernel()
+        stub = per_call_us(lambda: layer(**kw), args.calls)
+    finally:
+        triton_launch.TritonPlan.kernel = saved
+        tg.config.backend = old
+    print(f"triton    warm call {stub:7.2f} us with a stub launcher (host overhead)")
+
+
+if __name__ == "__main__":
+    main()
