@@ -290,6 +290,8 @@ def _arg_ids(graph, reducer: Reducer) -> np.ndarray:
     t = graph.aval if isinstance(graph, Tracer) else graph.type() \
         if hasattr(graph, "type") else None
     n = None if t is None else (t.num_src if reducer.of == "src" else t.num_edges)
+    if not isinstance(n, (int, np.integer)) and isinstance(graph, Graph):
+        n = int(graph.resolve_csr()[0][-1])   # a generated relation's edges, listed once
     if not isinstance(n, (int, np.integer)):
         raise UnsupportedError(f"{reducer.pp_param()}: the relation's number of "
                                f"{'sources' if reducer.of == 'src' else 'edges'} is {n!r}, "
