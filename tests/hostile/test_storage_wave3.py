@@ -94,6 +94,13 @@ def store_and_paths_inside_it_are_never_replaced():
         for inner in ("s/v000001", "s/v000001/fields/x", "s/v000001/new"):
             raises(tg.StorageError, lambda: tg.save(X, inner, overwrite=ow),
                    "inside the store", str(ROOT / "s"))
+    for ow in (False, True):
+        raises(tg.StorageError, lambda: tg.save(X, "s/beside", overwrite=ow),
+               "inside the store")
+    w = tg.store.create("ingesting", num_src=30, num_dst=30)    # before its first commit
+    raises(tg.StorageError, lambda: tg.save(X, w.vdir / "x"), "inside the store")
+    raises(tg.StorageError, lambda: tg.save(X, "ingesting/v000002"), "inside the store")
+    w.abort()
     assert tree("s") == before
     st = tg.store.open("s")
     same(st["x"].numpy(), X[:30])

@@ -96,10 +96,20 @@ def is_store(path: Path) -> bool:
 
 
 def store_of(path: Path) -> Path | None:
-    """The store that `path` lies inside (a version directory or anything under one)."""
-    for p in (path, *path.parents):
-        if VERSION.match(p.name) and (p.parent / POINTER).exists():
-            return p.parent
+    """The store that `path` lies inside: an ancestor with a CURRENT pointer and version
+    directories, or one holding only version directories (an ingest before its first
+    commit) of which `path` is (under) one."""
+    chain = [path, *path.parents]
+    for child, p in zip(chain, chain[1:]):
+        try:
+            names = os.listdir(p) if (p / POINTER).is_file() or VERSION.match(child.name) \
+                else ()
+        except OSError:
+            continue
+        kinds = [VERSION.match(n) is not None for n in names if not n.startswith(".")]
+        if any(kinds) and ((p / POINTER).is_file() or
+                           (VERSION.match(child.name) and all(kinds))):
+            return p
     return None
 
 
