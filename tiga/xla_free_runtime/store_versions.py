@@ -165,7 +165,7 @@ def claim(path: Path) -> Claim:
             try:
                 (path / f"v{number:06d}").mkdir()
                 break
-            except FileExistsError:     # (a directory that is not a version: skip it)
+            except FileExistsError:     # (made meanwhile outside this protocol: skip it)
                 number += 1
             except OSError as exc:
                 raise StorageError(f"{path}: cannot create version v{number:06d} ({exc})") \
