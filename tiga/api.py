@@ -465,6 +465,12 @@ def _torch_compiling() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
+def _torch_compiled(*parts):
+    """A message-passing call met by torch.compile's trace, before any Tiga code runs."""
+    from .torch_bridge.compiled import compiled_propagate
+    return compiled_propagate(*parts)
+
+
 def _torch_call(call, route):
     from .torch_bridge.autograd import run_call_torch
 
@@ -548,7 +554,8 @@ def _eager_loop(looped: Callable, init, user_fns: tuple):
 
 
 control.hooks["eager"] = _eager_loop
-message_passing.hooks.update(execute=_execute_call, explain=_explain_call,
+message_passing.hooks.update(compiling=_torch_compiling, compiled=_torch_compiled,
+                             execute=_execute_call, explain=_explain_call,
                              reference=_reference_call, ir=_ir_call)
 
 

@@ -26,7 +26,7 @@ from ..xla_free_runtime.executor import execute, explain_program
 from ..xla_free_runtime.triton_launch import call_backend
 from .dlpack import is_torch, to_numpy, to_torch
 from .nn import TracedModule
-from .transforms import batched_backward, check_no_tangents, vmap_error
+from .transforms import batched_backward, check_no_tangents, forward_mode_error, vmap_error
 
 ROUTES = ("auto", "reference")
 
@@ -480,6 +480,11 @@ class _PropagateFunction(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, run, *inputs):
         raise vmap_error("a tensor passed to the Tiga call")
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        # forward mode over the reverse-mode node (torch.func.hessian = jacfwd(jacrev))
+        raise forward_mode_error("a tensor passed to the Tiga call")
 
     @staticmethod
     def backward(ctx, *grad_outs):

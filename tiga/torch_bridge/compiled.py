@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from ..core.errors import UnsupportedError
+from ..core.reducers import Reducer
+from ..trace.generated import GENERATED_KINDS, POS, QPOS
 from ..trace.message_passing import PropagateCall
 from .autograd import _persistent, run_call_torch, stage_call_torch
 from .dlpack import is_torch, to_torch
@@ -39,11 +41,28 @@ def compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def compiled_propagate(graph, edge_fn, reducer, update, src, dst, edge, params):
+    """`tg.propagate` / a MessagePassing call met by Dynamo, before any Tiga code runs
+    (traced by Dynamo: plain loops and attribute reads, no Tiga internals)."""
+    fields = {"src": dict(src or {}), "dst": dict(dst or {}), "edge": dict(edge or {})}
+    if getattr(graph, "kind", None) in GENERATED_KINDS:
+        # a radius/kNN relation's coordinates are operands (positions may require grad)
+        pos, query = graph.params["inputs"]
+        fields["src"][POS], fields["dst"][QPOS] = pos, pos if query is None else query
+    return _op_call(graph, edge_fn, reducer, update, "dst", fields, params, True)
+
+
 def compiled_call(call):
-    """The call as one `tiga::call` op (traced by Dynamo: plain loops, no Tiga internals)."""
+    """A PropagateCall met by Dynamo in the runtime (edge_map, other constructors)."""
+    return _op_call(call.graph, call.edge_fn, call.reducer, call.update, call.reduce_by,
+                    call.fields, call.params, False)
+
+
+def _op_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice: bool):
+    """The call's tensors into one `tiga::call` op; everything else into `_register`."""
     tensors, slots, shapes, skipped = [], [], [], []
     for role in ROLES:
-        for name, value in call.fields[role].items():
+        for name, value in fields[role].items():
             if isinstance(value, torch.Tensor):
                 slots.append((role, name))
                 shapes.append((tuple(int(d) for d in value.shape), value.dtype))
@@ -51,16 +70,16 @@ def compiled_call(call):
             else:
                 skipped.append(f"{role}.{name}")
     consts = []
-    for name, value in call.params.items():
+    for name, value in params.items():
         if isinstance(value, torch.Tensor):
             slots.append(("param", name))
             shapes.append((tuple(int(d) for d in value.shape), value.dtype))
             tensors.append(value)
         else:
             consts.append((name, value))
-    key = _register(call.graph, *_split(call.edge_fn), *_split(call.update), call.reducer,
-                    call.reduce_by, tuple(slots), tuple(shapes), tuple(consts),
-                    tuple(skipped))
+    key = _register(graph, *_split(edge_fn), *_split(update), _reducer_arg(reducer),
+                    reduce_by, tuple(slots), tuple(shapes), tuple(consts), tuple(skipped),
+                    lattice)
     # (an attribute per key: Dynamo reads it when it gets here, after _register made it;
     # a dict would be read once per frame, before a second layer's key existed)
     captured = getattr(_CAPTURED, f"k{key}")
@@ -72,10 +91,21 @@ class _Entry:
     """A compiled call site: how to rebuild the call from the op's tensors, the captured
     tensors gradients flow to, and the output types (for the fake implementation)."""
 
-    def __init__(self, parts, slots, consts, captured, out_types):
+    def __init__(self, parts, slots, consts, lattice: bool):
         self.parts, self.slots, self.consts = parts, slots, consts
-        self.captured = captured
-        self.out_types = out_types      # [(shape, torch dtype)]
+        self.lattice = lattice          # fields as the caller gave them: stencil results too
+        self.captured: tuple = ()
+        self.out_types: list = []       # [(shape, torch dtype)]
+
+    def run(self, tensors) -> list:
+        """The eager bridge on the op's tensors (torch.autograd through Tiga's VJP when
+        they require grad); a stencil result comes back in lattice shape when its fields
+        came in it, as from an eager call."""
+        call = self.call_with(tensors)
+        outs = run_call_torch(call)
+        if self.lattice:
+            outs = call.restore_lattice(outs)
+        return list(outs) if isinstance(outs, tuple) else [outs]
 
     def call_with(self, tensors) -> PropagateCall:
         graph, edge_fn, reducer, update, reduce_by = self.parts
@@ -99,22 +129,43 @@ def _split(fn) -> tuple:
     return None, fn
 
 
+def _reducer_arg(reducer):
+    """A built-in reducer as its settings: `tg.sum()` is often made inside the compiled
+    region, where Dynamo holds the object's attributes, not the object (rebuilt by
+    `_reducer`). A user reducer (callables) is passed as the object it is."""
+    if reducer.builtin:
+        return ("builtin", reducer.name, reducer.identity, reducer.prune_threshold,
+                reducer.empty, reducer.of)
+    return reducer
+
+
+def _reducer(arg) -> Reducer:
+    if not isinstance(arg, tuple):
+        return arg
+    _, name, identity, prune_threshold, empty, of = arg
+    return Reducer(name, identity, _builtin=True, prune_threshold=prune_threshold,
+                   empty=empty, of=of)
+
+
 def _join(owner, fn):
     return fn if owner is None else types.MethodType(fn, owner)
 
 
 @torch._dynamo.assume_constant_result
 def _register(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce_by, slots,
-              shapes, consts, skipped) -> int:
+              shapes, consts, skipped, lattice) -> int:
     """The key of this call site's entry (made once: staged on stand-in tensors of the
     traced shapes, which gives the captured tensors and the output types)."""
+    ident = (id(graph), id(edge_owner), edge_fn, id(update_owner), update,
+             reducer if isinstance(reducer, tuple) else id(reducer), reduce_by, slots, shapes,
+             consts, lattice)
     edge_fn, update = _join(edge_owner, edge_fn), _join(update_owner, update)
-    ident = (id(graph), edge_fn, id(reducer), update, reduce_by, slots, shapes, consts)
+    reducer = _reducer(reducer)
     with _LOCK:
         if ident in _KEYS:
             return _KEYS[ident]
     stand_ins = [torch.zeros((), dtype=dtype).expand(shape) for shape, dtype in shapes]
-    entry = _Entry((graph, edge_fn, reducer, update, reduce_by), slots, consts, (), [])
+    entry = _Entry((graph, edge_fn, reducer, update, reduce_by), slots, consts, lattice)
     call = entry.call_with(stand_ins)
     lost = [n for n in skipped if n.split(".", 1)[1] not in call.fields[n.split(".")[0]]]
     if lost:
@@ -132,8 +183,11 @@ def _register(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce_
                                      "tensors held by the layer), or pass the tensor as a "
                                      "keyword parameter of the call")
     entry.captured = captured
-    entry.out_types = [(tuple(int(d) for d in t.shape), _torch_dtype(t.dtype.np))
-                       for t in program.out_types]
+    flat = tuple(torch.empty(tuple(int(d) for d in t.shape), dtype=_torch_dtype(t.dtype.np))
+                 for t in program.out_types)
+    if lattice:
+        flat = call.restore_lattice(flat)
+    entry.out_types = [(tuple(t.shape), t.dtype) for t in flat]
     with _LOCK:
         key = _KEYS.setdefault(ident, len(_ENTRIES))
         if _ENTRIES.setdefault(key, entry) is entry:
@@ -150,8 +204,7 @@ def _call_op(key: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     entry = _ENTRIES[key]
     n = len(entry.slots)     # the captured tensors after them are read from their owners
     with torch.no_grad():
-        outs = run_call_torch(entry.call_with(list(tensors[:n])))
-    outs = list(outs) if isinstance(outs, tuple) else [outs]
+        outs = entry.run(list(tensors[:n]))
     # a custom op's outputs may not alias its inputs (an update returning a field as is)
     return [o.clone() if any(_aliases(o, t) for t in tensors) else o for o in outs]
 
@@ -172,8 +225,7 @@ def _vjp_op(key: int, tensors: list[torch.Tensor], cts: list[torch.Tensor],
     leaves = [t.detach().requires_grad_(w) for t, w in zip(tensors[:n], wrt)]
     targets = [x for x, w in zip(leaves + list(entry.captured), wrt) if w]
     with torch.enable_grad():
-        outs = run_call_torch(entry.call_with(leaves))
-        outs = list(outs) if isinstance(outs, tuple) else [outs]
+        outs = entry.run(leaves)
         pairs = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
         grads = torch.autograd.grad([o for o, _ in pairs], targets, [c for _, c in pairs],
                                     allow_unused=True) if pairs else [None] * len(targets)

@@ -48,11 +48,15 @@ def check_no_tangents(tensors, names) -> None:
         return
     for t, name in zip(tensors, names):
         if isinstance(t, torch.Tensor) and fwAD.unpack_dual(t).tangent is not None:
-            raise UnsupportedError(
-                f"{name}: carries a forward-mode tangent (torch.autograd.forward_ad, "
-                "torch.func.jvp or jacfwd); forward-mode AD through a Tiga message-passing "
-                "call is not supported (Tiga differentiates in reverse mode: its backward "
-                "runs Tiga's VJP program)", hint=FORWARD_HINT)
+            raise forward_mode_error(name)
+
+
+def forward_mode_error(name: str) -> UnsupportedError:
+    return UnsupportedError(
+        f"{name}: carries a forward-mode tangent (torch.autograd.forward_ad, torch.func.jvp, "
+        "jacfwd or hessian); forward-mode AD through a Tiga message-passing call is not "
+        "supported (Tiga differentiates in reverse mode: its backward runs Tiga's VJP "
+        "program)", hint=FORWARD_HINT)
 
 
 def batched_backward(backward, grad_outs):

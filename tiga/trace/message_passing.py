@@ -30,7 +30,15 @@ ARG_ID = "_tg_arg_id"
 
 # The runtime registers how concrete (non-traced) calls execute; trace cannot import it.
 hooks: dict[str, Callable | None] = {"execute": None, "explain": None, "reference": None,
-                                     "ir": None}
+                                     "ir": None, "compiled": None}
+
+
+def _compiling() -> bool:
+    """Replaced by the runtime: whether torch.compile (Dynamo) is tracing this call."""
+    return False
+
+
+hooks["compiling"] = _compiling
 
 
 class FieldView:
@@ -337,6 +345,8 @@ def _pad_binders(prog: GraphProgram, at: int, extra_values) -> GraphProgram:
 def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=None,
               **params):
     """Functional message passing: `y[i] = update(finalize(reduce(edge_fn(e) for e -> i)))`."""
+    if hooks["compiling"]():    # torch.compile's trace: one opaque torch op (torch_bridge)
+        return hooks["compiled"](graph, edge_fn, reducer, update, src, dst, edge, params)
     check_keywords("tg.propagate", ("graph", "edge_fn", "reducer", "src", "dst", "edge",
                                     "update"), edge_fn, update, params)
     call = PropagateCall(graph, edge_fn, reducer, src, dst, edge, update, params)
@@ -387,6 +397,10 @@ class MessagePassing:
         return aggregated
 
     def __call__(self, *, graph, src=None, dst=None, edge=None, **params):
+        if hooks["compiling"]():    # torch.compile's trace: one opaque torch op (torch_bridge)
+            update = self.update if type(self).update is not MessagePassing.update else None
+            return hooks["compiled"](graph, self.edge, self.reducer, update, src, dst, edge,
+                                     params)
         call = self._call(graph, src, dst, edge, params)
         return run_call(call)
 
