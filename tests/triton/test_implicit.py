@@ -48,7 +48,7 @@ def operands(g, seed):
 def test_walk_is_native_not_resolved():
     # the relation descriptor keeps the implicit walk; explain() says no CSR is built
     assert relation_of(tg.Graph.triangular(4), "dst") == ("triangular",)
-    assert relation_of(tg.Graph.triangular(4), "src") == ("csr",)
+    assert relation_of(tg.Graph.triangular(4), "src") == ("triangular_t",)  # natively
     g = tg.Graph.cu_seqlens([0, 2, 5], causal=False)
     assert relation_of(g, "dst") == ("cu_seqlens", False)
     ops = operands(g, 0)

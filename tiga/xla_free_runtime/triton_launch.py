@@ -428,7 +428,7 @@ def _torch_walk(graph, sig, device: str) -> dict:
             arrays = {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}
         else:
             arrays = dict(walk_arrays(graph, sig)[0])
-            if relation[0] == "stencil":
+            if relation[0] in ("stencil", "stencil_t"):
                 arrays["stencil_offsets"] = np.asarray(relation[2], np.int64).reshape(-1)
         buf = tensors()
         found = {k: None if a is None else buf.from_array(a, a.dtype.name, device)

@@ -29,7 +29,9 @@ def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,
     the launcher binds; without it the traversal names it where the IR text holds the whole
     walk (csr, dense, triangular) and the others walk their resolved CSR."""
     if op.traversal not in ("csr-row", "transposed-csr-row", "dense-row", "triangular-row",
-                            "segment-row", "stencil-row", "cell-directory-row"):
+                            "segment-row", "stencil-row", "cell-directory-row",
+                            "transposed-dense-row", "transposed-triangular-row",
+                            "transposed-segment-row", "transposed-stencil-row"):
         raise TritonUnsupported(f"traversal {op.traversal!r} has no Triton rendering yet")
     gtype = op.comp.relation.type
     if relation is None and op.traversal == "cell-directory-row":

@@ -9,7 +9,8 @@ walks the row's edges in tiles of BLOCK_N neighbours (a degree guard masks the l
 gathers the neighbour and edge rows of the tile, evaluates the edge function on the tile
 (rules/<family>.py), folds the tile into the reducer state (reducers.py), finalises, applies
 `update` and stores the row. No (num_edges, F) message array exists. reduce_by="src" walks
-the transposed CSR (rows are sources; edge ids through its permutation); "edge" stores each
+the transposed relation (rows are sources: implicit kinds natively, walks_transposed.py; a
+stored relation its transposed CSR, edge ids through its permutation); "edge" stores each
 message at its edge id; "all" (sum or mean without update) stores one partial sum per row,
 which the launcher adds up.
 """
@@ -24,6 +25,7 @@ from ...core.types import GraphType
 from .emitter import TV, Emitter, TritonUnsupported, eval_program, pow2, tl_dtype
 from .reducers import reducer_folds, tile, valid_mask
 from .walks import emit_row, emit_tile, open_loops, walk_slots
+from .walks_transposed import TRANSPOSED_KINDS
 
 ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
 NBR_ROLE = {"dst": "src", "src": "dst"}
@@ -122,8 +124,13 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
         if as_dtype(t.dtype).name == "bool":
             raise TritonUnsupported("a bool field or output (stored as bytes, not rendered)")
     walk = "src" if reduce_by == "src" else "dst"
-    if walk == "src" and relation[0] != "radius":   # (symmetric radius: the same walk)
+    # by source: the implicit kinds' transposed walks, the symmetric radius walk (the same
+    # walk), else the transposed CSR
+    if walk == "src" and relation[0] != "radius" and relation[0] not in TRANSPOSED_KINDS:
         relation = ("csr",)
+    if walk == "dst" and relation[0] in TRANSPOSED_KINDS:
+        raise TritonUnsupported(f"the walk by source {relation[0]!r} for a propagate grouped "
+                                "by destination")
     if relation[0] == "radius" and ("edge" in roles or reduce_by == "edge"):
         raise TritonUnsupported("edge fields over a radius cell walk (its edges are not "
                                 "numbered in the reference's order)")

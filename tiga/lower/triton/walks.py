@@ -1,7 +1,9 @@
 """lower/triton: how a propagate program finds the edges of its destination row.
 
 A walk is named by a relation descriptor (part of the kernel's cache key): ("csr",) walks
-row_ptr / col_idx (every walk by source, and the relations a walk below does not express);
+row_ptr / col_idx (a stored relation, its transpose by source, and the relations a walk
+below does not express); implicit kinds by source walk their transpose natively
+(walks_transposed.py);
 the implicit relations are walked from indices, with no resolved CSR:
 
 - ("dense",): row r owns edges [r*S, r*S + S), edge r*S + j reads source j (S: walk_params).
@@ -30,23 +32,37 @@ the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge 
 """
 from __future__ import annotations
 
+from .walks_transposed import (
+    TRANSPOSED_KINDS,
+    emit_edge_start,
+    emit_transposed_row,
+    emit_transposed_tile,
+    inside_test,
+    transposed_slots,
+)
+
 IMPLICIT_KINDS = ("dense", "triangular", "cu_seqlens", "stencil")
 RADIUS_MAX_DIMS = 3          # 3^dims neighbour cells per row; higher dims resolve to CSR
 RADIUS_SLOTS = ("wpos", "wqpos", "cell_start", "cell_order", "grid_lo", "grid_dims",
                 "walk_scal")
 MAX_STENCIL_OFFSETS = 64
 # traversals whose walk is fully named by the Kernel IR text (program.ir("triton", ...))
-TRAVERSAL_RELATION = {"dense-row": ("dense",), "triangular-row": ("triangular",)}
+TRAVERSAL_RELATION = {"dense-row": ("dense",), "triangular-row": ("triangular",),
+                      "transposed-dense-row": ("dense_t",),
+                      "transposed-triangular-row": ("triangular_t",)}
 
 
 def relation_of(graph, walk: str) -> tuple:
-    """The walk descriptor of a relation (by destination; a walk by source reads the
-    transposed CSR)."""
+    """The walk descriptor of a relation. By source: the implicit kinds' transposed walks
+    (walks_transposed below), a stored relation's transposed CSR."""
     kind = getattr(graph, "kind", "csr")
     params = getattr(graph, "params", {}) or {}
     if kind == "radius":
         return _radius_of(params, walk)
-    if walk != "dst" or kind not in IMPLICIT_KINDS:
+    if walk != "dst":
+        forward = relation_of(graph, "dst")
+        return forward if forward[0] == "csr" else (forward[0] + "_t",) + forward[1:]
+    if kind not in IMPLICIT_KINDS:
         return ("csr",)
     if kind == "cu_seqlens":
         return ("cu_seqlens", bool(params["causal"]))
@@ -94,6 +110,8 @@ def walk_slots(relation: tuple) -> tuple:
         return ("walk_params", "cu_ext", "seq_edges")
     if kind == "radius":
         return RADIUS_SLOTS
+    if kind in TRANSPOSED_KINDS:
+        return transposed_slots(relation)
     return ("stencil_offsets",)
 
 
@@ -117,12 +135,15 @@ def emit_row(c, relation: tuple) -> None:
     elif kind == "radius":
         _emit_radius_row(c, relation)
         return
+    elif kind in TRANSPOSED_KINDS:
+        emit_transposed_row(c, relation)
     else:
         _emit_stencil_row(c, relation)
     c.emit("cnt = e1 - e0")
 
 
-def _emit_sequence_row(c, causal: bool) -> None:
+def emit_sequence(c) -> None:
+    """`lo`: the sequence of row rr, `s0` its first index."""
     # the last sequence k with cu[k] <= r (empty sequences repeat an offset: the last one
     # holding r is the one it belongs to)
     c.emit("lo = rr * 0")
@@ -133,6 +154,10 @@ def _emit_sequence_row(c, causal: bool) -> None:
     c.emit("    lo = tl.where(go, mid, lo)")
     c.emit("    hi = tl.where(go, hi, mid - 1)")
     c.emit("s0 = tl.load(cu_ext + lo)")
+
+
+def _emit_sequence_row(c, causal: bool) -> None:
+    emit_sequence(c)
     c.emit("i_seq = rr - s0")
     if causal:
         c.emit("e0 = tl.load(seq_edges + lo) + i_seq * (i_seq + 1) // 2")
@@ -158,26 +183,13 @@ def _emit_stencil_row(c, relation: tuple) -> None:
 
 
 def _emit_stencil_offsets(c, shape: tuple, offsets: tuple) -> None:
-    """e0 / e1 of a non-periodic stencil row from its coordinates (lower/llvm/walks.py's
-    stencil_edge_start: per offset, the points of its inside box before the row, axis by
-    axis), so no per-point array exists."""
-    c.emit("e0 = rr * 0")
+    """e0 / e1 of a non-periodic stencil row from its coordinates (the closed form of
+    lower/llvm/walks.py's stencil_edge_start), so no per-point array exists."""
+    names = [f"coord{a}" for a in range(len(shape))]
+    emit_edge_start(c, names, shape, offsets, "e0")
     c.emit("deg = rr * 0")
     for off in offsets:
-        size = [max(0, n - abs(o)) for n, o in zip(shape, off)]
-        inside = " & ".join(f"(coord{a} + {o} >= 0) & (coord{a} + {o} < {n})"
-                            for a, (o, n) in enumerate(zip(off, shape))) or "rr >= 0"
-        c.emit(f"deg = deg + ({inside}).to(tl.int64)")
-        if 0 in size:
-            continue
-        c.emit("same = rr >= 0")
-        for a, o in enumerate(off):
-            lo, rest = max(0, -o), 1
-            for m in size[a + 1:]:
-                rest *= m
-            c.emit(f"before = tl.minimum(tl.maximum(coord{a} - {lo}, 0), {size[a]})")
-            c.emit(f"e0 = e0 + tl.where(same, before * {rest}, 0)")
-            c.emit(f"same = same & (coord{a} >= {lo}) & (coord{a} < {lo + size[a]})")
+        c.emit(f"deg = deg + ({inside_test(names, shape, off)}).to(tl.int64)")
     c.emit("e1 = tl.where(live, e0 + deg, e0)")
 
 
@@ -199,7 +211,7 @@ def _emit_radius_row(c, relation: tuple) -> None:
 
 def open_loops(c, relation: tuple) -> int:
     """Emit the neighbour-tile loop header(s) (indenting `c`); returns how many it opened."""
-    if relation[0] == "stencil":
+    if relation[0] in ("stencil", "stencil_t"):
         c.emit(f"for start in range(0, {len(relation[2])}, BLOCK_N):")
     elif relation[0] == "radius":
         _open_radius_loops(c, relation[1])
@@ -234,6 +246,9 @@ def emit_tile(c, relation: tuple, has_perm: bool) -> None:
         return
     if kind == "radius":
         _emit_radius_tile(c, relation)
+        return
+    if kind in TRANSPOSED_KINDS:
+        emit_transposed_tile(c, relation)
         return
     c.emit("p = start + nb")
     c.emit("valid = p < e1")

@@ -1,0 +1,138 @@
+"""lower/triton: walks by source (the transposed relation) of implicit relations, computed as
+their forward walks are: no CSR, no transpose (lower/llvm/walks_transposed.py is the same
+walk for cpu-llvm).
+
+- ("dense_t",): the transpose of dense(S, D) is dense(D, S): row r (a source) reads
+  destinations 0..D-1, edge d*S + r (walk_params = [S, D]).
+- ("triangular_t",): row r is read by destinations r..n-1 (an upper triangular walk), edge
+  d(d+1)/2 + r (walk_params = [n]).
+- ("cu_seqlens_t", causal): block-diagonal, itself with src/dst swapped: row r of sequence k
+  (binary search over cu_ext) is read by r..cu[k+1]-1 (causal) or cu[k]..cu[k+1]-1.
+- ("stencil_t", shape, offsets, periodic): point r is read by p = r - offset (the stencil
+  with negated offsets; outside ones masked, or wrapped when periodic). Edge ids p*K + j
+  (periodic) or the edges before p (a closed form over the lattice) plus p's inside
+  neighbours before offset j.
+
+Each walk emits `e0`, `e1` (a destination range, or for stencils 0..degree) in the row and
+`valid`, `col` (the destination) and `eid` per neighbour tile, as walks.py's walks do.
+"""
+from __future__ import annotations
+
+TRANSPOSED_KINDS = ("dense_t", "triangular_t", "cu_seqlens_t", "stencil_t")
+
+
+def transposed_slots(relation: tuple) -> tuple:
+    kind = relation[0]
+    if kind in ("dense_t", "triangular_t"):
+        return ("walk_params",)
+    if kind == "cu_seqlens_t":
+        return ("walk_params", "cu_ext", "seq_edges")
+    return ("stencil_offsets",)
+
+
+def emit_transposed_row(c, relation: tuple) -> None:
+    kind = relation[0]
+    if kind == "dense_t":
+        c.emit("n_src = tl.load(walk_params)")
+        c.emit("e0 = rr * 0")
+        c.emit("e1 = tl.where(live, tl.load(walk_params + 1), e0)")
+    elif kind == "triangular_t":
+        c.emit("e0 = rr")
+        c.emit("e1 = tl.where(live, tl.load(walk_params), e0)")
+    elif kind == "cu_seqlens_t":
+        from .walks import emit_sequence  # (walks.py imports this module)
+        emit_sequence(c)
+        c.emit("s1 = tl.load(cu_ext + lo + 1)")
+        c.emit("seq0 = tl.load(seq_edges + lo)")
+        c.emit("e0 = rr" if relation[1] else "e0 = s0")
+        c.emit("e1 = tl.where(live, s1, e0)")
+    else:
+        _emit_stencil_row(c, relation)
+
+
+def _emit_stencil_row(c, relation: tuple) -> None:
+    _, shape, offsets, periodic = relation
+    stride = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        c.emit(f"coord{axis} = (rr // {stride}) % {shape[axis]}")
+        stride *= shape[axis]
+    c.emit("e0 = rr * 0")
+    if periodic:
+        c.emit(f"e1 = tl.where(live, e0 + {len(offsets)}, e0)")
+        return
+    names = [f"coord{a}" for a in range(len(shape))]
+    c.emit("deg = rr * 0")
+    for off in offsets:   # readers p = r - off inside the lattice
+        c.emit(f"deg = deg + ({inside_test(names, shape, [-o for o in off])}).to(tl.int64)")
+    c.emit("e1 = tl.where(live, deg, e0)")
+
+
+def inside_test(names: list, shape: tuple, off) -> str:
+    """The Triton test that point `names` + off lies in the lattice."""
+    return " & ".join(f"({x} + {o} >= 0) & ({x} + {o} < {n})"
+                      for x, o, n in zip(names, off, shape)) or "True"
+
+
+def emit_edge_start(c, names: list, shape: tuple, offsets: tuple, out: str) -> None:
+    """`out` = the edges of a non-periodic stencil before point `names` (C order): per
+    offset, the points of its inside box that come first, axis by axis."""
+    c.emit(f"{out} = {names[0] if names else '0'} * 0")
+    for off in offsets:
+        size = [max(0, n - abs(o)) for n, o in zip(shape, off)]
+        if 0 in size:
+            continue
+        c.emit(f"same = {names[0]} >= 0" if names else "same = True")
+        for a, o in enumerate(off):
+            lo, rest = max(0, -o), 1
+            for m in size[a + 1:]:
+                rest *= m
+            c.emit(f"before = tl.minimum(tl.maximum({names[a]} - {lo}, 0), {size[a]})")
+            c.emit(f"{out} = {out} + tl.where(same, before * {rest}, 0)")
+            c.emit(f"same = same & ({names[a]} >= {lo}) & ({names[a]} < {lo + size[a]})")
+
+
+def emit_transposed_tile(c, relation: tuple) -> None:
+    kind = relation[0]
+    if kind == "stencil_t":
+        _emit_stencil_tile(c, relation)
+        return
+    c.emit("p = start + nb")
+    c.emit("valid = p < e1")
+    c.emit("col = tl.where(valid, p, 0)")
+    if kind == "dense_t":
+        c.emit("eid = tl.where(valid, p * n_src + rr, 0)")
+    elif kind == "triangular_t":
+        c.emit("eid = tl.where(valid, p * (p + 1) // 2 + rr, 0)")
+    elif relation[1]:   # causal: destination p's row holds sources s0..p
+        c.emit("eid = tl.where(valid, seq0 + (p - s0) * (p - s0 + 1) // 2 + (rr - s0), 0)")
+    else:
+        c.emit("eid = tl.where(valid, seq0 + (p - s0) * (s1 - s0) + (rr - s0), 0)")
+
+
+def _emit_stencil_tile(c, relation: tuple) -> None:
+    _, shape, offsets, periodic = relation
+    rank, k = len(shape), len(offsets)
+    c.emit("j = start + nb")
+    c.emit(f"valid = (j < {k}) & live")
+    c.emit("col = (j * 0).to(tl.int64)")
+    stride = 1
+    for axis in range(rank - 1, -1, -1):
+        n = shape[axis]
+        c.emit(f"off = tl.load(stencil_offsets + j * {rank} + {axis}, mask=valid, other=0)")
+        c.emit(f"q{axis} = coord{axis} - off")
+        if periodic:   # Python-style modulo on int64
+            c.emit(f"q{axis} = q{axis} % {n}")
+            c.emit(f"q{axis} = tl.where(q{axis} < 0, q{axis} + {n}, q{axis})")
+        else:
+            c.emit(f"valid = valid & (q{axis} >= 0) & (q{axis} < {n})")
+        c.emit(f"col = col + q{axis} * {stride}")
+        stride *= n
+    c.emit("col = tl.where(valid, col, 0)")
+    if periodic:
+        c.emit(f"eid = tl.where(valid, col * {k} + j, 0)")
+        return
+    names = [f"q{a}" for a in range(rank)]
+    emit_edge_start(c, names, shape, offsets, "eid")
+    for i, off in enumerate(offsets):   # the reader's inside neighbours before offset j
+        c.emit(f"eid = eid + (({inside_test(names, shape, off)}) & (j > {i})).to(tl.int64)")
+    c.emit("eid = tl.where(valid, eid, 0)")
