@@ -1,4 +1,19 @@
-"""core: reducer algebra (identity, lift, combine, finalize) and the built-in reducers."""
+"""core: reducer algebra (identity, lift, combine, finalize) and the built-in reducers.
+
+Precision rule, followed by every route (the reference interpreter in core/segment.py, the
+cpu-llvm kernels in lower/llvm/reducers.py, the Triton kernels in lower/triton/reducers.py):
+float16 and bfloat16 messages are summed, averaged, multiplied and softmax-weighted in
+float32, and the result is rounded once to the message dtype at the end of the row. max and
+min are exact (they keep the message dtype); float32 and float64 accumulate in their own
+dtype. Tolerance: an entry over n messages x_i is within ulp(exact) + n * 2**-24 * sum|x_i|
+of the exact (float64) result, ulp being the spacing of the result dtype at that value;
+routes may add in different orders, so they agree to that bound, not bit for bit
+(tests/hostile/test_precision_wave3.py checks it on every route).
+
+Non-finite messages follow numpy on every route: a NaN reaches the row's max, min, sum,
+mean and prod; online_softmax's row is NaN for a NaN or +inf score, or when every score is
+-inf (tests/lower/test_nonfinite_differential.py).
+"""
 from __future__ import annotations
 
 import math
@@ -33,7 +48,12 @@ class Reducer:
 
     User reducers give Python callables; the tracer stages them into regions
     (`traced(...)`) before a program stores them, so program structure never depends
-    on object identity.
+    on object identity; they fold in their state's dtype.
+
+    Built-in reducers over float16/bfloat16 messages accumulate in float32 and round once
+    to the message dtype (max/min are exact): each result entry over n messages x_i is
+    within ulp(exact) + n * 2**-24 * sum|x_i| of the exact value, on every route.
+    NaN and inf behave as in numpy (a NaN message makes its row's max/min/sum NaN).
     """
 
     def __init__(self, name: str, identity: Any = 0.0, combine: Callable | None = None,
@@ -165,25 +185,33 @@ def _checked_empty(name: str, empty: Any) -> float | None:
 
 
 def sum() -> Reducer:  # noqa: A001 - public name from API.md
+    """Sum of the messages per row (0 without edges). float16/bfloat16 messages add in
+    float32 and the sum rounds once: within ulp(exact) + n * 2**-24 * sum|x| of it."""
     return _builtin("sum", 0.0)
 
 
 def mean() -> Reducer:
+    """Mean of the messages per row (0 without edges). float16/bfloat16 messages add in
+    float32, divide, and round once: within ulp(exact) + n * 2**-24 * sum|x| / n of it."""
     return _builtin("mean", 0.0)
 
 
 def max(empty: float | None = None) -> Reducer:  # noqa: A001
-    """Largest message per row; a row without edges gives `empty` (default 0)."""
+    """Largest message per row; a row without edges gives `empty` (default 0). Exact in
+    every dtype; a NaN message makes its row NaN (as numpy's maximum)."""
     return _builtin("max", -math.inf, empty=_checked_empty("max", empty))
 
 
 def min(empty: float | None = None) -> Reducer:  # noqa: A001
-    """Smallest message per row; a row without edges gives `empty` (default 0)."""
+    """Smallest message per row; a row without edges gives `empty` (default 0). Exact in
+    every dtype; a NaN message makes its row NaN (as numpy's minimum)."""
     return _builtin("min", math.inf, empty=_checked_empty("min", empty))
 
 
 def prod(empty: float | None = None) -> Reducer:
-    """Product of the messages per row; a row without edges gives `empty` (default 1)."""
+    """Product of the messages per row; a row without edges gives `empty` (default 1).
+    float16/bfloat16 messages multiply in float32 and round once (relative error within
+    n * 2**-24 plus one ulp of the message dtype)."""
     return _builtin("prod", 1.0, empty=_checked_empty("prod", empty))
 
 
@@ -209,7 +237,11 @@ def argmax(of: str = "src") -> Reducer:
 
 
 def online_softmax(prune_threshold: float | None = None) -> Reducer:
-    """Streaming softmax-weighted sum of values; pruning is approximate and off by default."""
+    """Streaming softmax-weighted sum of values; pruning is approximate and off by default.
+
+    float16/bfloat16 scores and values run in float32 (running max, mass, accumulator) and
+    the result rounds once. A row is NaN for a NaN or +inf score or when every score is
+    -inf (as torch.softmax); a row without edges is 0."""
     if prune_threshold is not None and not (isinstance(prune_threshold, (int, float))
                                             and prune_threshold > 0
                                             and math.isfinite(prune_threshold)):
