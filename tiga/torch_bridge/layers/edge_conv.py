@@ -104,6 +104,11 @@ class DynamicEdgeConv(torch.nn.Module):
         b_src, b_dst = batch if isinstance(batch, (tuple, list)) else (batch, batch)
         graph = knn_relation(x_src.detach(), None if same else x_dst.detach(), self.k,
                              b_src, b_dst)
+        if self.aggr in ("max", "min"):
+            # selected before the call: with the neighbours selected inside the call (kNN
+            # above 3-D), the max/min VJP of a traced network sends x's gradient astray
+            # (reported to the lead; tests/nn/test_edge_conv.py checks the result)
+            graph.resolve_csr()
         return edge_messages(self, graph, x_src, x_dst)
 
     def __repr__(self) -> str:
