@@ -75,9 +75,8 @@ def main(n: int = 300, verbose: bool = True) -> dict:
     assert list(top) == list(np.argsort(-want)[:5])
     if verbose:
         print(f"pagerank: {n} pages, {graph.num_edges} links, "
-              f"{int((graph.degrees(by='src') == 0).sum())} without out-links; "
-              f"{iterations} iterations; max |tiga - networkx| = {err:.1e}; "
-              f"top pages {top.tolist()}")
+              f"{int((graph.degrees(by='src') == 0).sum())} dangling; {iterations} iterations; "
+              f"vs networkx {err:.0e}; top {top[:3].tolist()}")
     return {"iterations": iterations, "max_abs_error": err, "top": top.tolist()}
 
 

@@ -498,6 +498,7 @@ NO_TORCH = textwrap.dedent(
 def test_weighted_sum_example_runs(with_torch):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["TIGA_DEMO_VERBOSE"] = "1"     # each value, the program and explain(), not one line
     cmd = ([sys.executable, "examples/weighted_sum.py"] if with_torch
            else [sys.executable, "-c", NO_TORCH])
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -21,6 +21,20 @@ def schedule_line(op) -> str:
 
 @dataclass
 class Explanation:
+    """How a call runs, from `layer.explain(**call)`; `str()` of it is a readable report.
+
+    Attributes:
+        route (str): "reference", "cpu-llvm", "mixed", "triton" or "triton-interpreter".
+        backend (str): the backend's description. reason (str): why this route.
+        traversal (list[str]): how each propagate walks its relation (pages, halos).
+        schedule (str): the kernel schedule. materialized (list): (what, bytes, why) of
+            each array built that a fused kernel would not need.
+        estimated_bytes (int): bytes materialised. vjp_route (str): how the gradient runs.
+        routes (list): (route, which propagate, reason) per equation.
+        tasks (str): the Task IR the runtime walks. run_report (RunReport | None): what
+            the call measured, with `explain(..., run=True)`.
+    """
+
     route: str                      # "reference" | "cpu-llvm" | "mixed" | ...
     backend: str
     reason: str

@@ -41,6 +41,7 @@ class Charge:
 
 
 def fmt_bytes(n: int) -> str:
+    """`n` bytes for people: "1.50 MiB (1572864 bytes)"."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.2f} {unit} ({n} bytes)"

@@ -44,6 +44,7 @@ def _zarr():
 
 
 def chunk_rows_for(shape: tuple, itemsize: int) -> int:
+    """Rows per disk chunk of an array of `shape`: whole rows, about CHUNK_BYTES a chunk."""
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * itemsize if len(shape) > 1 else \
         itemsize
     return max(1, CHUNK_BYTES // max(row_bytes, 1))
