@@ -199,11 +199,11 @@ def main(epochs: int = 100, verbose: bool = True) -> dict:
     looped_np = np.concatenate([edge_index_np, loops], axis=1)
     looped = tg.Graph.from_edge_index(looped_np, num_nodes=34)
     results = {"checks": {}, "checks_with_loops": {}, "train": {}}
-    for key, (g, ei) in {"checks": (graph, edge_index),
-                         "checks_with_loops": (looped, torch.from_numpy(looped_np))}.items():
+    for key, (rel, ei) in {"checks": (graph, edge_index),
+                           "checks_with_loops": (looped, torch.from_numpy(looped_np))}.items():
         say("karate club" + (" with self loops" if key == "checks_with_loops" else "") + ":")
         for name in LAYERS:
-            diffs = check_layer(name, g, ei, x)
+            diffs = check_layer(name, rel, ei, x)
             results[key][name] = diffs
             text = "; ".join(f"vs {o}: forward {f:.1e}, gradients {g:.1e}"
                              for o, (f, g) in diffs.items())
