@@ -38,7 +38,17 @@ def _check_carry(in_tree, out_tree, in_avals, out_avals, what):
 
 
 def repeat(n: int, body: Callable, init):
-    """Apply `body` to the state `n` times (n static): `body(state) -> state`."""
+    """Apply `body` to the state `n` times (n static): `body(state) -> state`.
+
+    Args:
+        n (int): the trip count, a non-negative Python int (part of the program).
+        body (Callable[[State], State]): one iteration; it returns the structure of `init`
+            with the same shapes and dtypes (a change is a tg.ShapeError at trace time).
+        init (State): an array, or a tuple / list / dict of arrays.
+
+    Returns:
+        State: the state after `n` iterations. Differentiable (tg.grad, tg.vjp, torch).
+    """
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise TigaError(f"repeat: n must be a non-negative Python int, found {n!r}")
     if _eager():
@@ -54,7 +64,18 @@ def repeat(n: int, body: Callable, init):
 
 
 def while_loop(cond: Callable, body: Callable, init, max_iterations: int):
-    """Run `body` while `cond(state)` holds, at most `max_iterations` times (bounded)."""
+    """Run `body` while `cond(state)` holds, at most `max_iterations` times (bounded).
+
+    Args:
+        cond (Callable[[State], array]): a scalar boolean of the state.
+        body (Callable[[State], State]): one iteration, as for `tg.repeat`.
+        init (State): an array, or a tuple / list / dict of arrays.
+        max_iterations (int): the bound; reaching it ends the loop without an error.
+
+    Returns:
+        State: the state when `cond` is false or the bound is reached. Not differentiable
+        (the trip count depends on the data): use `tg.repeat` for gradients.
+    """
     if not isinstance(max_iterations, int) or isinstance(max_iterations, bool) \
             or max_iterations < 0:
         raise TigaError("while_loop: max_iterations must be a non-negative Python int, found "

@@ -344,7 +344,24 @@ def _pad_binders(prog: GraphProgram, at: int, extra_values) -> GraphProgram:
 
 def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=None,
               **params):
-    """Functional message passing: `y[i] = update(finalize(reduce(edge_fn(e) for e -> i)))`."""
+    """Functional message passing: `y[i] = update(finalize(reduce(edge_fn(e) for e -> i)))`.
+
+    Args:
+        graph (tg.Graph | DistributedGraph): the relation (`num_src` -> `num_dst`).
+        edge_fn (Callable): `edge_fn(src, dst, edge, **params)` -> the message of one edge;
+            `src.<name>` / `dst.<name>` / `edge.<name>` are rows of the fields below.
+        reducer (tg.Reducer): how a destination's messages combine (`tg.sum()`, ...).
+        src, dst, edge (dict[str, array] | None): fields by name, entity axis first:
+            `(num_src, ...)`, `(num_dst, ...)`, `(num_edges, ...)` (edge order).
+            numpy arrays, Python lists, `tg.Tensor`s on any tier, or torch tensors.
+        update (Callable | None): `update(dst, aggregated, **params)` -> the row's result.
+        **params: runtime operands (scalars or arrays) passed to edge_fn and update; a new
+            value does not recompile.
+
+    Returns:
+        tg.Tensor | torch.Tensor: one row per destination, `(num_dst, ...)`; a torch tensor
+        (differentiable by torch.autograd) when the inputs are torch tensors.
+    """
     if hooks["compiling"]():    # torch.compile's trace: one opaque torch op (torch_bridge)
         return hooks["compiled"](graph, edge_fn, reducer, update, src, dst, edge, params)
     check_keywords("tg.propagate", ("graph", "edge_fn", "reducer", "src", "dst", "edge",
@@ -356,7 +373,16 @@ def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=
 def edge_map(graph, edge_fn, *, src=None, dst=None, edge=None, **params):
     """Per-edge values `edge_fn(src, dst, edge)`, shape `(num_edges, ...)`, in the relation's
     edge order (row k is edge k: the order of `from_coo` / `from_edge_index` input, or of
-    `col_idx` for CSR): messages, attention weights, neighbour distances. Differentiable."""
+    `col_idx` for CSR): messages, attention weights, neighbour distances. Differentiable.
+
+    Args:
+        graph (tg.Graph): the relation. edge_fn (Callable): as for `tg.propagate`.
+        src, dst, edge (dict[str, array] | None): the fields, as for `tg.propagate`.
+        **params: runtime operands passed to edge_fn.
+
+    Returns:
+        tg.Tensor | torch.Tensor: `(num_edges, ...)`, row k for edge k.
+    """
     check_keywords("tg.edge_map", ("graph", "edge_fn", "src", "dst", "edge"), edge_fn, None,
                    params)
     call = PropagateCall(graph, edge_fn, sum_reducer(), src, dst, edge, None, params,
