@@ -63,10 +63,12 @@ class GraphProgram:
 
     @property
     def in_types(self) -> list:
+        """The types of the program's inputs, in order."""
         return [v.type for v in self.in_binders]
 
     @property
     def out_types(self) -> list:
+        """The types of the program's outputs, in order."""
         return [a.type for a in self.outs]
 
     def structure_key(self) -> str:

@@ -90,6 +90,7 @@ class Reducer:
 
     @property
     def is_arg(self) -> bool:
+        """True for tg.argmin / tg.argmax (their result is an int64 id)."""
         return self.builtin and self.name in ARG
 
     def __call__(self, *parts) -> ReducerMessage:
@@ -119,6 +120,7 @@ class Reducer:
         return hash(self._key())
 
     def pp_param(self) -> str:
+        """How the program printer shows this reducer (`sum`, `max[empty=-inf]`, ...)."""
         if self.builtin and (self.prune_threshold is not None or self.stats
                              or self.empty is not None or self.of is not None):
             opts = ([f"prune_threshold={self.prune_threshold}"]
@@ -141,6 +143,7 @@ class Reducer:
                        prune_threshold=self.prune_threshold, stats=True)
 
     def with_regions(self, regions: tuple) -> Reducer:
+        """A copy holding its traced (lift, combine, finalize) regions (the tracer's)."""
         r = Reducer(self.name, self.identity, self.combine, self.finalize, self.lift,
                     self.commutative, self.associative)
         r.regions = regions

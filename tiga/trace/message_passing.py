@@ -408,6 +408,8 @@ class MessagePassing:
     reducer: Reducer | None = None
 
     def edge(self, src, dst, edge, **params):
+        """The message of one edge from the rows `src.<name>`, `dst.<name>`, `edge.<name>`
+        and the call's keyword parameters; subclasses must define it."""
         raise TigaError(f"{type(self).__name__} must define edge(self, src, dst, edge)")
 
     def _call(self, graph, src, dst, edge, params) -> PropagateCall:
@@ -420,6 +422,7 @@ class MessagePassing:
         return PropagateCall(graph, self.edge, self.reducer, src, dst, edge, update, params)
 
     def update(self, dst, aggregated, **params):  # replaced by subclasses that need it
+        """A destination's result from its reduced messages (default: `aggregated`)."""
         return aggregated
 
     def __call__(self, *, graph, src=None, dst=None, edge=None, **params):

@@ -268,6 +268,7 @@ class Store:
         return rp, self._col.read_rows(lo, hi, out[1]), lo
 
     def read_csr(self) -> tuple:
+        """(row_ptr, col_idx) of the whole stored relation, read into memory."""
         rp, ci, _ = self.read_rows(0, self.num_dst)
         return rp, ci
 
@@ -287,6 +288,7 @@ class Store:
         return out
 
     def graph(self):
+        """The stored relation as a paged tg.Graph (tg.Graph.open of this store)."""
         from ..core.graph import Graph
         return Graph.open(self.path)
 

@@ -45,10 +45,12 @@ class Tensor(ArrayOps):
 
     @property
     def tier(self) -> str:
+        """Where the value lives: "host", "disk" or "device"."""
         return self._storage.tier
 
     @property
     def device(self) -> str:
+        """"cpu" for the host and disk tiers, "cuda" for the device tier."""
         return self._storage.device
 
     def numpy(self) -> np.ndarray:
@@ -164,9 +166,11 @@ class Tensor(ArrayOps):
         return bool(self.numpy())
 
     def item(self):
+        """The one element of a size-1 tensor, as a Python scalar."""
         return self.numpy().item()
 
     def tolist(self):
+        """The value as nested Python lists (numpy's tolist)."""
         return self.numpy().tolist()
 
     def __repr__(self) -> str:

@@ -63,6 +63,7 @@ class DistributedGraph:
     # ---- what the tracer and the call checks see -------------------------------------------
 
     def type(self, symbolic: bool = False) -> GraphType:
+        """The relation type programs see on this rank: its owned rows, both ways."""
         if symbolic:
             n = Dim("N")
             return GraphType("csr", n, n, Dim("E"), self.index_dtype, None)
@@ -70,12 +71,14 @@ class DistributedGraph:
                          None)
 
     def resolve_csr(self):
+        """Always a tg.UnsupportedError: the sources live on several ranks."""
         raise UnsupportedError(
             "a DistributedGraph has no single CSR: its sources live on several ranks",
             hint="call the program with graph=dg (the runtime exchanges the halo), or use "
                  "dg.full, the local relation over owned + ghost source rows")
 
     def ensure_valid(self) -> DistributedGraph:
+        """The partition was validated when it was built: returns itself."""
         return self
 
     def degrees(self, by: str = "dst") -> np.ndarray:
