@@ -444,3 +444,45 @@ def test_triton_softmax_of_non_finite_scores(triton_route, scores):
         return Scores()(graph=graph, src={"v": v}, dst={}, edge={"s": s})
 
     assert_same(f(s, v), reference(f, s, v)[0], what="triton vs reference")
+
+
+class RowMax(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        both = tg.math.maximum(src.x, dst.h) - tg.math.minimum(src.x, 0.0)
+        return both.max(axis=-1) + tg.math.minimum(src.x, dst.h).min(axis=-1)
+
+
+def test_triton_edge_function_max_min_keep_nan(triton_route):
+    """Elementwise maximum/minimum and row-axis max/min inside an edge function: NaN wins,
+    as numpy's (the reference's), on the Triton route too."""
+    graph = relation("csr")
+    rng = np.random.default_rng(9)
+    x, h = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    x[0, 0], h[2, 1], x[3, 2] = np.nan, np.nan, np.inf
+
+    def f(x, h):
+        return RowMax()(graph=graph, src={"x": x}, dst={"h": h})
+
+    assert_same(f(x, h), reference(f, x, h)[0], what="triton vs reference")
+
+
+@pytest.mark.parametrize("kind", ["triangular", "cu_causal", "cu_full", "dense"])
+def test_triton_attention_non_finite_scores(triton_route, kind):
+    """The tiled Triton attention kernel: a NaN key, a +inf query entry and a query row of
+    -inf make the rows they reach NaN, as the reference's softmax (forward; non-finite
+    values are not covered: tl.dot's 0 * inf for keys outside a row's range leaks NaN)."""
+    n = 40
+    graph = attention_relation(kind, n)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((n, 2, 16)).astype(np.float32) for _ in range(3))
+    k[5, 0, 3], q[7, 1, 2], q[0, 0, :] = np.nan, np.inf, -np.inf
+    m = Attention()
+
+    def f(q, k, v):
+        return m(graph=graph, src={"key": k, "value": v}, dst={"query": q}, scale=0.25)
+
+    ex = m.explain(graph=graph, src={"key": k, "value": v}, dst={"query": q}, scale=0.25)
+    assert any("Triton attention" in w for _, _, w in ex.routes), str(ex)
+    assert_same(f(q, k, v), reference(f, q, k, v)[0], 2e-3, 2e-4, what=kind)

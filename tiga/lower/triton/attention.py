@@ -43,6 +43,12 @@ def _put(ptr, val, rows, n, h, H, W: tl.constexpr, BW: tl.constexpr):
 
 
 @triton.jit
+def _nanmax(a, b):
+    # NaN wins, as numpy's maximum in the reference (tl.max drops it)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _scores(qt, kt, cols, lo, hi, scale, CT: tl.constexpr):
     s = tl.dot(qt, tl.trans(kt), input_precision="ieee", out_dtype=CT) * scale
     valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
@@ -78,15 +84,18 @@ def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
         kt = _tile(k, cols, nk, h, H, D, BD, CT)
         vt = _tile(v, cols, nk, h, H, DV, BDV, CT)
         s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
-        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_new = _nanmax(m, tl.reduce(s, 1, _nanmax))
         base = tl.where(m_new == float("-inf"), 0.0, m_new).to(CT)
         alpha = tl.exp(m - base)
         p = tl.where(valid, tl.exp(s - base[:, None]), 0.0).to(CT)
         mass = mass * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee", out_dtype=CT)
         m = m_new
+    # mass is 0 where every score is -inf and NaN after a NaN or +inf score: those rows are
+    # NaN, as the reference's; a row without keys is 0
     safe = tl.where(mass > 0, mass, 1.0)
-    out = tl.where(mass[:, None] > 0, acc / safe[:, None], 0.0)
+    out = tl.where(mass[:, None] > 0, acc / safe[:, None], float("nan"))
+    out = tl.where((hi > lo)[:, None], out, 0.0)
     _put(o, out, rows, nq, h, H, DV, BDV)
     tl.store(top + rows * H + h, tl.where(m == float("-inf"), 0.0, m), mask=live)
     tl.store(mass_ptr + rows * H + h, mass, mask=live)

@@ -29,12 +29,13 @@ from .walks_transposed import TRANSPOSED_KINDS
 
 ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
 NBR_ROLE = {"dst": "src", "src": "dst"}
-# _tiga_max / _tiga_min: NaN wins (a + b is NaN when either is), as numpy's maximum/minimum
+# _tiga_max / _tiga_min: NaN wins, as numpy's maximum/minimum (the reference); tl.max and
+# tl.maximum's default drop it. One max.NaN instruction on the GPU; np.maximum interpreted
 HELPERS = {"_tiga_mul": "@triton.jit\ndef _tiga_mul(a, b):\n    return a * b\n",
-           "_tiga_max": "@triton.jit\ndef _tiga_max(a, b):\n    return tl.where((a != a) | "
-                        "(b != b), a + b, tl.maximum(a, b))\n",
-           "_tiga_min": "@triton.jit\ndef _tiga_min(a, b):\n    return tl.where((a != a) | "
-                        "(b != b), a + b, tl.minimum(a, b))\n"}
+           "_tiga_max": "@triton.jit\ndef _tiga_max(a, b):\n    return tl.maximum(a, b, "
+                        "propagate_nan=tl.PropagateNan.ALL)\n",
+           "_tiga_min": "@triton.jit\ndef _tiga_min(a, b):\n    return tl.minimum(a, b, "
+                        "propagate_nan=tl.PropagateNan.ALL)\n"}
 
 
 @dataclass(frozen=True)

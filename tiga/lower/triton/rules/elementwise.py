@@ -33,7 +33,10 @@ _UNARY = {
     "not": "({x} == 0)",
 }
 _BINARY = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})",
-           "div": "({a} / {b})", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})",
+           "div": "({a} / {b})",
+           # NaN wins, as numpy's maximum/minimum (tl.maximum's default drops it)
+           "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+           "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
            "and": "({a} & {b})", "or": "({a} | {b})"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 

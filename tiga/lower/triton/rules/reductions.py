@@ -9,7 +9,12 @@ from ..emitter import TV, TritonUnsupported, tl_dtype
 R = lowering_rules["triton"]
 _FN = {"reduce_sum": "tl.sum({x}, axis={a})", "reduce_max": "tl.max({x}, axis={a})",
        "reduce_min": "tl.min({x}, axis={a})",
-       "reduce_prod": "tl.reduce({x}, {a}, _tiga_mul)"}
+       "reduce_prod": "tl.reduce({x}, {a}, _tiga_mul)",
+       # float max/min keep NaN, as the reference's numpy does (tl.max drops it)
+       "nan_reduce_max": "tl.reduce({x}, {a}, _tiga_max)",
+       "nan_reduce_min": "tl.reduce({x}, {a}, _tiga_min)"}
+_HELPER = {"reduce_prod": "_tiga_mul", "nan_reduce_max": "_tiga_max",
+           "nan_reduce_min": "_tiga_min"}
 
 
 def identity(name: str, dtype) -> str:
@@ -36,14 +41,16 @@ def reduce_rule(name):
             return [x]
         if x.dtype.name == "bool":
             raise TritonUnsupported(f"{name} over bool")
-        if name == "reduce_prod":
-            ctx.helpers.add("_tiga_mul")
+        fn = f"nan_{name}" if name in ("reduce_max", "reduce_min") and x.dtype.is_float \
+            else name
+        if fn in _HELPER:
+            ctx.helpers.add(_HELPER[fn])
         expr = x.expr
         masks = [m for m in (ctx.axis_mask(x.shape, a) for a in axes) if m is not None]
         if masks:
             expr = f"tl.where({' & '.join(masks)}, {expr}, {identity(name, x.dtype)})"
         for a in sorted(axes, reverse=True):
-            expr = _FN[name].format(x=expr, a=a + 1)
+            expr = _FN[fn].format(x=expr, a=a + 1)
         return [ctx.value(f"({expr}).to({tl_dtype(out.dtype)})", out.shape, out.dtype,
                           x.lead, "r")]
     return rule
