@@ -47,7 +47,8 @@ def repeat(n: int, body: Callable, init):
         init (State): an array, or a tuple / list / dict of arrays.
 
     Returns:
-        State: the state after `n` iterations. Differentiable (tg.grad, tg.vjp, torch).
+        State: the state after `n` iterations. Differentiable (tg.grad, tg.vjp,
+            torch).
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise TigaError(f"repeat: n must be a non-negative Python int, found {n!r}")
@@ -73,8 +74,8 @@ def while_loop(cond: Callable, body: Callable, init, max_iterations: int):
         max_iterations (int): the bound; reaching it ends the loop without an error.
 
     Returns:
-        State: the state when `cond` is false or the bound is reached. Not differentiable
-        (the trip count depends on the data): use `tg.repeat` for gradients.
+        State: the state when `cond` is false or the bound is reached. Not
+            differentiable (the trip count depends on the data): use `tg.repeat`.
     """
     if not isinstance(max_iterations, int) or isinstance(max_iterations, bool) \
             or max_iterations < 0:

@@ -351,16 +351,17 @@ def propagate(graph, edge_fn, reducer, *, src=None, dst=None, edge=None, update=
         edge_fn (Callable): `edge_fn(src, dst, edge, **params)` -> the message of one edge;
             `src.<name>` / `dst.<name>` / `edge.<name>` are rows of the fields below.
         reducer (tg.Reducer): how a destination's messages combine (`tg.sum()`, ...).
-        src, dst, edge (dict[str, array] | None): fields by name, entity axis first:
-            `(num_src, ...)`, `(num_dst, ...)`, `(num_edges, ...)` (edge order).
+        src (dict[str, array] | None): source fields by name, `(num_src, ...)` each:
             numpy arrays, Python lists, `tg.Tensor`s on any tier, or torch tensors.
+        dst (dict[str, array] | None): destination fields, `(num_dst, ...)` each.
+        edge (dict[str, array] | None): edge fields, `(num_edges, ...)`, in edge order.
         update (Callable | None): `update(dst, aggregated, **params)` -> the row's result.
         **params: runtime operands (scalars or arrays) passed to edge_fn and update; a new
             value does not recompile.
 
     Returns:
-        tg.Tensor | torch.Tensor: one row per destination, `(num_dst, ...)`; a torch tensor
-        (differentiable by torch.autograd) when the inputs are torch tensors.
+        tg.Tensor | torch.Tensor: one row per destination, `(num_dst, ...)`; a torch
+            tensor (differentiable by torch.autograd) when the inputs are torch tensors.
     """
     if hooks["compiling"]():    # torch.compile's trace: one opaque torch op (torch_bridge)
         return hooks["compiled"](graph, edge_fn, reducer, update, src, dst, edge, params)
@@ -377,7 +378,9 @@ def edge_map(graph, edge_fn, *, src=None, dst=None, edge=None, **params):
 
     Args:
         graph (tg.Graph): the relation. edge_fn (Callable): as for `tg.propagate`.
-        src, dst, edge (dict[str, array] | None): the fields, as for `tg.propagate`.
+        src (dict[str, array] | None): source fields, as for `tg.propagate`.
+        dst (dict[str, array] | None): destination fields.
+        edge (dict[str, array] | None): edge fields.
         **params: runtime operands passed to edge_fn.
 
     Returns:
