@@ -35,7 +35,16 @@ store_hooks: dict[str, Callable | None] = {"open": None, "degrees": None}
 
 class Graph:
     """A relation. Build one with the `from_*` constructors or an implicit kind
-    (`dense`, `triangular`, `cu_seqlens`, `stencil`, `cat`); never call the class directly."""
+    (`dense`, `triangular`, `cu_seqlens`, `stencil`, `cat`); never call the class directly.
+
+    Attributes:
+        num_src (int): source entities (the rows of source fields).
+        num_dst (int): destination entities (the rows of results and destination fields).
+        num_edges (int | None): edges (the rows of edge fields); None for a radius or kNN
+            relation until `resolve_csr()` generates it.
+        kind (str): "csr", "dense", "triangular", "cu_seqlens", "cat", "stencil", "radius",
+            "knn" or "paged" (a relation stored on disk).
+    """
 
     def __init__(self, *, kind: str, num_src: int, num_dst: int, num_edges: int,
                  index_dtype: DType = int64, csr: tuple | None = None,
