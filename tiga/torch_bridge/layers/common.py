@@ -7,6 +7,8 @@ whose backward is Tiga's compiled VJP); dense projections stay in torch.
 from __future__ import annotations
 
 import math
+import weakref
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -71,7 +73,11 @@ def node_pair(layer: str, x) -> tuple:
 
 def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
     """A tg.Graph from the layer's relation argument: a tg.Graph (checked against the node
-    counts) or a PyG edge_index (2, E) integer tensor/array, row 0 sources, row 1 targets."""
+    counts) or a PyG edge_index (2, E) integer tensor/array, row 0 sources, row 1 targets.
+
+    The relation built from a tensor is memoised per tensor object, its in-place version
+    counter and the node counts, so a model that passes the same edge_index to every layer
+    and every step builds (and validates) it once."""
     if isinstance(edge_index, Graph):
         if (edge_index.num_src, edge_index.num_dst) != (num_src, num_dst):
             raise ShapeError(
@@ -79,14 +85,55 @@ def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
                 f"{edge_index.num_dst} destinations, but x has {num_src} source and "
                 f"{num_dst} destination rows")
         return edge_index
-    if isinstance(edge_index, torch.Tensor):
-        edge_index = edge_index.detach()
+    if not isinstance(edge_index, torch.Tensor):
+        return _build_relation(layer, edge_index, num_src, num_dst)
+    key = (id(edge_index), edge_index._version, num_src, num_dst)
+    found = _RELATIONS.get(key)
+    if found is not None and found[0]() is edge_index:
+        _RELATIONS.move_to_end(key)
+        return found[1]
+    graph = _build_relation(layer, edge_index.detach(), num_src, num_dst)
+    _RELATIONS[key] = (weakref.ref(edge_index), graph)
+    if len(_RELATIONS) > _MEMO_SIZE:
+        _RELATIONS.popitem(last=False)
+    return graph
+
+
+def _build_relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
     if num_src == num_dst:
         return Graph.from_edge_index(edge_index, num_nodes=num_src)
     arr = np.asarray(edge_index.cpu() if isinstance(edge_index, torch.Tensor) else edge_index)
     if arr.ndim != 2 or arr.shape[0] != 2:
         raise ShapeError(f"{layer}: edge_index has shape {tuple(arr.shape)}, expected (2, E)")
     return Graph.from_coo(arr[0], arr[1], num_src=num_src, num_dst=num_dst)
+
+
+def loop_edit(graph: Graph, edit: str) -> tuple:
+    """(graph, edge_ids) of graph.add_remaining_self_loops() (edit "remaining") or of PyG's
+    GAT loops, remove then add (edit "replace": (graph, ids of the kept edges, number of
+    loops)), memoised per relation object (relations are immutable)."""
+    key = (id(graph), edit)
+    found = _LOOPED.get(key)
+    if found is not None and found[0]() is graph:
+        _LOOPED.move_to_end(key)
+        return found[1]
+    if edit == "remaining":
+        result = graph.add_remaining_self_loops()
+    else:
+        bare, keep = graph.remove_self_loops()
+        looped, _ = bare.add_remaining_self_loops()
+        result = (looped, keep, bare)
+    _LOOPED[key] = (weakref.ref(graph), result)
+    if len(_LOOPED) > _MEMO_SIZE:
+        _LOOPED.popitem(last=False)
+    return result
+
+
+# small LRU memos keyed by object identity, checked through a weak reference (an id can be
+# reused once its object is gone; the weak reference then no longer matches)
+_MEMO_SIZE = 32
+_RELATIONS: OrderedDict = OrderedDict()
+_LOOPED: OrderedDict = OrderedDict()
 
 
 def edge_index_like(graph: Graph, like) -> torch.Tensor:

@@ -31,6 +31,7 @@ from .common import (
     LayerArgumentError,
     edge_index_like,
     edge_reduce,
+    loop_edit,
     relation,
 )
 
@@ -84,8 +85,7 @@ def self_loops(layer: str, graph: Graph, edge_attr, fill_value) -> tuple:
     """PyG's GAT loops: remove_self_loops then add_self_loops (edge order: the non-loop
     edges, then loops 0..n-1); a loop's edge_attr from fill_value: a number or tensor, or
     "add"/"sum"/"mean"/"max"/"min"/"mul" of the node's incoming edge attributes."""
-    bare, keep = graph.remove_self_loops()
-    looped, _ = bare.add_remaining_self_loops()
+    looped, keep, bare = loop_edit(graph, "replace")
     if edge_attr is None:
         return looped, None
     if not isinstance(edge_attr, torch.Tensor) or edge_attr.size(0) != graph.num_edges:

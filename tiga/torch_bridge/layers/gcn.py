@@ -1,6 +1,7 @@
 """torch_bridge: tg.nn.GCNConv, PyG's GCNConv with its aggregation run by Tiga."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...core.errors import ShapeError
@@ -13,6 +14,7 @@ from .common import (
     edge_reduce,
     follow,
     linear,
+    loop_edit,
     relation,
 )
 
@@ -108,9 +110,12 @@ class GCNConv(torch.nn.Module):
         dis = None
         if self.normalize:
             if self.add_self_loops:
-                graph, ids = graph.add_remaining_self_loops()
+                graph, ids = loop_edit(graph, "remaining")
                 w = follow(w, ids, torch.tensor(fill))
-            deg = edge_reduce(graph, w, "sum")
+            if edge_weight is None:    # unit weights: the degree is the edge count
+                deg = torch.from_numpy(graph.degrees("dst").astype(np.float64)).to(w)
+            else:
+                deg = edge_reduce(graph, w, "sum")
             dis = deg.pow(-0.5)
             dis = dis.masked_fill(dis == float("inf"), 0.0)
         if self.cached:
