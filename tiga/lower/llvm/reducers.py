@@ -2,7 +2,8 @@
 
 Built-in reducers keep one stack buffer of the message row shape (online_softmax keeps a
 running max, a mass and an accumulator per score entry); user reducers run their traced
-lift / combine / finalize regions through the same emitter.
+lift / combine / finalize regions through the same emitter. float16 sums, means, products
+and softmax states are float32 buffers rounded once in finalize (core/reducers.py's rule).
 """
 from __future__ import annotations
 
