@@ -157,6 +157,47 @@ def compile_of_functional_propagate_with_a_reducer_made_inside():
                                src={"x": x})
     torch._dynamo.reset()
     same(torch.compile(f, backend="aot_eager", fullgraph=True)(x0).numpy(), f(x0).numpy())
+W = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+
+class GlobalWeight(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        return src.x * W          # a module-level tensor the edge function reads
+
+class DerivedWeight(tg.MessagePassing):
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge):
+        return src.x * (W * 2)    # a tensor computed from W while Tiga traces
+
+@case
+def compile_captured_global_tensor_gets_its_gradient():
+    layer, x = GlobalWeight(), x0.clone().requires_grad_()
+    torch._dynamo.reset()
+    got = torch.compile(lambda x: layer(graph=g, src={"x": x}), backend="aot_eager",
+                        fullgraph=True)(x)
+    gg = torch.autograd.grad(got.sum(), (x, W))
+    want = torch.zeros(3, dtype=x.dtype).index_add(0, DST, x[SRC] * W)
+    gw = torch.autograd.grad(want.sum(), (x, W))
+    same(got.detach().numpy(), want.detach().numpy())
+    for a, b in zip(gg, gw):
+        same(a.numpy(), b.numpy())
+
+@case
+def compile_of_a_tensor_computed_while_tracing_falls_back_or_names_why():
+    layer = DerivedWeight()
+    f = lambda x: layer(graph=g, src={"x": x})
+    want = torch.zeros(3, dtype=x0.dtype).index_add(0, DST, x0[SRC] * 4.0).numpy()
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, backend="eager", fullgraph=True)(x0)
+    except torch._dynamo.exc.Unsupported as exc:    # fullgraph: Dynamo names Tiga's reason
+        assert "captured value 0" in str(exc) and "w * 2" in str(exc), exc
+    else:
+        raise AssertionError("compiled a tensor computed while tracing into one graph")
+    torch._dynamo.reset()      # without fullgraph: that frame runs eagerly, and is right
+    same(torch.compile(f, backend="eager")(x0).detach().numpy(), want)
 '''
 
 

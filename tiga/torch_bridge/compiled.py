@@ -1,18 +1,20 @@
 """torch_bridge: a Tiga call inside torch.compile, as one opaque torch custom op.
 
-Dynamo does not trace Tiga (numpy, ctypes, compiled kernels). When it reaches a call
-(`tiga/api.py` asks `compiling()`), `compiled_call` (the only code here Dynamo traces) puts
-the call's tensors into one `tiga::call` op. Everything else about the call (functions,
-relation, reducer, Python-number params, the module parameters its edge function captures)
-is registered once per compilation by `_register`, which Dynamo runs for real
-(`assume_constant_result`) and whose integer key the op carries. The op's fake
-implementation gives the staged program's output types; its autograd registration runs
-Tiga's VJP through the eager bridge (`tiga::call_vjp`, itself opaque), recomputing the
-forward's residuals there (a compiled graph carries tensors, not a `_Run` between passes).
+Dynamo does not trace Tiga (numpy, ctypes, compiled kernels). `tg.propagate` and
+`MessagePassing.__call__` ask `hooks["compiling"]` first (set by `tiga/api.py`); while
+Dynamo traces, they hand their arguments to `compiled_propagate` (with `compiled_call`, the
+only code here Dynamo traces), which puts the call's tensors into one `tiga::call` op.
+Everything else about the call (functions, relation, reducer, Python-number params, the
+tensors its edge function captures) is registered once per call site by `_register`, which
+Dynamo runs for real (`assume_constant_result`) and whose integer key the op carries. The
+op's fake implementation gives the staged program's output types; its autograd
+registration runs Tiga's VJP through the eager bridge (`tiga::call_vjp`, itself opaque),
+recomputing the forward's residuals there (a compiled graph carries tensors, not a `_Run`).
 
 Dynamo guards on the identity of the relation, layer and reducer objects (like module
-attributes): a new `tg.Graph` object recompiles. Fields and params inside a compiled region
-are torch tensors or Python numbers.
+attributes): a new `tg.Graph` object recompiles. A call that cannot be one op (a numpy
+field, a tensor computed from a parameter while Tiga traces) runs eagerly behind a graph
+break that names the reason (with fullgraph=True, Dynamo's error names it).
 """
 from __future__ import annotations
 
@@ -22,17 +24,19 @@ import types
 import numpy as np
 import torch
 
-from ..core.errors import UnsupportedError
+from ..core.errors import TigaError, UnsupportedError
 from ..core.reducers import Reducer
 from ..trace.generated import GENERATED_KINDS, POS, QPOS
-from ..trace.message_passing import PropagateCall
-from .autograd import _persistent, run_call_torch, stage_call_torch
+from ..trace.call_checks import check_keywords
+from ..trace.message_passing import PropagateCall, run_call
+from .autograd import run_call_torch, stage_call_torch
 from .dlpack import is_torch, to_torch
 
 ROLES = ("src", "dst", "edge")
 _ENTRIES: dict[int, _Entry] = {}     # key -> entry; one per distinct compiled call site
 _KEYS: dict[tuple, int] = {}
 _LOCK = threading.Lock()
+_FALLBACKS: dict[str, str] = {}      # reason -> attribute of _CAPTURED (a disabled runner)
 _CAPTURED = types.SimpleNamespace()   # k<key> -> the entry's captured tensors (Dynamo reads)
 
 
@@ -77,9 +81,12 @@ def _op_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice
             tensors.append(value)
         else:
             consts.append((name, value))
-    key = _register(graph, *_split(edge_fn), *_split(update), _reducer_arg(reducer),
-                    reduce_by, tuple(slots), tuple(shapes), tuple(consts), tuple(skipped),
-                    lattice)
+    key, fallback = _register(graph, *_split(edge_fn), *_split(update),
+                              _reducer_arg(reducer), reduce_by, tuple(slots), tuple(shapes),
+                              tuple(consts), tuple(skipped), lattice)
+    if fallback is not None:   # a graph break that names why (fullgraph: the error)
+        return getattr(_CAPTURED, fallback)(graph, edge_fn, reducer, update, reduce_by,
+                                            fields, params, lattice)
     # (an attribute per key: Dynamo reads it when it gets here, after _register made it;
     # a dict would be read once per frame, before a second layer's key existed)
     captured = getattr(_CAPTURED, f"k{key}")
@@ -152,10 +159,36 @@ def _join(owner, fn):
 
 
 @torch._dynamo.assume_constant_result
-def _register(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce_by, slots,
-              shapes, consts, skipped, lattice) -> int:
-    """The key of this call site's entry (made once: staged on stand-in tensors of the
-    traced shapes, which gives the captured tensors and the output types)."""
+def _register(*parts) -> tuple:
+    """(key of this call site's entry, None), or (-1, the name of an eager fallback) when
+    the call cannot be one op (Dynamo would turn an exception raised here into an internal
+    error; the fallback's graph break names the reason instead)."""
+    try:
+        return _entry_key(*parts), None
+    except TigaError as exc:
+        reason = f"Tiga: this call cannot be one torch op: {type(exc).__name__}: {exc}"
+    with _LOCK:
+        name = _FALLBACKS.setdefault(reason, f"fallback{len(_FALLBACKS)}")
+        if not hasattr(_CAPTURED, name):
+            setattr(_CAPTURED, name, torch._dynamo.disable(_eager_call, reason=reason))
+    return -1, name
+
+
+def _eager_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice):
+    """The call run by Tiga outside Dynamo (torch.autograd through the bridge), where it
+    runs, or raises its own error."""
+    if lattice:   # met at tg.propagate / MessagePassing.__call__: check as they do
+        check_keywords("tg.propagate", ("graph", "src", "dst", "edge"), edge_fn, update,
+                       params)
+    call = PropagateCall(graph, edge_fn, reducer, fields["src"], fields["dst"],
+                         fields["edge"], update, params, reduce_by=reduce_by)
+    return run_call(call) if lattice else run_call_torch(call)
+
+
+def _entry_key(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce_by, slots,
+               shapes, consts, skipped, lattice) -> int:
+    """The key of a call site's entry (made once: staged on stand-in tensors of the traced
+    shapes, which gives the captured tensors and the output types)."""
     ident = (id(graph), id(edge_owner), edge_fn, id(update_owner), update,
              reducer if isinstance(reducer, tuple) else id(reducer), reduce_by, slots, shapes,
              consts, lattice)
@@ -167,32 +200,44 @@ def _register(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce_
     stand_ins = [torch.zeros((), dtype=dtype).expand(shape) for shape, dtype in shapes]
     entry = _Entry((graph, edge_fn, reducer, update, reduce_by), slots, consts, lattice)
     call = entry.call_with(stand_ins)
+    _check_tensor_fields(call, skipped)
+    program, _, originals, _ = stage_call_torch(call)
+    captured = entry.captured = tuple(originals[:len(originals) - len(call.values())])
+    _check_captured(captured)
+    flat = tuple(torch.empty(tuple(int(d) for d in t.shape), dtype=_torch_dtype(t.dtype.np))
+                 for t in program.out_types)
+    entry.out_types = [(tuple(t.shape), t.dtype)
+                       for t in (call.restore_lattice(flat) if lattice else flat)]
+    with _LOCK:
+        key = _KEYS.setdefault(ident, len(_ENTRIES))
+        if _ENTRIES.setdefault(key, entry) is entry:
+            setattr(_CAPTURED, f"k{key}", captured)
+    return key
+
+
+def _check_tensor_fields(call, skipped) -> None:
+    """A field that is not a tensor reaches the op only if the call makes it itself (a
+    generated relation's coordinates, arg-reducer ids); a user's numpy field would not."""
     lost = [n for n in skipped if n.split(".", 1)[1] not in call.fields[n.split(".")[0]]]
     if lost:
         raise UnsupportedError(
             f"{lost[0]}: is not a torch tensor; inside torch.compile a Tiga call's fields "
             "are torch tensors (they become inputs of its torch op)",
             hint="pass torch.as_tensor(array) instead of the numpy array")
-    program, _, originals, _ = stage_call_torch(call)
-    captured = tuple(originals[:len(originals) - len(call.values())])
-    if not _persistent(captured, call):
-        raise UnsupportedError(
-            "inside torch.compile, the edge/update function computes a tensor from a "
-            "captured one while tracing (e.g. `w * 2`); the compiled graph could not "
-            "differentiate it", hint="capture parameters directly (tg.nn.trace modules or "
-                                     "tensors held by the layer), or pass the tensor as a "
-                                     "keyword parameter of the call")
-    entry.captured = captured
-    flat = tuple(torch.empty(tuple(int(d) for d in t.shape), dtype=_torch_dtype(t.dtype.np))
-                 for t in program.out_types)
-    if lattice:
-        flat = call.restore_lattice(flat)
-    entry.out_types = [(tuple(t.shape), t.dtype) for t in flat]
-    with _LOCK:
-        key = _KEYS.setdefault(ident, len(_ENTRIES))
-        if _ENTRIES.setdefault(key, entry) is entry:
-            setattr(_CAPTURED, f"k{key}", captured)
-    return key
+
+
+def _check_captured(captured) -> None:
+    """A captured tensor computed while tracing (`w * 2` in the edge function) would be a
+    constant of the compiled graph, its gradient sent once into a stale autograd graph."""
+    for i, t in enumerate(captured):
+        if t.grad_fn is not None:
+            raise UnsupportedError(
+                f"captured value {i}: the edge/update function computes a tensor from a "
+                "parameter while it is traced (e.g. `w * 2`); inside torch.compile that "
+                "value would be fixed when the model compiles",
+                hint="capture parameters directly (tg.nn.trace modules or tensors the layer "
+                     "holds) and compute with tg.math inside the edge function, or pass the "
+                     "tensor as a keyword parameter of the call")
 
 
 def _torch_dtype(np_dtype):
