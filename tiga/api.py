@@ -166,6 +166,17 @@ def jit(fn: Callable | None = None, static_argnums=()):
     known signature. Pass such values as arguments, or make a new `tg.jit(fn)`. Plain
     calls, `tg.grad`, `tg.value_and_grad` and `tg.vjp` instead check what their trace read
     on every call and trace again when it changed (trace/guards.py).
+
+    Args:
+        fn (Callable | None): the function; arrays (numpy, tg.Tensor, torch) and pytrees
+            of them in, the same out. `tg.jit(static_argnums=...)` without `fn` returns a
+            decorator.
+        static_argnums (int | tuple[int, ...]): positions of hashable arguments that are
+            part of the signature (a new value traces again) instead of traced.
+
+    Returns:
+        Jitted: callable like `fn`; `.lower(*args)` inspects the traced program,
+            `.cache_info()` counts hits and misses.
     """
     if fn is None:
         return lambda f: Jitted(f, static_argnums)
@@ -299,6 +310,18 @@ def _traced_for(fn, what, nums, has_aux, args, derive, reads=None):
 
 
 def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
+    """`tg.value_and_grad(f)(*args)` -> `(f(*args), gradient)`, from one forward pass.
+
+    Args:
+        fn (Callable): returns a scalar array (or `(scalar, aux)` with has_aux).
+        argnums (int | tuple[int, ...]): the arguments to differentiate.
+        has_aux (bool): `fn` returns `(value, aux)`; aux is returned, not differentiated.
+
+    Returns:
+        Callable: `(*args) -> (value, grads)`, or `((value, aux), grads)` with has_aux;
+            grads is one gradient (argnums an int) or a tuple of them, each shaped like
+            its argument (tg.Tensor for numpy inputs).
+    """
     argnums_tuple = isinstance(argnums, (tuple, list))
     nums = _checked_argnums(argnums)
 
@@ -333,7 +356,18 @@ def _grad_programs(traced) -> tuple:
 
 
 def grad(fn: Callable, argnums=0, has_aux: bool = False):
-    """`tg.grad(f)(*args)`: the gradient of the scalar `f` with respect to `argnums`."""
+    """`tg.grad(f)(*args)`: the gradient of the scalar `f` with respect to `argnums`.
+
+    Args:
+        fn (Callable): returns a scalar array (or `(scalar, aux)` with has_aux); a tuple or
+            an array output is an error, never a silent sum.
+        argnums (int | tuple[int, ...]): the arguments to differentiate.
+        has_aux (bool): `fn` returns `(value, aux)`; then `(grads, aux)` is returned.
+
+    Returns:
+        Callable: `(*args) -> grads`, one gradient (argnums an int) or a tuple of them,
+            each shaped like its argument.
+    """
     argnums_tuple = isinstance(argnums, (tuple, list))
     nums = _checked_argnums(argnums)
 
@@ -363,7 +397,17 @@ def _vjp_programs(traced) -> tuple:
 
 
 def vjp(fn: Callable, *primals, has_aux: bool = False):
-    """`out, vjp_fn = tg.vjp(f, *primals)`; `vjp_fn(ct)` returns one cotangent per primal."""
+    """`out, vjp_fn = tg.vjp(f, *primals)`; `vjp_fn(ct)` returns one cotangent per primal.
+
+    Args:
+        fn (Callable): any function of arrays (its output need not be a scalar).
+        *primals (array): the point to differentiate at.
+        has_aux (bool): `fn` returns `(out, aux)`; then `(out, vjp_fn, aux)` is returned.
+
+    Returns:
+        tuple: `(out, vjp_fn)`, where `vjp_fn(cotangent)` (shaped like `out`; a disk
+            tensor for a paged result) returns a tuple with one cotangent per primal.
+    """
     nums = tuple(range(len(primals)))
     traced, program, memo_fwd, memo = _traced_for(fn, "vjp", nums, has_aux, primals,
                                                   _vjp_programs)
