@@ -63,3 +63,26 @@ def test_layers_load_from_the_torch_bridge():
     assert set(tg.nn.__all__) == {"trace", *tg.nn.LAYERS}
     with pytest.raises(AttributeError, match="module 'tiga.nn' has no attribute 'GCN'"):
         tg.nn.GCN    # noqa: B018
+
+
+def test_reset_parameters_redraws_every_parameter():
+    """As PyG's: weights redrawn, GCN/GAT biases zero, GIN's eps back to its initial value."""
+    torch = pytest.importorskip("torch")
+    lin = torch.nn.Linear
+    layers = [tg.nn.GCNConv(3, 2), tg.nn.SAGEConv(3, 2, project=True),
+              tg.nn.GATConv(3, 2, heads=2, edge_dim=2, residual=True),
+              tg.nn.GATConv((3, 4), 2), tg.nn.GATv2Conv(3, 2, share_weights=True),
+              tg.nn.GINConv(torch.nn.Sequential(lin(3, 3)), eps=0.25, train_eps=True),
+              tg.nn.EdgeConv(lin(6, 2)), tg.nn.DynamicEdgeConv(lin(6, 2), 2)]
+    for layer in layers:
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.fill_(7.0)
+        layer.reset_parameters()
+        for name, p in layer.named_parameters():
+            if name == "eps":
+                assert float(p.detach()) == 0.25
+            elif name == "bias" and not isinstance(layer, tg.nn.SAGEConv):
+                assert not p.detach().any(), (type(layer).__name__, name)
+            else:
+                assert not (p.detach() == 7.0).any(), (type(layer).__name__, name)

@@ -163,14 +163,34 @@ def glorot_(t: torch.Tensor) -> None:
         t.uniform_(-a, a)
 
 
+def reset_children(module: torch.nn.Module) -> None:
+    """PyG's reset(nn): reset_parameters() of every submodule that has one."""
+    for child in module.modules():
+        if child is not module and hasattr(child, "reset_parameters"):
+            child.reset_parameters()
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+
+
+def reset_glorot(*tensors) -> None:
+    """glorot_ on each tensor given, skipping None; a Linear as PyG's Linear with
+    weight_initializer='glorot': glorot weight, bias uniform in +-1/sqrt(in_features)."""
+    for t in tensors:
+        if isinstance(t, torch.nn.Linear):
+            glorot_(t.weight)
+            if t.bias is not None:
+                bound = 1.0 / math.sqrt(t.in_features) if t.in_features else 0.0
+                torch.nn.init.uniform_(t.bias, -bound, bound)
+        elif t is not None:
+            glorot_(t)
+
+
 def linear(n_in: int, n_out: int, bias: bool, glorot: bool) -> torch.nn.Linear:
-    """torch.nn.Linear with PyG Linear's parameter names and initialisation (glorot weight
-    where PyG asks for it, zero bias then; torch's kaiming-uniform otherwise)."""
+    """torch.nn.Linear with PyG Linear's parameter names and initialisation (glorot where
+    PyG asks for it, see reset_glorot; torch's kaiming-uniform otherwise, as PyG's)."""
     lin = torch.nn.Linear(n_in, n_out, bias=bias)
     if glorot:
-        glorot_(lin.weight)
-        if bias:
-            torch.nn.init.zeros_(lin.bias)
+        reset_glorot(lin)
     return lin
 
 

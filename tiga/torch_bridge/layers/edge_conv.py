@@ -18,6 +18,7 @@ from .common import (
     edge_reduce,
     node_pair,
     relation,
+    reset_children,
 )
 
 _AGGRS = ("add", "sum", "mean", "max", "min")
@@ -71,6 +72,9 @@ class EdgeConv(torch.nn.Module):
         self.aggr = check_aggr(aggr, "EdgeConv", _AGGRS)
         self._network = None    # the traced edge network, or False: torch evaluates it
 
+    def reset_parameters(self) -> None:
+        reset_children(self.nn)
+
     def forward(self, x, edge_index):
         x_src, x_dst = node_pair("EdgeConv", x)
         graph = relation("EdgeConv", edge_index, x_src.size(0), x_dst.size(0))
@@ -97,6 +101,9 @@ class DynamicEdgeConv(torch.nn.Module):
         self.aggr = check_aggr(aggr, "DynamicEdgeConv", _AGGRS)
         self.num_workers = num_workers
         self._network = None
+
+    def reset_parameters(self) -> None:
+        reset_children(self.nn)
 
     def forward(self, x, batch=None):
         x_src, x_dst = node_pair("DynamicEdgeConv", x)

@@ -5,7 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from ...core.errors import ShapeError
-from .common import check_channels, edge_index_like, glorot_, linear, node_pair
+from .common import (
+    check_channels,
+    edge_index_like,
+    glorot_,
+    linear,
+    node_pair,
+    reset_glorot,
+)
 from .gat import _AttentionBase, _attention
 
 
@@ -66,6 +73,12 @@ class GATConv(_AttentionBase):
         total = out_channels * (heads if concat else 1)
         self.res = linear(n_dst, total, bias=False, glorot=True) if residual else None
         self.bias = torch.nn.Parameter(torch.zeros(total)) if bias else None
+
+    def reset_parameters(self) -> None:
+        reset_glorot(self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res,
+                     self.att_src, self.att_dst, self.att_edge)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
 
     def _project(self, x) -> tuple:
         """(x_src (S, H, C), x_dst (N, H, C), residual or None)."""
@@ -136,6 +149,11 @@ class GATv2Conv(_AttentionBase):
         total = out_channels * (heads if concat else 1)
         self.res = linear(n_dst, total, bias=False, glorot=True) if residual else None
         self.bias = torch.nn.Parameter(torch.zeros(total)) if bias else None
+
+    def reset_parameters(self) -> None:
+        reset_glorot(self.lin_l, self.lin_r, self.lin_edge, self.res, self.att)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         shape = (-1, self.heads, self.out_channels)

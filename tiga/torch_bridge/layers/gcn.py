@@ -16,6 +16,7 @@ from .common import (
     linear,
     loop_edit,
     relation,
+    reset_glorot,
 )
 
 
@@ -71,11 +72,9 @@ class GCNConv(torch.nn.Module):
             self.register_parameter("bias", None)
 
     def reset_parameters(self) -> None:
-        fresh = linear(self.in_channels, self.out_channels, bias=False, glorot=True)
-        with torch.no_grad():
-            self.lin.weight.copy_(fresh.weight)
-            if self.bias is not None:
-                self.bias.zero_()
+        reset_glorot(self.lin)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
         self._cache = None
 
     def forward(self, x, edge_index, edge_weight=None):

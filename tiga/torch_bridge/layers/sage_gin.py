@@ -5,8 +5,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common import check_aggr, check_channels, check_positive, node_pair, relation, \
-    source_reducer
+from .common import (
+    check_aggr,
+    check_channels,
+    check_positive,
+    node_pair,
+    relation,
+    reset_children,
+    source_reducer,
+)
 
 
 class SAGEConv(torch.nn.Module):
@@ -36,6 +43,11 @@ class SAGEConv(torch.nn.Module):
         self.lin_l = torch.nn.Linear(n_src, out_channels, bias=bias)
         if root_weight:
             self.lin_r = torch.nn.Linear(n_dst, out_channels, bias=False)
+
+    def reset_parameters(self) -> None:
+        for lin in (getattr(self, "lin", None), self.lin_l, getattr(self, "lin_r", None)):
+            if lin is not None:
+                lin.reset_parameters()
 
     def forward(self, x, edge_index):
         x_src, x_dst = node_pair("SAGEConv", x)
@@ -75,9 +87,7 @@ class GINConv(torch.nn.Module):
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.eps.fill_(self.initial_eps)
-        for module in self.nn.modules():
-            if module is not self.nn and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        reset_children(self.nn)
 
     def forward(self, x, edge_index):
         x_src, x_dst = node_pair("GINConv", x)
