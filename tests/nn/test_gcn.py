@@ -101,3 +101,22 @@ def test_argument_errors_name_the_argument():
         conv(x, tg.Graph.from_edge_index(ei, num_nodes=5))
     with pytest.raises(tg.GraphValidationError, match="edge_index"):
         conv(x, torch.tensor([[0, 9], [1, 2]]))
+
+
+def test_an_edge_index_changed_in_place_is_read_again():
+    """The relation built from an edge_index tensor is reused only while the tensor is
+    unchanged (its version counter), and dropped with the tensor."""
+    from tiga.torch_bridge.layers import common
+
+    ours, theirs = _layers({})
+    ei, n = case("pyg")
+    ei = ei.clone()
+    x = torch.randn(n, 5, dtype=torch.float64)
+    first = ours(x, ei)
+    assert len([k for k in common._RELATIONS if k[0] == id(ei)]) == 1
+    ei[1, 0] = 3             # edge 0 -> 1 becomes 0 -> 3
+    torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(ours(x, ei), first)
+    key = id(ei)
+    del ei
+    assert not [k for k in common._RELATIONS if k[0] == key]

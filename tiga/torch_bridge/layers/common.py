@@ -93,9 +93,7 @@ def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
         _RELATIONS.move_to_end(key)
         return found[1]
     graph = _build_relation(layer, edge_index.detach(), num_src, num_dst)
-    _RELATIONS[key] = (weakref.ref(edge_index), graph)
-    if len(_RELATIONS) > _MEMO_SIZE:
-        _RELATIONS.popitem(last=False)
+    _remember(_RELATIONS, key, edge_index, graph)
     return graph
 
 
@@ -123,17 +121,22 @@ def loop_edit(graph: Graph, edit: str) -> tuple:
         bare, keep = graph.remove_self_loops()
         looped, _ = bare.add_remaining_self_loops()
         result = (looped, keep, bare)
-    _LOOPED[key] = (weakref.ref(graph), result)
-    if len(_LOOPED) > _MEMO_SIZE:
-        _LOOPED.popitem(last=False)
+    _remember(_LOOPED, key, graph, result)
     return result
 
 
 # small LRU memos keyed by object identity, checked through a weak reference (an id can be
-# reused once its object is gone; the weak reference then no longer matches)
+# reused once its object is gone); an entry leaves when its object dies, so a training loop
+# over fresh mini-batch graphs holds no dead relation
 _MEMO_SIZE = 32
 _RELATIONS: OrderedDict = OrderedDict()
 _LOOPED: OrderedDict = OrderedDict()
+
+
+def _remember(memo: OrderedDict, key, owner, value) -> None:
+    memo[key] = (weakref.ref(owner, lambda _ref: memo.pop(key, None)), value)
+    if len(memo) > _MEMO_SIZE:
+        memo.popitem(last=False)
 
 
 def edge_index_like(graph: Graph, like) -> torch.Tensor:

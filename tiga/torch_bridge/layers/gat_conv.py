@@ -44,7 +44,13 @@ class GATConv(_AttentionBase):
     with concat=True, (N, C) otherwise; with return_attention_weights=True the pair
     (out, (edge_index, alpha)): the relation with its loops (a (2, E') tensor, or a tg.Graph
     when one was given) and alpha (E', H) in that edge order (after dropout in training,
-    as PyG). Shapes of every head: module gat.
+    as PyG).
+
+    Shapes (H = heads, C = out_channels, E' edges after the self loops): the projection
+    lin(x) (N, H * C) is viewed as (N, H, C), head h in columns h*C..(h+1)*C-1; alpha
+    (E', H) sums to 1 over each node's incoming edges per head; the output is (N, H * C)
+    with the heads side by side (concat=True) or (N, C), their mean (concat=False); bias
+    has the output's width.
     """
 
     def __init__(self, in_channels, out_channels: int, heads: int = 1, concat: bool = True,
@@ -122,7 +128,8 @@ class GATv2Conv(_AttentionBase):
     softmax over i's incoming edges of att . leaky_relu(x_l[j] + x_r[i] (+ lin_edge(e_ij))).
     Arguments, defaults and parameter names (`lin_l`, `lin_r` with bias=bias, `att`
     (1, H, C), `lin_edge`, `res`, `bias`) are PyG's; share_weights=True makes lin_r lin_l.
-    Self loops, return_attention_weights and shapes as GATConv (module gat).
+    Self loops, return_attention_weights and shapes as GATConv: x_l, x_r (N, H, C),
+    alpha (E', H), output (N, H * C) with concat=True, else (N, C).
 
     forward(x, edge_index, edge_attr=None, return_attention_weights=None).
     """
