@@ -1,9 +1,10 @@
 """torch.func and forward-mode AD through a Tiga call (issue 27 item 5).
 
 Reverse mode (torch.func.grad, vjp, jacrev; functional_call over a module whose Tiga layer
-captures an MLP) is compared with the same message passing written in torch (index_add /
-scatter_reduce over an explicit edge list) under the same transform, in float64. Forward
-mode and vmap must raise tg.UnsupportedError naming the alternative (never a None tangent).
+captures an MLP) and forward mode (torch.autograd.forward_ad dual tensors, torch.func.jvp,
+jacfwd) are compared with the same message passing written in torch (index_add /
+scatter_reduce over an explicit edge list) under the same transform, in float64. Second
+derivatives and vmap of the forward must raise tg.UnsupportedError naming the alternative.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.autograd.forward_ad as fwAD  # noqa: E402
-from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vjp, vmap  # noqa: E402
+from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, vjp, vmap  # noqa: E402
 
 import tiga as tg  # noqa: E402
 
@@ -136,29 +137,100 @@ def test_grad_of_functional_call_reaches_captured_mlp_parameters():
         torch.testing.assert_close(got[k], want[k])
 
 
-# ---- forward mode and vmap are refused, never silently wrong --------------------------------
+# ---- forward mode: the VJP of Tiga's VJP program in its cotangents ---------------------------
 
-def test_forward_ad_dual_tensor_raises_instead_of_dropping_the_tangent():
+REDUCERS = ("sum", "mean", "max", "online_softmax")
+
+
+def reducer_layer(name):
+    class Layer(tg.MessagePassing):
+        reducer = getattr(tg, name)()
+
+        def edge(self, src, dst, edge):
+            if name == "online_softmax":
+                return self.reducer(tg.math.sum(src.x * dst.h, axis=-1), src.x * edge.w)
+            return src.x * edge.w + dst.h
+    return lambda x, h, w: Layer()(graph=GRAPH, src={"x": x}, dst={"h": h}, edge={"w": w})
+
+
+def reducer_torch(name):
+    def f(x, h, w):
+        if name == "online_softmax":
+            score, value = (x[SRC] * h[DST]).sum(-1), x[SRC] * w
+            top = torch.full((N,), -torch.inf, dtype=score.dtype).scatter_reduce(
+                0, DST, score, "amax")
+            p = torch.exp(score - top[DST])
+            mass = torch.zeros(N, dtype=p.dtype).index_add(0, DST, p)
+            acc = torch.zeros(N, F, dtype=p.dtype).index_add(0, DST, p[:, None] * value)
+            return acc / torch.where(mass > 0, mass, torch.ones_like(mass))[:, None]
+        msg = x[SRC] * w + h[DST]
+        total = torch.zeros(N, F, dtype=msg.dtype).index_add(0, DST, msg)
+        if name == "sum":
+            return total
+        if name == "mean":
+            count = torch.zeros(N, dtype=msg.dtype).index_add(0, DST, torch.ones_like(w[:, 0]))
+            return total / count.clamp(min=1)[:, None]
+        return torch.zeros(N, F, dtype=msg.dtype).scatter_reduce(
+            0, DST[:, None].expand_as(msg), msg, "amax", include_self=False)
+    return f
+
+
+@pytest.mark.parametrize("name", REDUCERS)
+def test_func_jvp_matches_torch(name):
+    args = inputs(6)
+    tangents = inputs(7)
+    out, tangent = jvp(reducer_layer(name), args, tangents)
+    ref_out, ref_tangent = jvp(reducer_torch(name), args, tangents)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(tangent, ref_tangent)
+
+
+def test_jacfwd_matches_torch_jacobian():
+    args = inputs(8)
+    got = jacfwd(reducer_layer("max"), argnums=(0, 2))(*args)
+    want = jacrev(reducer_torch("max"), argnums=(0, 2))(*args)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_forward_ad_dual_tensor_gets_its_tangent():
     x, h, w = inputs()
+    tx = torch.randn(N, F, dtype=torch.float64)
     with fwAD.dual_level():
-        dual = fwAD.make_dual(x, torch.ones_like(x))
-        with pytest.raises(tg.UnsupportedError, match="src.x: carries a forward-mode tangent") \
-                as err:
-            affine_tiga(dual, h, w)
-    assert "jacrev" in err.value.hint and "torch.func.grad" in err.value.hint
-    # a call with no tangents inside a dual level still runs, and equals torch's
-    with fwAD.dual_level():
-        torch.testing.assert_close(affine_tiga(x, h, w), affine_torch(x, h, w))
+        y = affine_tiga(fwAD.make_dual(x, tx), h, w)
+        got = fwAD.unpack_dual(y).tangent
+        ref = fwAD.unpack_dual(affine_torch(fwAD.make_dual(x, tx), h, w)).tangent
+        assert got is not None      # the defect: a None tangent, silently
+        torch.testing.assert_close(got, ref)
+        torch.testing.assert_close(affine_tiga(x, h, w), affine_torch(x, h, w))  # no duals
 
 
-@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
-def test_func_forward_mode_raises(transform):
+def test_forward_and_reverse_mode_together():
+    """A dual tensor that also requires grad: the tangent and the gradient both arrive."""
+    x, h, w = inputs(9)
+    w.requires_grad_()
+    tx = torch.randn(N, F, dtype=torch.float64)
+    with fwAD.dual_level():
+        y = affine_tiga(fwAD.make_dual(x, tx), h, w)
+        ref = affine_torch(fwAD.make_dual(x, tx), h, w)
+        torch.testing.assert_close(fwAD.unpack_dual(y).tangent, fwAD.unpack_dual(ref).tangent)
+        torch.testing.assert_close(torch.autograd.grad(y.sum(), w)[0],
+                                   torch.autograd.grad(ref.sum(), w)[0])
+
+
+# ---- second derivatives and vmap of the forward are refused, never silently wrong ----------
+
+@pytest.mark.parametrize("transform", ["hessian", "grad_of_grad"])
+def test_second_derivatives_raise(transform):
     x, h, w = inputs()
-    with pytest.raises(tg.UnsupportedError, match="dst.h: carries a forward-mode tangent"):
-        if transform == "jvp":
-            jvp(lambda h: affine_tiga(x, h, w), (h,), (torch.ones_like(h),))
+
+    def f(x):
+        return affine_tiga(x, h, w).sum()
+    with pytest.raises(tg.UnsupportedError, match="src.x: is differentiated by 2 nested"):
+        if transform == "hessian":
+            hessian(f)(x)
         else:
-            jacfwd(lambda h: affine_tiga(x, h, w))(h)
+            grad(lambda x: grad(f)(x).sum())(x)
 
 
 def test_vmap_raises_naming_the_alternative():

@@ -26,7 +26,14 @@ from ..xla_free_runtime.executor import execute, explain_program
 from ..xla_free_runtime.triton_launch import call_backend
 from .dlpack import is_torch, to_numpy, to_torch
 from .nn import TracedModule
-from .transforms import batched_backward, check_no_tangents, forward_mode_error, vmap_error
+from .transforms import (
+    batched,
+    check_first_order,
+    check_no_tangents,
+    forward_mode_error,
+    has_tangent,
+    vmap_error,
+)
 
 ROUTES = ("auto", "reference")
 
@@ -43,7 +50,10 @@ def run_call_torch(call, route: str = "auto"):
     # CUDA inputs: the triton backend, or an error before _prepare copies them to the host
     backend = call_backend(call) if route == "auto" else None
     program, np_args, originals, vjps = _prepare(call, keep_device=backend == "triton")
-    check_no_tangents(originals, _names(len(originals) - len(call.values()), call))
+    names = _names(len(originals) - len(call.values()), call)
+    check_first_order(originals, names)
+    if backend is not None:   # forward mode runs Tiga's programs on the host only
+        check_no_tangents(originals, names)
     run = _Run(program, np_args, originals, route, vjps, backend)
     if not any(run.wrt):
         outs = run.forward()
@@ -306,7 +316,10 @@ class _Run:
         self.backend = backend   # "triton" for CUDA inputs (forward and backward run there)
         self.vjps = {} if vjps is None else vjps   # shared by calls of one signature
         grad_on = torch.is_grad_enabled()
-        self.wrt = [grad_on and is_torch(o) and o.requires_grad for o in originals]
+        # differentiated inputs: those reverse mode reaches, and those with a forward-mode
+        # tangent (torch.autograd.forward_ad, torch.func.jvp), whose JVP transposes the VJP
+        self.wrt = [is_torch(o) and ((grad_on and o.requires_grad) or has_tangent(o))
+                    for o in originals]
         self.inputs = [o for o, w in zip(originals, self.wrt) if w]
         self.originals = originals
         torch_in = [o for o in originals if is_torch(o)]
@@ -393,6 +406,35 @@ class _Run:
         return [(g if on_device(g) else to_torch(np.asarray(g))).to(dtype=x.dtype,
                                                                    device=x.device)
                 for g, x in zip(grads, self.inputs)]
+
+    def jvp(self, tangents) -> list:
+        """Output tangents `J t` for input tangents `t` (one per `self.inputs`, None reads
+        as zeros). The VJP program `u -> J^T u` is linear in its cotangents `u`, so its own
+        VJP in `u`, pulled back from `t`, is `J t`: exact, at any `u` (zeros here)."""
+        n_out = len(self.program.outs)
+        program = self._jvp_program()
+        cts = [np.zeros(shape, dtype) for shape, dtype in self.out_specs]
+        ts = [np.zeros(x.shape, _np_dtype(x)) if t is None
+              else np.asarray(to_numpy(t, "input tangent"), _np_dtype(x))
+              for t, x in zip(tangents, self.inputs)]
+        outs = _runner(self.route, self.backend)(
+            program, list(self.args) + cts + list(self.outs) + list(self.residuals) + ts)
+        return [to_torch(np.asarray(o, dtype)).to(self.device)
+                for o, (_, dtype) in zip(outs[len(outs) - n_out:], self.out_specs)]
+
+    def _jvp_program(self):
+        """`(*vjp inputs, *input tangents) -> (*grads, *output tangents)`, once per VJP."""
+        vjp = self._derived()[1]
+        hit = self.vjps.get(("jvp", id(vjp)))
+        if hit is None or hit[0] is not vjp:
+            n_in, n_out = len(self.program.in_binders), len(self.program.outs)
+            wrt = [n_in <= k < n_in + n_out for k in range(len(vjp.in_binders))]
+            hit = self.vjps[("jvp", id(vjp))] = (vjp, vjp_program(vjp, wrt))
+        return hit[1]
+
+
+def _np_dtype(t):
+    return to_numpy(torch.empty(0, dtype=t.dtype), "tangent").dtype
 
 
 def _shares(a, b) -> bool:
@@ -482,15 +524,16 @@ class _PropagateFunction(torch.autograd.Function):
         raise vmap_error("a tensor passed to the Tiga call")
 
     @staticmethod
-    def jvp(ctx, *tangents):
-        # forward mode over the reverse-mode node (torch.func.hessian = jacfwd(jacrev))
-        raise forward_mode_error("a tensor passed to the Tiga call")
+    def jvp(ctx, _run_tangent, *tangents):
+        # forward mode (forward_ad, torch.func.jvp / jacfwd): one tangent per input tensor
+        with torch.no_grad():
+            return tuple(batched(ctx.run.jvp, tangents, "input tangent"))
 
     @staticmethod
     def backward(ctx, *grad_outs):
         inputs = ctx.saved_tensors[:ctx.n_inputs]
         with torch.no_grad():   # (jacrev: cotangents batched by vmap run one at a time)
-            grads = batched_backward(ctx.run.backward, grad_outs)
+            grads = batched(ctx.run.backward, grad_outs, "output cotangent")
         if torch.is_grad_enabled():  # create_graph=True: a second derivative may follow
             deps = [t for t in list(inputs) + list(grad_outs)
                     if t is not None and t.requires_grad]
@@ -513,6 +556,15 @@ class _NoDoubleBackward(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         pass   # nothing to save: its backward only raises
+
+    @staticmethod
+    def jvp(ctx, *_):
+        # forward mode over a Tiga backward (torch.func.hessian = jacfwd(jacrev(f)))
+        raise UnsupportedError(
+            "forward-mode AD over the backward of a Tiga message-passing call (a second "
+            "derivative, e.g. torch.func.hessian) is not supported",
+            hint="take first derivatives only (torch.func.jacrev, jacfwd, grad), or nest "
+                 "tg.grad / tg.vjp on numpy or tg.Tensor inputs")
 
     @staticmethod
     def backward(ctx, *_):
