@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("torch_geometric")
+pyg = pytest.importorskip("torch_geometric.nn")
 
 # PyG's layer tests use edge_index [[0,0,0,1,2,3],[1,2,3,0,0,0]] on 4 nodes; the other
 # cases add what those tests probe: isolated nodes, existing self loops (one node with two),
@@ -72,5 +72,6 @@ def assert_same(ours, pyg_layer, call, *inputs, rtol=1e-10, atol=1e-12):
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
     assert len(got_grads) == len(want_grads)
     for i, (g, w) in enumerate(zip(got_grads, want_grads)):
-        torch.testing.assert_close(g, w, rtol=rtol, atol=atol, msg=lambda m: f"grad {i}: {m}")
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol,
+                                   msg=lambda m, i=i: f"grad {i}: {m}")
     return got

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ._pyg import assert_same, case, torch
+import tiga as tg
 
-import tiga as tg  # noqa: E402
-from torch_geometric import nn as pyg  # noqa: E402
+from ._pyg import assert_same, case, pyg, torch
 
 nn = torch.nn
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ._pyg import CASES, assert_same, case, loaded, randomized, torch
+import tiga as tg
 
-import tiga as tg  # noqa: E402
-from torch_geometric import nn as pyg  # noqa: E402
+from ._pyg import CASES, assert_same, case, loaded, pyg, randomized, torch
 
 CONFIGS = {
     "one_head": {},

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ._pyg import CASES, assert_same, case, loaded, randomized, torch
+import tiga as tg
 
-import tiga as tg  # noqa: E402  (after the importorskips)
-from torch_geometric import nn as pyg  # noqa: E402
+from ._pyg import CASES, assert_same, case, loaded, pyg, randomized, torch
 
 CONFIGS = {
     "default": {},

@@ -65,7 +65,7 @@ class _AttentionV2(MessagePassing):
         return self.reducer(score, src.h)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _attention(kind: str, slope: float) -> MessagePassing:
     # one instance per slope: compiled programs are cached per (edge function, owner)
     return (_Attention if kind == "v1" else _AttentionV2)(slope)

@@ -13,7 +13,7 @@ from .common import (
     node_pair,
     reset_glorot,
 )
-from .gat import _AttentionBase, _attention
+from .gat import _attention, _AttentionBase
 
 
 def _check_size(layer: str, size, n_src: int, n_dst: int) -> None:

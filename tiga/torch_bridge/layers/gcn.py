@@ -39,8 +39,9 @@ class GCNConv(torch.nn.Module):
     Self loops are PyG's `add_remaining_self_loops` (Graph.add_remaining_self_loops): a node
     that already has a self edge keeps it and its weight and gets no second loop; the others
     get a loop of weight 1 (2 with improved=True and an edge_weight given: PyG fills 2 into
-    given weights only, and weighs every edge 1 when there are none). D is the weighted in-degree over that
-    relation (0 where it is 0). normalize=False sums w(j -> i) x_j W^T with no loops.
+    given weights only, and weighs every edge 1 when there are none). D is the weighted
+    in-degree over that relation (0 where it is 0). normalize=False sums w(j -> i) x_j W^T
+    with no loops.
 
     forward(x, edge_index, edge_weight=None): x (N, in_channels); edge_index a tg.Graph
     over N nodes or a (2, E) integer tensor [sources; targets]; edge_weight (E,) in that
