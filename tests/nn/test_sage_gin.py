@@ -79,3 +79,21 @@ def test_argument_errors_name_the_argument():
         conv((torch.randn(4, 4), torch.randn(4, 4, 1)), ei)
     with pytest.raises(tg.ShapeError, match="edge_index has shape \\(3, 2\\)"):
         conv((torch.randn(4, 4), torch.randn(3, 4)), torch.zeros(3, 2, dtype=torch.int64))
+
+
+def test_size_must_agree_with_x_and_inference_needs_no_grad():
+    ei = torch.tensor([[0, 5, 2, 2, 4, 1], [0, 0, 1, 1, 2, 0]])
+    theirs = randomized(pyg.SAGEConv((5, 4), 3))
+    ours = loaded(tg.nn.SAGEConv((5, 4), 3), theirs)
+    x_src, x_dst = _x(6), _x(3, 4, seed=2)
+    with torch.no_grad():
+        got = ours((x_src, x_dst), ei, (6, 3))
+    assert got.grad_fn is None
+    torch.testing.assert_close(got, theirs((x_src, x_dst), ei, (6, 3)), rtol=1e-12,
+                               atol=1e-12)
+    with pytest.raises(tg.ShapeError, match="SAGEConv: size is \\(6, 4\\), but x has 6 source "
+                                            "and 3 destination rows"):
+        ours((x_src, x_dst), ei, (6, 4))
+    gin = tg.nn.GINConv(torch.nn.Identity())
+    with pytest.raises(tg.ShapeError, match="GINConv: size is \\(2, 2\\)"):
+        gin(_x(3), ei[:, :0], size=(2, 2))

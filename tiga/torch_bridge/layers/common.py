@@ -71,6 +71,13 @@ def node_pair(layer: str, x) -> tuple:
     return pair
 
 
+def check_size(layer: str, size, n_src: int, n_dst: int) -> None:
+    """PyG's optional size=(sources, destinations): here it must agree with x."""
+    if size is not None and tuple(size) != (n_src, n_dst):
+        raise ShapeError(f"{layer}: size is {tuple(size)}, but x has {n_src} source and "
+                         f"{n_dst} destination rows")
+
+
 def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
     """A tg.Graph from the layer's relation argument: a tg.Graph (checked against the node
     counts) or a PyG edge_index (2, E) integer tensor/array, row 0 sources, row 1 targets.

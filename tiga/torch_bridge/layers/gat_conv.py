@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...core.errors import ShapeError
 from .common import (
     check_channels,
+    check_size,
     edge_index_like,
     glorot_,
     linear,
@@ -14,12 +14,6 @@ from .common import (
     reset_glorot,
 )
 from .gat import _attention, _AttentionBase
-
-
-def _check_size(layer: str, size, n_src: int, n_dst: int) -> None:
-    if size is not None and tuple(size) != (n_src, n_dst):
-        raise ShapeError(f"{layer}: size is {tuple(size)}, but x has {n_src} source and "
-                         f"{n_dst} destination rows")
 
 
 def _glorot_parameter(*shape) -> torch.nn.Parameter:
@@ -99,7 +93,7 @@ class GATConv(_AttentionBase):
     def forward(self, x, edge_index, edge_attr=None, size=None,
                 return_attention_weights=None):
         x_src, x_dst, res = self._project(x)
-        _check_size("GATConv", size, x_src.size(0), x_dst.size(0))
+        check_size("GATConv", size, x_src.size(0), x_dst.size(0))
         a_src = (x_src * self.att_src).sum(dim=-1)
         a_dst = (x_dst * self.att_dst).sum(dim=-1)
         graph, edge_attr = self._relation(edge_index, x_src.size(0), x_dst.size(0), edge_attr)

@@ -9,6 +9,7 @@ from .common import (
     check_aggr,
     check_channels,
     check_positive,
+    check_size,
     node_pair,
     relation,
     reset_children,
@@ -24,7 +25,7 @@ class SAGEConv(torch.nn.Module):
     neighbourhood aggregates to 0, as in PyG. project=True first maps the sources through
     relu(lin(x_j)); normalize=True L2-normalises each output row.
 
-    forward(x, edge_index): x (N, F) or a bipartite pair (x_src (S, F_s), x_dst (N, F_t))
+    forward(x, edge_index, size=None): x (N, F) or a bipartite pair (x_src (S, F_s), x_dst (N, F_t))
     with in_channels=(F_s, F_t); edge_index a tg.Graph (S sources, N destinations) or a
     (2, E) integer tensor [sources; targets]. Returns (N, out_channels).
     """
@@ -49,8 +50,9 @@ class SAGEConv(torch.nn.Module):
             if lin is not None:
                 lin.reset_parameters()
 
-    def forward(self, x, edge_index):
+    def forward(self, x, edge_index, size=None):
         x_src, x_dst = node_pair("SAGEConv", x)
+        check_size("SAGEConv", size, x_src.size(0), x_dst.size(0))
         if self.project:
             x_src = self.lin(x_src).relu()
         graph = relation("SAGEConv", edge_index, x_src.size(0), x_dst.size(0))
@@ -71,7 +73,7 @@ class GINConv(torch.nn.Module):
 
     `nn` is any torch module (it runs in torch on the aggregated rows); eps is a buffer, or a
     Parameter with train_eps=True, named `eps` with shape (1,) as in PyG, so PyG's state
-    dict loads. forward(x, edge_index): x (N, F) or a pair (x_src (S, F), x_dst (N, F));
+    dict loads. forward(x, edge_index, size=None): x (N, F) or a pair (x_src (S, F), x_dst (N, F));
     edge_index a tg.Graph or a (2, E) integer tensor. Returns nn's output for N rows.
     """
 
@@ -89,8 +91,9 @@ class GINConv(torch.nn.Module):
             self.eps.fill_(self.initial_eps)
         reset_children(self.nn)
 
-    def forward(self, x, edge_index):
+    def forward(self, x, edge_index, size=None):
         x_src, x_dst = node_pair("GINConv", x)
+        check_size("GINConv", size, x_src.size(0), x_dst.size(0))
         graph = relation("GINConv", edge_index, x_src.size(0), x_dst.size(0))
         out = source_reducer("add")(graph=graph, src={"x": x_src})
         return self.nn(out + (1 + self.eps) * x_dst)
