@@ -116,6 +116,19 @@ def triton_split_tiles(block_neighbors: int, traversal: str, reduce_by: str,
     return (("split_degree", split),)
 
 
+# A relation walked by source keeps a transposed row_ptr of num_src + 1 entries only while
+# that is about its edges; past it (2**31 sources, 3 edges) the transpose is stored over the
+# sources with edges only and each row finds its edges by a cursor or a binary search.
+SPARSE_ROWS_RATIO = 2
+SPARSE_ROWS_MIN = 1 << 16
+
+
+def sparse_sources(num_src, num_edges) -> bool:
+    """Whether a walk by source stores its transpose over the sources with edges only."""
+    return type(num_src) is int and type(num_edges) is int and \
+        num_src > SPARSE_ROWS_RATIO * num_edges + SPARSE_ROWS_MIN
+
+
 def row_partition(traversal: str) -> str:
     return "row-balanced" if traversal in ROW_BALANCED_TRAVERSALS else "edge-balanced"
 

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..schedule import sparse_sources
 from .values import I1, I64, i64
 from .walks import CuSeqlensWalk, Walk, _coords, _strides, stencil_edge_start
 
 TRANSPOSED_KINDS = ("dense_t", "triangular_t", "cu_seqlens_t", "stencil_t", "csr_rows")
-# a CSR walked by source keeps a num_src + 1 row_ptr only while that is about its edges
-SPARSE_ROWS_RATIO = 2
-SPARSE_ROWS_MIN = 1 << 16
 
 
 def transposed_descriptor(graph, forward: tuple) -> tuple:
@@ -43,10 +41,8 @@ def transposed_descriptor(graph, forward: tuple) -> tuple:
         return (kind + "_t",)
     if kind in ("cu_seqlens", "stencil"):
         return (kind + "_t",) + tuple(forward[1:])
-    num_src, num_edges = getattr(graph, "num_src", None), getattr(graph, "num_edges", None)
-    if getattr(graph, "kind", "csr") in ("csr", "cat") and type(num_src) is int and \
-            type(num_edges) is int and \
-            num_src > SPARSE_ROWS_RATIO * num_edges + SPARSE_ROWS_MIN:
+    if getattr(graph, "kind", "csr") in ("csr", "cat") and sparse_sources(
+            getattr(graph, "num_src", None), getattr(graph, "num_edges", None)):
         return ("csr_rows",)
     return ("csr",)
 

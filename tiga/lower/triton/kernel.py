@@ -135,7 +135,7 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
     if relation[0] == "radius" and ("edge" in roles or reduce_by == "edge"):
         raise TritonUnsupported("edge fields over a radius cell walk (its edges are not "
                                 "numbered in the reference's order)")
-    perm = relation == ("csr",) and (has_perm or walk == "src")
+    perm = (relation == ("csr",) and (has_perm or walk == "src")) or relation == ("csr_rows",)
     slots = walk_slots(relation) + (("edge_perm",) if perm else ()) + tuple(
         f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
     # the split path needs a row's edges as one id range of a stored CSR and a reducer state

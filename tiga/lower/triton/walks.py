@@ -32,6 +32,7 @@ the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge 
 """
 from __future__ import annotations
 
+from ..schedule import sparse_sources
 from .walks_transposed import (
     TRANSPOSED_KINDS,
     emit_edge_start,
@@ -61,7 +62,11 @@ def relation_of(graph, walk: str) -> tuple:
         return _radius_of(params, walk)
     if walk != "dst":
         forward = relation_of(graph, "dst")
-        return forward if forward[0] == "csr" else (forward[0] + "_t",) + forward[1:]
+        if forward[0] != "csr":
+            return (forward[0] + "_t",) + forward[1:]
+        sparse = kind in ("csr", "cat") and sparse_sources(getattr(graph, "num_src", None),
+                                                           getattr(graph, "num_edges", None))
+        return ("csr_rows",) if sparse else forward
     if kind not in IMPLICIT_KINDS:
         return ("csr",)
     if kind == "cu_seqlens":

@@ -12,17 +12,23 @@ walk for cpu-llvm).
   with negated offsets; outside ones masked, or wrapped when periodic). Edge ids p*K + j
   (periodic) or the edges before p (a closed form over the lattice) plus p's inside
   neighbours before offset j.
+- ("csr_rows",): a stored relation whose sources are sparse (lower/schedule.py's
+  sparse_sources): its transposed CSR over the sources with edges only (row_ids, row_ptr,
+  col_idx, edge_perm: every array sized by the edges); row r finds its edges by a binary
+  search over row_ids.
 
 Each walk emits `e0`, `e1` (a destination range, or for stencils 0..degree) in the row and
 `valid`, `col` (the destination) and `eid` per neighbour tile, as walks.py's walks do.
 """
 from __future__ import annotations
 
-TRANSPOSED_KINDS = ("dense_t", "triangular_t", "cu_seqlens_t", "stencil_t")
+TRANSPOSED_KINDS = ("dense_t", "triangular_t", "cu_seqlens_t", "stencil_t", "csr_rows")
 
 
 def transposed_slots(relation: tuple) -> tuple:
     kind = relation[0]
+    if kind == "csr_rows":
+        return ("row_ptr", "col_idx", "row_ids", "walk_params")
     if kind in ("dense_t", "triangular_t"):
         return ("walk_params",)
     if kind == "cu_seqlens_t":
@@ -39,6 +45,8 @@ def emit_transposed_row(c, relation: tuple) -> None:
     elif kind == "triangular_t":
         c.emit("e0 = rr")
         c.emit("e1 = tl.where(live, tl.load(walk_params), e0)")
+    elif kind == "csr_rows":
+        _emit_rows_row(c)
     elif kind == "cu_seqlens_t":
         from .walks import emit_sequence  # (walks.py imports this module)
         emit_sequence(c)
@@ -48,6 +56,23 @@ def emit_transposed_row(c, relation: tuple) -> None:
         c.emit("e1 = tl.where(live, s1, e0)")
     else:
         _emit_stencil_row(c, relation)
+
+
+def _emit_rows_row(c) -> None:
+    """Row rr's edges in a transposed CSR stored over the sources with edges: the first k
+    with row_ids[k] >= rr by binary search; rows without edges get none."""
+    c.emit("n_ids = tl.load(walk_params)")
+    c.emit("lo = rr * 0")
+    c.emit("hi = lo + n_ids")
+    c.emit("while lo < hi:")
+    c.emit("    mid = (lo + hi) // 2")
+    c.emit("    go = tl.load(row_ids + mid) < rr")
+    c.emit("    lo = tl.where(go, mid + 1, lo)")
+    c.emit("    hi = tl.where(go, hi, mid)")
+    c.emit("ok = lo < n_ids")
+    c.emit("hit = ok & (tl.load(row_ids + lo, mask=ok, other=-1) == rr)")
+    c.emit("e0 = tl.where(hit, tl.load(row_ptr + lo, mask=ok, other=0), 0)")
+    c.emit("e1 = tl.where(hit & live, tl.load(row_ptr + lo + 1, mask=ok, other=0), e0)")
 
 
 def _emit_stencil_row(c, relation: tuple) -> None:
@@ -97,6 +122,11 @@ def emit_transposed_tile(c, relation: tuple) -> None:
         _emit_stencil_tile(c, relation)
         return
     c.emit("p = start + nb")
+    if kind == "csr_rows":   # (stored rows: a transposed CSR's columns and permutation)
+        c.emit("valid = p < e1")
+        c.emit("col = tl.load(col_idx + p, mask=valid, other=0).to(tl.int64)")
+        c.emit("eid = tl.load(edge_perm + p, mask=valid, other=0).to(tl.int64)")
+        return
     c.emit("valid = p < e1")
     c.emit("col = tl.where(valid, p, 0)")
     if kind == "dense_t":
