@@ -114,3 +114,13 @@ def test_argument_errors_name_the_argument():
         conv(_x(4), torch.tensor([0, 0, 1]))
     with pytest.raises(tg.TigaError, match="batch has shape \\(4,\\), expected a sorted"):
         conv(_x(4), torch.tensor([1, 0, 0, 1]))
+
+
+def test_edge_conv_on_a_tg_knn_relation():
+    """A tg.Graph.knn relation (5-D features) given to EdgeConv: PyG's EdgeConv on the same
+    edges, max included (its neighbours are selected before the call)."""
+    x = _x(30, 5, seed=6)
+    ours, theirs = _edge_conv(_mlp)
+    ei = _knn_edge_index(x, x, 5)
+    assert_same(ours, theirs, lambda m, v: m(v, tg.Graph.knn(x, 5, loop=True)) if m is ours
+                else m(v, ei), x)

@@ -41,6 +41,11 @@ def edge_messages(layer, graph: Graph, x_src, x_dst):
     tg.nn.trace supports it (its gradient is Tiga's VJP); otherwise (any other module, or
     Dropout/BatchNorm in training mode) torch evaluates it on the gathered edge rows, as PyG
     does, and Tiga only reduces the messages."""
+    if graph.kind == "knn" and layer.aggr in ("max", "min"):
+        # neighbours selected before the call: when a kNN relation above 3-D selects them
+        # inside the call, the max/min VJP with a traced torch network sends x's gradient
+        # astray (a runtime defect, reported; tests/nn/test_edge_conv.py checks the result)
+        graph.resolve_csr()
     if layer._network is None:
         try:
             layer._network = _EdgeNetwork(bridge_nn.trace_module(layer.nn), layer.aggr)
@@ -111,11 +116,6 @@ class DynamicEdgeConv(torch.nn.Module):
         b_src, b_dst = batch if isinstance(batch, (tuple, list)) else (batch, batch)
         graph = knn_relation(x_src.detach(), None if same else x_dst.detach(), self.k,
                              b_src, b_dst)
-        if self.aggr in ("max", "min"):
-            # selected before the call: with the neighbours selected inside the call (kNN
-            # above 3-D), the max/min VJP of a traced network sends x's gradient astray
-            # (reported to the lead; tests/nn/test_edge_conv.py checks the result)
-            graph.resolve_csr()
         return edge_messages(self, graph, x_src, x_dst)
 
     def __repr__(self) -> str:
