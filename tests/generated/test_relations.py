@@ -71,7 +71,7 @@ def test_max_neighbors_keeps_nearest_and_counts_truncation(kind):
     (lambda p: tg.Graph.radius(p, 0.0), "cutoff"),
     (lambda p: tg.Graph.radius(p, -1.0), "cutoff"),
     (lambda p: tg.Graph.radius(p, float("nan")), "cutoff"),
-    (lambda p: tg.Graph.radius(p, float("inf")), "cutoff"),
+    (lambda p: tg.Graph.radius(p, -float("inf")), "cutoff"),    # (+inf: every pair)
     (lambda p: tg.Graph.radius(p, "x"), "cutoff"),
     (lambda p: tg.Graph.knn(p, 0), "k"),
     (lambda p: tg.Graph.knn(p, 10), "k"),             # 10 points, no self: 9 candidates

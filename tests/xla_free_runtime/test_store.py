@@ -245,19 +245,3 @@ def test_ingest_killed_midway_keeps_the_previous_version(tmp_path):
     assert tg.store.open(tmp_path / "s").version == 2
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["CURRENT", "v000001",
                                                                   "v000002"]
-
-
-def test_readme_store_example_runs(tmp_path, monkeypatch):
-    from pathlib import Path
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text.split("## Graphs larger than memory", 1)[1].split("\n## ", 1)[0]
-    code = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]
-            if "tg.store.create" in b][0]
-    monkeypatch.chdir(tmp_path)
-    scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
-    n = scope["n"]
-    x = np.arange(n, dtype=np.float64)
-    want = (np.roll(x, -1) + np.roll(x, -2))[:, None] * np.ones((1, 4))
-    np.testing.assert_array_equal(np.asarray(scope["y"]), want)
-    assert scope["store"].version == 1 and scope["g"].kind == "paged"

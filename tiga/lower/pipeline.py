@@ -3,9 +3,11 @@
 `$TIGA_DUMP_DIR/<name>.<stage>.mlir` when TIGA_DUMP_DIR is set."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
+from contextvars import ContextVar
 
 from ..core.errors import TigaError, UnsupportedError
 from . import ir
@@ -121,8 +123,23 @@ def _dump_stages() -> set:
     return stages
 
 
+# explain() lowers what it describes without running it: TIGA_DUMP writes only the IR of
+# what runs (a context variable, so another thread's call still dumps)
+_QUIET: ContextVar[bool] = ContextVar("tiga_dump_quiet", default=False)
+
+
+@contextlib.contextmanager
+def quiet_dumps():
+    """Lowering inside this block writes no TIGA_DUMP files (explain: nothing runs)."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
 def _dump(stage: str, module: ir.Module) -> None:
-    if stage not in _dump_stages():
+    if _QUIET.get() or stage not in _dump_stages():
         return
     text = str(module)
     out_dir = os.environ.get("TIGA_DUMP_DIR", "").strip()

@@ -444,7 +444,7 @@ class MessagePassing:
         return hooks["explain"](call, run)
 
     def ir(self, stage: str = "domain", **call_kwargs) -> str:
-        """IR text of the call with these arguments (or the last call) at `stage`:
+        """IR text of the call with these arguments at `stage`:
         "program", "domain", "iter", "kernel" or "task"."""
         return hooks["ir"](self._call_for(call_kwargs, "ir"), stage)
 

@@ -20,6 +20,7 @@ from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
+from ..lower.pipeline import quiet_dumps
 from .cache import CACHE
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
@@ -32,7 +33,7 @@ from .resident_pages import plan_resident
 from .routes import describe_program
 from .run_report import reporting
 from .tasks import NoWalk, module_name, run_walk, task_walk
-from .threads import pin_threads, unpin_threads
+from .threads import num_threads, pin_threads, unpin_threads
 
 GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
@@ -97,17 +98,22 @@ def _run(program: GraphProgram, args: list) -> list:
         # (its fused walk), not one chosen after a propagate materialised its CSR
         routes = plan_routes(program, args)
         _strict_check(routes)
-        overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes)}
+        overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes, {})}
     walk = task_walk(program)
     if isinstance(walk, NoWalk):
         return eval_program(program, *args, overrides=overrides)
+    if walk.launches and walk.threads == num_threads():
+        # its propagates run the Kernel ops the Task module holds (scheduled for this pool)
+        rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
+        overrides = {**overrides, propagate_p: rule}
     return run_walk(walk, program, args, overrides)
 
 
-def _propagate(routes, eqn, vals):
+def _propagate(routes, launches, eqn, vals):
     """A propagate on its planned route (`routes`: planned up front, else now, for its
-    relation value), or by pages when its disk-tier fields and result would not fit the
-    host budget; None: the reference impl rule runs it."""
+    relation value, from the Kernel op `launches` holds for it), or by pages when its
+    disk-tier fields and result would not fit the host budget; None: the reference impl
+    rule runs it."""
     paged = plan_resident(eqn, vals[0], vals[1:])    # fields over the host budget: by pages
     if paged is not None:
         return paged.run(eqn, vals[0], vals[1:])
@@ -115,7 +121,7 @@ def _propagate(routes, eqn, vals):
     if route is None or (isinstance(route, Fallback) and
                          getattr(vals[0], "kind", None) in GENERATED):
         # (a relation generated inside the program is concrete only now)
-        route = plan(eqn, vals[0])
+        route = plan(eqn, vals[0], held=launches.get(id(eqn)))
     if isinstance(route, Fallback):
         return None
     return run_propagate(route, eqn, vals[0], vals[1:])
@@ -147,7 +153,7 @@ def _degrees(eqn, vals):
     return None if deg is None else [deg]
 
 
-OVERRIDES = {propagate_p: partial(_propagate, None), repeat_p: _repeat, while_loop_p: _while,
+OVERRIDES = {propagate_p: partial(_propagate, None, {}), repeat_p: _repeat, while_loop_p: _while,
              degrees_p: _degrees}
 
 
@@ -161,10 +167,13 @@ def select_route(program: GraphProgram, args: list | None = None) -> str:
 
 
 def explain_program(program: GraphProgram, args: list) -> Explanation:
-    if distributed_call(program, args):
-        from .distributed.report import explain_distributed
-        return explain_distributed(program, args, CACHE)
-    return describe_program(program, args, CACHE)
+    """What a call of `program` on `args` runs, without running it (TIGA_DUMP stays quiet:
+    it writes the IR of calls that run)."""
+    with quiet_dumps():
+        if distributed_call(program, args):
+            from .distributed.report import explain_distributed
+            return explain_distributed(program, args, CACHE)
+        return describe_program(program, args, CACHE)
 
 
 __all__ = ["execute", "explain_program", "select_route", "plan_routes", "NUMPY_NOTE"]

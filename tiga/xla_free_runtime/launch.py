@@ -33,7 +33,7 @@ def _paged(eqn, graph, compile: bool):
 PLANNERS = (_paged, attention.plan_attention, generated.plan_generated)
 
 
-def plan_cpu(eqn, graph, *, compile: bool = True):
+def plan_cpu(eqn, graph, *, compile: bool = True, held=None):
     """The cpu-llvm route: the first specialised planner that claims the equation, else the
     generic fused kernel (an Executable, its key when compile=False, or a Fallback)."""
     if graph is not None and CPU_LLVM_AVAILABLE:
@@ -41,12 +41,14 @@ def plan_cpu(eqn, graph, *, compile: bool = True):
             found = planner(eqn, graph, compile)
             if found is not None:
                 return found
-    return plan_propagate(eqn, graph, compile=compile)
+    return plan_propagate(eqn, graph, compile=compile, held=held)
 
 
-def plan(eqn, graph, *, compile: bool = True):
+def plan(eqn, graph, *, compile: bool = True, held=None):
     """The plan of one propagate on the selected backend, or a Fallback naming why the
-    reference interpreter runs it (`graph` None: decided from the relation's type)."""
+    reference interpreter runs it (`graph` None: decided from the relation's type; `held`:
+    the Kernel op the call's Task module holds for the equation, the cpu-llvm launch when
+    it fits the binding)."""
     if selected_backend() in TRITON_BACKENDS:
         return backend_plan(eqn, graph, compile=compile)
     if not compile or graph is None:
@@ -57,7 +59,7 @@ def plan(eqn, graph, *, compile: bool = True):
     if found is not None and found[0]() is graph and found[1] == threads and \
             CACHE.current(found[2]):
         return found[2]
-    route = plan_cpu(eqn, graph)
+    route = plan_cpu(eqn, graph, held=held)
     # (a generated relation changes route once it is materialised: planned every call)
     if isinstance(route, Executable) and \
             getattr(graph, "kind", None) not in generated.GENERATED_KINDS:

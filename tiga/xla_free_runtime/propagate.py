@@ -93,9 +93,10 @@ def kernel_text(op, eqn) -> str:
     return print_op(replace(op, schedule=replace(op.schedule, threads=0)))
 
 
-def _kernel_of(eqn, graph) -> tuple:
+def _kernel_of(eqn, graph, held=None) -> tuple:
     """(cache key, launch op or None) of the generic kernel over this relation's walk,
-    memoised per equation (lowering and hashing cost far more than a warm call)."""
+    memoised per equation (lowering and hashing cost far more than a warm call); `held`: the
+    call's Task-IR Kernel op for the equation (see _launch_op)."""
     walk = _walk(eqn.params)
     relation = relation_descriptor(graph, walk)
     has_perm = graph.edge_perm is not None if walk == "dst" else True
@@ -103,7 +104,7 @@ def _kernel_of(eqn, graph) -> tuple:
     per_eqn = _KERNELS.get(eqn)
     found = per_eqn.get(variant) if per_eqn is not None else None
     if found is None:
-        op = _launch_op(eqn, relation)
+        op = _launch_op(eqn, relation, held)
         # the walk's binding (relation layout constants, edge permutation) is the part of
         # the render's input the op does not print
         key = full_key(("propagate", kernel_text(op, eqn), relation, has_perm,
@@ -116,7 +117,7 @@ def _key_of(eqn, graph) -> str:
     return _kernel_of(eqn, graph)[0]
 
 
-def plan_propagate(eqn, graph, *, compile: bool = True):
+def plan_propagate(eqn, graph, *, compile: bool = True, held=None):
     """The generic fused kernel: Executable (compile=True) or key (compile=False), else a
     Fallback. Specialised routes (paged, attention, generated) are tried before it by
     launch.plan, the function callers use."""
@@ -126,7 +127,7 @@ def plan_propagate(eqn, graph, *, compile: bool = True):
         if compile:
             return Fallback("the relation is not known until the call")
         graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
-    key, op = _kernel_of(eqn, graph)
+    key, op = _kernel_of(eqn, graph, held)
     reason = _UNSUPPORTED.get(key) or (None if op is not None else _NOT_LOWERED)
     if reason is not None:
         return Fallback(reason)
@@ -179,12 +180,16 @@ def lowered_launch(eqn, gtype):
     return found
 
 
-def _launch_op(eqn, relation: tuple):
+def _launch_op(eqn, relation: tuple, held=None):
     """The launch for the walk the runtime binds: a relation resolved to its CSR is lowered
-    as a CSR."""
+    as a CSR. `held`: the Kernel op the call's Task module holds for this equation (lowered
+    with the whole program at this pool size); it is the launch whenever the relation is
+    bound as it was lowered, so the runtime does not lower again."""
     gtype = eqn.inputs[0].type
     if relation == ("csr",) and gtype.kind != "csr":
-        gtype = replace(gtype, kind="csr", coord_dims=None)
+        return lowered_launch(eqn, replace(gtype, kind="csr", coord_dims=None))
+    if held is not None:
+        return held
     return lowered_launch(eqn, gtype)
 
 
@@ -203,7 +208,10 @@ def _run_schedule(exe, eqn, sig):
     found = per_eqn.get((exe.key, threads)) if per_eqn is not None else None
     if found is not None:
         return found
-    op = _launch_op(eqn, tuple(sig.relation))
+    # (the launch planned for this executable at this pool size, else lowered for it)
+    op = next((o for v, (k, o) in (_KERNELS.get(eqn) or {}).items()
+               if k == exe.key and v[3] == threads and o is not None), None) or \
+        _launch_op(eqn, tuple(sig.relation))
     found = None if op is None else op.schedule
     if found is None:   # not expressed in the IR: the same decisions, asked directly
         traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)

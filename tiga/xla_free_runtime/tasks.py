@@ -35,6 +35,8 @@ from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import Dim, GraphType
 from ..lower.ir.base import RelationOp, TensorOp
+from ..lower.ir.kernel import LaunchOp
+from .threads import num_threads
 from ..lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
 
 TRANSFER, RUN, RELEASE, JOIN = "transfer", "run", "release", "join"
@@ -48,6 +50,8 @@ class TaskWalk:
     module: TaskModule
     steps: tuple
     sized: bool       # some equation's parameters hold symbolic sizes, bound per call
+    launches: dict    # id(propagate equation) -> the gf_kernel.launch its gf_task.launch holds
+    threads: int      # the pool size the launches were scheduled for
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,14 @@ def module_name(program: GraphProgram) -> str:
 
 def _build(program: GraphProgram) -> TaskWalk | NoWalk:
     from ..lower.pipeline import lower
+    threads = num_threads()      # (what the schedule pass reads: read before it runs)
     try:
-        # (only the Task IR is dumped from here: each kernel's Kernel IR is dumped where it
-        # is lowered for the relation the runtime binds, which is what it renders)
-        module = lower(_lifted(program), until="task", name=module_name(program),
-                       dump=("domain", "iter", "task"))
+        # (its Kernel IR is dumped here when its launches are the kernels that run: the
+        # generic propagate kernel renders the op the Task module holds; specialised walks
+        # (paged, radius/knn, attention) lower and dump their own where they bind it)
+        dump = ("domain", "iter", "kernel", "task") if _generic(program) else \
+            ("domain", "iter", "task")
+        module = lower(_lifted(program), until="task", name=module_name(program), dump=dump)
     except TigaError as exc:
         return NoWalk(f"the IR stages do not express this program ({exc})")
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
@@ -95,13 +102,29 @@ def _build(program: GraphProgram) -> TaskWalk | NoWalk:
         return NoWalk(f"lowering failed ({type(exc).__name__}: {exc}); this is a Tiga bug, "
                       "please report")
     try:
-        steps = _pair(module, program)
+        steps, launches = _pair(module, program)
     except CompilationError:
         if config.check:
             raise
         return NoWalk("its Task IR does not pair with its equations (a Tiga bug)")
     return TaskWalk(module, steps,
-                    any(_has_dim(p) for e in program.eqns for p in e.params.values()))
+                    any(_has_dim(p) for e in program.eqns for p in e.params.values()),
+                    launches, threads)
+
+
+SPECIALISED_KINDS = ("radius", "knn", "paged")
+
+
+def _generic(program: GraphProgram) -> bool:
+    """Every propagate of `program` runs the generic fused kernel (no specialised walk)."""
+    from ..lower.attention_walk import claim_attention
+    for e in program.eqns:
+        if e.primitive is propagate_p:
+            kind = e.inputs[0].type.kind
+            if kind in SPECIALISED_KINDS or claim_attention(
+                    kind, e.params, [a.type for a in e.inputs[1:]]) is not None:
+                return False
+    return True
 
 
 # Array literals above this many elements enter the Task IR as arguments (transferred like
@@ -138,7 +161,7 @@ def _pair(module: TaskModule, program: GraphProgram) -> tuple:
     position = {a.name: i for i, a in enumerate(module.body.args[:len(program.in_binders)])}
     var = {name: program.in_binders[i] for name, i in position.items()}
     eqns = iter(program.eqns)
-    steps = []
+    steps, launches = [], {}
     for op in module.body.ops:
         if isinstance(op, TransferOp):
             if op.value.name in position:     # (a constant relation is a literal)
@@ -161,10 +184,14 @@ def _pair(module: TaskModule, program: GraphProgram) -> tuple:
                                        f"{None if eqn is None else eqn.primitive.name}")
             var.update((v.name, o) for v, o in zip(values, eqn.outputs))
             steps.append((RUN, eqn))
+            held = [k for k in getattr(op, "body", None).ops if isinstance(k, LaunchOp)] \
+                if isinstance(op, TaskLaunchOp) else []
+            if len(held) == 1:
+                launches[id(eqn)] = held[0]
     if next(eqns, None) is not None:
         raise CompilationError("task walk: the Task IR has fewer ops than the program has "
                                "equations")
-    return tuple(steps)
+    return tuple(steps), launches
 
 
 def _has_dim(param) -> bool:
