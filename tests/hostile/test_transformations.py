@@ -48,7 +48,7 @@ def loops_that_change_shape_or_count():
            "repeat: n must be a non-negative Python int, found -1")
     raises(tg.TigaError, lambda: tg.while_loop(lambda s: s.sum() < 9, lambda s: s * 2.0, x,
                                                max_iterations=-1),
-           "while_loop: max_iterations must be a non-negative Python int, found -1")
+           "while_loop: max_iterations must be >= 0, found -1")
 
 @case
 def grad_through_a_data_dependent_loop():

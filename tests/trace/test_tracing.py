@@ -572,7 +572,7 @@ def test_loop_carried_type_changes_are_trace_time_shape_errors():
         tg.make_program(lambda a: tg.repeat(2, lambda s: (s, s), a))(x)
     with pytest.raises(tg.DTypeError, match="cond must return a scalar bool"):
         tg.make_program(lambda a: tg.while_loop(lambda s: s > 0.0, lambda s: s, a, 4))(x)
-    with pytest.raises(tg.TigaError, match="max_iterations must be a non-negative Python int"):
+    with pytest.raises(tg.TigaError, match="max_iterations must be a non-negative int"):
         tg.make_program(lambda a: tg.while_loop(lambda s: m.sum(s) > 0.0, lambda s: s, a,
                                                 None))(x)
 

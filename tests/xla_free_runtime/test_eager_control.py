@@ -127,3 +127,36 @@ def test_plain_grad_drops_the_discarded_forward():
     np.testing.assert_allclose(np.asarray(again), np.asarray(got))
     np.testing.assert_allclose(float(np.asarray(value)),
                                float(np.asarray(loss(x))), rtol=1e-12)
+
+
+def test_while_loop_bound_is_a_runtime_value():
+    """A new bound runs the same trace: eagerly for any int, under tg.jit for an argument."""
+    from tiga.trace import call_cache
+    g, x = _problem(seed=6)
+    layer = Mean()
+
+    def body(state):
+        i, h = state
+        return i + 1, layer(graph=g, src={"x": h}, dst={"x": h})
+
+    def cond(state):
+        return state[0] < 100
+
+    misses = None
+    for bound in (2, 5, np.int64(3), 0):
+        i, got = tg.while_loop(cond, body, (np.int64(0), x), bound)
+        assert int(np.asarray(i)) == int(bound)
+        np.testing.assert_allclose(np.asarray(got), _oracle_steps(layer, g, x, int(bound)),
+                                   rtol=1e-12, atol=1e-12)
+        if misses is None:
+            misses = call_cache.STATS["misses"]
+    assert call_cache.STATS["misses"] == misses       # one trace for every bound
+    f = tg.jit(lambda h, k: tg.while_loop(cond, body, (np.int64(0), h), k))
+    for bound in (1, 4):
+        i, got = f(x, np.int64(bound))
+        assert int(np.asarray(i)) == bound
+    assert f.cache_info()["misses"] == 1
+    with pytest.raises(tg.TigaError, match="max_iterations must be >= 0"):
+        tg.while_loop(cond, body, (np.int64(0), x), np.int64(-2))
+    with pytest.raises(tg.TigaError, match="non-negative int"):
+        tg.while_loop(cond, body, (np.int64(0), x), np.float64(2.0))

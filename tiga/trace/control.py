@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from ..core.errors import ShapeError, TigaError
 from ..core.prims.control import repeat_p, while_loop_p
 from ..core.program import ClosedProgram
+from .math import less, logical_and
 from .pytree import tree_flatten, tree_unflatten
 from .staging import leaf_aval, leaf_value, trace_flat
-from .tracer import bind, current_builder
+from .tracer import Tracer, bind, current_builder
 
 # Set by tiga/api: runs a loop called outside any trace on the compiled path (traced once per
 # body and input types, like tg.grad's function), never on the reference impl rule.
@@ -64,6 +67,43 @@ def repeat(n: int, body: Callable, init):
     return tree_unflatten(in_tree, outs)
 
 
+# The primitive's own bound when the loop counts its steps against a runtime bound.
+UNBOUNDED = 2 ** 62
+
+
+def _checked_bound(max_iterations):
+    """A Python int (static), or the runtime value (numpy integer scalar, traced scalar)."""
+    if isinstance(max_iterations, int) and not isinstance(max_iterations, bool):
+        if max_iterations < 0:
+            raise TigaError(f"while_loop: max_iterations must be >= 0, found {max_iterations}")
+        return max_iterations
+    t = leaf_aval(max_iterations) if isinstance(max_iterations, (Tracer, np.ndarray,
+                                                                 np.integer)) else None
+    if t is None or t.shape != () or not t.dtype.is_int:
+        raise TigaError("while_loop: max_iterations must be a non-negative int (a Python int, "
+                        f"a numpy integer or a traced integer scalar), found {max_iterations!r}")
+    if not isinstance(max_iterations, Tracer):
+        if int(max_iterations) < 0:
+            raise TigaError(f"while_loop: max_iterations must be >= 0, found "
+                            f"{int(max_iterations)}")
+        return int(max_iterations) if current_builder() is None else \
+            np.int64(max_iterations)
+    return max_iterations
+
+
+def _counted(cond, body, init, bound):
+    """while_loop against a runtime bound: a step counter and the bound ride in the state,
+    and cond also asks counter < bound (one compiled loop serves every bound)."""
+    def counted_cond(state):
+        return logical_and(less(state[0], state[1]), cond(state[2]))
+
+    def counted_body(state):
+        return state[0] + 1, state[1], body(state[2])
+
+    n = bound if isinstance(bound, Tracer) else np.int64(bound)
+    return while_loop(counted_cond, counted_body, (np.int64(0), n, init), UNBOUNDED)[2]
+
+
 def while_loop(cond: Callable, body: Callable, init, max_iterations: int):
     """Run `body` while `cond(state)` holds, at most `max_iterations` times (bounded).
 
@@ -71,19 +111,22 @@ def while_loop(cond: Callable, body: Callable, init, max_iterations: int):
         cond (Callable[[State], array]): a scalar boolean of the state.
         body (Callable[[State], State]): one iteration, as for `tg.repeat`.
         init (State): an array, or a tuple / list / dict of arrays.
-        max_iterations (int): the bound; reaching it ends the loop without an error.
+        max_iterations (int): the bound; reaching it ends the loop without an error. A
+            Python int is static inside `tg.jit` (a new value traces again); a numpy
+            integer, a traced integer scalar, or any bound of an eager call is a runtime
+            value: a new value runs the same compiled loop.
 
     Returns:
         State: the state when `cond` is false or the bound is reached. Not
             differentiable (the trip count depends on the data): use `tg.repeat`.
     """
-    if not isinstance(max_iterations, int) or isinstance(max_iterations, bool) \
-            or max_iterations < 0:
-        raise TigaError("while_loop: max_iterations must be a non-negative Python int, found "
-                        f"{max_iterations!r}")
+    bound = _checked_bound(max_iterations)
     if _eager():
-        return hooks["eager"](lambda state: while_loop(cond, body, state, max_iterations), init,
-                              (cond, body))
+        # the bound travels as an argument, so a new value reuses the trace (and its kernels)
+        return hooks["eager"](lambda state: while_loop(cond, body, state[0], state[1]),
+                              (init, np.int64(bound)), (cond, body))
+    if not isinstance(bound, int):
+        return _counted(cond, body, init, bound)
     leaves, in_tree = tree_flatten(init)
     avals = [leaf_aval(x).strong() for x in leaves]
     cprog, ccaps, _ = _trace_body(cond, in_tree, avals, "while_loop cond")
