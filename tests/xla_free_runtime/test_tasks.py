@@ -5,6 +5,7 @@ first reader and released after their last. Oracle: the reference interpreter
 (eval_program without overrides) on the same program."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -143,7 +144,7 @@ def test_a_released_intermediate_is_gone_for_later_steps():
     at = next(i for i, (c, v) in enumerate(steps) if c is tasks.RELEASE and
               v is first.outputs[0])
     steps.insert(steps.index((tasks.RUN, first)) + 1, steps.pop(at))
-    early = tasks.TaskWalk(walk.module, tuple(steps), walk.sized, walk.launches, walk.threads)
+    early = dataclasses.replace(walk, steps=tuple(steps))
     with pytest.raises(KeyError):
         tasks.run_walk(early, program, [g, x, np.float32(2.0)], executor.OVERRIDES)
 
@@ -160,7 +161,7 @@ def test_a_released_argument_is_gone_for_later_steps():
                    if s[0] is tasks.RELEASE and s[1] is program.in_binders[1])
     steps.insert(next(i for i, (c, _) in enumerate(steps) if c is tasks.RUN),
                  steps.pop(release))
-    early = tasks.TaskWalk(walk.module, tuple(steps), walk.sized, walk.launches, walk.threads)
+    early = dataclasses.replace(walk, steps=tuple(steps))
     with pytest.raises(KeyError):
         tasks.run_walk(early, program, [g, x, np.float32(2.0)], executor.OVERRIDES)
 

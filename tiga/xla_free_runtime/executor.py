@@ -32,7 +32,7 @@ from .propagate import Fallback, run_propagate
 from .resident_pages import plan_resident
 from .routes import describe_program
 from .run_report import reporting
-from .tasks import NoWalk, module_name, run_walk, task_walk
+from .tasks import NoWalk, TaskWalk, module_name, run_walk, task_walk
 from .threads import num_threads, pin_threads, unpin_threads
 
 GENERATED = ("radius", "knn")
@@ -92,14 +92,16 @@ def _run(program: GraphProgram, args: list) -> list:
     """The program's Task IR interpreted with this runtime's rules for compiled propagates
     and loops (eval_program with the same rules when the IR does not express it)."""
     overrides = OVERRIDES
-    if config.strict or generated_relations(program):
+    walk = task_walk(program)
+    generates = walk.generates if isinstance(walk, TaskWalk) else \
+        bool(generated_relations(program))
+    if config.strict or generates:
         # planned before anything runs: strict mode refuses a fallback up front, and a
         # relation generated in the program takes the route planned from its parameters
         # (its fused walk), not one chosen after a propagate materialised its CSR
         routes = plan_routes(program, args)
         _strict_check(routes)
         overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes, {})}
-    walk = task_walk(program)
     if isinstance(walk, NoWalk):
         return eval_program(program, *args, overrides=overrides)
     if walk.launches and walk.threads == num_threads():

@@ -52,6 +52,7 @@ class TaskWalk:
     sized: bool       # some equation's parameters hold symbolic sizes, bound per call
     launches: dict    # id(propagate equation) -> the gf_kernel.launch its gf_task.launch holds
     threads: int      # the pool size the launches were scheduled for
+    generates: bool   # the program generates a radius/knn relation (planned before it runs)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def _build(program: GraphProgram) -> TaskWalk | NoWalk:
         return NoWalk("its Task IR does not pair with its equations (a Tiga bug)")
     return TaskWalk(module, steps,
                     any(_has_dim(p) for e in program.eqns for p in e.params.values()),
-                    launches, threads)
+                    launches, threads, any(e.primitive.name in ("radius", "knn")
+                                           for e in program.eqns))
 
 
 SPECIALISED_KINDS = ("radius", "knn", "paged")
