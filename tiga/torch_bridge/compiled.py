@@ -18,6 +18,7 @@ break that names the reason (with fullgraph=True, Dynamo's error names it).
 """
 from __future__ import annotations
 
+import secrets
 import threading
 import types
 
@@ -209,7 +210,7 @@ def _entry_key(graph, edge_owner, edge_fn, update_owner, update, reducer, reduce
     entry.out_types = [(tuple(t.shape), t.dtype)
                        for t in (call.restore_lattice(flat) if lattice else flat)]
     with _LOCK:
-        key = _KEYS.setdefault(ident, len(_ENTRIES))
+        key = _KEYS.setdefault(ident, _fresh_key())
         if _ENTRIES.setdefault(key, entry) is entry:
             setattr(_CAPTURED, f"k{key}", captured)
     return key
@@ -238,6 +239,16 @@ def _check_captured(captured) -> None:
                 hint="capture parameters directly (tg.nn.trace modules or tensors the layer "
                      "holds) and compute with tg.math inside the edge function, or pass the "
                      "tensor as a keyword parameter of the call")
+
+
+def _fresh_key() -> int:
+    """A random key, not a counter: the key is a constant of the compiled graph, and
+    inductor's on-disk cache must never pair one process's graph (its output shapes) with
+    another process's entry that happened to get the same number."""
+    while True:
+        key = secrets.randbits(62)
+        if key not in _ENTRIES:
+            return key
 
 
 def _torch_dtype(np_dtype):
