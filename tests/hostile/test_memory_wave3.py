@@ -111,6 +111,24 @@ def stencil_grad_needs_no_edge_memory():
     inner = np.full((n, n), 5.0)
     inner[0, :] -= 1; inner[-1, :] -= 1; inner[:, 0] -= 1; inner[:, -1] -= 1
     same(np.asarray(gx).reshape(n, n), (2.0 * inner).astype(np.float32))
+
+@case
+def max_grad_finds_the_first_extremal_edge_past_2_24_edges():
+    # 17.6M edges: edge ids compared in float32 rounded in pairs, and the cotangent of a
+    # row's maximum leaked to the edge next to it
+    class Top(tg.MessagePassing):
+        reducer = tg.max()
+
+        def edge(self, src, dst, edge):
+            return src.x * 2.0
+
+    top, n = Top(), 4200
+    x = np.random.default_rng(0).random(n).astype(np.float32)
+    gx = np.asarray(tg.grad(lambda x: tg.math.sum(top(graph=tg.Graph.dense(n),
+                                                      src={"x": x})))(x))
+    want = np.zeros(n, np.float32)
+    want[np.argmax(x)] = 2.0 * n      # every row's maximum is the same source
+    same(gx, want)
 '''
 
 

@@ -25,6 +25,7 @@ from .types import Dim, GraphType
 KINDS = ("csr", "dense", "triangular", "cu_seqlens", "cat", "stencil", "radius", "knn",
          "paged")
 GENERATED_KINDS = ("radius", "knn")
+IMPLICIT_DEGREES = ("dense", "triangular", "cu_seqlens", "stencil")
 # tiga.trace registers how radius/knn stage on traced coordinates (core cannot import trace)
 generated_hooks: dict[str, Callable | None] = {"traced": None, "bind": None}
 # the runtime registers its store reader: `open(path)` -> an object with num_src, num_dst,
@@ -367,6 +368,8 @@ class Graph:
         if self.kind == "paged" and self._csr is None and store_hooks.get("degrees"):
             return store_hooks["degrees"](self, by)    # the stored CSR is never read whole
         self.ensure_valid()
+        if self._csr is None and self.kind in IMPLICIT_DEGREES:   # (from the formula)
+            return gb.implicit_degrees(self.kind, self.params, by)
         row_ptr, col_idx = self.resolve_csr()
         if by == "dst":
             return np.diff(row_ptr)

@@ -63,6 +63,49 @@ def stencil_num_edges(shape: tuple, offsets: tuple, periodic: bool) -> int:
     return total
 
 
+def implicit_degrees(kind: str, params: dict, by: str) -> np.ndarray:
+    """int64 degrees of an implicit relation from its formula (no CSR): per destination
+    (by='dst') or per source (by='src'); the output is the only array of its size."""
+    if kind == "dense":
+        rows, other = (params["num_dst"], params["num_src"]) if by == "dst" else \
+            (params["num_src"], params["num_dst"])
+        return np.full(rows, other, dtype=_I64)
+    if kind == "triangular":   # destination i reads 0..i; source s is read by s..n-1
+        n = params["n"]
+        return np.arange(1, n + 1, dtype=_I64) if by == "dst" else \
+            np.arange(n, 0, -1, dtype=_I64)
+    if kind == "cu_seqlens":
+        cu = np.asarray(params["cu_seqlens"], dtype=_I64)
+        lens = np.diff(cu)
+        length = np.repeat(lens, lens)
+        if not params["causal"]:
+            return length
+        pos = np.arange(int(cu[-1]), dtype=_I64) - np.repeat(cu[:-1], lens)
+        return pos + 1 if by == "dst" else length - pos
+    return _stencil_degrees(params["shape"], params["offsets"], params["periodic"], by)
+
+
+def _stencil_degrees(shape: tuple, offsets: tuple, periodic: bool, by: str) -> np.ndarray:
+    """Per point, the offsets whose neighbour (by='dst': p + off; by='src': the reader
+    p - off) is inside: one box per offset, broadcast from per-axis masks."""
+    points = int(np.prod(shape, dtype=object))
+    if periodic:
+        return np.full(points, len(offsets), dtype=_I64)
+    out = np.zeros(shape, dtype=_I64)
+    sign = 1 if by == "dst" else -1
+    for off in offsets:
+        box = np.ones((1,) * len(shape), dtype=bool)
+        for axis, (n, o) in enumerate(zip(shape, off)):
+            c = np.arange(n) + sign * o
+            box = box & _axis_mask((c >= 0) & (c < n), axis, len(shape))
+        out += box
+    return out.reshape(points)
+
+
+def _axis_mask(mask: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    return mask.reshape((1,) * axis + (len(mask),) + (1,) * (rank - axis - 1))
+
+
 def _axis_table(table: np.ndarray, axis: int, rank: int) -> np.ndarray:
     """A per-axis (n, offsets) table shaped to broadcast over the (*shape, offsets) grid."""
     return table.reshape((1,) * axis + (table.shape[0],) + (1,) * (rank - axis - 1) + (-1,))

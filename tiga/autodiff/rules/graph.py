@@ -50,11 +50,12 @@ def _run(graph, values, roles, fn, reducer, reduce_by):
                 names=names, reduce_by=reduce_by, update=None)
 
 
-def _lift(value, like):
-    """Broadcast a per-segment scalar-per-row array to the shape of `like`."""
+def _lift(value, like, dtype=None):
+    """Broadcast a per-segment scalar-per-row array to the shape of `like`, in `like`'s
+    dtype (or `dtype`)."""
     tv, tl = _typeof(value), _typeof(like)
     value = m.reshape(value, tv.shape + (1,) * (tl.ndim - tv.ndim))
-    return m.broadcast_to(m.convert(value, tl.dtype), tl.shape)
+    return m.broadcast_to(m.convert(value, dtype or tl.dtype), tl.shape)
 
 
 class _Ctx:
@@ -121,10 +122,12 @@ def _extremum_plan(ctx, outs, ct_outs):
     ctx.ids = bind(edge_ids_p, ctx.graph)
     n = len(outs)
 
+    # edge ids stay int64: in a float32 message's dtype ids past 2**24 round together, and
+    # the cotangent of one extremal edge would leak to its neighbours
     def first_hit(msgs, aux, eid, k):
         hit = m.equal(msgs[k], aux[0])
-        return m.where(hit, _lift(eid, msgs[k]), m.full(_typeof(msgs[k]).shape, _NO_EDGE,
-                                                         "int64"))
+        return m.where(hit, _lift(eid, msgs[k], "int64"),
+                       m.full(_typeof(msgs[k]).shape, _NO_EDGE, "int64"))
 
     firsts = [ctx.aux_propagate(lambda msgs, aux, eid, k=k: first_hit(msgs, aux, eid, k),
                                 min_reducer(), [y]) for k, y in enumerate(outs)]
