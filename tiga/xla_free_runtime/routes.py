@@ -31,6 +31,14 @@ WALK = {"dst": "destination rows walk their CSR edges",
                "row chunk, chunks shared by the threads, partials added once; other "
                "reducers: a single call over all rows)"}
 
+VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a propagate "
+             "grouped by source (dense, triangular, cu_seqlens and stencil relations walk "
+             "their transpose natively, as the forward walks them: no CSR, no index arrays; "
+             "stored relations are compiled over the transposed CSR, sized by the edges where "
+             "sources are sparse; over a symmetric radius relation the fused cell walk with "
+             "roles swapped), edge cotangents per edge, parameter cotangents one fold over all "
+             "edges")
+
 
 def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
@@ -75,13 +83,7 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
     ex.tasks = describe_walk(task_walk(program))
-    ex.vjp_route = ("the VJP program is lowered the same way: source cotangents are a "
-                    "propagate grouped by source (dense, triangular, cu_seqlens and stencil "
-                    "relations walk their transpose natively, as the forward walks them: no "
-                    "CSR, no index arrays; stored relations are compiled over the transposed "
-                    "CSR, sized by the edges where sources are sparse; over a "
-                    "symmetric radius relation the fused cell walk with roles swapped), edge "
-                    "cotangents per edge, parameter cotangents one fold over all edges")
+    ex.vjp_route = VJP_ROUTE
     stats = cache.stats.as_dict()
     ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
                                             else f"process totals {stats}")
@@ -164,18 +166,24 @@ def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
                 "only when the array starts mid cache line (rows gathered at random then "
                 "touch an extra line); made per call into scratch kept between calls, "
                 "skipped with several threads when it fits in one core's L2 (2 MiB)"))
+    if graph is not None and p["reduce_by"] == "src":
+        _explain_transpose(ex, graph, native)
+    ex.cache_lines.append({"memory": "hit (memory)", "disk": "hit (disk cache, no LLVM run)",
+                           "miss": "miss (compiled on the first call)"}[status])
+
+
+def _explain_transpose(ex, graph, native) -> None:
+    """The transposed CSR a walk by source stores (none for the implicit kinds)."""
     if native == "csr_rows":
         ex.materialized.append((
             "transposed CSR + permutation over the sources with edges",
             16 * graph.num_edges + 8 + (8 + graph.index_dtype.itemsize) * graph.num_edges,
             "at most; sources are sparse, so every array is sized by the edges (rows are "
             "found by a cursor into the source ids); cached on the relation"))
-    elif graph is not None and p["reduce_by"] == "src" and native is None:
+    elif native is None:
         ex.materialized.append(("transposed CSR + permutation",
                                 8 * (graph.num_src + 1) + (8 + graph.index_dtype.itemsize)
                                 * graph.num_edges, "cached on the relation; built once"))
-    ex.cache_lines.append({"memory": "hit (memory)", "disk": "hit (disk cache, no LLVM run)",
-                           "miss": "miss (compiled on the first call)"}[status])
 
 
 def _explain_row_buffers(ex, edge_fn) -> None:
