@@ -145,3 +145,31 @@ def test_eager_calls_are_unchanged_after_compiling():
     torch.compile(model, backend="eager", fullgraph=True)(x, w)
     y = model.weighted(graph=GRAPH, src={"x": x}, edge={"w": w[:, None]})
     assert type(y.grad_fn).__name__ == "_PropagateFunctionBackward"
+
+
+def test_layer_zoo_model_compiles_with_its_relation_built_eagerly():
+    """tg.nn layers taking a PyG edge_index: the relation is built behind a graph break
+    (it reads edge_index's values), each aggregation is a tiga::call op in a compiled
+    graph, and outputs and gradients equal the eager model's."""
+    torch.manual_seed(0)
+    edge_index = torch.randint(0, N, (2, 3 * N))
+
+    class Zoo(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gcn, self.sage = tg.nn.GCNConv(F, 4), tg.nn.SAGEConv(4, 2, aggr="max")
+
+        def forward(self, x, w):
+            return self.sage(torch.relu(self.gcn(x, edge_index)), edge_index) * w.mean()
+
+    model = Zoo().double()
+    x, w = inputs(5)
+    torch._dynamo.reset()
+    compile_fn, graphs = recording("aot_eager")
+    got = run(model, torch.compile(model, backend=compile_fn), x, w)
+    want = run(model, model, x, w)
+    torch.testing.assert_close(got[0], want[0])
+    assert len(got[1]) == len(want[1])
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a, b)
+    assert sum(tiga_ops(gm) for gm in graphs) >= 2

@@ -18,6 +18,7 @@ break that names the reason (with fullgraph=True, Dynamo's error names it).
 """
 from __future__ import annotations
 
+import operator
 import secrets
 import threading
 import types
@@ -25,7 +26,7 @@ import types
 import numpy as np
 import torch
 
-from ..core.errors import TigaError, UnsupportedError
+from ..core.errors import UnsupportedError
 from ..core.reducers import Reducer
 from ..trace.generated import GENERATED_KINDS, POS, QPOS
 from ..trace.call_checks import check_keywords
@@ -70,7 +71,7 @@ def _op_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice
         for name, value in fields[role].items():
             if isinstance(value, torch.Tensor):
                 slots.append((role, name))
-                shapes.append((tuple(int(d) for d in value.shape), value.dtype))
+                shapes.append((_static(value), value.dtype))
                 tensors.append(value)
             else:
                 skipped.append(f"{role}.{name}")
@@ -78,7 +79,7 @@ def _op_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice
     for name, value in params.items():
         if isinstance(value, torch.Tensor):
             slots.append(("param", name))
-            shapes.append((tuple(int(d) for d in value.shape), value.dtype))
+            shapes.append((_static(value), value.dtype))
             tensors.append(value)
         else:
             consts.append((name, value))
@@ -93,6 +94,12 @@ def _op_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice
     captured = getattr(_CAPTURED, f"k{key}")
     outs = torch.ops.tiga.call(key, tensors + list(captured))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _static(t) -> tuple:
+    """The traced shape as Python ints: operator.index makes Dynamo specialise a dynamic
+    size (a guard; int() would keep a SymInt, which `_register` cannot take)."""
+    return tuple(operator.index(d) for d in t.shape)
 
 
 class _Entry:
@@ -166,7 +173,8 @@ def _register(*parts) -> tuple:
     error; the fallback's graph break names the reason instead)."""
     try:
         return _entry_key(*parts), None
-    except TigaError as exc:
+    except Exception as exc:   # noqa: BLE001 - any failure here becomes an eager fallback
+        # (e.g. a layer object made inside the compiled region: Dynamo hands us its shell)
         reason = f"Tiga: this call cannot be one torch op: {type(exc).__name__}: {exc}"
     with _LOCK:
         name = _FALLBACKS.setdefault(reason, f"fallback{len(_FALLBACKS)}")

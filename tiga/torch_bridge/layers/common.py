@@ -78,6 +78,13 @@ def check_size(layer: str, size, n_src: int, n_dst: int) -> None:
                          f"{n_dst} destination rows")
 
 
+# Building a relation reads edge_index's values and memoises by object: inside
+# torch.compile it runs eagerly behind a graph break (Dynamo cannot trace it); the Tiga call
+# that follows is still one opaque op (torch_bridge/compiled.py)
+_OUTSIDE_DYNAMO = "tg.nn layers build their tg.Graph from edge_index eagerly"
+
+
+@torch.compiler.disable(reason=_OUTSIDE_DYNAMO)
 def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
     """A tg.Graph from the layer's relation argument: a tg.Graph (checked against the node
     counts) or a PyG edge_index (2, E) integer tensor/array, row 0 sources, row 1 targets.
@@ -113,6 +120,7 @@ def _build_relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph
     return Graph.from_coo(arr[0], arr[1], num_src=num_src, num_dst=num_dst)
 
 
+@torch.compiler.disable(reason=_OUTSIDE_DYNAMO)
 def loop_edit(graph: Graph, edit: str) -> tuple:
     """(graph, edge_ids) of graph.add_remaining_self_loops() (edit "remaining") or of PyG's
     GAT loops, remove then add (edit "replace": (graph, ids of the kept edges, number of
