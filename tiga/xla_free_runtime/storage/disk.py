@@ -26,6 +26,7 @@ except ImportError:          # pragma: no cover (installed with zarr 3)
     google_crc32c = None
 
 CHUNK_BYTES = 4 << 20          # target bytes per chunk: large sequential reads, small waste
+RUN_CHUNKS = 4                 # chunks per zarr request of a gather (bounds its buffer)
 _RAW = {bfloat16.name: np.dtype(np.uint16)}   # dtypes zarr lacks are stored as their bits
 
 
@@ -216,13 +217,42 @@ class DiskStorage:
             return out
         cr = self.chunk_rows
         ids = rows // cr
+        # (a page of a scattered graph touches every chunk: reading a run of chunks whole
+        # held the whole array in memory per reading thread, beyond any budget)
+        if self._direct:          # chunk by chunk through one scratch chunk per thread
+            bounds = list(np.flatnonzero(np.diff(ids)) + 1) + [len(rows)]
+            a = 0
+            for b in bounds:
+                k = int(ids[a])
+                out[a:b] = self._chunk_view(k, slice(int(rows[a]), int(rows[b - 1]) + 1))[
+                    rows[a:b] - k * cr]
+                a = b
+            return out
         starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) > 1)   # runs of chunks
         bounds = list(starts) + [len(rows)]
         for a, b in zip(bounds[:-1], bounds[1:]):
-            lo, hi = int(ids[a]) * cr, min((int(ids[b - 1]) + 1) * cr, self.shape[0])
-            block = self._get(slice(lo, hi))
-            out[a:b] = block[rows[a:b] - lo]
+            lo = int(ids[a]) * cr
+            for c in range(lo, int(ids[b - 1] + 1) * cr, RUN_CHUNKS * cr):   # bounded runs
+                i, j = np.searchsorted(rows[a:b], [c, c + RUN_CHUNKS * cr]) + a
+                if j > i:
+                    block = self._get(slice(c, min(c + RUN_CHUNKS * cr, self.shape[0])))
+                    out[i:j] = block[rows[i:j] - c]
         return out
+
+    def _chunk_view(self, k: int, key) -> np.ndarray:
+        """Chunk k decoded (its rows), in this thread's scratch chunk, or the one a range
+        read keeps (see _read_direct); valid until this thread's next read."""
+        gen, partial = getattr(self._kept, "chunks", (None, ()))
+        kept = dict(partial).get(k) if gen == self._generation else None
+        row_shape = self.shape[1:]
+        raw = np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype))
+        nbytes = self.chunk_rows * int(np.prod(row_shape, dtype=np.int64)) * raw.itemsize
+        if kept is None:
+            kept = getattr(self._kept, "scratch", None)
+            if kept is None or len(kept) != nbytes:
+                kept = self._kept.scratch = np.empty(nbytes, np.uint8)
+            self._read_chunk(k, kept, key=key)
+        return kept.view(self.dtype).reshape((self.chunk_rows,) + row_shape)
 
     def write(self, value) -> None:
         value = np.asarray(value)
