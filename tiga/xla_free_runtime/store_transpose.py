@@ -49,7 +49,7 @@ def bucket_edges(index_itemsize: int) -> int:
     return int(max(1 << 12, min(BUCKET_EDGES, room // (4 * per_edge))))
 
 
-def out_degrees(store, step: int) -> np.ndarray:
+def out_degrees(store, step: int, bar=None) -> np.ndarray:
     """int64 out-degree per source, one column chunk range at a time (bincount over the
     chunk's own id span, so a pass costs edges + spans, not chunks x sources)."""
     counts = np.zeros(store.num_src, np.int64)
@@ -59,6 +59,8 @@ def out_degrees(store, step: int) -> np.ndarray:
             lo = int(ci.min())
             part = np.bincount(ci - lo if lo else ci)
             counts[lo:lo + len(part)] += part
+        if bar is not None:
+            bar.update(len(ci))
     return counts
 
 
@@ -152,9 +154,10 @@ def _sorted_runs(store, out: Path) -> dict:
     limit = bucket_edges(idx.itemsize)
     ch = memory.charge("host", store.num_src * 8 + 3 * limit * triple.itemsize,
                        "transpose build")
-    bar = progress_bar(store.num_edges, "tg.store transpose", "edges")
+    # three passes over the edges: count per source, distribute to runs, sort the runs
+    bar = progress_bar(3 * store.num_edges, "tg.store transpose (3 passes)", "edges")
     try:
-        counts = out_degrees(store, limit)
+        counts = out_degrees(store, limit, bar)
         out.mkdir()
         row_ptr = Appender(out / "row_ptr", np.int64, ())
         row_ptr.append(np.zeros(1, np.int64))
@@ -176,6 +179,8 @@ def _sorted_runs(store, out: Path) -> dict:
             perm.append(eid[order])
             for f in "sde":
                 os.remove(run.with_suffix(f".{f}"))
+            if bar is not None:
+                bar.update(len(src))
         shutil.rmtree(out / "runs", ignore_errors=True)
         return {"row_ptr": row_ptr.finish(), "col_idx": col.finish(),
                 "edge_perm": perm.finish()}
