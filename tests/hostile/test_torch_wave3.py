@@ -164,6 +164,15 @@ def compile_of_functional_propagate_with_a_reducer_made_inside():
                                src={"x": x})
     torch._dynamo.reset()
     same(torch.compile(f, backend="aot_eager", fullgraph=True)(x0).numpy(), f(x0).numpy())
+@case
+def compile_with_dynamic_shapes():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: call(x) * 2.0, backend="aot_eager", dynamic=True,
+                      fullgraph=True)
+    same(f(x0).numpy(), (oracle(x0) * 2.0).numpy())
+    x1 = torch.tensor([0.5, 4.0], dtype=torch.float64)
+    same(f(x1).numpy(), (oracle(x1) * 2.0).numpy())
+
 W = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
 
 class GlobalWeight(tg.MessagePassing):

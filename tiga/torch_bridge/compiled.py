@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..core.errors import UnsupportedError
+from ..core import reducers
 from ..core.reducers import Reducer
 from ..trace.generated import GENERATED_KINDS, POS, QPOS
 from ..trace.call_checks import check_keywords
@@ -35,6 +36,7 @@ from .autograd import run_call_torch, stage_call_torch
 from .dlpack import is_torch, to_torch
 
 ROLES = ("src", "dst", "edge")
+_FLOAT = "tiga-float-hex"   # marks a float passed to _register as its exact hex text
 _ENTRIES: dict[int, _Entry] = {}     # key -> entry; one per distinct compiled call site
 _KEYS: dict[tuple, int] = {}
 _LOCK = threading.Lock()
@@ -82,7 +84,7 @@ def _op_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice
             shapes.append((_static(value), value.dtype))
             tensors.append(value)
         else:
-            consts.append((name, value))
+            consts.append((name, _const(value)))
     key, fallback = _register(graph, *_split(edge_fn), *_split(update),
                               _reducer_arg(reducer), reduce_by, tuple(slots), tuple(shapes),
                               tuple(consts), tuple(skipped), lattice)
@@ -94,6 +96,27 @@ def _op_call(graph, edge_fn, reducer, update, reduce_by, fields, params, lattice
     captured = getattr(_CAPTURED, f"k{key}")
     outs = torch.ops.tiga.call(key, tensors + list(captured))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _const(value):
+    """A Python number as a constant Dynamo can pass to `_register`: under dynamic shapes
+    it may hold a number read from a source (a default argument) as a SymInt / SymFloat;
+    operator.index and float.hex make it specialise (a guard on the value)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return operator.index(value)
+    if isinstance(value, float):
+        return (_FLOAT, value.hex())
+    return value
+
+
+def _unconst(value):
+    if isinstance(value, tuple):
+        if len(value) == 2 and value[0] == _FLOAT:
+            return float.fromhex(value[1])
+        return tuple(_unconst(v) for v in value)
+    return value
 
 
 def _static(t) -> tuple:
@@ -125,7 +148,7 @@ class _Entry:
     def call_with(self, tensors) -> PropagateCall:
         graph, edge_fn, reducer, update, reduce_by = self.parts
         fields = {r: {} for r in ROLES}
-        params = dict(self.consts)
+        params = {k: _unconst(v) for k, v in self.consts}
         for (role, name), t in zip(self.slots, tensors):
             (params if role == "param" else fields[role])[name] = t
         call = PropagateCall(graph, edge_fn, reducer, fields["src"], fields["dst"],
@@ -148,16 +171,17 @@ def _reducer_arg(reducer):
     """A built-in reducer as its settings: `tg.sum()` is often made inside the compiled
     region, where Dynamo holds the object's attributes, not the object (rebuilt by
     `_reducer`). A user reducer (callables) is passed as the object it is."""
-    if reducer.builtin:
-        return ("builtin", reducer.name, reducer.identity, reducer.prune_threshold,
-                reducer.empty, reducer.of)
+    if reducer.builtin:   # (not its identity: a float Dynamo may make symbolic)
+        return ("builtin", reducer.name, _const(reducer.prune_threshold),
+                _const(reducer.empty), reducer.of)
     return reducer
 
 
 def _reducer(arg) -> Reducer:
     if not isinstance(arg, tuple):
         return arg
-    _, name, identity, prune_threshold, empty, of = arg
+    _, name, prune_threshold, empty, of = _unconst(arg)
+    identity = getattr(reducers, name)().identity   # every built-in's factory has defaults
     return Reducer(name, identity, _builtin=True, prune_threshold=prune_threshold,
                    empty=empty, of=of)
 
