@@ -107,6 +107,7 @@ def codegen_generated(params: dict, in_types: list, spec: GeoSpec, *,
     ctx = Emitter(module, fn)
     builder(ctx, params, base, sig, spec).emit(*fn.args)
     ctx.b.ret_void()
+    ctx.close_hoist()
     ctx.finish()
     emit_chunk_driver(module, fn)
     return str(module), sig
@@ -141,8 +142,18 @@ class _GeoBuilder(_KernelBuilder):
 
     # ---- entry -------------------------------------------------------------------------
 
-    def emit(self, begin, end, argv) -> None:
+    def _enter(self, argv) -> None:
+        """Load the arguments and open the once-per-call hoist block, as the generic
+        kernel does (kernel.py): the edge function's weights read along a strided axis are
+        then re-laid out there and multiplied by the same fused matvec (rules/linalg.py).
+        Without it they took the plain loop, whose messages round differently, and the
+        max/min VJP, which finds the winning edge by recomputing messages in the generic
+        kernel and comparing them with this kernel's result, lost the cotangent."""
         self._load_args(argv)
+        self.ctx.open_hoist()
+
+    def emit(self, begin, end, argv) -> None:
+        self._enter(argv)
         b, d = self.b, self.spec.dims
         self.cutoff = self._ld("geo_f", i64(0), F64)
         if self.pty != F64:

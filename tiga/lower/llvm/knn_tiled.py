@@ -66,7 +66,7 @@ class TiledBuilder(_GeoBuilder):
     """Emits `kernel(t_begin, t_end, argv)` over destination rows [t_begin, t_end)."""
 
     def emit(self, begin, end, argv) -> None:
-        self._load_args(argv)
+        self._enter(argv)
         b, spec = self.b, self.spec
         self.W, self.R, self.V = spec.block
         self.VT = ir.VectorType(self.pty, self.W)
