@@ -30,8 +30,10 @@ from ..core.primitive import impl_rules
 from ..core.prims.graph import propagate_p
 from ..core.program import Var
 from ..core.types import TensorType
+from ..lower.ir.task import TaskLaunchOp
 from . import memory, paging_plan, store_transpose
 from . import scope as sc
+from .explain import launch_facts, schedule_line
 from .page_buffers import PageBuffers, with_slack
 from .page_writer import WRITE_QUEUE, PageWriter
 from .progress import progress_bar
@@ -191,7 +193,9 @@ class PagedPlan:
         record("paged", graph, dataclasses.replace(run.stats, module=run.module))
         return outs
 
-    def describe(self, ex, eqn, graph, where) -> None:
+    def describe(self, ex, eqn, graph, where, values=None) -> None:
+        """explain() of the call: pages, schedule and tasks counted off the page plan that
+        ir("task") prints (`values`: the call's field values, for their tiers)."""
         p = eqn.params
         what = f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}"
         if not pageable(p):
@@ -202,23 +206,41 @@ class PagedPlan:
                                     graph.num_edges * graph.index_dtype.np.itemsize,
                                     f"reduce_by={p['reduce_by']!r} is not paged"))
             return
-        rows = sc.page_rows()
-        walked = graph.num_src if p["reduce_by"] == "src" else graph.num_dst
-        pages = -(-walked // rows) if walked else 0
+        walk = walk_of(eqn, graph, build=False)
+        module = plan_of(eqn, graph, values or [None] * len(p["roles"]), walk)
+        pages = sum(isinstance(op, TaskLaunchOp) for op in module.body.ops)
         if p["reduce_by"] == "src":
             ex.traversal.append("paged: grouped by source, pages walk the transposed CSR "
                                 "stored beside the relation (built once, out of core, into a "
                                 "new store version when missing)")
         kind = "source" if p["reduce_by"] == "src" else "destination"
-        ex.routes.append(("paged", what, f"{pages} page(s) of {rows} {kind} rows from "
-                          f"store {graph.params['path']} (version {graph.params['version']})"
-                          "; per page: read the CSR rows, gather distinct sources once, run "
-                          "the in-memory kernel on the page-local CSR, write the rows"))
-        ex.traversal.append(f"paged: {LOADERS} prefetch thread(s) load the next pages while "
+        fallback = _page_fallback(walk)
+        ex.routes.append(("paged", what, f"{pages} page(s) of {sc.page_rows()} {kind} rows "
+                          f"from store {graph.params['path']} (version "
+                          f"{graph.params['version']}); per page: read the CSR rows, gather "
+                          "distinct sources once, run the "
+                          + (f"reference interpreter ({fallback})" if fallback else
+                             "in-memory kernel") + " on the page-local CSR, write the rows"))
+        loaders = page_threads(walk, pages)[0]
+        ex.traversal.append(f"paged: {loaders} prefetch thread(s) load the next pages while "
                             f"one computes (queue of {QUEUE_PAGES} pages)")
+        op = paging_plan.kernel_launch(module)
+        if op is not None and not fallback:
+            ex.traversal.append(f"paged: each page's gf_kernel.launch: {launch_facts(op)}")
+            ex.schedule = (f"{schedule_line(op)}; once per page ({pages} page(s)), on the "
+                           "page-local CSR")
         last = measured("paged", graph)
         ex.traversal.append(describe_stats(last) if last is not None else
                             f"paged: run {NOT_RUN}")
+
+
+def _page_fallback(walk: Walk) -> str | None:
+    """Why a page's kernel would run on the reference interpreter, or None (it compiles)."""
+    eqn = walk.eqn
+    csr = Var(dataclasses.replace(eqn.inputs[0].type, kind="csr"))
+    found = plan_propagate(dataclasses.replace(eqn, inputs=(csr,) + tuple(eqn.inputs[1:])),
+                           None, compile=False)
+    return found.reason if isinstance(found, Fallback) else None
 
 
 def describe_stats(s: PageStats) -> str:
@@ -459,21 +481,16 @@ class _PagedRun:
         t_start = time.perf_counter()
         outs = self.outs = self.allocate()
         tiers = [tier for _, tier in self.fields]
+        n, self.kernel_threads = page_threads(self.walk, len(self.tasks))
         self.module = paging_plan.page_module(self.walk, self.tasks, self.roles, tiers,
-                                              self.stats.result_tier, _tier(self.reader))
+                                              self.stats.result_tier, _tier(self.reader),
+                                              threads=self.kernel_threads)
         if config.check:
             self.module.verify()
         self.plan = paging_plan.steps(self.module)
         bar = progress_bar(len(self.tasks), "tg paged run", "pages")
         q: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
-        # a sum over all edges adds pages in plan order (one loader: the same float sum on
-        # every run); other results are written to disjoint rows, in any order, so each
-        # loader walks its own contiguous run of pages: a chunk shared by two neighbouring
-        # pages is then decoded once, by the loader that reads both
-        n = max(1, min(LOADERS, len(self.plan))) if self.walk.lead is not None else 1
         cuts = [len(self.plan) * i // n for i in range(n + 1)]
-        # the loaders keep cores busy reading, so a page's kernel takes the cores left
-        self.kernel_threads = max(1, num_threads() - n)
         workers = [threading.Thread(target=contextvars.copy_context().run, daemon=True,
                                     args=(self.producer, q, iter(self.plan[a:b])),
                                     name=f"tiga-page-prefetch-{i}")
@@ -614,28 +631,53 @@ def result_layout(eqn, walk) -> tuple:
     return shapes, types, on_disk
 
 
-def task_ir(program, args: list) -> str | None:
-    """The Task IR a call of `program` runs when it is one propagate over a paged relation
-    (the page plan, as _PagedRun interprets it), else None. Builds nothing: a walk by source
-    whose transposed relation is not built yet shows its pages without edge offsets."""
-    eqns = program.eqns
-    if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
-            getattr(args[0], "kind", None) != "paged":
-        return None
-    eqn, graph = eqns[0], args[0]
-    walk = walk_of(eqn, graph, build=False)
+def page_threads(walk: Walk, pages: int) -> tuple:
+    """(loader threads, threads of a page's kernel) of a run of `pages` pages."""
+    # a sum over all edges adds pages in plan order (one loader: the same float sum on
+    # every run); other results are written to disjoint rows, in any order, so each
+    # loader walks its own contiguous run of pages: a chunk shared by two neighbouring
+    # pages is then decoded once, by the loader that reads both
+    n = max(1, min(LOADERS, pages)) if walk.lead is not None else 1
+    # the loaders keep cores busy reading, so a page's kernel takes the cores left
+    return n, max(1, num_threads() - n)
+
+
+def plan_of(eqn, graph, values: list, walk: Walk | None = None):
+    """The page plan (Task module) a call of `eqn` over the paged relation `graph` with
+    these field values runs, as _PagedRun builds it; None when the call reads the CSR whole.
+    Builds nothing: a walk by source whose transposed relation is not built yet shows its
+    pages without edge offsets. A value of None is taken to be on the host."""
+    walk = walk or walk_of(eqn, graph, build=False)
     if walk is None:
         return None
     rows = sc.page_rows()
     n = walk.reader.num_dst if walk.reader is not None else graph.num_src
     bounds = walk.reader.page_bounds(rows) if walk.reader is not None else \
         np.zeros(-(-n // rows) + 1, np.int64)
-    tiers = ["param" if r == "param" else _storage_of(v)[1]
-             for v, r in zip(args[1:], eqn.params["roles"])]
+    tiers = ["param" if r == "param" else "host" if v is None else _storage_of(v)[1]
+             for v, r in zip(values, eqn.params["roles"])]
     on_disk = result_layout(eqn, walk)[2]
-    module = paging_plan.page_module(walk, page_tasks(n, bounds, rows), eqn.params["roles"],
-                                     tiers, "disk" if on_disk else "host")
-    return str(module)
+    tasks = page_tasks(n, bounds, rows)
+    return paging_plan.page_module(walk, tasks, eqn.params["roles"], tiers,
+                                   "disk" if on_disk else "host",
+                                   threads=page_threads(walk, len(tasks))[1])
+
+
+def call_plan(program, args: list):
+    """The page plan of a call of `program` when it is one propagate over a paged relation
+    (what ir("task") prints for it, and explain() counts), else None."""
+    eqns = program.eqns
+    if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
+            getattr(args[0], "kind", None) != "paged":
+        return None
+    return plan_of(eqns[0], args[0], list(args[1:]))
+
+
+def task_ir(program, args: list) -> str | None:
+    """The Task IR a call of `program` runs when it is one propagate over a paged relation
+    (the page plan, as _PagedRun interprets it), else None."""
+    module = call_plan(program, args)
+    return None if module is None else str(module)
 
 
 def _discard(outs) -> None:
@@ -653,5 +695,5 @@ def plan_paged(eqn, graph):
     return PagedPlan()
 
 
-__all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "PageTask", "PageStats", "page_tasks",
-           "describe_stats"]
+__all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "call_plan", "plan_of", "PageTask",
+           "PageStats", "page_tasks", "describe_stats"]

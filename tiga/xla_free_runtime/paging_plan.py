@@ -22,6 +22,7 @@ import weakref
 
 from ..core.program import Eqn, GraphProgram, Var
 from ..lower.ir.base import Region, Value
+from ..lower.ir.kernel import LaunchOp
 from ..lower.ir.syntax import EVENT
 from ..lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
 
@@ -43,12 +44,16 @@ def one_page_module(eqn, name: str = "paged") -> TaskModule:
 
 
 def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
-                relation_tier: str = "disk", name: str = "paged") -> TaskModule:
+                relation_tier: str = "disk", name: str = "paged",
+                threads: int | None = None) -> TaskModule:
     """The page plan: `roles` are the propagate's field roles (as called, not swapped),
     `tiers` each field's tier ("host", "disk" or "param"), `relation_tier` where the
-    relation's rows are read from (a store on disk, a relation held in memory)."""
+    relation's rows are read from (a store on disk, a relation held in memory), `threads`
+    the threads a page's kernel runs on (the loaders take the other cores)."""
     base = one_page_module(walk.eqn, name)
     task = next(op for op in base.body.ops if isinstance(op, TaskLaunchOp))
+    if threads is not None:
+        task = _with_threads(task, threads)
     args = base.body.args
     relation, fields = args[0], args[1:]
     by = walk.eqn.params["reduce_by"]
@@ -93,6 +98,41 @@ def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
     return TaskModule(name, Region(args, tuple(ops), tuple(results)))
 
 
+def _with_threads(task: TaskLaunchOp, threads: int) -> TaskLaunchOp:
+    """`task` with its kernel launches scheduled on `threads` threads (where they have a
+    thread count: cpu-llvm)."""
+    ops = tuple(dataclasses.replace(op, schedule=dataclasses.replace(op.schedule,
+                                                                     threads=threads))
+                if isinstance(op, LaunchOp) and op.schedule.threads is not None else op
+                for op in task.body.ops)
+    return dataclasses.replace(task, body=dataclasses.replace(task.body, ops=ops))
+
+
+def kernel_launch(module: TaskModule):
+    """The gf_kernel.launch every page runs (page 0's), or None (no pages)."""
+    for op in module.body.ops:
+        if isinstance(op, TaskLaunchOp):
+            return next((k for k in op.body.ops if isinstance(k, LaunchOp)), None)
+    return None
+
+
+def describe_plan(module: TaskModule) -> str:
+    """explain()'s line on a page plan, counted off its Task IR (what ir("task") prints)."""
+    ops = module.body.ops
+    pages = [op for op in ops if isinstance(op, TaskLaunchOp)]
+    moves: dict = {}
+    for op in ops:
+        if isinstance(op, TransferOp):
+            key = f"{op.kind} {op.src_tier} -> {op.dst_tier}"
+            moves[key] = moves.get(key, 0) + 1
+    n = pages[0].num_pages if pages else 0
+    releases = sum(isinstance(op, ReleaseOp) for op in ops)
+    return (f"the runtime walks the page plan @{module.name} (the Task IR ir(\"task\") "
+            f"prints): {len(pages)} gf_task.launch of task_kind page (pages 0 to {n - 1} of "
+            f"{n}), transfers {', '.join(f'{c} {k}' for k, c in sorted(moves.items()))}, "
+            f"{releases} release(s), then a join")
+
+
 def _field_transfer(role: str, walk, t) -> tuple:
     """(kind, rows) of a field's transfer for page `t`."""
     if role == walk.rows:
@@ -124,4 +164,4 @@ def steps(module: TaskModule) -> list:
     return [pages[k] for k in sorted(pages)]
 
 
-__all__ = ["page_module", "one_page_module", "steps"]
+__all__ = ["page_module", "one_page_module", "steps", "kernel_launch", "describe_plan"]

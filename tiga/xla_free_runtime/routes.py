@@ -15,7 +15,8 @@ from .explain import Explanation, launch_facts, schedule_line
 from .generated import GeneratedType, generated_relations
 from .launch import plan
 from .run_report import measured
-from .paging import describe_stats
+from .paging import call_plan, describe_stats
+from .paging_plan import describe_plan
 from .propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .resident_pages import RESIDENT_KINDS
 from .threads import num_threads
@@ -41,6 +42,7 @@ VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a p
 
 
 def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
+    given = {id(v): a for v, a in zip(program.in_binders, args)}
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
     known.update(generated_relations(program))   # radius/knn generated in the program
     ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
@@ -48,7 +50,10 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
     compiled = fallen = 0
     for eqn, graph, where in _propagates(program, known, ""):
         found = plan(eqn, graph, compile=False)
-        if hasattr(found, "describe"):
+        if getattr(found, "lazy_fields", False):    # paged: its plan reads the fields' tiers
+            compiled += 1
+            found.describe(ex, eqn, graph, where, [given.get(id(a)) for a in eqn.inputs[1:]])
+        elif hasattr(found, "describe"):
             compiled += 1
             found.describe(ex, eqn, graph, where)
         elif isinstance(found, Fallback):
@@ -82,7 +87,8 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
         ex.reason += (f"; {', '.join(loops)} steps run in the executor, so the propagates in "
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
-    ex.tasks = describe_walk(task_walk(program))
+    paged = call_plan(program, args)     # one paged propagate: its page plan is the Task IR
+    ex.tasks = describe_plan(paged) if paged is not None else describe_walk(task_walk(program))
     ex.vjp_route = VJP_ROUTE
     stats = cache.stats.as_dict()
     ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
