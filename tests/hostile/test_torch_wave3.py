@@ -1,8 +1,9 @@
 """Hostile torch transforms (issue 27 item 5, issue 26 item 6): forward-mode AD gives the
 tangents (never a silent None), torch.func reverse mode works, second derivatives and vmap
-are refused naming the alternative, torch.compile runs a module holding Tiga layers. Oracles: the same message passing written in torch
-(index_add over the explicit edge list) under the same transform. One subprocess per group
-(see _run.py); nothing here is skipped where torch is installed."""
+are refused naming the alternative, torch.compile runs a module holding Tiga layers.
+Oracles: the same message passing written in torch (index_add over the explicit edge list)
+under the same transform. One subprocess per group (see _run.py); nothing here is skipped
+where torch is installed."""
 from __future__ import annotations
 
 import pytest

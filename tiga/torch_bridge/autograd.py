@@ -30,7 +30,6 @@ from .transforms import (
     batched,
     check_first_order,
     check_no_tangents,
-    forward_mode_error,
     has_tangent,
     vmap_error,
 )

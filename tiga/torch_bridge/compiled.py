@@ -26,11 +26,11 @@ import types
 import numpy as np
 import torch
 
-from ..core.errors import UnsupportedError
 from ..core import reducers
+from ..core.errors import UnsupportedError
 from ..core.reducers import Reducer
-from ..trace.generated import GENERATED_KINDS, POS, QPOS
 from ..trace.call_checks import check_keywords
+from ..trace.generated import GENERATED_KINDS, POS, QPOS
 from ..trace.message_passing import PropagateCall, run_call
 from .autograd import run_call_torch, stage_call_torch
 from .dlpack import is_torch, to_torch
