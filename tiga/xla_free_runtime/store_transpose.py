@@ -171,16 +171,7 @@ def _sorted_runs(store, out: Path) -> dict:
         runs = _distribute(store, out / "runs", starts, triple, limit, bar)
         col = Appender(out / "col_idx", idx, ())
         perm = Appender(out / "edge_perm", np.int64, ())
-        for run in runs:
-            src, dst, eid = (np.fromfile(run.with_suffix(f".{f}"), dtype=triple[f])
-                             for f in "sde")
-            order = np.argsort(src, kind="stable")
-            col.append(dst[order])
-            perm.append(eid[order])
-            for f in "sde":
-                os.remove(run.with_suffix(f".{f}"))
-            if bar is not None:
-                bar.update(len(src))
+        _sort_runs(runs, triple, col, perm, bar)
         shutil.rmtree(out / "runs", ignore_errors=True)
         return {"row_ptr": row_ptr.finish(), "col_idx": col.finish(),
                 "edge_perm": perm.finish()}
@@ -188,6 +179,21 @@ def _sorted_runs(store, out: Path) -> dict:
         ch.credit()
         if bar is not None:
             bar.close()
+
+
+def _sort_runs(runs: list, triple: np.dtype, col, perm, bar) -> None:
+    """Pass 3: each run (the edges of a range of sources, in stored order) sorted by source
+    and appended to the transposed column ids and edge permutation; its files removed."""
+    for run in runs:
+        src, dst, eid = (np.fromfile(run.with_suffix(f".{f}"), dtype=triple[f])
+                         for f in "sde")
+        order = np.argsort(src, kind="stable")
+        col.append(dst[order])
+        perm.append(eid[order])
+        for f in "sde":
+            os.remove(run.with_suffix(f".{f}"))
+        if bar is not None:
+            bar.update(len(src))
 
 
 BLOCK_SHIFT = 6     # buckets start at multiples of 64 sources: a source's bucket is a lookup
