@@ -37,8 +37,8 @@ from .explain import launch_facts, schedule_line
 from .page_buffers import PageBuffers, with_slack
 from .page_writer import WRITE_QUEUE, PageWriter
 from .progress import progress_bar
-from .run_report import NOT_RUN, measured, record
 from .propagate import Fallback, plan_propagate, run_propagate
+from .run_report import NOT_RUN, measured, record
 from .storage import DiskStorage, HostStorage
 from .threads import num_threads
 

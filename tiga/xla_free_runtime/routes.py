@@ -14,15 +14,15 @@ from ..core.types import GraphType
 from .explain import Explanation, launch_facts, schedule_line
 from .generated import GeneratedType, generated_relations
 from .launch import plan
-from .run_report import measured
 from .paging import call_plan, describe_stats
 from .paging_plan import describe_plan
 from .propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .resident_pages import RESIDENT_KINDS
-from .threads import num_threads
-from .walk_tables import chunks_of
+from .run_report import measured
 from .tasks import describe_walk, task_walk
+from .threads import num_threads
 from .triton_launch import relabel_routes
+from .walk_tables import chunks_of
 
 WALK = {"dst": "destination rows walk their CSR edges",
         "src": "source rows walk the transposed CSR (built once per relation and cached; "
