@@ -668,7 +668,7 @@ def call_plan(program, args: list):
     (what ir("task") prints for it, and explain() counts), else None."""
     eqns = program.eqns
     if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
-            getattr(args[0], "kind", None) != "paged":
+            getattr(args[0] if args else None, "kind", None) != "paged":
         return None
     return plan_of(eqns[0], args[0], list(args[1:]))
 
