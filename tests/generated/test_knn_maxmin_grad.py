@@ -19,11 +19,12 @@ import pytest
 
 import tiga as tg
 
-from .oracle import knn_rows
+from .oracle import knn_rows, radius_rows
 
 torch = pytest.importorskip("torch")
 
 N, K, HIDDEN, OUT = 24, 5, 8, 3
+RADIUS = {2: 0.9, 3: 1.2, 5: 2.2}    # a few neighbours per point of _points (loop: >= 1)
 DIMS = (2, 3, 4, 5, 6)
 REDUCERS = ("max", "min")
 
@@ -44,14 +45,20 @@ def _net(dims: int) -> torch.nn.Module:
                                torch.nn.Linear(HIDDEN, OUT)).double()
 
 
-def _dense(x, reducer, message):
-    """Dense float64 oracle: y_i = max/min over the oracle's rows (nearest first, ties by
-    smaller index) of message(x_i, x_j - x_i); torch's max/min along a dim return the first
-    extremal index, so a tie's cotangent goes to the first edge, as Tiga's rule."""
-    rows = torch.as_tensor(np.stack(knn_rows(x.detach().numpy(), K, loop=True)))
-    xi = x[:, None, :].expand(-1, K, -1)
-    msg = message(torch.cat([xi, x[rows] - xi], dim=-1))
-    return getattr(msg, reducer)(dim=1).values
+def _dense(x, reducer, message, rows=None):
+    """Dense float64 oracle: y_i = max/min over the oracle's rows (kNN: nearest first, ties
+    by smaller index; radius: ascending ids) of message(x_i, x_j - x_i); torch's max/min
+    along a dim return the first extremal index, so a tie's cotangent goes to the first
+    edge, as Tiga's rule."""
+    if rows is None:
+        rows = knn_rows(x.detach().numpy(), K, loop=True)
+    out = []
+    for i, src in enumerate(rows):
+        src = torch.as_tensor(src)
+        xi = x[i].expand(len(src), -1)
+        msg = message(torch.cat([xi, x[src] - xi], dim=-1))
+        out.append(getattr(msg, reducer)(dim=0).values)
+    return torch.stack(out)
 
 
 def _torch_layer(net, reducer):
@@ -120,14 +127,20 @@ def _tg_layer(reducer):
     return EdgeMLP()
 
 
-def _tg_grads(x, w1, w2, reducer, route):
+def _relation(x, kind):
+    if kind == "knn":
+        return tg.Graph.knn(x, K, loop=True)
+    return tg.Graph.radius(x, RADIUS[x.shape[1]], loop=True)
+
+
+def _tg_grads(x, w1, w2, reducer, route, kind="knn"):
     layer = _tg_layer(reducer)
 
     def loss(xx, a, b):
         if route == "generated":    # the relation is generated inside the traced program
-            g = tg.Graph.knn(xx, K, loop=True)
+            g = _relation(xx, kind)
         else:
-            g = tg.Graph.knn(x, K, loop=True)
+            g = _relation(x, kind)
             if route == "resolved":
                 g.resolve_csr()
         call = layer.reference if route == "reference" else layer
@@ -137,9 +150,9 @@ def _tg_grads(x, w1, w2, reducer, route):
     return [np.asarray(gr) for gr in tg.grad(loss, argnums=(0, 1, 2))(x, w1, w2)]
 
 
-def _tg_oracle(x, w1, w2, reducer):
+def _tg_oracle(x, w1, w2, reducer, rows=None):
     tx, t1, t2 = (torch.tensor(a, requires_grad=True) for a in (x, w1, w2))
-    y = _dense(tx, reducer, lambda h: torch.relu(h @ t1.T) @ t2.T)
+    y = _dense(tx, reducer, lambda h: torch.relu(h @ t1.T) @ t2.T, rows)
     return [gr.numpy() for gr in torch.autograd.grad(y.square().sum(), [tx, t1, t2])]
 
 
@@ -151,3 +164,32 @@ def test_tg_grad_in_call_selection(dims, reducer, ties):
     oracle = _tg_oracle(x, w1, w2, reducer)
     for route in ("in-call", "generated", "resolved", "reference"):
         _close(_tg_grads(x, w1, w2, reducer, route), oracle, f"{route} {dims}-D {reducer}")
+
+
+@pytest.mark.parametrize("reducer", REDUCERS)
+@pytest.mark.parametrize("dims", sorted(RADIUS))
+def test_radius_tg_grad_in_call_walk(dims, reducer):
+    """A radius relation's forward takes the fused cell walk (the plain scan above 3-D), its
+    max/min VJP the CSR kernel: the same message rounding is needed there too."""
+    x, (w1, w2) = _points(dims, True), _weights(dims)
+    oracle = _tg_oracle(x, w1, w2, reducer, radius_rows(x, RADIUS[dims], loop=True))
+    for route in ("in-call", "generated", "resolved"):
+        _close(_tg_grads(x, w1, w2, reducer, route, "radius"), oracle,
+               f"radius {route} {dims}-D {reducer}")
+
+
+@pytest.mark.parametrize("kind", ["knn", "radius"])
+@pytest.mark.parametrize("dims", (2, 5))
+def test_fused_walk_messages_round_as_the_csr_kernel(dims, kind):
+    """The invariant the max/min VJP rests on, checked directly: a max over the fused walk
+    equals, bit for bit, the max over the same relation resolved to a CSR (the order of a
+    max does not change its value, so any difference is a message rounded differently)."""
+    x, (w1, w2) = _points(dims, False), _weights(dims)
+    layer = _tg_layer("max")
+    got = []
+    for resolve in (False, True):
+        g = _relation(x, kind)
+        if resolve:
+            g.resolve_csr()
+        got.append(np.asarray(layer(graph=g, src={"x": x}, dst={"x": x}, w1=w1, w2=w2)))
+    np.testing.assert_array_equal(got[0], got[1])

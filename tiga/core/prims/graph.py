@@ -259,6 +259,12 @@ def map_rows_impl_rule(*xs, fn, batched):
     return eval_rows(fn, xs, batched, n)
 
 
+def _edge_count(g) -> int:
+    # a radius relation counts its edges once resolved (the max/min VJP asks for edge ids
+    # of a concrete relation while tracing; its CSR kernels resolve it anyway)
+    return g.num_edges if g.num_edges is not None else len(g.resolve_csr()[1])
+
+
 def edge_ids_abstract_eval_rule(g):
     return [TensorType((g.num_edges,), int64)]
 
@@ -272,7 +278,7 @@ abstract_eval_rules.update({
     edge_ids_p: edge_ids_abstract_eval_rule, degrees_p: degrees_abstract_eval_rule})
 impl_rules.update({
     propagate_p: propagate_impl_rule, map_rows_p: map_rows_impl_rule,
-    edge_ids_p: lambda g: [np.arange(g.num_edges, dtype=np.int64)],
+    edge_ids_p: lambda g: [np.arange(_edge_count(g), dtype=np.int64)],
     degrees_p: lambda g, *, by: [np.asarray(g.degrees(by=by), np.int64)]})
 
 __all__ = ["propagate_p", "map_rows_p", "edge_ids_p", "degrees_p", "eval_closed"]
