@@ -41,11 +41,6 @@ def edge_messages(layer, graph: Graph, x_src, x_dst):
     tg.nn.trace supports it (its gradient is Tiga's VJP); otherwise (any other module, or
     Dropout/BatchNorm in training mode) torch evaluates it on the gathered edge rows, as PyG
     does, and Tiga only reduces the messages."""
-    if graph.kind == "knn" and layer.aggr in ("max", "min"):
-        # neighbours selected before the call: when a kNN relation above 3-D selects them
-        # inside the call, the max/min VJP with a traced torch network sends x's gradient
-        # astray (a runtime defect, reported; tests/nn/test_edge_conv.py checks the result)
-        graph.resolve_csr()
     if layer._network is None:
         try:
             layer._network = _EdgeNetwork(bridge_nn.trace_module(layer.nn), layer.aggr)
