@@ -94,6 +94,8 @@ def host_value(binder, x, lazy_disk: bool):
     runtime's overriding rules run it) a disk-tier value left lazy (read by rows) and a
     device tensor left on its device (the triton route's kernels read it there); anything
     else as numpy."""
+    if type(x) is np.ndarray:    # (the common warm-call operand: nothing to convert)
+        return x
     if isinstance(binder.type, GraphType) or (lazy_disk and getattr(x, "tier", None) == "disk"):
         return x
     return x if lazy_disk and on_device(x) else np.asarray(host_array(x))

@@ -31,7 +31,7 @@ from .paged_degrees import paged_degrees
 from .propagate import Fallback, run_propagate
 from .resident_pages import plan_resident
 from .routes import describe_program
-from .run_report import reporting
+from .run_report import profiled, reporting
 from .tasks import NoWalk, TaskWalk, module_name, run_walk, task_walk
 from .threads import num_threads, pin_threads, unpin_threads
 
@@ -77,15 +77,22 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
     if len(args) != len(program.in_binders):
         raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
                            f"got {len(args)}")
-    with reporting(lambda: module_name(program)):   # (a report only inside tg.profile())
-        if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
-            return run_distributed(program, list(args))
-        pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
-        try:
-            outs = _run(program, list(args))
-        finally:
-            unpin_threads(pinned)
+    if profiled():    # a report only inside tg.profile() (a warm call skips the with)
+        with reporting(lambda: module_name(program)):
+            outs = _routed(program, args)
+    else:
+        outs = _routed(program, args)
     return outs if keep_device else [host_array(o) if on_device(o) else o for o in outs]
+
+
+def _routed(program: GraphProgram, args: list) -> list:
+    if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
+        return run_distributed(program, list(args))
+    pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
+    try:
+        return _run(program, list(args))
+    finally:
+        unpin_threads(pinned)
 
 
 def _run(program: GraphProgram, args: list) -> list:

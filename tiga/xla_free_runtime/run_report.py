@@ -93,6 +93,12 @@ def profile():
         _PROFILES.reset(token)
 
 
+def profiled() -> bool:
+    """A tg.profile() block is open here and no outer call reports yet: `reporting` would
+    make a report (checked first by a warm call, which then skips the context manager)."""
+    return bool(_PROFILES.get()) and _REPORT.get() is None
+
+
 @contextlib.contextmanager
 def reporting(name):
     """Around one executed call: a report when a profile asked for one (else nothing, so an
