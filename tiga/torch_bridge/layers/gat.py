@@ -108,6 +108,35 @@ def self_loops(layer: str, graph: Graph, edge_attr, fill_value) -> tuple:
     return looped, torch.cat([kept, loop_attr], dim=0)
 
 
+def attention_region(edge_index, settings, h, a_src, a_dst, edge_attr, w_edge, att_edge):
+    """GATConv's relation-dependent part (opaque.region): loops, edge scores a_edge from
+    lin_edge's weight, the softmax aggregation; (N, H, C) out."""
+    graph, e = _looped(edge_index, settings, h, a_dst, edge_attr, w_edge)
+    edge = {} if e is None else {"a": (e * att_edge).sum(dim=-1)}
+    return _attention("v1", settings[1])(graph=graph, src={"h": h, "a": a_src},
+                                         dst={"a": a_dst}, edge=edge)
+
+
+def attention_v2_region(edge_index, settings, x_l, x_r, att, edge_attr, w_edge):
+    """GATv2Conv's relation-dependent part (opaque.region); (N, H, C) out."""
+    graph, e = _looped(edge_index, settings, x_l, x_r, edge_attr, w_edge)
+    return _attention("v2", settings[1])(graph=graph, src={"h": x_l}, dst={"r": x_r},
+                                         edge={} if e is None else {"e": e}, att=att[0])
+
+
+def _looped(edge_index, settings, h_src, h_dst, edge_attr, w_edge) -> tuple:
+    """(relation with PyG's GAT loops, lin_edge(edge_attr) as (E, H, C) or None)."""
+    name, _, add_loops, fill_value = settings
+    graph = relation(name, edge_index, h_src.size(0), h_dst.size(0))
+    if add_loops:
+        graph, edge_attr = self_loops(name, graph, edge_attr, fill_value)
+    if edge_attr is None or w_edge is None:
+        return graph, None
+    if edge_attr.dim() == 1:
+        edge_attr = edge_attr.view(-1, 1)
+    return graph, F.linear(edge_attr, w_edge).view((-1,) + tuple(h_src.shape[1:]))
+
+
 class _AttentionBase(torch.nn.Module):
     """What GATConv and GATv2Conv share: arguments, loops, the two aggregation routes."""
 
@@ -141,6 +170,10 @@ class _AttentionBase(torch.nn.Module):
         if edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
         return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+
+    def _settings(self) -> tuple:
+        return (type(self).__name__, self.negative_slope, self.add_self_loops,
+                self.fill_value)
 
     def _weights_route(self, want_weights: bool) -> bool:
         return bool(want_weights) or (self.training and self.dropout > 0.0)

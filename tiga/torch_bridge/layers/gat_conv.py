@@ -13,7 +13,8 @@ from .common import (
     node_pair,
     reset_glorot,
 )
-from .gat import _attention, _AttentionBase
+from .gat import _AttentionBase, attention_region, attention_v2_region
+from .opaque import region
 
 
 def _glorot_parameter(*shape) -> torch.nn.Parameter:
@@ -96,21 +97,18 @@ class GATConv(_AttentionBase):
         check_size("GATConv", size, x_src.size(0), x_dst.size(0))
         a_src = (x_src * self.att_src).sum(dim=-1)
         a_dst = (x_dst * self.att_dst).sum(dim=-1)
+        w_edge = None if self.lin_edge is None else self.lin_edge.weight
+        if not self._weights_route(return_attention_weights):
+            out = region(attention_region, edge_index, self._settings(),
+                         (x_src, a_src, a_dst, edge_attr, w_edge, self.att_edge), ((2, 0),))
+            return self._finish(out, res, None, edge_index, None)
         graph, edge_attr = self._relation(edge_index, x_src.size(0), x_dst.size(0), edge_attr)
         e = self._edge_features(edge_attr)
-        a_edge = None if e is None else (e * self.att_edge).sum(dim=-1)
-        alpha = None
-        if self._weights_route(return_attention_weights):
-            ei = edge_index_like(graph, x_src)
-            score = a_src[ei[0]] + a_dst[ei[1]]
-            if a_edge is not None:
-                score = score + a_edge
-            out, alpha = self._weighted(graph, F.leaky_relu(score, self.negative_slope),
-                                        x_src)
-        else:
-            out = _attention("v1", self.negative_slope)(
-                graph=graph, src={"h": x_src, "a": a_src}, dst={"a": a_dst},
-                edge={} if a_edge is None else {"a": a_edge})
+        ei = edge_index_like(graph, x_src)
+        score = a_src[ei[0]] + a_dst[ei[1]]
+        if e is not None:
+            score = score + (e * self.att_edge).sum(dim=-1)
+        out, alpha = self._weighted(graph, F.leaky_relu(score, self.negative_slope), x_src)
         return self._finish(out, res, graph, edge_index,
                             alpha if return_attention_weights else None)
 
@@ -162,19 +160,18 @@ class GATv2Conv(_AttentionBase):
         res = None if self.res is None else self.res(x_dst)
         x_l = self.lin_l(x_src).view(shape)
         x_r = x_l if self.share_weights and x_dst is x_src else self.lin_r(x_dst).view(shape)
+        if not self._weights_route(return_attention_weights):
+            w_edge = None if self.lin_edge is None else self.lin_edge.weight
+            out = region(attention_v2_region, edge_index, self._settings(),
+                         (x_l, x_r, self.att, edge_attr, w_edge), ((1, 0),))
+            return self._finish(out, res, None, edge_index, None)
         graph, edge_attr = self._relation(edge_index, x_l.size(0), x_r.size(0), edge_attr)
         e = self._edge_features(edge_attr)
-        alpha = None
-        if self._weights_route(return_attention_weights):
-            ei = edge_index_like(graph, x_l)
-            z = x_l[ei[0]] + x_r[ei[1]]
-            if e is not None:
-                z = z + e
-            score = (F.leaky_relu(z, self.negative_slope) * self.att).sum(dim=-1)
-            out, alpha = self._weighted(graph, score, x_l)
-        else:
-            out = _attention("v2", self.negative_slope)(
-                graph=graph, src={"h": x_l}, dst={"r": x_r},
-                edge={} if e is None else {"e": e}, att=self.att[0])
+        ei = edge_index_like(graph, x_l)
+        z = x_l[ei[0]] + x_r[ei[1]]
+        if e is not None:
+            z = z + e
+        score = (F.leaky_relu(z, self.negative_slope) * self.att).sum(dim=-1)
+        out, alpha = self._weighted(graph, score, x_l)
         return self._finish(out, res, graph, edge_index,
                             alpha if return_attention_weights else None)

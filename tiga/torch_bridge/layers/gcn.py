@@ -18,6 +18,7 @@ from .common import (
     relation,
     reset_glorot,
 )
+from .opaque import region
 
 
 class _Normalized(MessagePassing):
@@ -83,44 +84,60 @@ class GCNConv(torch.nn.Module):
             found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ShapeError(f"GCNConv: x is {found}, expected a 2-D tensor (nodes, "
                              "features); GCNConv has no bipartite form (as PyG)")
-        graph, w, dis = self._relation(x, edge_index, edge_weight)
         h = self.lin(x)
-        if dis is None:
-            out = WEIGHTED_SUM(graph=graph, src={"h": h}, edge={"w": w.unsqueeze(-1)})
-        else:
-            out = _NORMALIZED(graph=graph, src={"h": h, "dis": dis}, dst={"dis": dis},
-                              edge={"w": w})
+        if self.cached:
+            out = _aggregate(*self._relation(x, edge_index, edge_weight), h)
+        else:   # one opaque op inside torch.compile (opaque.py)
+            out = region(_region, edge_index, (self.improved, self.add_self_loops,
+                                               self.normalize), (edge_weight, h), ((1, 1),))
         return out if self.bias is None else out + self.bias
 
     def _relation(self, x, edge_index, edge_weight) -> tuple:
         """(relation with loops, edge weights, D^-1/2 or None), cached when asked."""
-        if self.cached and self._cache is not None:
+        if self._cache is not None:
             return self._cache
-        graph = relation("GCNConv", edge_index, x.size(0), x.size(0))
-        w = edge_weight
-        # PyG fills the loops' weights (2 if improved) only into a given edge_weight;
-        # without one every edge, loops included, weighs 1
-        fill = 2.0 if self.improved and w is not None else 1.0
-        if w is None:
-            w = torch.ones(graph.num_edges, dtype=x.dtype, device=x.device)
-        elif not isinstance(w, torch.Tensor) or tuple(w.shape) != (graph.num_edges,):
-            found = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
-            raise ShapeError(f"GCNConv: edge_weight is {found}, expected a tensor of shape "
-                             f"({graph.num_edges},): one weight per edge")
-        dis = None
-        if self.normalize:
-            if self.add_self_loops:
-                graph, ids = loop_edit(graph, "remaining")
-                w = follow(w, ids, torch.tensor(fill))
-            if edge_weight is None:    # unit weights: the degree is the edge count
-                deg = torch.from_numpy(graph.degrees("dst").astype(np.float64)).to(w)
-            else:
-                deg = edge_reduce(graph, w, "sum")
-            dis = deg.pow(-0.5)
-            dis = dis.masked_fill(dis == float("inf"), 0.0)
-        if self.cached:
-            self._cache = (graph, w, dis)
-        return graph, w, dis
+        self._cache = _normalized(edge_index, (self.improved, self.add_self_loops,
+                                               self.normalize), edge_weight, x)
+        return self._cache
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels})"
+
+
+def _aggregate(graph, w, dis, h):
+    if dis is None:
+        return WEIGHTED_SUM(graph=graph, src={"h": h}, edge={"w": w.unsqueeze(-1)})
+    return _NORMALIZED(graph=graph, src={"h": h, "dis": dis}, dst={"dis": dis},
+                       edge={"w": w})
+
+
+def _region(edge_index, settings, edge_weight, h):
+    """The relation-dependent part of GCNConv.forward (h = lin(x)): node rows out."""
+    return _aggregate(*_normalized(edge_index, settings, edge_weight, h), h)
+
+
+def _normalized(edge_index, settings, edge_weight, x) -> tuple:
+    """(relation with loops, edge weights, D^-1/2 or None) for x's node count."""
+    improved, add_self_loops, normalize = settings
+    graph = relation("GCNConv", edge_index, x.size(0), x.size(0))
+    w = edge_weight
+    # PyG fills the loops' weights (2 if improved) only into a given edge_weight;
+    # without one every edge, loops included, weighs 1
+    fill = 2.0 if improved and w is not None else 1.0
+    if w is None:
+        w = torch.ones(graph.num_edges, dtype=x.dtype, device=x.device)
+    elif not isinstance(w, torch.Tensor) or tuple(w.shape) != (graph.num_edges,):
+        found = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ShapeError(f"GCNConv: edge_weight is {found}, expected a tensor of shape "
+                         f"({graph.num_edges},): one weight per edge")
+    if not normalize:
+        return graph, w, None
+    if add_self_loops:
+        graph, ids = loop_edit(graph, "remaining")
+        w = follow(w, ids, torch.tensor(fill))
+    if edge_weight is None:    # unit weights: the degree is the edge count
+        deg = torch.from_numpy(graph.degrees("dst").astype(np.float64)).to(w)
+    else:
+        deg = edge_reduce(graph, w, "sum")
+    dis = deg.pow(-0.5)
+    return graph, w, dis.masked_fill(dis == float("inf"), 0.0)

@@ -15,6 +15,14 @@ from .common import (
     reset_children,
     source_reducer,
 )
+from .opaque import region
+
+
+def _reduce_region(edge_index, settings, x_src, x_dst):
+    """aggr_{j -> i} x_j over the relation (opaque.region): (x_dst rows, x_src's width)."""
+    name, aggr = settings
+    graph = relation(name, edge_index, x_src.size(0), x_dst.size(0))
+    return source_reducer(aggr)(graph=graph, src={"x": x_src})
 
 
 class SAGEConv(torch.nn.Module):
@@ -55,8 +63,8 @@ class SAGEConv(torch.nn.Module):
         check_size("SAGEConv", size, x_src.size(0), x_dst.size(0))
         if self.project:
             x_src = self.lin(x_src).relu()
-        graph = relation("SAGEConv", edge_index, x_src.size(0), x_dst.size(0))
-        out = self.lin_l(source_reducer(self.aggr)(graph=graph, src={"x": x_src}))
+        out = self.lin_l(region(_reduce_region, edge_index, ("SAGEConv", self.aggr),
+                                (x_src, x_dst), ((1, 0),)))
         if self.root_weight:
             out = out + self.lin_r(x_dst)
         if self.normalize:
@@ -94,8 +102,8 @@ class GINConv(torch.nn.Module):
     def forward(self, x, edge_index, size=None):
         x_src, x_dst = node_pair("GINConv", x)
         check_size("GINConv", size, x_src.size(0), x_dst.size(0))
-        graph = relation("GINConv", edge_index, x_src.size(0), x_dst.size(0))
-        out = source_reducer("add")(graph=graph, src={"x": x_src})
+        out = region(_reduce_region, edge_index, ("GINConv", "add"), (x_src, x_dst),
+                     ((1, 0),))
         return self.nn(out + (1 + self.eps) * x_dst)
 
     def __repr__(self) -> str:
