@@ -353,7 +353,12 @@ def _interpret(backend: str):
     """TRITON_INTERPRET as the backend needs it while Triton decorates or launches (Triton
     reads it at both times, also in modules it imports lazily on the first launch)."""
     old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if BACKENDS[backend].interpreter else "0"
+    want = "1" if BACKENDS[backend].interpreter else "0"
+    if old == want or (old is None and want == "0"):   # (unset reads as "0" to Triton)
+        # a warm call: the environment already says it (no putenv and restore per launch)
+        yield
+        return
+    os.environ["TRITON_INTERPRET"] = want
     try:
         yield
     finally:
