@@ -165,6 +165,8 @@ def selected_backend() -> str:
     if chosen is not None:
         return chosen
     name = config.backend
+    if name == AUTO or name in BACKENDS:   # (a warm call: no error text to choose)
+        return name
     where = "tg.config.backend" if config.backend_set else "TIGA_BACKEND"
     return check_backend_name(name, where)
 

@@ -10,6 +10,7 @@ back before anything runs.
 """
 from __future__ import annotations
 
+import weakref
 from functools import partial
 
 from ..core.check import check_program
@@ -113,9 +114,28 @@ def _run(program: GraphProgram, args: list) -> list:
         return eval_program(program, *args, overrides=overrides)
     if walk.launches and walk.threads == num_threads():
         # its propagates run the Kernel ops the Task module holds (scheduled for this pool)
-        rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
-        overrides = {**overrides, propagate_p: rule}
+        if overrides is OVERRIDES:     # (no per-call routes: the same rules every call)
+            overrides = _held_rules(walk)
+        else:
+            rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
+            overrides = {**overrides, propagate_p: rule}
     return run_walk(walk, program, args, overrides)
+
+
+def _held_rules(walk: TaskWalk) -> dict:
+    """OVERRIDES with propagates run from the Kernel ops `walk` holds: built once per walk
+    (a warm call reuses it; the dict is only read)."""
+    entry = _RULES.get(id(walk))
+    if entry is not None and entry[0]() is walk:
+        return entry[1]
+    rules = {**OVERRIDES, propagate_p: partial(_propagate, None, walk.launches)}
+    if len(_RULES) > 1024:
+        _RULES.clear()
+    _RULES[id(walk)] = (weakref.ref(walk), rules)
+    return rules
+
+
+_RULES: dict = {}    # id(TaskWalk) -> (weak walk, its rules); a walk is fixed once built
 
 
 def _propagate(routes, launches, eqn, vals):
