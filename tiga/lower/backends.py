@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -30,6 +31,8 @@ TRITON_BACKENDS = ("triton", "triton-interpreter")
 
 
 def _has(module: str) -> bool:
+    if sys.modules.get(module) is not None:    # (imported: installed; a warm triton call asks every time)
+        return True
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -37,8 +40,17 @@ def _has(module: str) -> bool:
 
 
 def cuda_device_present() -> bool:
-    """A CUDA device is visible (checked without importing torch or triton)."""
-    return bool(shutil.which("nvidia-smi")) or os.path.exists("/dev/nvidia0")
+    """A CUDA device is visible (checked without importing torch or triton). Once seen it is
+    remembered: a warm triton call asks every time, and a PATH search costs stat calls."""
+    if _CUDA_SEEN:
+        return True
+    found = bool(shutil.which("nvidia-smi")) or os.path.exists("/dev/nvidia0")
+    if found:
+        _CUDA_SEEN.append(True)
+    return found
+
+
+_CUDA_SEEN: list = []    # [True] once a CUDA device was seen (a device does not go away)
 
 
 def _llvm_available() -> tuple[bool, str]:

@@ -335,7 +335,9 @@ def ensure_interpreter() -> None:
     """Triton decides at its own import whether its library functions (tl.sum, tl.zeros...)
     are interpreted: TRITON_INTERPRET=1 must be set before triton is first imported. It is
     set here when triton is not imported yet; a triton imported without it cannot run the
-    interpreter, which is an error naming the variable."""
+    interpreter, which is an error naming the variable. (Checked once: a warm call asks.)"""
+    if _INTERPRETS:
+        return
     if "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
     import triton.language as tl
@@ -346,6 +348,10 @@ def ensure_interpreter() -> None:
             "library functions are compiled-only and cannot run in the interpreter",
             hint="set TRITON_INTERPRET=1 in the environment (or select the backend before "
                  "anything imports triton)")
+    _INTERPRETS.append(True)
+
+
+_INTERPRETS: list = []   # [True] once triton's library was seen interpreted (fixed at import)
 
 
 @contextmanager
