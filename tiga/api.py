@@ -603,6 +603,7 @@ message_passing.hooks.update(compiling=_torch_compiling, compiled=_torch_compile
                              reference=_reference_call, ir=_ir_call)
 
 
+@functools.cache     # (looked up on every launch of a warm triton call)
 def _triton_tensors():
     from .torch_bridge import triton_buffers  # torch only when a Triton kernel launches
     return triton_buffers
