@@ -41,7 +41,7 @@ import numpy as np
 import tiga as tg
 
 MiB = 1 << 20
-N, F, BUDGET, ROWS = 250_000, 32, 24 * MiB, 16384    # x and y: 61 MiB each
+N, F, BUDGET, ROWS = 250_000, 48, 24 * MiB, 16384    # x and y: 92 MiB each
 root = sys.argv[1]
 
 
