@@ -50,5 +50,5 @@ __all__ = [
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",
     "asarray", "from_dlpack", "nn", "distributed", "argmin", "argmax", "edge_map", "profile",
-    "Profile", "RunReport",
+    "Profile", "RunReport", "scope", "memory", "store", "load", "save",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ._run import check_cases
 
-
 TRANSFORMATIONS_REJECT_MALFORMED_REQUESTS = '''
 g = tg.Graph.from_csr(np.array([0, 2, 3, 3]), np.array([0, 1, 1]), num_src=2)
 x = np.array([1.0, 2.0])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.core.prims.control import repeat_p, while_loop_p
 from tiga.core.primitive import impl_rules
+from tiga.core.prims.control import repeat_p, while_loop_p
 from tiga.xla_free_runtime import executor
 from tiga.xla_free_runtime.propagate import Fallback
 

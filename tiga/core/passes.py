@@ -81,7 +81,7 @@ def bind_constants(program: GraphProgram, values: dict) -> GraphProgram:
     """`program` with the binders at the positions in `values` ({position: array}) replaced
     by literals, and the tensor equations that then read only literals evaluated once (a
     tg.grad seed of ones broadcast to a field's shape is an array, not per-call work)."""
-    from .eval import run_eqn     # (eval imports the registries this module sits below)
+    from .eval import run_eqn  # (eval imports the registries this module sits below)
     lit = {id(program.in_binders[i]): Lit(v, program.in_binders[i].type)
            for i, v in values.items()}
     eqns = []

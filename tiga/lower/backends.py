@@ -31,7 +31,8 @@ TRITON_BACKENDS = ("triton", "triton-interpreter")
 
 
 def _has(module: str) -> bool:
-    if sys.modules.get(module) is not None:    # (imported: installed; a warm triton call asks every time)
+    # (imported: installed; a warm triton call asks every time)
+    if sys.modules.get(module) is not None:
         return True
     try:
         return importlib.util.find_spec(module) is not None

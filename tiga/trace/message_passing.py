@@ -10,7 +10,8 @@ from ..core.errors import FieldError, ShapeError, TigaError, UnsupportedError
 from ..core.graph import Graph
 from ..core.prims.graph import propagate_p, role_size, row_type
 from ..core.program import ClosedProgram, GraphProgram, Var
-from ..core.reducers import Reducer, ReducerMessage, sum as sum_reducer
+from ..core.reducers import Reducer, ReducerMessage
+from ..core.reducers import sum as sum_reducer
 from ..core.types import GraphType
 from . import generated
 from .call_checks import (

@@ -102,7 +102,7 @@ def _chunks_only(c: Path) -> bool:
     an interrupted chunk write), nothing a user put there."""
     if not c.exists():
         return True
-    for root, dirs, files in os.walk(c):
+    for _root, dirs, files in os.walk(c):
         for name in dirs + files:
             if not (name.isdigit() or (name.startswith(".") and name.endswith(".tmp"))):
                 return False

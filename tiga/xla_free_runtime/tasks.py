@@ -36,8 +36,8 @@ from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import Dim, GraphType
 from ..lower.ir.base import RelationOp, TensorOp
 from ..lower.ir.kernel import LaunchOp
-from .threads import num_threads
 from ..lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
+from .threads import num_threads
 
 TRANSFER, RUN, RELEASE, JOIN = "transfer", "run", "release", "join"
 
