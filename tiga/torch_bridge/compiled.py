@@ -320,12 +320,16 @@ def _vjp_op(key: int, tensors: list[torch.Tensor], cts: list[torch.Tensor],
     return [torch.zeros_like(x) if g is None else g.detach() for g, x in zip(grads, targets)]
 
 
-@_vjp_op.register_fake
 def _vjp_fake(key, tensors, cts, wrt):
+    """Shapes of a VJP op's results: one per input it differentiates (`wrt`)."""
     return [torch.empty_like(t) for t, w in zip(tensors, wrt) if w]
 
 
+_vjp_op.register_fake(_vjp_fake)
+
+
 def _setup(ctx, inputs, output):
+    """Saves a (key, tensors) op's inputs for its backward (tiga::call and tiga::layer)."""
     key, tensors = inputs
     ctx.key = key
     ctx.save_for_backward(*tensors)

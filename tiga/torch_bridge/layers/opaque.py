@@ -20,7 +20,7 @@ import threading
 import torch
 
 from ...core.graph import Graph
-from ..compiled import _aliases, _const, _fresh_key, _unconst, compiling
+from ..compiled import _aliases, _const, _fresh_key, _setup, _unconst, _vjp_fake, compiling
 
 _REGIONS: dict = {}      # key -> _Region; one per (function, relation object, settings)
 _KEYS: dict = {}
@@ -131,15 +131,8 @@ def _autograd_dispatch():
                                            exclude)
 
 
-@_vjp_op.register_fake
-def _vjp_fake(key, tensors, cts, wrt):
-    return [torch.empty_like(t) for t, w in zip(tensors, wrt) if w]
-
-
-def _setup(ctx, inputs, output):
-    key, tensors = inputs
-    ctx.key = key
-    ctx.save_for_backward(*tensors)
+# (the VJP op's shapes and the saved inputs are those of tiga::call's VJP: one definition)
+_vjp_op.register_fake(_vjp_fake)
 
 
 def _backward(ctx, grads):
