@@ -1,9 +1,11 @@
-"""Paging benchmark (issue 15): a graph store on disk run page by page, against in-memory
-Tiga on the same graph, at 10M, 100M and (with --large) 1B edges.
+"""Paging benchmark (issues 15, 28): a graph store on disk run page by page, against
+in-memory Tiga on the same graph and against the disk's own floor, measured in the same run,
+at 10M, 100M and (with --large) 1B edges.
 
     python benchmarks/paging.py              # 10M and 100M edges (a few minutes)
     python benchmarks/paging.py --large      # adds 1B edges (about 60 GB of disk, ~15 min)
     python benchmarks/paging.py --quick      # 1M edges, a smoke run
+    python benchmarks/paging.py --sizes 10000000 --no-sweep --gradient --floor-mib 1024
 
 The report's workload: destination i reads sources i±1 .. i±8 mod N (16 per row, N = edges
 / 16) with 32 float32 integer-valued features, x[s, f] = (7 s + f) mod 13, so every output
@@ -12,17 +14,24 @@ depend only on i mod 13: one table lookup per row; the wrapped rows are summed d
 
 Every phase runs in its own process (`--phase`), so its peak RSS (`ru_maxrss`) is its own:
   ingest     tg.store.create + append_csr_chunk / append_field + commit (timed whole)
+  disk       the disk's sequential write and read bandwidth on the store's own directory
+             (disk_floor.py: O_DIRECT, cold; buffered with the pages dropped where O_DIRECT
+             is refused, and recorded so), right after ingest
   forward    tg.Graph.open + a store field, paged under a host budget; the first call runs
              on a cold page cache (each store file dropped with posix_fadvise(DONTNEED)
              after ingest; no root needed), later calls warm; per-stage seconds (read,
-             gather, compute, write, waited), bytes read per tier, result tier
+             gather, compute, write, waited), bytes read and written per tier (the run's
+             own report, tg.profile()), and what the process read from and wrote to the
+             block layer during the call (/proc/self/io, a cross-check)
   memory     the same relation built with Graph.from_csr, x in numpy (the same-run peer)
   sweep      the report's page-size sweep at 10M: 16384 / 65536 / 262144 rows per page
   gradient   tg.vjp through the paged program, the cotangent the forward's result (on
              disk past the budget): the transposed relation built out of core first (timed
              apart: once per store), then the backward pass (a walk over the transpose)
-Writes results/paging-<date>-<commit>.json, plots/paging.png (time and RSS against edges)
-and PAGING.md beside RESULTS.md.
+report_paging.py then puts each paged call against its floor: max(bytes read from disk /
+read bandwidth, bytes written to disk / write bandwidth, the in-memory call's warm median).
+Writes results/paging-<date>-<commit>.json, plots/paging.png (time and RSS against edges,
+with the floor) and PAGING.md beside RESULTS.md.
 """
 from __future__ import annotations
 
@@ -46,7 +55,9 @@ from workloads.paging import DEGREE, FEATURES, OFFSETS, csr_rows, features  # no
 
 RESULT = "RESULT "
 INGEST_ROWS = 1 << 18
-BUDGET = {"small": "512MiB", "large": "1GiB"}        # host budgets: <= 100M, 1B edges
+BUDGET = {"small": "512MiB", "large": "2GiB"}        # host budgets: <= 100M, 1B edges
+# issue 28: the 100M forward with its result on the host too (a second forward phase)
+EXTRA_BUDGETS = {100_000_000: ("2GiB",)}
 SWEEP = (16384, 65536, 262144)
 
 
@@ -150,6 +161,22 @@ def _profile(tg):
     return tg.profile() if hasattr(tg, "profile") else contextlib.nullcontext()
 
 
+def _io() -> dict:
+    """Bytes this process had the block layer read and write so far (/proc/self/io; empty
+    where the kernel does not keep them)."""
+    try:
+        with open("/proc/self/io") as f:
+            got = dict(line.split(": ") for line in f.read().splitlines())
+        return {"read": int(got["read_bytes"]), "written": int(got["write_bytes"])}
+    except (OSError, KeyError, ValueError):
+        return {}
+
+
+def _io_delta(before: dict) -> dict:
+    after = _io()
+    return {k: after[k] - before[k] for k in before if k in after}
+
+
 def _stats(g, prof) -> dict:
     s = prof.measured("paged")[-1] if prof is not None else g.params["last_paged_run"]
     return {"pages": s.pages, "page_rows": s.page_rows, "stages_s": dict(s.seconds),
@@ -166,10 +193,10 @@ def phase_forward(tg, root: str, edges: int, budget: str, page_rows: int, reps: 
     drop_page_cache(path)
     with tg.scope(budgets={"host": budget}, page_rows=page_rows), _profile(tg) as prof:
         for i in range(reps):
-            t = time.perf_counter()
+            io, t = _io(), time.perf_counter()
             y = layer(graph=g, src={"x": x})
             times.append(time.perf_counter() - t)
-            runs.append(_stats(g, prof))
+            runs.append(dict(_stats(g, prof), block_io=_io_delta(io)))
             if i < reps - 1:
                 del y
         rss = _rss_mib()        # (before the check, which holds a float64 oracle)
@@ -205,35 +232,47 @@ def phase_gradient(tg, root: str, edges: int, budget: str, page_rows: int, **_) 
     with tg.scope(budgets={"host": budget}, page_rows=page_rows), _profile(tg) as prof:
         t = time.perf_counter()
         y, back = tg.vjp(lambda x: layer(graph=g, src={"x": x}), x)
-        t1 = time.perf_counter()
+        t1, io = time.perf_counter(), _io()
         (dx,) = back(y)
         t2 = time.perf_counter()
         rss = _rss_mib()
-        stats = _stats(g, prof)
+        stats = dict(_stats(g, prof), block_io=_io_delta(io))
         checked = check_result(dx, "dx", n)
     return {"transpose_build_s": build_s, "built": built, "forward_s": t1 - t,
             "backward_s": t2 - t1, "backward_run": stats, "rows_checked": checked,
             "peak_rss_mib": rss, "result_tier": dx.tier}
 
 
+def phase_disk(tg, root: str, edges: int, floor_mib: int, **_) -> dict:
+    """The disk's bandwidth on the store's own directory (after ingest, before the calls)."""
+    from disk_floor import measure as disk_bandwidth
+    return dict(disk_bandwidth(os.path.dirname(_store(root, edges)), floor_mib),
+                peak_rss_mib=_rss_mib())
+
+
 PHASES = {"ingest": phase_ingest, "forward": phase_forward, "memory": phase_memory,
-          "gradient": phase_gradient}
+          "gradient": phase_gradient, "disk": phase_disk}
 
 
 def run_phase(args) -> None:
     os.environ.setdefault("TIGA_PROGRESS", "0")
-    import tiga as tg
-    tg.config.progress = False
+    tg = None
+    if args.phase != "disk":           # (the disk's figures need no Tiga)
+        import tiga as tg
+        tg.config.progress = False
     got = PHASES[args.phase](tg, root=args.root, edges=args.edges, budget=args.budget,
-                             page_rows=args.page_rows, reps=args.reps)
+                             page_rows=args.page_rows, reps=args.reps,
+                             floor_mib=args.floor_mib)
     print(RESULT + json.dumps(got), flush=True)
 
 
 # ---------------------------------------------------------------- the driver
 def launch(phase: str, root: str, edges: int, budget: str = "512MiB",
-           page_rows: int = 65536, reps: int = 1, timeout: int = 3600) -> dict:
+           page_rows: int = 65536, reps: int = 1, timeout: int = 3600,
+           floor_mib: int = 2048) -> dict:
     cmd = [sys.executable, __file__, "--phase", phase, "--root", root, "--edges", str(edges),
-           "--budget", budget, "--page-rows", str(page_rows), "--reps", str(reps)]
+           "--budget", budget, "--page-rows", str(page_rows), "--reps", str(reps),
+           "--floor-mib", str(floor_mib)]
     print(f"  {phase:9s} {edges:>13,d} edges ...", end=" ", flush=True)
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -247,8 +286,9 @@ def launch(phase: str, root: str, edges: int, budget: str = "512MiB",
     return got
 
 
-def measure(sizes: list, root: str, reps: int) -> dict:
-    out = {}
+def measure(sizes: list, root: str, a) -> dict:
+    """Every phase of every size (`a`: the parsed options), each in its own process."""
+    out, reps = {}, a.reps
     for edges in sizes:
         large = edges >= 500_000_000
         budget = BUDGET["large" if large else "small"]
@@ -256,12 +296,16 @@ def measure(sizes: list, root: str, reps: int) -> dict:
         r["ingest"] = launch("ingest", root, edges)
         if "error" in r["ingest"]:
             continue
-        r["forward"] = launch("forward", root, edges, budget, reps=1 if large else reps)
-        if not large:
+        r["disk"] = launch("disk", root, edges, floor_mib=a.floor_mib)
+        if not large:     # (first: its uncounted first call compiles the page kernel too)
             r["memory"] = launch("memory", root, edges, reps=reps)
-        if edges >= 100_000_000:
+        r["forward"] = launch("forward", root, edges, budget, reps=1 if large else reps)
+        for extra in EXTRA_BUDGETS.get(edges, ()) + tuple(a.also_budget or ()):
+            r[f"forward {extra}"] = launch("forward", root, edges, extra,
+                                           reps=1 if large else reps)
+        if edges >= 100_000_000 or a.gradient:
             r["gradient"] = launch("gradient", root, edges, budget)
-        if edges == 10_000_000:
+        if edges == 10_000_000 and not a.no_sweep:
             r["sweep"] = {str(p): launch("forward", root, edges, budget, p, reps)
                           for p in SWEEP}
         shutil.rmtree(os.path.dirname(_store(root, edges)), ignore_errors=True)
@@ -275,6 +319,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="1M edges only")
     ap.add_argument("--sizes", type=int, nargs="*", help="edge counts (overrides the above)")
     ap.add_argument("--reps", type=int, default=5, help="warm forward calls per size")
+    ap.add_argument("--floor-mib", type=int, default=2048,
+                    help="MiB written and read back to measure the disk's bandwidth")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the 10M page-size sweep")
+    ap.add_argument("--gradient", action="store_true",
+                    help="the gradient phase below 100M edges too")
+    ap.add_argument("--also-budget", nargs="*",
+                    help="host budgets of further forward phases at every size")
+    ap.add_argument("--note", default="", help="a line for PAGING.md (e.g. the host's load)")
     ap.add_argument("--root", default=os.environ.get("TIGA_BENCH_PAGING_DIR"),
                     help="directory for the stores (default: a temporary one)")
     ap.add_argument("--out", default=str(HERE), help="where results/, plots/ go")
@@ -294,14 +346,15 @@ def main(argv=None) -> int:
     from report_paging import write_outputs
     print(f"paging benchmark: stores under {root}")
     try:
-        results = measure(sizes, root, a.reps)
+        results = measure(sizes, root, a)
     finally:
         if not a.root:
             shutil.rmtree(root, ignore_errors=True)
     run = {"machine": machine_info(int(os.environ.get("TIGA_NUM_THREADS", os.cpu_count()))),
            "code": code_state(str(HERE.parent)), "date": datetime.datetime.now().isoformat(
                timespec="seconds"), "sizes": results,
-           "page_cache": "dropped per store file with posix_fadvise(DONTNEED) after ingest"}
+           "page_cache": "dropped per store file with posix_fadvise(DONTNEED) after ingest",
+           "note": a.note}
     print(write_outputs(run, a.out))
     return 0
 
