@@ -7,6 +7,7 @@ whose backward is Tiga's compiled VJP); dense projections stay in torch.
 from __future__ import annotations
 
 import math
+import secrets
 import weakref
 from collections import OrderedDict
 
@@ -153,6 +154,33 @@ def _remember(memo: OrderedDict, key, owner, value) -> None:
     memo[key] = (weakref.ref(owner, lambda _ref: memo.pop(key, None)), value)
     if len(memo) > _MEMO_SIZE:
         memo.popitem(last=False)
+
+
+class Keyed(torch.nn.Module):
+    """A layer a compiled region finds by an integer key (opaque.region's settings are
+    Python constants): its edge network or cache stays on the layer, and a copy (deepcopy,
+    pickle: both go through __setstate__) gets a key of its own."""
+
+    def _new_key(self) -> None:
+        key = secrets.randbits(62)
+        _KEYED[key] = weakref.ref(self, lambda _ref: _KEYED.pop(key, None))
+        self._key = key
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._new_key()
+
+
+def keyed(key: int):
+    """The live layer of a key (compiled regions hold keys, not layers)."""
+    layer = _KEYED[key]()
+    if layer is None:
+        raise LayerArgumentError(f"tg.nn: layer key {key} belongs to a layer that no longer "
+                                 "exists (a compiled model outlived its module)")
+    return layer
+
+
+_KEYED: dict = {}
 
 
 def edge_index_like(graph: Graph, like) -> torch.Tensor:

@@ -1,5 +1,13 @@
 """torch_bridge: tg.nn.EdgeConv and tg.nn.DynamicEdgeConv (DGCNN), PyG's layers with the
-edge network evaluated inside Tiga's edge function where tg.nn.trace can capture it."""
+edge network evaluated inside Tiga's edge function where tg.nn.trace can capture it.
+
+Inside torch.compile a layer is one opaque op (opaque.region) when Tiga runs its network:
+the relation (edge_index, a tg.Graph, or the kNN of the features) and the Tiga call, with
+the network's Parameters as op inputs that the VJP differentiates by object. A network
+torch evaluates (not capturable, or stochastic: Dropout in training) stays in the compiled
+graph, between two ops: the relation's edge_index (for the kNN: an output with a
+data-dependent edge count) and Tiga's reduction of the messages.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -9,17 +17,21 @@ from ...core.errors import UnsupportedError
 from ...core.graph import Graph
 from ...trace.message_passing import MessagePassing
 from .. import nn as bridge_nn
+from ..compiled import compiling
 from .common import (
     REDUCERS,
+    Keyed,
     LayerArgumentError,
     check_aggr,
     check_positive,
     edge_index_like,
     edge_reduce,
+    keyed,
     node_pair,
     relation,
     reset_children,
 )
+from .opaque import region
 
 _AGGRS = ("add", "sum", "mean", "max", "min")
 
@@ -36,17 +48,22 @@ class _EdgeNetwork(MessagePassing):
         return self.h(dst.x, src.x - dst.x)
 
 
-def edge_messages(layer, graph: Graph, x_src, x_dst):
-    """Aggregate h([x_i, x_j - x_i]) over the relation. The network runs inside Tiga when
-    tg.nn.trace supports it (its gradient is Tiga's VJP); otherwise (any other module, or
-    Dropout/BatchNorm in training mode) torch evaluates it on the gathered edge rows, as PyG
-    does, and Tiga only reduces the messages."""
+def _network(layer):
+    """The layer's traced edge network, or False when tg.nn.trace cannot capture it."""
     if layer._network is None:
         try:
             layer._network = _EdgeNetwork(bridge_nn.trace_module(layer.nn), layer.aggr)
         except UnsupportedError:
             layer._network = False
-    if layer._network:
+    return layer._network
+
+
+def edge_messages(layer, graph: Graph, x_src, x_dst):
+    """Aggregate h([x_i, x_j - x_i]) over the relation. The network runs inside Tiga when
+    tg.nn.trace supports it (its gradient is Tiga's VJP); otherwise (any other module, or
+    Dropout/BatchNorm in training mode) torch evaluates it on the gathered edge rows, as PyG
+    does, and Tiga only reduces the messages."""
+    if _network(layer):
         try:
             return layer._network(graph=graph, src={"x": x_src}, dst={"x": x_dst})
         except UnsupportedError:
@@ -57,7 +74,7 @@ def edge_messages(layer, graph: Graph, x_src, x_dst):
     return edge_reduce(graph, messages, layer.aggr)
 
 
-class EdgeConv(torch.nn.Module):
+class EdgeConv(Keyed):
     """PyG's EdgeConv: x'_i = aggr_{j -> i} nn([x_i, x_j - x_i]), as a torch module.
 
     nn maps 2 F features to the output width; its parameters keep their names (`nn.*`).
@@ -71,12 +88,16 @@ class EdgeConv(torch.nn.Module):
         self.nn = nn
         self.aggr = check_aggr(aggr, "EdgeConv", _AGGRS)
         self._network = None    # the traced edge network, or False: torch evaluates it
+        self._new_key()
 
     def reset_parameters(self) -> None:
         reset_children(self.nn)
 
     def forward(self, x, edge_index):
         x_src, x_dst = node_pair("EdgeConv", x)
+        if compiling():
+            return _compiled(self, edge_index, x_src, None if x_dst is x_src else x_dst,
+                             None, None)
         graph = relation("EdgeConv", edge_index, x_src.size(0), x_dst.size(0))
         return edge_messages(self, graph, x_src, x_dst)
 
@@ -84,7 +105,7 @@ class EdgeConv(torch.nn.Module):
         return f"{type(self).__name__}(nn={self.nn})"
 
 
-class DynamicEdgeConv(torch.nn.Module):
+class DynamicEdgeConv(Keyed):
     """PyG's DynamicEdgeConv: EdgeConv over the k nearest neighbours in feature space,
     rebuilt on every call (tg.Graph.knn: exact, ties to the smaller index; a point is its
     own nearest neighbour, as in PyG's knn). The neighbour choice is not differentiated.
@@ -101,6 +122,7 @@ class DynamicEdgeConv(torch.nn.Module):
         self.aggr = check_aggr(aggr, "DynamicEdgeConv", _AGGRS)
         self.num_workers = num_workers
         self._network = None
+        self._new_key()
 
     def reset_parameters(self) -> None:
         reset_children(self.nn)
@@ -109,12 +131,99 @@ class DynamicEdgeConv(torch.nn.Module):
         x_src, x_dst = node_pair("DynamicEdgeConv", x)
         same = x_src is x_dst
         b_src, b_dst = batch if isinstance(batch, (tuple, list)) else (batch, batch)
+        if compiling():
+            return _compiled(self, None, x_src, None if same else x_dst, b_src, b_dst)
         graph = knn_relation(x_src.detach(), None if same else x_dst.detach(), self.k,
                              b_src, b_dst)
         return edge_messages(self, graph, x_src, x_dst)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(nn={self.nn}, k={self.k})"
+
+
+# ---- inside torch.compile -------------------------------------------------------------------
+
+def _compiled(layer, edge_index, x_src, x_dst, b_src, b_dst):
+    """The layer while Dynamo traces (x_dst None: x_src's rows are the destinations too;
+    edge_index None: the kNN relation of the features, DynamicEdgeConv)."""
+    # the modules' modes are read here, so that Dynamo guards on them (train/eval recompiles)
+    width = _tiga_width(layer._key, tuple(m.training for m in layer.nn.modules()))
+    dst = x_src if x_dst is None else x_dst
+    settings = (layer._key, getattr(layer, "k", 0))
+    if width is not None:   # Tiga runs the network: one op
+        width = width or 2 * x_src.size(-1)
+        return region(_network_region, edge_index, settings,
+                      (x_src, x_dst, b_src, b_dst) + tuple(layer.nn.parameters()),
+                      ((0 if x_dst is None else 1, 0, (width,)),), live=_parameters)
+    if edge_index is None:
+        edge_index = region(_relation_region, None, settings,
+                            (x_src.detach(), None if x_dst is None else x_dst.detach(),
+                             b_src, b_dst), (("edge_index",),))
+        ei = edge_index
+    elif isinstance(edge_index, torch.Tensor):
+        ei = edge_index
+    else:   # a tg.Graph: its edge order, constant
+        ei = region(_relation_region, edge_index, settings, (x_src.detach(),),
+                    (("edge_index",),))
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+           for m in layer.nn.modules()):
+        # batch statistics branch on the row count (one row: an error, none: empty), which
+        # Dynamo cannot follow for a data-dependent edge count: asserted > 1 at run time
+        torch._check(ei.size(1) > 1, lambda: "tg.nn EdgeConv/DynamicEdgeConv: a BatchNorm "
+                     "in training mode inside torch.compile needs more than 1 edge")
+    x_i = dst[ei[1]]
+    messages = layer.nn(torch.cat([x_i, x_src[ei[0]] - x_i], dim=-1))
+    return region(_reduce_region, edge_index, settings,
+                  (x_src.detach(), None if x_dst is None else x_dst.detach(), messages),
+                  ((0 if x_dst is None else 1, 2),))
+
+
+@torch._dynamo.assume_constant_result
+def _tiga_width(key: int, modes: tuple):
+    """The width of the traced network's output (0: its input width), or None when torch
+    evaluates the network (not capturable, or a Dropout with p > 0 in training mode)."""
+    layer = keyed(key)
+    network = _network(layer)
+    if not network or any(isinstance(m, torch.nn.Dropout) and m.training and m.p > 0
+                           for m in layer.nn.modules()):
+        return None
+    linears = [m for m in layer.nn.modules()
+               if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2]
+    return int(linears[-1].weight.shape[0]) if linears else 0
+
+
+def _parameters(settings) -> list:
+    return list(keyed(settings[0]).nn.parameters())
+
+
+def _graph_of(layer, edge_index, x_src, x_dst, b_src, b_dst) -> Graph:
+    dst = x_src if x_dst is None else x_dst
+    if edge_index is not None:
+        return relation(type(layer).__name__, edge_index, x_src.size(0), dst.size(0))
+    return knn_relation(x_src.detach(), None if x_dst is None else x_dst.detach(), layer.k,
+                        b_src, b_dst)
+
+
+def _network_region(edge_index, settings, x_src, x_dst, b_src, b_dst, *params):
+    """Relation and traced network (opaque.region; params are read from the layer)."""
+    layer = keyed(settings[0])
+    graph = _graph_of(layer, edge_index, x_src, x_dst, b_src, b_dst)
+    dst = x_src if x_dst is None else x_dst
+    return _network(layer)(graph=graph, src={"x": x_src}, dst={"x": dst})
+
+
+def _relation_region(edge_index, settings, x_src, x_dst=None, b_src=None, b_dst=None):
+    """The relation's edge_index (2, E) (opaque.region, an edge output)."""
+    graph = _graph_of(keyed(settings[0]), edge_index, x_src, x_dst, b_src, b_dst)
+    return edge_index_like(graph, x_src)
+
+
+def _reduce_region(edge_index, settings, x_src, x_dst, messages):
+    """Tiga's reduction of torch-evaluated messages in the relation's edge order."""
+    layer = keyed(settings[0])
+    dst = x_src if x_dst is None else x_dst
+    graph = relation(type(layer).__name__, edge_index, x_src.size(0), dst.size(0))
+    return edge_reduce(graph, messages, layer.aggr)
 
 
 def knn_relation(x_src, x_dst, k: int, b_src, b_dst) -> Graph:

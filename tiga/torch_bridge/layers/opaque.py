@@ -12,6 +12,12 @@ region with torch.autograd on (its Tiga calls differentiate through Tiga's VJP) 
 `tiga::layer_vjp`, itself opaque. A tg.Graph given directly is a constant of the region:
 `_register` (run for real by Dynamo) keys it with the region, and Dynamo guards on its
 identity like a module attribute (a new Graph object recompiles).
+
+Outputs may also be per edge (attention weights, the relation's edge_index): their edge
+count is data-dependent, so the fake implementation gives them one unbacked size shared by
+all of them. Tensors a region reads through a module (an edge network's Parameters, which
+Tiga captures by object) are passed to the op for Dynamo's data flow and named by `live`:
+the VJP differentiates the region with respect to those objects.
 """
 from __future__ import annotations
 
@@ -28,35 +34,51 @@ _LOCK = threading.Lock()
 _CONSTANTS = (bool, int, float, str, type(None))
 
 
-def region(fn, edge_index, settings: tuple, tensors: tuple, outs: tuple):
-    """fn(edge_index, settings, *tensors): node outputs, one op while Dynamo traces.
+def region(fn, edge_index, settings: tuple, tensors: tuple, outs: tuple, live=None):
+    """fn(edge_index, settings, *tensors): node (or edge) outputs, one op while Dynamo traces.
 
-    edge_index: a tg.Graph or a (2, E) integer tensor (anything else is called eagerly,
-    behind the graph break of `relation()`); tensors may hold None (absent optionals);
-    outs: per output (i, j), shaped (tensors[i].shape[0],) + tensors[j].shape[1:] with
-    tensors[j]'s dtype. Settings: Python constants (part of the key; another value, e.g. a
-    tensor fill_value, runs fn eagerly, behind relation()'s graph break)."""
-    if not compiling() or not isinstance(edge_index, (Graph, torch.Tensor)) or \
+    edge_index: a tg.Graph, a (2, E) integer tensor, or None (fn builds its relation from
+    the tensors; anything else is called eagerly, behind the graph break of `relation()`);
+    tensors may hold None (absent optionals). outs, per output: (i, j), shaped
+    (tensors[i].shape[0],) + tensors[j].shape[1:] with tensors[j]'s dtype; (i, j, tail),
+    the same with trailing dims `tail`; ("edges", j, stop), shaped (E,) +
+    tensors[j].shape[1:stop]; ("edge_index",), (2, E) int64 (E: one unbacked size).
+    Settings: Python constants (part of the key; another value, e.g. a tensor fill_value,
+    runs fn eagerly, behind relation()'s graph break). live: a function of the settings
+    giving the tensors fn reads instead of the last len(live(settings)) tensors."""
+    if not compiling() or not isinstance(edge_index, (Graph, torch.Tensor, type(None))) or \
             not all(isinstance(s, _CONSTANTS) for s in settings):   # e.g. a tensor fill
         return fn(edge_index, settings, *tensors)
-    if isinstance(edge_index, Graph):
+    if not isinstance(edge_index, torch.Tensor):
         static, args, shift = edge_index, tuple(tensors), 0
     else:
         static, args, shift = None, (edge_index,) + tuple(tensors), 1
     present = tuple(t is not None for t in args)
-    spec = tuple((i + shift, j + shift) for i, j in outs)
-    key = _register(fn, static, tuple(_const(s) for s in settings), present, spec)
+    spec = tuple(_shifted(o, shift) for o in outs)
+    key = _register(fn, static, tuple(_const(s) for s in settings), present, spec,
+                    isinstance(edge_index, torch.Tensor), live)
     result = torch.ops.tiga.layer(key, [t for t in args if t is not None])
     return result[0] if len(result) == 1 else tuple(result)
 
 
-class _Region:
-    """A registered region: its function, constant relation (or None: the first tensor is
-    the edge_index), settings, which arguments are present, and the output shapes' rule."""
+def _shifted(rule: tuple, shift: int) -> tuple:
+    """An output rule with its tensor indices counted from the op's first tensor."""
+    if rule[0] == "edge_index":
+        return rule
+    if rule[0] == "edges":
+        return (rule[0], rule[1] + shift) + rule[2:]
+    return (rule[0] + shift, rule[1] + shift) + rule[2:]
 
-    def __init__(self, fn, graph, settings, present, spec):
+
+class _Region:
+    """A registered region: its function, constant relation (None: the first tensor is
+    the edge_index, or fn builds its own), settings, which arguments are present, the
+    output shapes' rule and the live tensors' function."""
+
+    def __init__(self, fn, graph, settings, present, spec, tensor_relation, live):
         self.fn, self.graph, self.settings = fn, graph, _unconst(settings)
-        self.present, self.spec = present, spec
+        self.present, self.spec, self.live = present, spec, live
+        self.tensor_relation = tensor_relation
 
     def args(self, tensors) -> list:
         it = iter(tensors)
@@ -64,24 +86,46 @@ class _Region:
 
     def run(self, tensors) -> list:
         args = self.args(tensors)
-        if self.graph is not None:
+        if not self.tensor_relation:
             args = [self.graph] + args
         outs = self.fn(args[0], self.settings, *args[1:])
         return list(outs) if isinstance(outs, tuple) else [outs]
 
+    def live_tensors(self) -> list:
+        return [] if self.live is None else list(self.live(self.settings))
+
     def fake(self, tensors) -> list:
         args = self.args(tensors)
-        return [args[j].new_empty((args[i].shape[0],) + tuple(args[j].shape[1:]))
-                for i, j in self.spec]
+        edges = []   # one data-dependent edge count, shared by every edge output
+        return [self._fake(rule, args, edges) for rule in self.spec]
+
+    @staticmethod
+    def _fake(rule, args, edges):
+        if rule[0] in ("edges", "edge_index"):
+            if not edges:
+                edges.append(torch.library.get_ctx().new_dynamic_size())
+            if rule[0] == "edge_index":
+                return torch.empty((2, edges[0]), dtype=torch.int64, device=_device(args))
+            like = args[rule[1]]
+            return like.new_empty((edges[0],) + tuple(like.shape[1:rule[2]]))
+        i, j = rule[:2]
+        tail = tuple(args[j].shape[1:]) if len(rule) == 2 else rule[2]
+        return args[j].new_empty((args[i].shape[0],) + tail)
+
+
+def _device(args):
+    return next((t.device for t in args if t is not None), torch.device("cpu"))
 
 
 @torch._dynamo.assume_constant_result
-def _register(fn, graph, settings, present, spec) -> int:
-    ident = (fn, id(graph), settings, present, spec)   # the region holds graph: id is unique
+def _register(fn, graph, settings, present, spec, tensor_relation, live) -> int:
+    # the region holds graph: its id is unique while the entry lives
+    ident = (fn, id(graph), settings, present, spec, tensor_relation, live)
     with _LOCK:
         if ident not in _KEYS:
             key = _KEYS[ident] = _fresh_key()
-            _REGIONS[key] = _Region(fn, graph, settings, present, spec)
+            _REGIONS[key] = _Region(fn, graph, settings, present, spec, tensor_relation,
+                                    live)
         return _KEYS[ident]
 
 
@@ -107,12 +151,17 @@ def _vjp_op(key: int, tensors: list[torch.Tensor], cts: list[torch.Tensor],
             wrt: list[bool]) -> list[torch.Tensor]:
     """Gradients for the tensors marked in `wrt`: the region recomputed with autograd on
     (the others go in as they are: the edge_index keeps its identity, so the relation built
-    from it in the forward is found in `relation()`'s memo)."""
+    from it in the forward is found in `relation()`'s memo). Outputs that are not floating
+    (an edge_index) carry no gradient."""
+    entry = _REGIONS[key]
     leaves = [t.detach().requires_grad_() if w else t for t, w in zip(tensors, wrt)]
-    targets = [t for t, w in zip(leaves, wrt) if w]
+    live = entry.live_tensors()   # read by the region in place of the last tensors
+    stand = leaves[:len(leaves) - len(live)] + live
+    targets = [t for t, w in zip(stand, wrt) if w]
     with torch.enable_grad(), _autograd_dispatch():
-        outs = _REGIONS[key].run(leaves)
-        pairs = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
+        outs = entry.run(leaves)
+        pairs = [(o, c) for o, c in zip(outs, cts) if o.requires_grad and
+                 o.is_floating_point()]
         grads = torch.autograd.grad([o for o, _ in pairs], targets, [c for _, c in pairs],
                                     allow_unused=True) if pairs else [None] * len(targets)
     got = [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(grads, targets)]
@@ -141,10 +190,17 @@ def _backward(ctx, grads):
            for w, t in zip(ctx.needs_input_grad[1], tensors)]
     if not any(wrt):
         return None, [None] * len(tensors)
-    shapes = _REGIONS[ctx.key].fake(list(tensors))
-    cts = [torch.zeros_like(s) if g is None else g for g, s in zip(grads, shapes)]
+    cts = [torch.zeros(shape, dtype=dtype, device=tensors[0].device) if g is None else g
+           for g, (shape, dtype) in zip(grads, ctx.out_types)]
     got = iter(torch.ops.tiga.layer_vjp(ctx.key, list(tensors), cts, wrt))
     return None, [next(got) if w else None for w in wrt]
 
 
-_layer_op.register_autograd(_backward, setup_context=_setup)
+def _setup_layer(ctx, inputs, output):
+    """tiga::call's setup, and the outputs' shapes (an edge output's is data-dependent:
+    the backward makes a missing cotangent from the forward's own output)."""
+    _setup(ctx, inputs, output)
+    ctx.out_types = [(o.shape, o.dtype) for o in output]
+
+
+_layer_op.register_autograd(_backward, setup_context=_setup_layer)
