@@ -295,7 +295,7 @@ def test_transposed_walks_match_the_reference():
 
 TRITON = '''
 import tiga.lower.schedule as knobs
-from tiga.lower.triton import relation_of
+from tiga.lower.abi import relation_descriptor
 from tiga.testing import reference_grad
 
 tg.config.backend, tg.config.strict = "triton-interpreter", True
@@ -323,7 +323,7 @@ RELATIONS = {
 
 for name, (g, walk) in RELATIONS.items():
     def run(name=name, g=g, walk=walk):
-        got_walk = relation_of(g, "src")
+        got_walk = relation_descriptor(g, "src", target="triton")
         assert got_walk == walk or got_walk[0] == walk, got_walk
         x = rng.standard_normal((g.num_src, 2))
         h = rng.standard_normal((g.num_dst, 2))

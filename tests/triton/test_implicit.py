@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.lower.triton import relation_of
+from tiga.lower.abi import relation_descriptor
 from tiga.testing import reference_grad
 
 
@@ -47,10 +47,11 @@ def operands(g, seed):
 
 def test_walk_is_native_not_resolved():
     # the relation descriptor keeps the implicit walk; explain() says no CSR is built
-    assert relation_of(tg.Graph.triangular(4), "dst") == ("triangular",)
-    assert relation_of(tg.Graph.triangular(4), "src") == ("triangular_t",)  # natively
+    tri = tg.Graph.triangular(4)
+    assert relation_descriptor(tri, "dst", target="triton") == ("triangular",)
+    assert relation_descriptor(tri, "src", target="triton") == ("triangular_t",)  # natively
     g = tg.Graph.cu_seqlens([0, 2, 5], causal=False)
-    assert relation_of(g, "dst") == ("cu_seqlens", False)
+    assert relation_descriptor(g, "dst", target="triton") == ("cu_seqlens", False)
     ops = operands(g, 0)
     old = tg.config._backend
     tg.config.backend = "triton-interpreter"
@@ -67,7 +68,7 @@ def test_walk_is_native_not_resolved():
 def test_forward_matches_reference(interpreter, reducer, g, seed):
     layer, ops = Layer(getattr(tg, reducer)()), operands(g, seed)
     got = np.asarray(layer(**ops))
-    if relation_of(g, "dst") != ("csr",):
+    if relation_descriptor(g, "dst", target="triton") != ("csr",):
         assert g._csr is None    # walked from indices: the CSR was never built
     want = np.asarray(layer.reference(**ops))
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-10, atol=1e-12)

@@ -1,12 +1,14 @@
 """lower: the backend table: a backend is a renderer of `gf_kernel.launch` ops plus a launcher.
 
-`BACKENDS[name]` holds the renderer (LaunchOp -> source text), whether the backend is usable
-in this process (and why not), and the launcher the runtime registers for it
-(`register_launcher`, called by xla_free_runtime; this layer never imports the runtime).
+`BACKENDS[name]` holds the renderer (LaunchOp -> abi.KernelSource), the kernel-ABI target it
+renders for (the Kernel op's schedule target; abi.relation_descriptor's `target`), whether
+the backend is usable in this process (and why not), and the launcher the runtime registers
+for it (`register_launcher`, called by xla_free_runtime; this layer never imports the
+runtime).
 `selected_backend()` reads `tg.config.backend` / TIGA_BACKEND.
 
 - cpu-llvm: lower/llvm/render.py (LLVM text and signature, from the launch op and the
-  call data its text cannot carry), launched by xla_free_runtime/launch.py's planners;
+  call data its text cannot carry), launched by xla_free_runtime/backend_table.py's planners;
 - triton: lower/triton (Triton source), compiled for the CUDA device by Triton;
 - triton-interpreter: the same source run by Triton's interpreter on CPU (TRITON_INTERPRET=1
   while the generated module is imported), so every Triton kernel is tested without a GPU.
@@ -89,7 +91,8 @@ def _render_triton(op: LaunchOp, symbol: str, call=None):
 @dataclass
 class Backend:
     name: str
-    # (op, symbol, call data or None) -> a source with `.text` (cpu-llvm: KernelSource)
+    target: str              # abi.TARGETS: the kernel ABI its renderer produces
+    # (op, symbol, call data or None) -> abi.KernelSource (text and signature)
     render: Callable[..., object]
     availability: Callable[[], tuple[bool, str]]
     interpreter: bool = False
@@ -100,9 +103,9 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "cpu-llvm": Backend("cpu-llvm", _render_llvm, _llvm_available),
-    "triton": Backend("triton", _render_triton, _gpu_available),
-    "triton-interpreter": Backend("triton-interpreter", _render_triton,
+    "cpu-llvm": Backend("cpu-llvm", "cpu-llvm", _render_llvm, _llvm_available),
+    "triton": Backend("triton", "triton", _render_triton, _gpu_available),
+    "triton-interpreter": Backend("triton-interpreter", "triton", _render_triton,
                                   _interpreter_available, interpreter=True),
 }
 # the IR stage each backend's text is printed under (program.ir("triton", ...))

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ...core.dtypes import as_dtype, int64
+from ..abi import KernelSignature
 from .emitter import Emitter
 from .kernel import KernelSchedule, _KernelBuilder, _signature, emit_chunk_driver
 from .values import F64, I8, I64, PTR, CodegenUnsupported, i64, storage_type
@@ -499,11 +500,9 @@ def codegen_directory(dims: int, pos_dtype: str, *, symbol: str = "tiga_director
     """`void build(i64 n, i64 _, ptr argv)`: the cell directory of n points by counting sort
     (stable: each cell lists its points in ascending index). cell_start (cells + 1 zeros on
     entry) ends as the cell start offsets; cursor and cell_of are scratch."""
-    from .kernel import KernelSignature
-
-    sig = KernelSignature(symbol=symbol, walk="dst", reduce_by="dst", slots=DIRECTORY_SLOTS,
-                          roles=(), field_shapes=(), field_dtypes=(), out_shapes=(),
-                          out_dtypes=(), index_dtype="int64", parallel="single",
+    sig = KernelSignature(target="cpu-llvm", symbol=symbol, walk="dst", reduce_by="dst",
+                          slots=DIRECTORY_SLOTS, roles=(), field_shapes=(), field_dtypes=(),
+                          out_shapes=(), out_dtypes=(), index_dtype="int64", parallel="single",
                           relation=("directory", dims, pos_dtype))
     module = ir.Module(name=symbol)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), name=symbol)

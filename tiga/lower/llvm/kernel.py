@@ -1,4 +1,5 @@
-"""lower/llvm: one fused kernel per `propagate` over a relation (LLVM IR text + signature).
+"""lower/llvm: one fused kernel per `propagate` over a relation (LLVM IR text + its
+abi.KernelSignature).
 
     void kernel(i64 row_begin, i64 row_end, ptr argv)
 
@@ -20,29 +21,33 @@ native worker pool protocol that runs those drivers (pool.py).
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from llvmlite import ir
 
 from ...core.dtypes import as_dtype
-from ...core.prims.graph import propagate_abstract_eval_rule
 from ...core.types import GraphType, TensorType
 from .. import schedule as knobs
+from ..abi import (
+    NBR_ROLE,
+    ROW_ROLE,
+    TRANSPOSED_KINDS,
+    KernelSignature,
+    operand_slots,
+    propagate_operands,
+    walk_of,
+)
 from ..ir.kernel import Schedule
 from . import pool
 from .emitter import Emitter, check_row
 from .reducers import reducer_codegen
 from .values import I8, I64, PTR, CodegenUnsupported, Val, cast, i64, numel, storage_type
 from .walks import walk_for
-from .walks_transposed import TRANSPOSED_KINDS
 
 DRIVER_SUFFIX = "_drive"    # the chunk-loop entry point next to every kernel
 PREFETCH_LOCALITY = 3    # llvm.prefetch locality: 3 = all cache levels (prefetcht0)
 PREFETCH_MAX_BYTES = 512  # rows longer than this are prefetched on their first lines only
 CACHE_LINE = 64
-ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
-NBR_ROLE = {"dst": "src", "src": "dst"}
 
 
 @dataclass(frozen=True)
@@ -54,45 +59,8 @@ class KernelSchedule:
     functions that pass calls)."""
 
     has_edge_perm: bool = False   # the walked CSR order differs from the user's edge order
-    relation: tuple = ("csr",)    # walks.relation_descriptor: how rows find their edges
+    relation: tuple = ("csr",)    # abi.relation_descriptor: how rows find their edges
     launch: Schedule | None = None
-
-
-@dataclass(frozen=True)
-class KernelSignature:
-    """How to call a compiled propagate kernel; JSON-serialisable for the disk cache."""
-
-    symbol: str
-    walk: str                # "dst": the relation's CSR; "src": its transposed CSR
-    reduce_by: str
-    slots: tuple             # "row_ptr", "col_idx", "edge_perm", "field:i", "out:k"
-    roles: tuple             # role of each field operand
-    field_shapes: tuple      # row shape per field (full shape for parameters)
-    field_dtypes: tuple
-    out_shapes: tuple        # row shape per output
-    out_dtypes: tuple
-    index_dtype: str
-    parallel: str            # "rows": any row chunks; "partial_sums": reduce_by="all" with
-    #                          sum, each chunk folds into its own output and the runtime adds
-    #                          them; "single": one call over all rows
-    relation: tuple = ("csr",)   # the walk (walks.relation_descriptor); slots follow it
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> KernelSignature:
-        d = json.loads(text)
-        for k in ("slots", "roles", "field_dtypes", "out_dtypes"):
-            d[k] = tuple(d[k])
-        for k in ("field_shapes", "out_shapes"):
-            d[k] = tuple(tuple(s) for s in d[k])
-        d["relation"] = _tuples(d.get("relation", ("csr",)))
-        return cls(**d)
-
-
-def _tuples(x):
-    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def codegen_propagate(params: dict, in_types: list, index_dtype, schedule=None, *,
@@ -178,31 +146,23 @@ def _signature(params, in_types, index_dtype, schedule, symbol) -> KernelSignatu
         graph_t, fields = GraphType("csr", 0, 0, 0, index_dtype), in_types
     if index_dtype.name not in ("int32", "int64"):
         raise CodegenUnsupported(f"index dtype {index_dtype.name} (int32/int64 are compiled)")
-    outs = propagate_abstract_eval_rule(graph_t, *fields, **params)
-    roles = tuple(params["roles"])
-    shapes = tuple(tuple(t.shape) if r == "param" else tuple(t.shape[1:])
-                   for t, r in zip(fields, roles))
-    for t, s in zip(fields, shapes):
+    operands = propagate_operands(params, graph_t, fields)
+    for t, s in zip(fields, operands["field_shapes"]):
         check_row(TensorType(s, t.dtype), "a field row")
-    out_shapes = tuple(tuple(t.shape) if reduce_by == "all" else tuple(t.shape[1:])
-                       for t in outs)
-    for t, s in zip(outs, out_shapes):
-        check_row(TensorType(s, t.dtype), "an output row")
-    walk = "src" if reduce_by == "src" else "dst"
+    for s, d in zip(operands["out_shapes"], operands["out_dtypes"]):
+        check_row(TensorType(s, as_dtype(d)), "an output row")
+    walk = walk_of(reduce_by)
     relation = _walk_relation(walk, tuple(schedule.relation))
     # a walk by source over stored rows reaches edge ids through the transpose's permutation
     has_perm = relation in (("csr",), ("csr_rows",)) if walk == "src" else \
         schedule.has_edge_perm
     if relation != ("csr",) and has_perm and walk == "dst":
         raise CodegenUnsupported("an implicit relation walk with an edge permutation")
-    slots = walk_for(relation).slots + (("edge_perm",) if has_perm else ()) + tuple(
-        f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
-    return KernelSignature(symbol=symbol, walk=walk, reduce_by=reduce_by, slots=slots,
-                           roles=roles, field_shapes=shapes,
-                           field_dtypes=tuple(t.dtype.name for t in fields),
-                           out_shapes=out_shapes, out_dtypes=tuple(t.dtype.name for t in outs),
-                           index_dtype=index_dtype.name, parallel=_parallel(params),
-                           relation=relation)
+    slots = operand_slots(walk_for(relation).slots, has_perm, len(fields),
+                          len(operands["out_dtypes"]))
+    return KernelSignature(target="cpu-llvm", symbol=symbol, walk=walk, reduce_by=reduce_by,
+                           slots=slots, index_dtype=index_dtype.name,
+                           parallel=_parallel(params), relation=relation, **operands)
 
 
 def _walk_relation(walk: str, relation: tuple) -> tuple:
@@ -488,4 +448,4 @@ def _prefetch_offsets(nbytes: int, itemsize: int) -> list:
 
 
 __all__ = ["codegen_propagate", "emit_chunk_driver", "DRIVER_SUFFIX", "KernelSchedule",
-           "KernelSignature", "CodegenUnsupported"]
+           "CodegenUnsupported"]

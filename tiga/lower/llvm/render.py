@@ -1,5 +1,5 @@
 """lower/llvm: the render stage of the cpu-llvm backend: a scheduled `gf_kernel.launch` ->
-LLVM text and the signature the runtime calls it by (`KernelSource`).
+LLVM text and the signature the runtime calls it by (an abi.KernelSource).
 
 This module is the only caller of the code generators (`codegen_*`, the attention kernels'
 `forward_ir` / `backward_ir`). Each kernel family has one function, chosen by the launch's
@@ -16,37 +16,27 @@ from dataclasses import dataclass
 
 from ...core.dtypes import as_dtype
 from ...core.errors import UnsupportedError
+from ..abi import TEXT_RELATIONS, KernelSignature, KernelSource
 from ..attention_walk import ATTENTION_TILES
 from ..ir import KernelModule, LaunchOp
 from ..ir.convert import propagate_params
-from .kernel import KernelSchedule, KernelSignature, codegen_propagate
+from .kernel import KernelSchedule, codegen_propagate
 from .values import CodegenUnsupported
 
-# row walks rendered by codegen_propagate, and the relation each one walks when no call
-# data says more (the IR text of these four is the whole kernel)
+# row walks rendered by codegen_propagate (the IR text of abi.TEXT_RELATIONS' traversals is
+# the whole kernel; the others' walk layout is call data)
 ROW_TRAVERSALS = ("csr-row", "transposed-csr-row", "dense-row", "triangular-row",
                   "segment-row", "stencil-row", "transposed-dense-row",
                   "transposed-triangular-row", "transposed-segment-row",
                   "transposed-stencil-row")
-RELATION_OF = {"csr-row": ("csr",), "transposed-csr-row": ("csr",), "dense-row": ("dense",),
-               "triangular-row": ("triangular",), "transposed-dense-row": ("dense_t",),
-               "transposed-triangular-row": ("triangular_t",)}
 GENERATED_TRAVERSALS = ("cell-directory-row", "knn-shell-row", "knn-tile-row")
-
-
-@dataclass(frozen=True)
-class KernelSource:
-    """A rendered kernel: its LLVM text and how the runtime calls it."""
-
-    text: str
-    signature: KernelSignature
 
 
 @dataclass(frozen=True)
 class CallData:
     """What a launch's IR text cannot carry, bound by the runtime at a call."""
 
-    relation: tuple | None = None   # walks.relation_descriptor of the bound relation
+    relation: tuple | None = None   # abi.relation_descriptor of the bound relation
     has_edge_perm: bool = False     # the walked CSR order differs from the user's edge order
     index_dtype: str | None = None  # the bound relation's index dtype (default: its type's)
     walk_spec: object = None        # generated.GeoSpec of a radius/knn walk
@@ -76,12 +66,12 @@ _ALL = ROW_TRAVERSALS + GENERATED_TRAVERSALS + (ATTENTION_TILES,)
 def _call_data_needed(op: LaunchOp, what: str) -> CodegenUnsupported:
     return CodegenUnsupported(f"gf_kernel.launch: traversal {op.traversal!r} cannot be rendered "
                             f"from IR text ({what} is call data)",
-                            hint=f"renderable from text: {', '.join(RELATION_OF)}")
+                            hint=f"renderable from text: {', '.join(TEXT_RELATIONS)}")
 
 
 def _render_rows(op: LaunchOp, symbol: str, call: CallData) -> KernelSource:
     """A compressed-row, dense, triangular, cu_seqlens or stencil walk (codegen_propagate)."""
-    relation = call.relation or RELATION_OF.get(op.traversal)
+    relation = call.relation or TEXT_RELATIONS.get(op.traversal)
     if relation is None:
         raise _call_data_needed(op, "the walk's layout (stencil offsets, cu_seqlens)")
     gtype = op.comp.relation.type
@@ -129,9 +119,9 @@ def _render_attention(op: LaunchOp, symbol: str, call: CallData) -> KernelSource
         from .attention_backward import backward_ir as emit
         tag, walk = "attention-backward", "src"
     # (relation: the tiles the kernel was rendered with, as the schedule named them)
-    sig = KernelSignature(symbol=symbol, walk=walk, reduce_by=walk, slots=(), roles=(),
-                          field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
-                          index_dtype="int64", parallel="rows",
+    sig = KernelSignature(target="cpu-llvm", symbol=symbol, walk=walk, reduce_by=walk,
+                          slots=(), roles=(), field_shapes=(), field_dtypes=(), out_shapes=(),
+                          out_dtypes=(), index_dtype="int64", parallel="rows",
                           relation=(tag,) + tuple(sorted(tiles.items())))
     return KernelSource(emit(symbol, call.head_width, tiles), sig)
 

@@ -1,5 +1,6 @@
 """lower/llvm: how a propagate kernel finds the edges of a destination row (the Iter IR's
-coordinate hierarchy, destination-major).
+coordinate hierarchy, destination-major). The walk is named by a relation descriptor
+(lower/abi.py's relation_descriptor); `walk_for` builds the code generator of one.
 
 - `compressed-row` (csr, cat, and every walk by source): row_ptr / col_idx arrays.
 - `dense`: row r owns edges [r*S, (r+1)*S), edge r*S + j reads source j.
@@ -22,30 +23,13 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ..abi import TRANSPOSED_KINDS
 from .values import I1, I64, CodegenUnsupported, i64
 
-IMPLICIT_KINDS = ("dense", "triangular", "cu_seqlens", "stencil")
-MAX_STENCIL_OFFSETS = 64   # offsets are unrolled in the generated code
 
-
-def relation_descriptor(graph, walk: str) -> tuple:
-    """Static description of how the kernel walks this relation (part of the cache key)."""
-    kind = getattr(graph, "kind", "csr")
-    params = getattr(graph, "params", {}) or {}
-    if walk != "dst":
-        from .walks_transposed import transposed_descriptor
-        return transposed_descriptor(graph, relation_descriptor(graph, "dst"))
-    if kind not in IMPLICIT_KINDS:
-        return ("csr",)
-    if kind == "cu_seqlens":
-        return ("cu_seqlens", bool(params["causal"]))
-    if kind == "stencil":
-        offsets = tuple(tuple(int(o) for o in off) for off in params["offsets"])
-        if len(offsets) > MAX_STENCIL_OFFSETS or 0 in tuple(params["shape"]):
-            return ("csr",)
-        return ("stencil", tuple(int(n) for n in params["shape"]), offsets,
-                bool(params["periodic"]))
-    return (kind,)
+def relation_descriptor(graph, walk: str) -> tuple:   # TEMPORARY bridge (abi move)
+    from .. import abi
+    return abi.relation_descriptor(graph, walk, target="cpu-llvm")
 
 
 def walk_for(descriptor) -> Walk:
@@ -60,8 +44,8 @@ def walk_for(descriptor) -> Walk:
         return CuSeqlensWalk(descriptor[1])
     if kind == "stencil":
         return StencilWalk(*descriptor[1:])
-    from .walks_transposed import TRANSPOSED_KINDS, transposed_walk
     if kind in TRANSPOSED_KINDS:
+        from .walks_transposed import transposed_walk  # (it imports this module)
         return transposed_walk(descriptor)
     raise CodegenUnsupported(f"relation walk {descriptor!r} has no cpu-llvm lowering")
 

@@ -27,24 +27,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..schedule import sparse_sources
 from .values import I1, I64, i64
 from .walks import CuSeqlensWalk, Walk, _coords, _strides, stencil_edge_start
-
-TRANSPOSED_KINDS = ("dense_t", "triangular_t", "cu_seqlens_t", "stencil_t", "csr_rows")
-
-
-def transposed_descriptor(graph, forward: tuple) -> tuple:
-    """The walk by source of a relation whose walk by destination is `forward`."""
-    kind = forward[0]
-    if kind in ("dense", "triangular"):
-        return (kind + "_t",)
-    if kind in ("cu_seqlens", "stencil"):
-        return (kind + "_t",) + tuple(forward[1:])
-    if getattr(graph, "kind", "csr") in ("csr", "cat") and sparse_sources(
-            getattr(graph, "num_src", None), getattr(graph, "num_edges", None)):
-        return ("csr_rows",)
-    return ("csr",)
 
 
 def transposed_walk(descriptor: tuple) -> Walk:

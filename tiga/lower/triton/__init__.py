@@ -1,15 +1,21 @@
-"""lower/triton: Kernel IR -> Triton source (text + signature); no triton import needed to
-render. Registers lowering_rules['triton'] (rules/<family>.py)."""
+"""lower/triton: Kernel IR -> Triton source (an abi.KernelSource: text + signature); no
+triton import needed to render. Registers lowering_rules['triton'] (rules/<family>.py)."""
 from __future__ import annotations
 
 from ...core.prims.graph import propagate_p
+from ..abi import (  # (KernelSignature, relation_descriptor: the TEMPORARY bridge below)
+    TEXT_RELATIONS,
+    KernelSignature,
+    KernelSource,
+    radius_descriptor_of_launch,
+    relation_descriptor,
+)
 from ..ir.convert import propagate_params
 from ..ir.kernel import LaunchOp
 from ..registry import lowering_rules, register_lowered
 from . import rules  # noqa: F401  (registers lowering_rules["triton"])
 from .emitter import TritonUnsupported
-from .kernel import KernelSource, TritonSchedule, TritonSignature, render_propagate
-from .walks import TRAVERSAL_RELATION, radius_relation_of_launch, relation_of
+from .kernel import TritonSchedule, render_propagate
 
 
 def schedule_of(op: LaunchOp) -> TritonSchedule:
@@ -25,9 +31,10 @@ def schedule_of(op: LaunchOp) -> TritonSchedule:
 
 def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,
                   relation: tuple | None = None) -> KernelSource:
-    """Render one scheduled `gf_kernel.launch`. `relation` (walks.relation_of) names the walk
-    the launcher binds; without it the traversal names it where the IR text holds the whole
-    walk (csr, dense, triangular) and the others walk their resolved CSR."""
+    """Render one scheduled `gf_kernel.launch`. `relation` (abi.relation_descriptor with
+    target="triton") names the walk the launcher binds; without it the traversal names it
+    where the IR text holds the whole walk (csr, dense, triangular) and the others walk
+    their resolved CSR."""
     if op.traversal not in ("csr-row", "transposed-csr-row", "dense-row", "triangular-row",
                             "segment-row", "stencil-row", "cell-directory-row",
                             "transposed-dense-row", "transposed-triangular-row",
@@ -35,10 +42,10 @@ def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,
         raise TritonUnsupported(f"traversal {op.traversal!r} has no Triton rendering yet")
     gtype = op.comp.relation.type
     if relation is None and op.traversal == "cell-directory-row":
-        relation = radius_relation_of_launch(gtype.coord_dims, op.comp.reduce_by,
-                                             tuple(propagate_params(op.comp)["roles"]))
+        relation = radius_descriptor_of_launch(gtype.coord_dims, op.comp.reduce_by,
+                                               tuple(propagate_params(op.comp)["roles"]))
     if relation is None:
-        relation = TRAVERSAL_RELATION.get(op.traversal, ("csr",))
+        relation = TEXT_RELATIONS.get(op.traversal, ("csr",))
     in_types = [gtype] + [v.type for v in op.comp.inputs]
     return render_propagate(propagate_params(op.comp), in_types, gtype.index_dtype, has_perm,
                             schedule_of(op), symbol=symbol, relation=relation)
@@ -51,8 +58,18 @@ def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
     return [render_propagate(params, in_types, in_types[0].index_dtype, False, ctx)]
 
 
+# TEMPORARY bridge (kernel ABI move, issue 25): the runtime's import lines move to lower/abi
+# when its reorganisation lands; removed then, with these two names.
+class TritonSignature:
+    from_json = staticmethod(KernelSignature.from_dict)
+
+
+def relation_of(graph, walk: str) -> tuple:
+    return relation_descriptor(graph, walk, target="triton")
+
+
 lowering_rules["triton"][propagate_p] = propagate_lowering_rule
 register_lowered("triton")
 
-__all__ = ["render_launch", "render_propagate", "KernelSource", "TritonSchedule",
-           "TritonSignature", "TritonUnsupported", "schedule_of", "relation_of"]
+__all__ = ["render_launch", "render_propagate", "TritonSchedule", "TritonUnsupported",
+           "schedule_of"]

@@ -1,5 +1,6 @@
-"""lower/triton: one fused Triton kernel per `propagate` over compressed rows (source text +
-signature; the runtime compiles and launches it: xla_free_runtime/triton_launch.py).
+"""lower/triton: one fused Triton kernel per `propagate` over compressed rows (an
+abi.KernelSource: source text + signature; the runtime compiles and launches it:
+xla_free_runtime/backends/triton/launch.py).
 
     kernel[(cdiv(n_rows, BLOCK_R),)](row_ptr, col_idx, [edge_perm,] fields..., outs...,
                                      n_rows, BLOCK_R=..., BLOCK_N=...)
@@ -16,19 +17,24 @@ which the launcher adds up.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from ...core.dtypes import as_dtype
-from ...core.prims.graph import propagate_abstract_eval_rule
 from ...core.types import GraphType
+from ..abi import (
+    NBR_ROLE,
+    ROW_ROLE,
+    TRANSPOSED_KINDS,
+    KernelSignature,
+    KernelSource,
+    operand_slots,
+    propagate_operands,
+    walk_of,
+)
 from .emitter import TV, Emitter, TritonUnsupported, eval_program, pow2, tl_dtype
 from .reducers import reducer_folds, tile, valid_mask
 from .walks import emit_row, emit_tile, open_loops, walk_slots
-from .walks_transposed import TRANSPOSED_KINDS
 
-ROW_ROLE = {"dst": "dst", "src": "src", "edge": "dst", "all": "dst"}
-NBR_ROLE = {"dst": "src", "src": "dst"}
 # _tiga_max / _tiga_min: NaN wins, as numpy's maximum/minimum (the reference); tl.max and
 # tl.maximum's default drop it. One max.NaN instruction on the GPU; np.maximum interpreted
 HELPERS = {"_tiga_mul": "@triton.jit\ndef _tiga_mul(a, b):\n    return a * b\n",
@@ -49,58 +55,9 @@ class TritonSchedule:
     split_degree: int = 0     # rows of a larger degree run in the split kernels (0: none)
 
 
-@dataclass(frozen=True)
-class TritonSignature:
-    """How to launch a rendered kernel; JSON-serialisable like the LLVM signature."""
-
-    symbol: str
-    walk: str                 # "dst": the relation's CSR; "src": its transposed CSR
-    reduce_by: str
-    slots: tuple              # "row_ptr", "col_idx", "edge_perm", "field:i", "out:k"
-    roles: tuple
-    field_shapes: tuple
-    field_dtypes: tuple
-    out_shapes: tuple         # row shape per output
-    out_dtypes: tuple
-    index_dtype: str
-    block_rows: int
-    block_neighbors: int
-    num_warps: int
-    num_stages: int
-    combine: str = ""         # reduce_by="all": "sum" | "mean" of the per-row partials
-    relation: tuple = ("csr",)   # the walk (walks.py): csr, or an implicit relation's own
-    split_degree: int = 0     # > 0: `<symbol>_part` / `<symbol>_comb` run the heavier rows
-    split_states: tuple = ()  # (padded elements, dtype) of each reducer state tile
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, data: dict) -> TritonSignature:
-        """The signature `to_json` wrote (JSON lists back to the tuples it holds)."""
-        return cls(**{k: _tuples(v) for k, v in data.items()})
-
-
-def _tuples(v):
-    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
-
-
-@dataclass(frozen=True)
-class KernelSource:
-    """Generated text and its signature: what a backend's renderer hands its launcher."""
-
-    text: str
-    signature: TritonSignature
-
-
-def _row_shapes(fields, roles) -> tuple:
-    return tuple(tuple(t.shape) if r == "param" else tuple(t.shape[1:])
-                 for t, r in zip(fields, roles))
-
-
 def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
                  schedule: TritonSchedule, symbol: str,
-                 relation: tuple = ("csr",)) -> TritonSignature:
+                 relation: tuple = ("csr",)) -> KernelSignature:
     graph_t, fields = in_types[0], list(in_types[1:])
     if not isinstance(graph_t, GraphType):
         raise TritonUnsupported("a propagate whose first operand is not a relation")
@@ -108,23 +65,13 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
     if index.name not in ("int32", "int64"):
         raise TritonUnsupported(f"index dtype {index.name} (int32/int64 are rendered)")
     reduce_by, roles = params["reduce_by"], tuple(params["roles"])
-    combine = ""
-    if reduce_by == "all":
-        r = params["reducer"]
-        if params["update"] is not None or r is None or not r.builtin or \
-                r.name not in ("sum", "mean"):
-            raise TritonUnsupported("reduce_by='all' with a reducer other than sum/mean or "
-                                    "with an update (per-row partials are added)")
-        combine = r.name
+    combine = _combine(params)
     if params["update"] is not None and reduce_by != "dst":
         raise TritonUnsupported("an update function needs reduce_by='dst'")
-    outs = propagate_abstract_eval_rule(graph_t, *fields, **params)
-    out_shapes = tuple(tuple(t.shape) if reduce_by == "all" else tuple(t.shape[1:])
-                       for t in outs)
-    for t in list(fields) + list(outs):
-        if as_dtype(t.dtype).name == "bool":
-            raise TritonUnsupported("a bool field or output (stored as bytes, not rendered)")
-    walk = "src" if reduce_by == "src" else "dst"
+    operands = propagate_operands(params, graph_t, fields)
+    if "bool" in operands["field_dtypes"] + operands["out_dtypes"]:
+        raise TritonUnsupported("a bool field or output (stored as bytes, not rendered)")
+    walk = walk_of(reduce_by)
     # by source: the implicit kinds' transposed walks, the symmetric radius walk (the same
     # walk), else the transposed CSR
     if walk == "src" and relation[0] != "radius" and relation[0] not in TRANSPOSED_KINDS:
@@ -136,16 +83,28 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
         raise TritonUnsupported("edge fields over a radius cell walk (its edges are not "
                                 "numbered in the reference's order)")
     perm = (relation == ("csr",) and (has_perm or walk == "src")) or relation == ("csr_rows",)
-    slots = walk_slots(relation) + (("edge_perm",) if perm else ()) + tuple(
-        f"field:{i}" for i in range(len(fields))) + tuple(f"out:{k}" for k in range(len(outs)))
+    slots = operand_slots(walk_slots(relation), perm, len(fields), len(operands["out_dtypes"]))
     # the split path needs a row's edges as one id range of a stored CSR and a reducer state
     split = schedule.split_degree if relation == ("csr",) and reduce_by in ("dst", "src") \
         else 0
-    return TritonSignature(symbol, walk, reduce_by, slots, roles, _row_shapes(fields, roles),
-                           tuple(t.dtype.name for t in fields), out_shapes,
-                           tuple(t.dtype.name for t in outs), index.name,
-                           schedule.block_rows, schedule.block_neighbors, schedule.num_warps,
-                           schedule.num_stages, combine, tuple(relation), split)
+    return KernelSignature(target="triton", symbol=symbol, walk=walk, reduce_by=reduce_by,
+                           slots=slots, index_dtype=index.name, relation=tuple(relation),
+                           block_rows=schedule.block_rows,
+                           block_neighbors=schedule.block_neighbors,
+                           num_warps=schedule.num_warps, num_stages=schedule.num_stages,
+                           combine=combine, split_degree=split, **operands)
+
+
+def _combine(params: dict) -> str:
+    """reduce_by="all": how the per-row partials are added ("sum" | "mean"); else ""."""
+    if params["reduce_by"] != "all":
+        return ""
+    r = params["reducer"]
+    if params["update"] is not None or r is None or not r.builtin or \
+            r.name not in ("sum", "mean"):
+        raise TritonUnsupported("reduce_by='all' with a reducer other than sum/mean or "
+                                "with an update (per-row partials are added)")
+    return r.name
 
 
 def render_propagate(params: dict, in_types: list, index_dtype, has_perm: bool = False,
@@ -184,7 +143,7 @@ class _Body:
     storing its raw reducer states; "comb": one program row per heavy row, merging its
     chunks' states in chunk order (deterministic), then finalize, update and store."""
 
-    def __init__(self, params: dict, sig: TritonSignature, mode: str = "main"):
+    def __init__(self, params: dict, sig: KernelSignature, mode: str = "main"):
         self.sig, self.params, self.mode = sig, params, mode
         self.edge_fn, self.update = params["edge_fn"], params["update"]
         self.row_role = ROW_ROLE[sig.reduce_by]

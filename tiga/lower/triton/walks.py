@@ -1,9 +1,9 @@
 """lower/triton: how a propagate program finds the edges of its destination row.
 
-A walk is named by a relation descriptor (part of the kernel's cache key): ("csr",) walks
-row_ptr / col_idx (a stored relation, its transpose by source, and the relations a walk
-below does not express); implicit kinds by source walk their transpose natively
-(walks_transposed.py);
+A walk is named by a relation descriptor (lower/abi.py's relation_descriptor with
+target="triton"; part of the kernel's cache key): ("csr",) walks row_ptr / col_idx (a
+stored relation, its transpose by source, and the relations a walk below does not
+express); implicit kinds by source walk their transpose natively (walks_transposed.py);
 the implicit relations are walked from indices, with no resolved CSR:
 
 - ("dense",): row r owns edges [r*S, r*S + S), edge r*S + j reads source j (S: walk_params).
@@ -32,9 +32,8 @@ the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge 
 """
 from __future__ import annotations
 
-from ..schedule import sparse_sources
+from ..abi import TRANSPOSED_KINDS
 from .walks_transposed import (
-    TRANSPOSED_KINDS,
     emit_edge_start,
     emit_transposed_row,
     emit_transposed_tile,
@@ -42,64 +41,8 @@ from .walks_transposed import (
     transposed_slots,
 )
 
-IMPLICIT_KINDS = ("dense", "triangular", "cu_seqlens", "stencil")
-RADIUS_MAX_DIMS = 3          # 3^dims neighbour cells per row; higher dims resolve to CSR
 RADIUS_SLOTS = ("wpos", "wqpos", "cell_start", "cell_order", "grid_lo", "grid_dims",
                 "walk_scal")
-MAX_STENCIL_OFFSETS = 64
-# traversals whose walk is fully named by the Kernel IR text (program.ir("triton", ...))
-TRAVERSAL_RELATION = {"dense-row": ("dense",), "triangular-row": ("triangular",),
-                      "transposed-dense-row": ("dense_t",),
-                      "transposed-triangular-row": ("triangular_t",)}
-
-
-def relation_of(graph, walk: str) -> tuple:
-    """The walk descriptor of a relation. By source: the implicit kinds' transposed walks
-    (walks_transposed below), a stored relation's transposed CSR."""
-    kind = getattr(graph, "kind", "csr")
-    params = getattr(graph, "params", {}) or {}
-    if kind == "radius":
-        return _radius_of(params, walk)
-    if walk != "dst":
-        forward = relation_of(graph, "dst")
-        if forward[0] != "csr":
-            return (forward[0] + "_t",) + forward[1:]
-        sparse = kind in ("csr", "cat") and sparse_sources(getattr(graph, "num_src", None),
-                                                           getattr(graph, "num_edges", None))
-        return ("csr_rows",) if sparse else forward
-    if kind not in IMPLICIT_KINDS:
-        return ("csr",)
-    if kind == "cu_seqlens":
-        return ("cu_seqlens", bool(params["causal"]))
-    if kind == "stencil":
-        shape = tuple(int(n) for n in params["shape"])
-        offsets = tuple(tuple(int(o) for o in off) for off in params["offsets"])
-        if not offsets or len(offsets) > MAX_STENCIL_OFFSETS or 0 in shape:
-            return ("csr",)
-        return ("stencil", shape, offsets, bool(params["periodic"]))
-    return (kind,)
-
-
-def _radius_of(params: dict, walk: str) -> tuple:
-    """The radius walk, where it is exact without numbering edges in the reference's order:
-    no max_neighbors (nearest-first truncation), at most RADIUS_MAX_DIMS dims, and by
-    source only over one point set (symmetric)."""
-    same = params.get("query") is None
-    dims = int(params["dims"])
-    if params.get("max_neighbors") is not None or not 1 <= dims <= RADIUS_MAX_DIMS or \
-            (walk != "dst" and not same):
-        return ("csr",)
-    return ("radius", dims)
-
-
-def radius_relation_of_launch(coord_dims, reduce_by: str, roles: tuple) -> tuple:
-    """The walk of a cell-directory launch from its Kernel IR alone (program.ir): the cell
-    walk where the runtime takes it for some radius relation of that shape (max_neighbors,
-    which the IR does not carry, walks the resolved CSR)."""
-    if type(coord_dims) is not int or not 1 <= coord_dims <= RADIUS_MAX_DIMS or \
-            reduce_by == "edge" or "edge" in roles:
-        return ("csr",)
-    return ("radius", coord_dims)
 
 
 def walk_slots(relation: tuple) -> tuple:

@@ -22,8 +22,6 @@ Each walk emits `e0`, `e1` (a destination range, or for stencils 0..degree) in t
 """
 from __future__ import annotations
 
-TRANSPOSED_KINDS = ("dense_t", "triangular_t", "cu_seqlens_t", "stencil_t", "csr_rows")
-
 
 def transposed_slots(relation: tuple) -> tuple:
     kind = relation[0]
