@@ -1,6 +1,7 @@
 """tg.nn layers inside torch.compile (issue 26 item 6): a two-layer GCN and a two-head GAT
 model compile with fullgraph=True and no graph break under the eager, aot_eager and
-inductor backends, each layer's relation work one opaque `tiga::layer` op, with outputs and
+inductor backends, each layer's relation work one opaque `tiga::layer` op (GCN's cached=True
+included: the cache is read inside the op), with outputs and
 gradients (input, edge weights, every parameter) equal to PyG's model holding the same
 state dict (float64), for an edge_index tensor and for a tg.Graph given directly; and a
 bipartite SAGE + GIN model under aot_eager.
@@ -12,6 +13,7 @@ import pytest
 import tiga as tg
 
 from ._pyg import assert_same, pyg, randomized, torch
+from .test_gcn import count_normalisations
 
 counters = pytest.importorskip("torch._dynamo.utils").counters
 
@@ -97,6 +99,19 @@ def test_a_graph_given_directly(make):
     """A tg.Graph is a constant of the op (its edge order: from_coo's, which PyG's
     add_remaining_self_loops / GAT loops do not depend on for these node outputs)."""
     compiled_matches_pyg(make, "aot_eager", "graph")
+
+
+def cached_gcn(nn):
+    return TwoLayers(lambda: nn.GCNConv(F, 6, cached=True),
+                     lambda: nn.GCNConv(6, 3, cached=True))
+
+
+def test_cached_gcn(monkeypatch):
+    """cached=True is one op per layer too (it graph-broke per layer): the layer's cache
+    is read inside the op, filled once per layer in two compiled steps with backward."""
+    runs = count_normalisations(monkeypatch)
+    compiled_matches_pyg(cached_gcn, "aot_eager", "edge_index")
+    assert len(runs) == 2
 
 
 class Bipartite(torch.nn.Module):

@@ -75,13 +75,52 @@ def test_a_tg_graph_gives_what_its_edge_index_gives():
     torch.testing.assert_close(ours(x, graph, w), theirs(x, ei, w), rtol=1e-12, atol=1e-12)
 
 
-def test_cached_keeps_the_first_relation_as_pyg():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cached_reuses_the_first_normalisation_as_pyg(weighted, monkeypatch):
+    """cached=True: PyG's outputs and gradients (x, parameters) on later calls too, with
+    the normalisation computed once (counted); the same graph as an equal copy is reused."""
+    runs = count_normalisations(monkeypatch)
     theirs = randomized(pyg.GCNConv(5, 3, cached=True))
     ours = loaded(tg.nn.GCNConv(5, 3, cached=True), theirs)
-    x = torch.randn(4, 5, dtype=torch.float64)
-    for name in ("pyg", "self_loops"):   # the second graph is ignored by both
-        ei, _ = case(name)
-        torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-12, atol=1e-12)
+    ei, n = case("self_loops")
+    w = torch.rand(ei.size(1), dtype=torch.float64) + 0.5 if weighted else None
+    for seed, edges in ((1, ei), (2, ei), (3, ei.clone())):
+        x = torch.randn(n, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        assert_same(ours, theirs, lambda m, v, e=edges: m(v, e, w), x)
+    assert len(runs) == 1
+
+
+def count_normalisations(monkeypatch) -> list:
+    """A list that gets an entry per normalisation GCNConv computes."""
+    from tiga.torch_bridge.layers import gcn
+    original, runs = gcn._normalized, []
+
+    def counting(*args):
+        runs.append(1)
+        return original(*args)
+    monkeypatch.setattr(gcn, "_normalized", counting)
+    return runs
+
+
+def test_cached_refuses_another_graph():
+    """PyG would silently reuse the first graph's normalisation; Tiga names what changed,
+    reset_parameters() starts over, and the cached normalisation is a constant (no
+    gradient to edge_weight)."""
+    ours = tg.nn.GCNConv(5, 3, cached=True).double()
+    ei, n = case("self_loops")
+    w = torch.rand(ei.size(1), dtype=torch.float64, requires_grad=True)
+    x = torch.randn(n, 5, dtype=torch.float64)
+    ours(x, ei, w).sum().backward()
+    assert w.grad is None
+    with pytest.raises(tg.TigaError, match="GCNConv: cached=True .* edge_weight differs"):
+        ours(x, ei, w.detach() * 2)
+    other, _ = case("pyg")
+    with pytest.raises(tg.TigaError, match="GCNConv: cached=True .* edge_index differs"):
+        ours(x, other, None)
+    ours.reset_parameters()
+    fresh = tg.nn.GCNConv(5, 3).double()
+    fresh.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(ours(x, other), fresh(x, other))
 
 
 def test_argument_errors_name_the_argument():

@@ -9,10 +9,12 @@ from ...core.reducers import sum as sum_r
 from ...trace.message_passing import MessagePassing
 from .common import (
     WEIGHTED_SUM,
+    Keyed,
     LayerArgumentError,
     check_positive,
     edge_reduce,
     follow,
+    keyed,
     linear,
     loop_edit,
     relation,
@@ -32,7 +34,7 @@ class _Normalized(MessagePassing):
 _NORMALIZED = _Normalized()
 
 
-class GCNConv(torch.nn.Module):
+class GCNConv(Keyed):
     """PyG's GCNConv: x' = D^-1/2 (A + fill I) D^-1/2 (x W^T) + b, as a torch module.
 
     Arguments, defaults and parameter names (`lin.weight`, `bias`) are PyG's, so
@@ -48,8 +50,16 @@ class GCNConv(torch.nn.Module):
     over N nodes or a (2, E) integer tensor [sources; targets]; edge_weight (E,) in that
     relation's edge order, differentiable (where a node has several self loops, only the
     last one's weight is used, as in PyG, so the others' gradient is 0; PyG's backward hands
-    them the kept loop's gradient too). Returns (N, out_channels). cached=True keeps the
-    first call's relation and normalisation (as PyG: for a fixed graph only).
+    them the kept loop's gradient too). Returns (N, out_channels).
+
+    cached=True (as PyG: for a fixed graph, transductive learning) computes the relation
+    with its loops and the normalisation on the first call and reuses them: a constant, so
+    edge_weight gets no gradient (PyG differentiates its first call and cannot backward
+    through a later one). Unlike PyG, which silently reuses the first graph's
+    normalisation for any later graph, a call whose relation or edge_weight differs from
+    the cached one (another tg.Graph object, or an edge_index / edge_weight of other
+    values; the same tensors, or equal copies, are the cached graph) raises a
+    LayerArgumentError; reset_parameters() or cached=False start over.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False,
@@ -67,6 +77,7 @@ class GCNConv(torch.nn.Module):
         self.improved, self.cached = improved, cached
         self.add_self_loops, self.normalize = add_self_loops, normalize
         self._cache = None
+        self._new_key()
         self.lin = linear(in_channels, out_channels, bias=False, glorot=True)
         if bias:
             self.bias = torch.nn.Parameter(torch.zeros(out_channels))
@@ -85,20 +96,14 @@ class GCNConv(torch.nn.Module):
             raise ShapeError(f"GCNConv: x is {found}, expected a 2-D tensor (nodes, "
                              "features); GCNConv has no bipartite form (as PyG)")
         h = self.lin(x)
+        settings = (self.improved, self.add_self_loops, self.normalize)
+        # one opaque op inside torch.compile (opaque.py); the cache stays on the layer
         if self.cached:
-            out = _aggregate(*self._relation(x, edge_index, edge_weight), h)
-        else:   # one opaque op inside torch.compile (opaque.py)
-            out = region(_region, edge_index, (self.improved, self.add_self_loops,
-                                               self.normalize), (edge_weight, h), ((1, 1),))
+            out = region(_cached_region, edge_index, settings + (self._key,),
+                         (edge_weight, h), ((1, 1),))
+        else:
+            out = region(_region, edge_index, settings, (edge_weight, h), ((1, 1),))
         return out if self.bias is None else out + self.bias
-
-    def _relation(self, x, edge_index, edge_weight) -> tuple:
-        """(relation with loops, edge weights, D^-1/2 or None), cached when asked."""
-        if self._cache is not None:
-            return self._cache
-        self._cache = _normalized(edge_index, (self.improved, self.add_self_loops,
-                                               self.normalize), edge_weight, x)
-        return self._cache
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels})"
@@ -114,6 +119,59 @@ def _aggregate(graph, w, dis, h):
 def _region(edge_index, settings, edge_weight, h):
     """The relation-dependent part of GCNConv.forward (h = lin(x)): node rows out."""
     return _aggregate(*_normalized(edge_index, settings, edge_weight, h), h)
+
+
+def _cached_region(edge_index, settings, edge_weight, h):
+    """_region with the layer's cache (cached=True): the normalisation of the first call."""
+    layer = keyed(settings[-1])
+    if layer._cache is None:
+        with torch.no_grad():
+            norm = _normalized(edge_index, settings[:3], edge_weight, h)
+        layer._cache = _Cache(edge_index, edge_weight, h.size(0), norm)
+    else:
+        layer._cache.check(edge_index, edge_weight, h.size(0))
+    return _aggregate(*layer._cache.norm, h)
+
+
+class _Cache:
+    """A cached normalisation and what it was computed from: the relation (a tg.Graph by
+    identity; an edge_index by identity and version, else by value) and edge_weight."""
+
+    def __init__(self, edge_index, edge_weight, n: int, norm: tuple):
+        self.norm, self.n = norm, n
+        self.relation, self.edge_weight = _held(edge_index), _held(edge_weight)
+
+    def check(self, edge_index, edge_weight, n: int) -> None:
+        for name, held, now in (("edge_index", self.relation, edge_index),
+                                ("edge_weight", self.edge_weight, edge_weight)):
+            if not _same(held, now):
+                raise LayerArgumentError(
+                    f"GCNConv: cached=True holds the normalisation of the first call's "
+                    f"graph, and this call's {name} differs from that call's (PyG would "
+                    "silently reuse the stale one); use cached=False for changing graphs, "
+                    "or call reset_parameters() to drop the cache")
+        if n != self.n:
+            raise ShapeError(f"GCNConv: cached=True holds a graph of {self.n} nodes, but x "
+                             f"has {n} rows")
+
+
+def _held(value):
+    """What a cache keeps of a relation or edge_weight: an object to compare later."""
+    if isinstance(value, torch.Tensor):
+        return value, value._version, value.detach().clone()
+    return value
+
+
+def _same(held, now) -> bool:
+    if not isinstance(held, tuple):
+        return held is now      # a tg.Graph (immutable) or None
+    if not isinstance(now, torch.Tensor):
+        return False
+    tensor, version, copy = held
+    if now is tensor and now._version == version:
+        return True
+    return now.shape == copy.shape and \
+        torch.equal(now.detach().to(device=copy.device, dtype=copy.dtype), copy)
 
 
 def _normalized(edge_index, settings, edge_weight, x) -> tuple:
