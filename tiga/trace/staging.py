@@ -33,12 +33,13 @@ def leaf_value(x):
     return x
 
 
-def trace_flat(fn: Callable, in_avals: list, *, top: bool = True):
+def trace_flat(fn: Callable, in_avals: list, *, top: bool = True, lift: bool = False):
     """Trace `fn(*tracers)`; returns (program, captured outer values, output treedef).
 
-    The program's binders are the captured values first, then the arguments.
+    The program's binders are the captured values first, then the arguments. `lift`: disk
+    tensors the function closes over are captured values too (Builder), not literals.
     """
-    builder = Builder(top)
+    builder = Builder(top, lift)
     with building(builder):
         args = [builder.new_arg(a) for a in in_avals]
         out = fn(*args)
@@ -66,7 +67,7 @@ def make_program(fn: Callable, static_argnums=()) -> Callable:
     return build
 
 
-def trace_args(fn: Callable, args: tuple, static: tuple):
+def trace_args(fn: Callable, args: tuple, static: tuple, lift: bool = False):
     """Trace `fn` at `args` (pytrees), keeping `static` positions as Python values."""
     dyn = [a for i, a in enumerate(args) if i not in static]
     leaves, in_tree = tree_flatten(dyn)
@@ -76,7 +77,7 @@ def trace_args(fn: Callable, args: tuple, static: tuple):
         full = [args[i] if i in static else next(rebuilt) for i in range(len(args))]
         return fn(*full)
 
-    return trace_flat(flat_fn, [leaf_aval(x) for x in leaves])
+    return trace_flat(flat_fn, [leaf_aval(x) for x in leaves], lift=lift)
 
 
 def _as_tuple(x) -> tuple:

@@ -117,8 +117,11 @@ def _foreign_call(library: str, what: str, short: str) -> UnsupportedError:
 class Builder:
     """Records equations for one (sub-)trace; foreign values become captured inputs."""
 
-    def __init__(self, top: bool):
+    def __init__(self, top: bool, lift: bool = False):
         self.top = top  # concrete captures inline as literals only at top level
+        # `lift`: a tensor paged from disk closed over by the traced function becomes an input
+        # of the program, not a literal: the runtime pages an input (a literal it reads whole)
+        self.lift = lift
         self.eqns: list[Eqn] = []
         self.args: list[Var] = []
         self.captures: list[tuple[Any, Var]] = []
@@ -148,6 +151,8 @@ class Builder:
                                  "(it was stored outside and used later)")
             return self.capture(x).var
         aval = aval_of(x)
+        if self.lift and lifted(x):
+            return self.capture(x).var
         # a foreign scalar (torch) stays a captured input so that it can receive a gradient
         if self.top or (isinstance(aval, TensorType) and aval.ndim == 0 and not _owned(x)):
             return Lit(x, aval) if isinstance(aval, TensorType) else GraphLit(x, aval)
@@ -157,6 +162,14 @@ class Builder:
         out_atoms = [self.atom(o) for o in outs]
         binders = [v for _, v in self.captures] + self.args
         return GraphProgram(tuple(binders), tuple(self.eqns), tuple(out_atoms))
+
+
+def lifted(x) -> bool:
+    """A concrete value a lifting trace takes as an input of the program rather than as a
+    literal: a tensor on the disk tier (the runtime reads a literal whole, an input page by
+    page, as it would the same tensor passed as an argument)."""
+    return not isinstance(x, Tracer) and getattr(x, "tier", None) == "disk" and \
+        hasattr(x, "__tiga_type__")
 
 
 class GraphLit(Lit):
