@@ -116,6 +116,30 @@ def triton_split_tiles(block_neighbors: int, traversal: str, reduce_by: str,
     return (("split_degree", split),)
 
 
+# triton: a stored CSR walk gathers a [rows, block_neighbors] tile of column ids per program
+# and the [rows, block_neighbors, width] tile of neighbour rows at once (row_tiles.py), so a
+# program keeps rows x block_neighbors independent gathers in flight where the row loop
+# keeps block_neighbors. Rows per program: the tile stays within ROW_TILE_ELEMENTS
+# elements (about 32 registers per thread at ROW_TILE_WARPS warps), at least 2 rows (one
+# row is the row loop's tile). Long rows keep the split path (split_degree).
+ROW_TILE_ELEMENTS = 4096
+ROW_TILE_MAX_ROWS = 64
+ROW_TILE_WARPS = 4
+ROW_TILE_TRAVERSALS = ("csr-row", "transposed-csr-row")
+
+
+def triton_row_tile(traversal: str, reduce_by: str, block_neighbors: int,
+                    edge_width: int) -> int:
+    """Rows of one row-tiled program (0: the row loop). `edge_width`: padded elements of
+    the widest per-edge value of the edge function (a row of its widest tile)."""
+    if traversal not in ROW_TILE_TRAVERSALS or reduce_by not in ("dst", "src"):
+        return 0
+    rows = ROW_TILE_ELEMENTS // (block_neighbors * max(1, edge_width))
+    if rows < 2:
+        return 0
+    return min(ROW_TILE_MAX_ROWS, 1 << (rows.bit_length() - 1))
+
+
 # A relation walked by source keeps a transposed row_ptr of num_src + 1 entries only while
 # that is about its edges; past it (2**31 sources, 3 edges) the transpose is stored over the
 # sources with edges only and each row finds its edges by a cursor or a binary search.

@@ -21,6 +21,9 @@ triton (the GPU view of the same launch):
   least 256 bytes;
 - tiles split_degree: rows of a stored CSR walk above 8 neighbour tiles run split across
   programs whose partial reducer states a combine kernel merges (none under a degree bound).
+- tiles row_tile: a stored CSR walk by dst or src gathers block_rows rows x block_neighbors
+  neighbours per program as one tile (lower/schedule.triton_row_tile sizes it from the
+  widest per-edge value; ROW_TILE_WARPS warps); absent: each program loops over its rows.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from ..ir.kernel import TARGET_KEYS, KernelModule, LaunchOp, Schedule
 from ..ir.syntax import AttrDict
 from ..schedule import (
     CHUNKS_PER_THREAD,
+    ROW_TILE_WARPS,
     attention_tiles,
     cpu_threads,
     edge_unroll,
@@ -43,6 +47,7 @@ from ..schedule import (
     parallel_mode,
     prefetch_distance,
     row_partition,
+    triton_row_tile,
     triton_split_tiles,
 )
 from .common import expect_level, map_ops
@@ -98,9 +103,26 @@ def choose_schedule(op: LaunchOp, threads: int, target: str = "cpu-llvm") -> Sch
     stages = 2 if row_bytes >= 256 else 1
     tiles = AttrDict(triton_split_tiles(block_neighbors, op.traversal, op.comp.reduce_by,
                                         bound))
+    tiled = triton_row_tile(op.traversal, op.comp.reduce_by, block_neighbors, _edge_width(op))
+    if tiled:
+        block_rows, num_warps = tiled, ROW_TILE_WARPS
+        tiles = AttrDict(tuple(tiles) + (("row_tile", 1),))
     return Schedule(target="triton", block_rows=block_rows, block_neighbors=block_neighbors,
                     vector_width=vector_width, num_warps=num_warps, pipeline_stages=stages,
                     parallel=_parallel(op), tiles=tiles)
+
+
+def _edge_width(op: LaunchOp) -> int:
+    """Padded elements of the widest value the edge function holds per edge (its arguments,
+    parameters included: a weight matrix bounds the broadcast product of its dot)."""
+    region = op.comp.edge
+    width = 1
+    for v in list(region.args) + [r for o in region.ops for r in getattr(o, "results", ())]:
+        n = 1
+        for d in getattr(v.type, "shape", ()):
+            n *= 1 if isinstance(d, Dim) else _pow2_ceil(int(d))
+        width = max(width, n)
+    return width
 
 
 def _parallel(op: LaunchOp) -> str:

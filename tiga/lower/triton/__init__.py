@@ -24,9 +24,9 @@ def schedule_of(op: LaunchOp) -> TritonSchedule:
     if s is None or getattr(s, "target", "triton") != "triton" or s.block_rows is None:
         raise TritonUnsupported("gf_kernel.launch has no triton schedule",
                                 hint="run --select-kernel-schedule with target triton")
-    split = dict(s.tiles).get("split_degree", 0)
+    tiles = dict(s.tiles)
     return TritonSchedule(s.block_rows, s.block_neighbors, s.num_warps, s.pipeline_stages,
-                          split)
+                          tiles.get("split_degree", 0), bool(tiles.get("row_tile", 0)))
 
 
 def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,

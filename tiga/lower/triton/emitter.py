@@ -62,6 +62,12 @@ class Emitter:
         self.indent = indent
         self.count = 0
         self.helpers: set = set()   # names of module-level @triton.jit helpers the body uses
+        # the extent of a per-edge tile's lead axis; a row-tiled body (row_tiles.py) sets
+        # row_tile to its rows per program: lanes are then rows x neighbours while the edge
+        # function runs, the rows alone from the finalize on, and reducer states are
+        # [row_tile, ...] ("edge"-led) instead of [1, ...]
+        self.lanes = "BLOCK_N"
+        self.row_tile: str | None = None
 
     def fresh(self, hint: str = "v") -> str:
         self.count += 1
@@ -77,6 +83,18 @@ class Emitter:
 
     def value(self, expr: str, shape, dtype, lead: str, hint: str = "v") -> TV:
         return TV(self.let(expr, hint), tuple(shape), as_dtype(dtype), lead)
+
+    @property
+    def state_lead(self) -> str:
+        """The lead of a reducer state and of what finalize makes of it."""
+        return "row" if self.row_tile is None else "edge"
+
+    def per_row(self, name: str, rank: int) -> str:
+        """A per-row scalar (`cnt`) against a state of logical rank `rank`: one scalar, or a
+        [row_tile] vector lifted by trailing unit axes."""
+        if self.row_tile is None or rank == 0:
+            return name
+        return f"{name}[:, {', '.join(['None'] * rank)}]"
 
     # ---- index vectors and masks over padded row axes -----------------------------------
 

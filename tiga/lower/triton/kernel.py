@@ -53,6 +53,7 @@ class TritonSchedule:
     num_warps: int = 4
     num_stages: int = 1
     split_degree: int = 0     # rows of a larger degree run in the split kernels (0: none)
+    row_tile: bool = False    # a stored CSR's rows gathered as one tile (row_tiles.py)
 
 
 def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
@@ -116,7 +117,8 @@ def render_propagate(params: dict, in_types: list, index_dtype, has_perm: bool =
     schedule = schedule or TritonSchedule()
     sig = signature_of(params, list(in_types), index_dtype, has_perm, schedule, symbol,
                        relation)
-    main = _Body(params, sig)
+    from .row_tiles import main_body   # (row_tiles extends _Body, defined below)
+    main = main_body(params, sig, schedule.row_tile)
     if sig.split_degree:
         sig = replace(sig, split_states=main.state_layout())
     args = [s.replace(":", "") for s in sig.slots]
@@ -149,6 +151,7 @@ class _Body:
         self.row_role = ROW_ROLE[sig.reduce_by]
         self.nbr_role = NBR_ROLE[self.row_role]
         self.ctx = Emitter(indent=1)
+        self.row_store = ("row1", "(zero1 == 0) & live")   # (row ids, mask) of the stores
         msg_types = [t.strong() for t in self.edge_fn.out_types]
         self.folds = []
         if sig.reduce_by != "edge":
@@ -283,6 +286,11 @@ class _Body:
     def _tile(self, rows: dict, params: dict, states: list) -> None:
         c = self.ctx
         emit_tile(c, self.sig.relation, "edge_perm" in self.sig.slots)
+        self._messages(rows, params, states)
+
+    def _messages(self, rows: dict, params: dict, states: list) -> None:
+        """The tile's gathers, edge function and folds (or per-edge stores)."""
+        c = self.ctx
         args = []
         for i, role in enumerate(self.sig.roles):
             if role == "param":
@@ -311,7 +319,7 @@ class _Body:
             prm = [params[i] for i, r in enumerate(roles) if r == "param"]
             outs = eval_program(self.ctx, self.update, dst + outs + prm)
         for k, val in enumerate(outs):
-            self._store(k, val, "row1", "(zero1 == 0) & live", edge=False)
+            self._store(k, val, *self.row_store, edge=False)
 
     def _store(self, k: int, val: TV, index: str, mask: str, edge: bool) -> None:
         shape = tuple(self.sig.out_shapes[k])

@@ -2,7 +2,9 @@
 
 State tiles are `[1, *padded]`; a fold first broadcasts the tile's messages to
 `[BLOCK_N, *padded]` and replaces invalid neighbours (past the row's degree) by the
-identity. Empty rows finalise as the reference does: sum/mean/max/min/online_softmax -> 0,
+identity. In a row-tiled body (row_tiles.py) states are `[BLOCK_R, *padded]` and a tile's
+`[BLOCK_R * BLOCK_N, *padded]` lanes are regrouped as `[BLOCK_R, BLOCK_N, *padded]` and
+reduced over their neighbour axis (`grouped`, `nbr_fold`, `against`). Empty rows finalise as the reference does: sum/mean/max/min/online_softmax -> 0,
 prod -> 1 (max/min/prod: `empty=` where set), argmin/argmax -> -1. Half-precision states
 accumulate in float32.
 """
@@ -12,12 +14,9 @@ from ...core.dtypes import as_dtype
 from .emitter import TV, Emitter, TritonUnsupported, pow2, tl_dtype
 from .rules.reductions import identity
 
-_FOLD = {"sum": "tl.sum({x}, axis=0, keep_dims=True)",
-         "max": "tl.max({x}, axis=0, keep_dims=True)",
-         "min": "tl.min({x}, axis=0, keep_dims=True)",
-         "prod": "tl.reduce({x}, 0, _tiga_mul, keep_dims=True)",
-         "nanmax": "tl.reduce({x}, 0, _tiga_max, keep_dims=True)",
-         "nanmin": "tl.reduce({x}, 0, _tiga_min, keep_dims=True)"}
+# the reduction of each fold rule: a tl function, or tl.reduce with a combine helper
+_FOLD = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "prod": "_tiga_mul",
+         "nanmax": "_tiga_max", "nanmin": "_tiga_min"}
 _COMBINE = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})",
             "prod": "{a} * {b}", "nanmax": "_tiga_max({a}, {b})",
             "nanmin": "_tiga_min({a}, {b})"}
@@ -30,14 +29,41 @@ def state_dtype(dtype):
     return as_dtype("float32") if d.name in ("float16", "bfloat16") else d
 
 
-def _dims(shape) -> str:
-    return ", ".join(["1"] + [str(pow2(d)) for d in shape])
+def _dims(shape, lead: str = "1") -> str:
+    return ", ".join([lead] + [str(pow2(d)) for d in shape])
+
+
+def _state_dims(ctx: Emitter, shape) -> str:
+    return _dims(shape, ctx.row_tile or "1")
+
+
+def grouped(ctx: Emitter, x: str, shape) -> str:
+    """A `[lanes, *padded]` tile by row: as is, or `[BLOCK_R, BLOCK_N, *padded]`."""
+    if ctx.row_tile is None:
+        return x
+    return f"tl.reshape({x}, [{ctx.row_tile}, BLOCK_N{''.join(f', {pow2(d)}' for d in shape)}])"
+
+
+def nbr_fold(ctx: Emitter, fn: str, x: str) -> str:
+    """`fn` (a tl reduction, or a combine helper for tl.reduce) over the neighbour axis of a
+    `grouped` tile: a value shaped like the reducer state."""
+    axis, keep = (0, ", keep_dims=True") if ctx.row_tile is None else (1, "")
+    if fn.startswith("_tiga"):
+        return f"tl.reduce({x}, {axis}, {fn}{keep})"
+    return f"{fn}({x}, axis={axis}{keep})"
+
+
+def against(ctx: Emitter, state: str, rank: int) -> str:
+    """A state (logical rank `rank`) broadcast against a `grouped` tile."""
+    if ctx.row_tile is None:
+        return state
+    return f"{state}[{', '.join([':', 'None'] + [':'] * rank)}]"
 
 
 def tile(ctx: Emitter, m: TV, shape=None) -> str:
     """`m` as a full `[BLOCK_N, *padded]` tile (per-row and literal messages repeat)."""
     shape = tuple(m.shape if shape is None else shape)
-    dims = ", ".join(["BLOCK_N"] + [str(pow2(d)) for d in shape])
+    dims = ", ".join([ctx.lanes] + [str(pow2(d)) for d in shape])
     if m.lead == "const":
         return f"tl.full([{dims}], {m.expr}, {tl_dtype(m.dtype)})"
     return f"tl.broadcast_to({ctx.expand(m, len(shape))}, [{dims}])"
@@ -74,15 +100,15 @@ class Fold:
 
     def init(self, ctx: Emitter) -> list:
         ident = identity(self._op(), self.dtype)
-        return [ctx.let(f"tl.full([{_dims(self.shape)}], {ident}, {tl_dtype(self.dtype)})",
-                        "acc")]
+        return [ctx.let(f"tl.full([{_state_dims(ctx, self.shape)}], {ident}, "
+                        f"{tl_dtype(self.dtype)})", "acc")]
 
     def fold(self, ctx: Emitter, state: list, msgs: list) -> None:
         op, rule = self._op(), self._rule(ctx)
         (acc,), (m,) = state, msgs
         x = f"tl.where({valid_mask(len(self.shape))}, ({tile(ctx, m, self.shape)})" \
             f".to({tl_dtype(self.dtype)}), {identity(op, self.dtype)})"
-        part = _FOLD[rule].format(x=x)
+        part = nbr_fold(ctx, _FOLD[rule], grouped(ctx, x, self.shape))
         ctx.emit(f"{acc} = ({_COMBINE[rule].format(a=acc, b=part)}).to({tl_dtype(self.dtype)})")
 
     def layout(self) -> list:
@@ -96,15 +122,16 @@ class Fold:
                  f".to({tl_dtype(self.dtype)})")
 
     def finalize(self, ctx: Emitter, state: list) -> list:
-        (acc,) = state
+        (acc,), cnt = state, ctx.per_row("cnt", len(self.shape))
         if self.name == "mean":
-            expr = f"{acc} / tl.maximum(cnt, 1).to({tl_dtype(self.dtype)})"
+            expr = f"{acc} / tl.maximum({cnt}, 1).to({tl_dtype(self.dtype)})"
         elif self.name in ("max", "min") or self.empty is not None:
-            expr = f"tl.where(cnt > 0, {acc}, {_literal(0 if self.empty is None else self.empty)})"
+            expr = f"tl.where({cnt} > 0, {acc}, " \
+                   f"{_literal(0 if self.empty is None else self.empty)})"
         else:
             expr = acc
         return [ctx.value(f"({expr}).to({tl_dtype(self.out_dtype)})", self.shape,
-                          self.out_dtype, "row", "y")]
+                          self.out_dtype, ctx.state_lead, "y")]
 
 
 def _literal(v: float) -> str:
@@ -125,7 +152,7 @@ class ArgFold:
         self.worst = identity("max" if self.largest else "min", self.dtype)
 
     def init(self, ctx: Emitter) -> list:
-        d = _dims(self.shape)
+        d = _state_dims(ctx, self.shape)
         return [ctx.let(f"tl.full([{d}], {self.worst}, {tl_dtype(self.dtype)})", "abest"),
                 ctx.let(f"tl.full([{d}], {_ID_MAX}, tl.int64)", "aid")]
 
@@ -135,19 +162,22 @@ class ArgFold:
                     f"{tl_dtype(self.dtype)}), {self.worst})", "ax")
         ids = ctx.let(f"tl.where({mask}, ({tile(ctx, ident, self.shape)}).to(tl.int64), "
                       f"{_ID_MAX})", "aids")
-        red = "tl.max" if self.largest else "tl.min"
+        if ctx.row_tile is not None:   # (invalid lanes already hold the worst value, id max)
+            x = ctx.let(grouped(ctx, x, self.shape), "ax")
+            ids = ctx.let(grouped(ctx, ids, self.shape), "aids")
+            mask = None
+        red, k = ("tl.max" if self.largest else "tl.min"), len(self.shape)
         if self.dtype.is_float:
             nan = ctx.let(f"({x} != {x})", "anan")
-            any_nan = ctx.let(f"tl.max({nan}.to(tl.int32), axis=0, keep_dims=True) > 0", "tnan")
-            top = ctx.let(f"{red}(tl.where({nan}, {self.worst}, {x}), axis=0, keep_dims=True)",
-                          "ttop")
-            hit = f"tl.where({any_nan}, {nan}, {x} == {top})"
+            any_nan = ctx.let(f"{nbr_fold(ctx, 'tl.max', f'{nan}.to(tl.int32)')} > 0", "tnan")
+            top = ctx.let(nbr_fold(ctx, red, f"tl.where({nan}, {self.worst}, {x})"), "ttop")
+            hit = f"tl.where({against(ctx, any_nan, k)}, {nan}, {x} == {against(ctx, top, k)})"
             top = ctx.let(f"tl.where({any_nan}, float('nan'), {top})", "ttop")
         else:
-            top = ctx.let(f"{red}({x}, axis=0, keep_dims=True)", "ttop")
-            hit = f"{x} == {top}"
-        tid = ctx.let(f"tl.min(tl.where(({hit}) & {mask}, {ids}, {_ID_MAX}), axis=0, "
-                      "keep_dims=True)", "tid")
+            top = ctx.let(nbr_fold(ctx, red, x), "ttop")
+            hit = f"{x} == {against(ctx, top, k)}"
+        sel = f"({hit}) & {mask}" if mask else hit
+        tid = ctx.let(nbr_fold(ctx, "tl.min", f"tl.where({sel}, {ids}, {_ID_MAX})"), "tid")
         self._take(ctx, state, (top, tid))
 
     def _take(self, ctx: Emitter, state: list, other: tuple) -> None:
@@ -171,8 +201,8 @@ class ArgFold:
         self._take(ctx, state, tuple(other))
 
     def finalize(self, ctx: Emitter, state: list) -> list:
-        return [ctx.value(f"tl.where(cnt > 0, {state[1]}, -1)", self.shape, as_dtype("int64"),
-                          "row", "y")]
+        return [ctx.value(f"tl.where({ctx.per_row('cnt', len(self.shape))} > 0, {state[1]}, -1)",
+                          self.shape, as_dtype("int64"), ctx.state_lead, "y")]
 
 
 _ID_MAX = str((1 << 63) - 1)
@@ -189,15 +219,16 @@ class OnlineSoftmax:
 
     def init(self, ctx: Emitter) -> list:
         t = tl_dtype(self.dtype)
-        return [ctx.let(f"tl.full([{_dims(self.s_shape)}], float('-inf'), {t})", "smax"),
-                ctx.let(f"tl.zeros([{_dims(self.s_shape)}], {t})", "smass"),
-                ctx.let(f"tl.zeros([{_dims(self.v_shape)}], {t})", "sacc")]
+        return [ctx.let(f"tl.full([{_state_dims(ctx, self.s_shape)}], float('-inf'), {t})",
+                        "smax"),
+                ctx.let(f"tl.zeros([{_state_dims(ctx, self.s_shape)}], {t})", "smass"),
+                ctx.let(f"tl.zeros([{_state_dims(ctx, self.v_shape)}], {t})", "sacc")]
 
-    def _lift(self, expr: str) -> str:
-        """A score-shaped tile against the value's trailing axes."""
+    def _lift(self, expr: str, lead: int = 1) -> str:
+        """A score-shaped tile (`lead` leading axes) against the value's trailing axes."""
         if not self.extra:
             return expr
-        rank = 1 + len(self.s_shape)
+        rank = lead + len(self.s_shape)
         return f"({expr})[{', '.join([':'] * rank + ['None'] * self.extra)}]"
 
     def fold(self, ctx: Emitter, state: list, msgs: list) -> None:
@@ -208,17 +239,21 @@ class OnlineSoftmax:
                         f"({tile(ctx, s, self.s_shape)}).to({t}), float('-inf'))", "sc")
         value = ctx.let(f"tl.where({valid_mask(len(self.v_shape))}, "
                         f"({tile(ctx, v, self.v_shape)}).to({t}), 0.0)", "vl")
+        lead = 1
+        if ctx.row_tile is not None:   # lanes by row: [BLOCK_R, BLOCK_N, ...]
+            score = ctx.let(grouped(ctx, score, self.s_shape), "sc")
+            value = ctx.let(grouped(ctx, value, self.v_shape), "vl")
+            lead = 2
         # a NaN score makes the row max NaN, hence the row NaN, as in the reference
         ctx.helpers.add("_tiga_max")
-        new = ctx.let(f"_tiga_max({mx}, tl.reduce({score}, 0, _tiga_max, keep_dims=True))",
-                      "mnew")
+        new = ctx.let(f"_tiga_max({mx}, {nbr_fold(ctx, '_tiga_max', score)})", "mnew")
         # a state that saw only -inf scores keeps a zero base, so exp() never sees -inf - -inf
         base = ctx.let(f"tl.where({new} == float('-inf'), 0.0, {new})", "base")
         alpha = ctx.let(f"tl.exp({mx} - {base})", "alpha")
-        p = ctx.let(f"tl.exp({score} - {base})", "p")
-        ctx.emit(f"{mass} = ({mass} * {alpha} + tl.sum({p}, axis=0, keep_dims=True)).to({t})")
-        ctx.emit(f"{acc} = ({acc} * {self._lift(alpha)} + tl.sum({self._lift(p)} * {value}, "
-                 f"axis=0, keep_dims=True)).to({t})")
+        p = ctx.let(f"tl.exp({score} - {against(ctx, base, len(self.s_shape))})", "p")
+        ctx.emit(f"{mass} = ({mass} * {alpha} + {nbr_fold(ctx, 'tl.sum', p)}).to({t})")
+        weighted = nbr_fold(ctx, "tl.sum", f"{self._lift(p, lead)} * {value}")
+        ctx.emit(f"{acc} = ({acc} * {self._lift(alpha)} + {weighted}).to({t})")
         ctx.emit(f"{mx} = {new}.to({t})")
 
     def layout(self) -> list:
@@ -246,9 +281,10 @@ class OnlineSoftmax:
         # row is 0 (no 0 / 0 is computed: the interpreter would warn on padded lanes)
         live = self._lift(f"{mass} > 0")
         safe = self._lift(f"tl.where({mass} > 0, {mass}, 1.0)")
-        expr = f"tl.where(cnt > 0, tl.where({live}, {acc} / {safe}, float('nan')), 0.0)"
+        cnt = ctx.per_row("cnt", len(self.v_shape))
+        expr = f"tl.where({cnt} > 0, tl.where({live}, {acc} / {safe}, float('nan')), 0.0)"
         return [ctx.value(f"({expr}).to({tl_dtype(self.out_dtype)})", self.v_shape,
-                          self.out_dtype, "row", "y")]
+                          self.out_dtype, ctx.state_lead, "y")]
 
 
 def reducer_folds(reducer, msg_types: list) -> list:

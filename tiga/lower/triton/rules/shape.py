@@ -28,7 +28,7 @@ def broadcast_in_dim_rule(ctx, in_types, out_types, x: TV, *, shape, broadcast_d
     for d in broadcast_dimensions:
         idx[d + 1] = ":"
     expanded = f"{x.expr}[{', '.join(idx)}]" if len(shape) != len(x.shape) else x.expr
-    lead = "BLOCK_N" if x.lead == "edge" else "1"
+    lead = ctx.lanes if x.lead == "edge" else "1"
     padded = ", ".join(str(pow2(d)) for d in shape)
     full = f"tl.broadcast_to({expanded}, [{lead}, {padded}])"
     return [ctx.value(full, out.shape, out.dtype, x.lead, "b")]
@@ -44,7 +44,7 @@ def reshape_rule(ctx, in_types, out_types, x: TV, **params):
     inserted = _inserted_units(tuple(x.shape), tuple(out.shape))
     if inserted is not None:   # only unit axes added: an expand_dims keeps the tile's layout
         return [ctx.value(f"{x.expr}[{inserted}]", out.shape, out.dtype, x.lead, "s")]
-    lead = "BLOCK_N" if x.lead == "edge" else "1"
+    lead = ctx.lanes if x.lead == "edge" else "1"
     dims = ", ".join([lead] + [str(pow2(d)) for d in out.shape])
     return [ctx.value(f"tl.reshape({x.expr}, [{dims}])", out.shape, out.dtype, x.lead, "s")]
 
