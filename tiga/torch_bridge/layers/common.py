@@ -81,8 +81,8 @@ def check_size(layer: str, size, n_src: int, n_dst: int) -> None:
 
 # Building a relation reads edge_index's values and memoises by object (Dynamo cannot trace
 # it). Inside torch.compile the layers call it inside their opaque tiga::layer op
-# (opaque.py); what cannot be one (a numpy edge_index, GCN's cached=True, attention weights
-# returned) reaches it here, behind this graph break
+# (opaque.py); what cannot be one (a numpy edge_index, a tensor GAT fill_value) reaches it
+# here, behind this graph break
 _OUTSIDE_DYNAMO = "tg.nn layers build their tg.Graph from edge_index eagerly"
 
 

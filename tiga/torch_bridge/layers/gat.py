@@ -6,6 +6,10 @@ one Tiga propagate with the online_softmax reducer: scores are formed in the edg
 and no per-edge weight is ever stored. return_attention_weights=True (or dropout > 0 in
 training) forms the per-edge scores in torch, normalises them with two Tiga reductions
 (maximum and sum per destination) and aggregates the weighted sources with a third.
+Inside torch.compile either route is one opaque op; the second one's per-edge outputs
+(edge_index, alpha) have a data-dependent edge count, and its dropout mask is drawn from a
+seed the compiled graph takes from torch's generator (eagerly: F.dropout's own draw, PyG's
+mask for the same torch seed).
 
 Multi-head shapes (H = heads, C = out_channels, N destinations, E edges after self loops):
 projected sources/destinations (N, H, C); scores and attention weights (E, H), softmax-
@@ -34,6 +38,7 @@ from .common import (
     loop_edit,
     relation,
 )
+from .opaque import region
 
 
 class _Attention(MessagePassing):
@@ -124,6 +129,48 @@ def attention_v2_region(edge_index, settings, x_l, x_r, att, edge_attr, w_edge):
                                          edge={} if e is None else {"e": e}, att=att[0])
 
 
+def weights_region(edge_index, settings, h, a_src, a_dst, edge_attr, w_edge, att_edge,
+                   seed):
+    """GATConv's route with per-edge attention (opaque.region): (N, H, C) out, the looped
+    relation's edge_index (2, E') and alpha (E', H) (dropped out with `seed`'s mask)."""
+    graph, e = _looped(edge_index, settings[:4], h, a_dst, edge_attr, w_edge)
+    ei = edge_index_like(graph, h)
+    score = a_src[ei[0]] + a_dst[ei[1]]
+    if e is not None:
+        score = score + (e * att_edge).sum(dim=-1)
+    return _attend(graph, ei, F.leaky_relu(score, settings[1]), h, settings[4], seed)
+
+
+def weights_v2_region(edge_index, settings, x_l, x_r, att, edge_attr, w_edge, seed):
+    """GATv2Conv's route with per-edge attention (opaque.region), as weights_region."""
+    graph, e = _looped(edge_index, settings[:4], x_l, x_r, edge_attr, w_edge)
+    ei = edge_index_like(graph, x_l)
+    z = x_l[ei[0]] + x_r[ei[1]]
+    if e is not None:
+        z = z + e
+    score = (F.leaky_relu(z, settings[1]) * att).sum(dim=-1)
+    return _attend(graph, ei, score, x_l, settings[4], seed)
+
+
+def _attend(graph, ei, score, h, p: float, seed) -> tuple:
+    """(aggregated (N, H, C), edge_index, alpha (E, H)) from the scores; dropout on alpha
+    with a mask drawn from `seed` (the VJP recomputes the region: the same mask)."""
+    alpha = edge_softmax(graph, score, ei[1])
+    if seed is not None and p > 0.0:
+        gen = torch.Generator(device=alpha.device)
+        gen.manual_seed(int(seed))
+        keep = torch.empty_like(alpha).bernoulli_(1.0 - p, generator=gen)
+        alpha = alpha * keep / (1.0 - p)     # as F.dropout
+    out = WEIGHTED_SUM(graph=graph, src={"h": h}, edge={"w": alpha.unsqueeze(-1)})
+    return out, ei, alpha
+
+
+@torch._dynamo.assume_constant_result
+def looped_graph(graph: Graph, add_loops: bool) -> Graph:
+    """A constant tg.Graph's relation with PyG's GAT loops (inside torch.compile)."""
+    return loop_edit(graph, "replace")[0] if add_loops else graph
+
+
 def _looped(edge_index, settings, h_src, h_dst, edge_attr, w_edge) -> tuple:
     """(relation with PyG's GAT loops, lin_edge(edge_attr) as (E, H, C) or None)."""
     name, _, add_loops, fill_value = settings
@@ -178,6 +225,27 @@ class _AttentionBase(torch.nn.Module):
     def _weights_route(self, want_weights: bool) -> bool:
         return bool(want_weights) or (self.training and self.dropout > 0.0)
 
+    def _compiled_weights(self, fn, edge_index, tensors: tuple, rows: tuple, heads: int,
+                          want: bool) -> tuple:
+        """The attention-weights route while Dynamo traces: one op (weights_region) whose
+        dropout mask comes from a seed drawn here from torch's generator (a new mask per
+        call, the same one in its backward). (out, looped relation, alpha): the relation
+        a tg.Graph when one was given (a constant), else an edge_index (2, E') with a
+        data-dependent E', as alpha's (E', H) (H: tensors[heads].shape[1]); None, None
+        without `want`."""
+        seed = None
+        if self.training and self.dropout > 0.0:
+            seed = torch.randint(0, 2 ** 62, (), device=tensors[0].device)
+        outs = (rows, ("edge_index",), ("edges", heads, 2)) if want else (rows,)
+        result = region(fn, edge_index, self._settings() + (self.dropout,), tensors + (seed,),
+                        outs)
+        if not want:
+            return result, None, None
+        out, where, alpha = result
+        if isinstance(edge_index, Graph):
+            where = looped_graph(edge_index, self.add_self_loops)
+        return out, where, alpha
+
     def _weighted(self, graph: Graph, score, h):
         """(aggregated (N, H, C), attention (E, H)) from per-edge scores (E, H); the
         attention returned is the one used: after dropout in training, as PyG's."""
@@ -187,16 +255,20 @@ class _AttentionBase(torch.nn.Module):
         out = WEIGHTED_SUM(graph=graph, src={"h": h}, edge={"w": dropped.unsqueeze(-1)})
         return out, dropped
 
-    def _finish(self, out, res, graph, edge_index, alpha):
+    def _finish(self, out, res, where, alpha):
+        """The layer's output, with (where, alpha) when alpha is given."""
         out = out.reshape(out.size(0), -1) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
         if self.bias is not None:
             out = out + self.bias
-        if alpha is None:
-            return out
-        where = graph if isinstance(edge_index, Graph) else edge_index_like(graph, out)
-        return out, (where, alpha)
+        return out if alpha is None else (out, (where, alpha))
+
+    @staticmethod
+    def _where(graph, edge_index, like):
+        """The looped relation as returned with alpha: a tg.Graph for a tg.Graph given,
+        else its edge_index."""
+        return graph if isinstance(edge_index, Graph) else edge_index_like(graph, like)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..compiled import compiling
 from .common import (
     check_channels,
     check_size,
@@ -13,7 +14,13 @@ from .common import (
     node_pair,
     reset_glorot,
 )
-from .gat import _AttentionBase, attention_region, attention_v2_region
+from .gat import (
+    _AttentionBase,
+    attention_region,
+    attention_v2_region,
+    weights_region,
+    weights_v2_region,
+)
 from .opaque import region
 
 
@@ -39,7 +46,10 @@ class GATConv(_AttentionBase):
     with concat=True, (N, C) otherwise; with return_attention_weights=True the pair
     (out, (edge_index, alpha)): the relation with its loops (a (2, E') tensor, or a tg.Graph
     when one was given) and alpha (E', H) in that edge order (after dropout in training,
-    as PyG).
+    as PyG). dropout=p drops attention weights in training mode only, scaling the kept
+    ones by 1/(1-p) as F.dropout: eagerly with F.dropout's draw (PyG's mask for the same
+    torch seed), inside torch.compile with a mask drawn from a seed the compiled graph
+    takes from torch's generator (the same distribution; its backward uses that mask).
 
     Shapes (H = heads, C = out_channels, E' edges after the self loops): the projection
     lin(x) (N, H * C) is viewed as (N, H, C), head h in columns h*C..(h+1)*C-1; alpha
@@ -98,10 +108,14 @@ class GATConv(_AttentionBase):
         a_src = (x_src * self.att_src).sum(dim=-1)
         a_dst = (x_dst * self.att_dst).sum(dim=-1)
         w_edge = None if self.lin_edge is None else self.lin_edge.weight
+        tensors = (x_src, a_src, a_dst, edge_attr, w_edge, self.att_edge)
         if not self._weights_route(return_attention_weights):
-            out = region(attention_region, edge_index, self._settings(),
-                         (x_src, a_src, a_dst, edge_attr, w_edge, self.att_edge), ((2, 0),))
-            return self._finish(out, res, None, edge_index, None)
+            out = region(attention_region, edge_index, self._settings(), tensors, ((2, 0),))
+            return self._finish(out, res, None, None)
+        if compiling():
+            out, where, alpha = self._compiled_weights(
+                weights_region, edge_index, tensors, (2, 0), 1, return_attention_weights)
+            return self._finish(out, res, where, alpha)
         graph, edge_attr = self._relation(edge_index, x_src.size(0), x_dst.size(0), edge_attr)
         e = self._edge_features(edge_attr)
         ei = edge_index_like(graph, x_src)
@@ -109,8 +123,9 @@ class GATConv(_AttentionBase):
         if e is not None:
             score = score + (e * self.att_edge).sum(dim=-1)
         out, alpha = self._weighted(graph, F.leaky_relu(score, self.negative_slope), x_src)
-        return self._finish(out, res, graph, edge_index,
-                            alpha if return_attention_weights else None)
+        if not return_attention_weights:
+            return self._finish(out, res, None, None)
+        return self._finish(out, res, self._where(graph, edge_index, out), alpha)
 
 
 class GATv2Conv(_AttentionBase):
@@ -160,11 +175,15 @@ class GATv2Conv(_AttentionBase):
         res = None if self.res is None else self.res(x_dst)
         x_l = self.lin_l(x_src).view(shape)
         x_r = x_l if self.share_weights and x_dst is x_src else self.lin_r(x_dst).view(shape)
+        w_edge = None if self.lin_edge is None else self.lin_edge.weight
+        tensors = (x_l, x_r, self.att, edge_attr, w_edge)
         if not self._weights_route(return_attention_weights):
-            w_edge = None if self.lin_edge is None else self.lin_edge.weight
-            out = region(attention_v2_region, edge_index, self._settings(),
-                         (x_l, x_r, self.att, edge_attr, w_edge), ((1, 0),))
-            return self._finish(out, res, None, edge_index, None)
+            out = region(attention_v2_region, edge_index, self._settings(), tensors, ((1, 0),))
+            return self._finish(out, res, None, None)
+        if compiling():
+            out, where, alpha = self._compiled_weights(
+                weights_v2_region, edge_index, tensors, (1, 0), 0, return_attention_weights)
+            return self._finish(out, res, where, alpha)
         graph, edge_attr = self._relation(edge_index, x_l.size(0), x_r.size(0), edge_attr)
         e = self._edge_features(edge_attr)
         ei = edge_index_like(graph, x_l)
@@ -173,5 +192,6 @@ class GATv2Conv(_AttentionBase):
             z = z + e
         score = (F.leaky_relu(z, self.negative_slope) * self.att).sum(dim=-1)
         out, alpha = self._weighted(graph, score, x_l)
-        return self._finish(out, res, graph, edge_index,
-                            alpha if return_attention_weights else None)
+        if not return_attention_weights:
+            return self._finish(out, res, None, None)
+        return self._finish(out, res, self._where(graph, edge_index, out), alpha)
