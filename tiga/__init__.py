@@ -33,13 +33,14 @@ from .trace import math
 from .trace.control import repeat, while_loop
 from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
-from .xla_free_runtime import generated as _generated  # noqa: F401  (radius/knn route)
-from .xla_free_runtime import memory, store
-from .xla_free_runtime import paging as _paging  # noqa: F401  (registers the paged route)
+from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.explain import Explanation
+from .xla_free_runtime.memory import budgets as memory
+from .xla_free_runtime.memory.scope import scope
+from .xla_free_runtime.memory.tensor import Tensor, asarray, from_dlpack, load, save
+from .xla_free_runtime.paging import run as _paging  # noqa: F401  (registers the paged route)
 from .xla_free_runtime.run_report import Profile, RunReport, profile
-from .xla_free_runtime.scope import scope
-from .xla_free_runtime.tensor import Tensor, asarray, from_dlpack, load, save
+from .xla_free_runtime.store import stores as store
 
 __all__ = [
     "__version__", "grad", "jit", "value_and_grad", "vjp", "check_program", "config",

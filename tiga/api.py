@@ -21,10 +21,10 @@ from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
-from .xla_free_runtime import triton_launch
+from .xla_free_runtime.backends.triton import launch as triton_launch
 from .xla_free_runtime.executor import execute, explain_program
+from .xla_free_runtime.memory.tensor import Tensor, _wrap
 from .xla_free_runtime.run_report import explaining, profile
-from .xla_free_runtime.tensor import Tensor, _wrap
 
 
 def _is_torch(x) -> bool:
@@ -581,7 +581,7 @@ def _ir_call(call, stage):
     owner = getattr(call.edge_fn, "__self__", None)
     name = type(owner).__name__ if owner is not None else getattr(call.edge_fn, "__name__", "")
     if stage == "task":     # over a stored relation: the page plan the call runs
-        from .xla_free_runtime.paging import task_ir
+        from .xla_free_runtime.paging.run import task_ir
         text = task_ir(program, args)
         if text is not None:
             return text

@@ -20,7 +20,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import numpy as np  # noqa: E402
 
 import tiga as tg  # noqa: E402
-from tiga.xla_free_runtime import propagate, triton_launch  # noqa: E402
+from tiga.xla_free_runtime.backends.cpu import propagate
+from tiga.xla_free_runtime.backends.triton import launch as triton_launch  # noqa: E402
 
 
 class WeightedSum(tg.MessagePassing):

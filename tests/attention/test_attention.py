@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime import attention as attention_route
+from tiga.xla_free_runtime.backends.cpu import attention as attention_route
 
 torch = pytest.importorskip("torch")
 
@@ -136,7 +136,7 @@ def test_single_head_fields(kind):
 
 
 def test_literal_scale_and_tile_sizes(monkeypatch):
-    from tiga.xla_free_runtime import attention_tiles as tiles
+    from tiga.xla_free_runtime.backends.cpu import attention_tiles as tiles
     monkeypatch.setattr(tiles, "BLOCK_M", 16)
     monkeypatch.setattr(tiles, "BLOCK_N", 32)    # many tiles, several boundary masks per row
     graph = relation("cu_causal", 200)
@@ -208,7 +208,7 @@ def test_torch_head_major_permuted_inputs_and_autograd():
 
 
 def test_prune_threshold_is_approximate_and_reports_skipped_blocks(monkeypatch):
-    from tiga.xla_free_runtime import attention_tiles as tiles
+    from tiga.xla_free_runtime.backends.cpu import attention_tiles as tiles
     monkeypatch.setattr(tiles, "BLOCK_M", 16)
     monkeypatch.setattr(tiles, "BLOCK_N", 16)
 

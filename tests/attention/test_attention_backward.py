@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import attention as attention_route
+from tiga.xla_free_runtime.backends.cpu import attention as attention_route
 
 torch = pytest.importorskip("torch")
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import store as tstore
 from tiga.xla_free_runtime.distributed import graph as dgraph
+from tiga.xla_free_runtime.store import stores as tstore
 
 from ._mpi import needs_mpiexec
 from .test_mpi_equivalence import _call, _layer

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.core.graph import Graph
-from tiga.xla_free_runtime import generated as lg
+from tiga.xla_free_runtime.backends.cpu import generated as lg
 
 from .oracle import knn_rows, radius_rows
 

@@ -242,7 +242,7 @@ def test_knn_sparse_outliers_take_the_shell_walk(k):
 def test_traced_relations_run_the_fused_kernel(monkeypatch):
     """radius on traced coordinates (inside tg.grad) is planned once the relation exists:
     the forward propagate takes the fused generated-relation kernel, not the interpreter."""
-    from tiga.xla_free_runtime import generated as lg
+    from tiga.xla_free_runtime.backends.cpu import generated as lg
 
     runs = []
     original = lg.GeneratedPlan.run

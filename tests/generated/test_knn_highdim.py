@@ -182,7 +182,7 @@ def test_many_tiles_and_chunks(monkeypatch, strict):
     """Row tiles and source chunks are run-time sizes: shrink them so one call crosses
     many of each (same executable), with tails in every dimension."""
     from tiga.lower import schedule
-    from tiga.xla_free_runtime import propagate as propagate_route
+    from tiga.xla_free_runtime.backends.cpu import propagate as propagate_route
 
     monkeypatch.setattr(schedule, "KNN_ROWS_PER_TILE", 7)     # the launch's schedule tiles
     monkeypatch.setattr(schedule, "KNN_CHUNK_BYTES", 1)

@@ -27,7 +27,8 @@ pytest.importorskip("triton")
 
 import tiga as tg  # noqa: E402
 from tiga.testing import reference_grad  # noqa: E402
-from tiga.xla_free_runtime import triton_generated, triton_launch  # noqa: E402
+from tiga.xla_free_runtime.backends.triton import generated as triton_generated  # noqa: E402
+from tiga.xla_free_runtime.backends.triton import launch as triton_launch  # noqa: E402
 
 
 def _why_skipped() -> str | None:

@@ -304,7 +304,7 @@ def manifest_copied_from_another_version():
 def test_chunks_copied_from_elsewhere_are_detected():
     check_cases(HELPERS + '''
 import json, shutil
-from tiga.xla_free_runtime.storage import disk
+from tiga.xla_free_runtime.memory.tiers import disk
 disk.CHUNK_BYTES = 64          # several chunks per array
 rp, ci = ring(60)
 ci_b = ((np.arange(60)[:, None] * 7 + np.arange(3)) % 60).reshape(-1).astype(np.int32)
@@ -383,7 +383,7 @@ def an_untouched_store_reads_back():
 # writer claims and commits versions; the oracle gradient is numpy's.
 RACE_IN_PROCESS = HELPERS + '''
 import shutil
-from tiga.xla_free_runtime import store_transpose, store_versions
+from tiga.xla_free_runtime.store import transpose as store_transpose, versions as store_versions
 N = 300
 rp, ci = ring(N)
 rp2, ci2 = ring(N, k=2)

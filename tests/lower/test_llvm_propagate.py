@@ -21,9 +21,9 @@ from tiga.core.eval import eval_program
 from tiga.lower.llvm import CodegenUnsupported, codegen_propagate
 from tiga.trace.message_passing import PropagateCall
 from tiga.xla_free_runtime import cache as cache_mod
+from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
+from tiga.xla_free_runtime.backends.cpu.propagate import _key_of
 from tiga.xla_free_runtime.executor import execute, explain_program
-from tiga.xla_free_runtime.native import jit as native_jit
-from tiga.xla_free_runtime.propagate import _key_of
 from tiga.xla_free_runtime.threads import row_chunks
 
 m = tg.math
@@ -695,7 +695,7 @@ def test_implicit_relations_walk_natively_and_match_reference(rel, family, red, 
     from tiga.lower.ir.iter import HIERARCHY_OF_KIND
     from tiga.lower.llvm.walks import walk_for
     from tiga.lower.pipeline import ir_text
-    from tiga.xla_free_runtime.propagate import plan_propagate
+    from tiga.xla_free_runtime.backends.cpu.propagate import plan_propagate
 
     rng = np.random.default_rng(seed)
     x, h, w = inputs(rng, rel, shape, dtype)

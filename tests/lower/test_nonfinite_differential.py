@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import tiga as tg
 from tiga.autodiff.vjp import vjp_program
 from tiga.core.eval import eval_program
-from tiga.xla_free_runtime import attention as attention_route
+from tiga.xla_free_runtime.backends.cpu import attention as attention_route
 
 REDUCERS = {"sum": tg.sum, "mean": tg.mean, "max": tg.max, "min": tg.min, "prod": tg.prod,
             "online_softmax": tg.online_softmax}
@@ -423,7 +423,7 @@ def hub_graph():
 def test_triton_split_rows(triton_route, reducer):
     """NaN and +-inf in later chunks of a hub row, a hub row of only NaN: the chunk merge
     keeps them as the reference does."""
-    from tiga.xla_free_runtime import triton_launch
+    from tiga.xla_free_runtime.backends.triton import launch as triton_launch
 
     graph = hub_graph()
     ops = operands(graph, np.random.default_rng(8))

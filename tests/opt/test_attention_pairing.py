@@ -15,7 +15,7 @@ from tiga.autodiff import vjp_program
 from tiga.autodiff.rules.attention import kind_of
 from tiga.core.eval import eval_program
 from tiga.testing import reference_grad
-from tiga.xla_free_runtime import attention as attention_route
+from tiga.xla_free_runtime.backends.cpu import attention as attention_route
 from tiga.xla_free_runtime.executor import execute
 
 

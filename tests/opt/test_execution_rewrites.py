@@ -13,7 +13,7 @@ from tiga import api, opt
 from tiga.core.prims.graph import propagate_p
 from tiga.opt import relation_kind, relation_kinds
 from tiga.trace.staging import make_program
-from tiga.xla_free_runtime import generated as lg
+from tiga.xla_free_runtime.backends.cpu import generated as lg
 
 N, F, H, OUT = 26, 3, 6, 2
 KINDS = ["radius", "radius-truncated", "knn", "radius-captured", "csr"]

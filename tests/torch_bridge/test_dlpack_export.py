@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiga as tg  # noqa: E402
-from tiga.xla_free_runtime import dlpack_export  # noqa: E402
+from tiga.xla_free_runtime.memory import dlpack_export  # noqa: E402
 
 
 def _bf16(shape, seed=0):

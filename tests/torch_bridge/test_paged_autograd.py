@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("zarr", minversion="3.1")
 
 import tiga as tg  # noqa: E402
-from tiga.xla_free_runtime import store as store_mod  # noqa: E402
+from tiga.xla_free_runtime.store import stores as store_mod  # noqa: E402
 
 REDUCERS = {"sum": tg.sum, "mean": tg.mean, "max": tg.max, "min": tg.min, "prod": tg.prod}
 N_SRC, N_DST = 40, 53

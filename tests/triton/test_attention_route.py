@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tiga as tg
-from tiga.xla_free_runtime import triton_attention
+from tiga.xla_free_runtime.backends.triton import attention as triton_attention
 
 
 class Attention(tg.MessagePassing):

@@ -112,7 +112,7 @@ def test_cuda_inputs_route_to_triton_forward_and_backward(monkeypatch):
         seen.append(real())
         return seen[-1]
 
-    from tiga.xla_free_runtime import triton_launch
+    from tiga.xla_free_runtime.backends.triton import launch as triton_launch
     monkeypatch.setattr(triton_launch, "selected_backend", spy)
     old = tg.config.strict
     tg.config.strict = True

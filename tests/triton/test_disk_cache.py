@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import triton_cache, triton_launch
+from tiga.xla_free_runtime.backends.triton import (
+    cache as triton_cache,
+)
+from tiga.xla_free_runtime.backends.triton import (
+    launch as triton_launch,
+)
 
 G = tg.Graph.from_csr([0, 2, 3, 3], [0, 1, 1], num_src=2)
 X = np.array([[2.0, 1.0, 0.0], [3.0, 2.0, 1.0]])

@@ -7,7 +7,7 @@ import numpy as np
 
 import tiga as tg
 from tiga.testing import reference_grad
-from tiga.xla_free_runtime import triton_launch
+from tiga.xla_free_runtime.backends.triton import launch as triton_launch
 
 
 class EdgeConv(tg.MessagePassing):

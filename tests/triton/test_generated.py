@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import triton_generated
+from tiga.xla_free_runtime.backends.triton import generated as triton_generated
 
 
 class Geo(tg.MessagePassing):

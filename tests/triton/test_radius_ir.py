@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import triton_launch
+from tiga.xla_free_runtime.backends.triton import launch as triton_launch
 
 
 class Geo(tg.MessagePassing):

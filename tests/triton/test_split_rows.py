@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime import triton_launch
+from tiga.xla_free_runtime.backends.triton import launch as triton_launch
 
 REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax"]
 

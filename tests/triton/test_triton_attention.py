@@ -6,7 +6,10 @@ import pytest
 import torch
 
 import tiga as tg
-from tiga.xla_free_runtime.triton_attention import attention_backward, attention_forward
+from tiga.xla_free_runtime.backends.triton.attention import (
+    attention_backward,
+    attention_forward,
+)
 
 CASES = [("dense", 37, 16), ("triangular", 40, 32), ("cu_seqlens", 45, 16),
          ("cu_seqlens_full", 33, 32)]

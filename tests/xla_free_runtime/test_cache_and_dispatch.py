@@ -21,9 +21,9 @@ import tiga as tg
 from tiga.trace import call_cache
 from tiga.trace.message_passing import PropagateCall
 from tiga.xla_free_runtime import cache as cache_mod
+from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
+from tiga.xla_free_runtime.backends.cpu.propagate import _argv, plan_propagate
 from tiga.xla_free_runtime.executor import execute
-from tiga.xla_free_runtime.native import jit as native_jit
-from tiga.xla_free_runtime.propagate import _argv, plan_propagate
 from tiga.xla_free_runtime.threads import row_chunks, run_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -322,7 +322,7 @@ def test_row_balanced_chunks_cover_rows_in_equal_parts(rows, degree, threads, pe
 def test_runtime_chunks_rows_as_the_launch_schedule_says(monkeypatch, kind):
     """The threads, partition and chunk granularity a call runs with are the ones its
     scheduled Kernel IR prints (launch_op is what TIGA_DUMP writes and explain() shows)."""
-    from tiga.xla_free_runtime import propagate as lp
+    from tiga.xla_free_runtime.backends.cpu import propagate as lp
 
     monkeypatch.setenv("TIGA_NUM_THREADS", "2")
     rng = np.random.default_rng(7)

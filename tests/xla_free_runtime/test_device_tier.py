@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime.storage import device as device_storage
+from tiga.xla_free_runtime.memory.tiers import device as device_storage
 
 
 class _Err(enum.Enum):

@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 
 import tiga as tg
-from tiga.xla_free_runtime import attention as attention_route
-from tiga.xla_free_runtime import generated as generated_route
-from tiga.xla_free_runtime import launch
+from tiga.xla_free_runtime import backend_table as launch
+from tiga.xla_free_runtime.backends.cpu import attention as attention_route
+from tiga.xla_free_runtime.backends.cpu import generated as generated_route
 from tiga.xla_free_runtime.cache import Executable
 
 ROOT = Path(tg.__file__).resolve().parent

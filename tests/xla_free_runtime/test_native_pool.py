@@ -1,4 +1,4 @@
-"""The native worker pool (lower/llvm/pool.py, xla_free_runtime/native/pool.py) and the
+"""The native worker pool (lower/llvm/pool.py, xla_free_runtime/backends/cpu/native/pool.py) and the
 aligned staging of gathered fields (propagate.py): every chunk runs exactly once whether
 the workers spin, sleep on the futex, arrive late or are more than the cores; concurrent
 Python callers; a forked child; misaligned source arrays. Oracles: one kernel call over all
@@ -15,8 +15,8 @@ import scipy.sparse as sp
 import tiga as tg
 from tiga.lower.llvm import pool as protocol
 from tiga.xla_free_runtime import threads as T
-from tiga.xla_free_runtime.native import pool as native_pool
-from tiga.xla_free_runtime.propagate import _argv, plan_propagate, walked_csr
+from tiga.xla_free_runtime.backends.cpu.native import pool as native_pool
+from tiga.xla_free_runtime.backends.cpu.propagate import _argv, plan_propagate, walked_csr
 
 pytestmark = pytest.mark.skipif(not protocol.supported(),
                                 reason="the native pool is built for x86-64 Linux only")
@@ -149,7 +149,7 @@ def test_misaligned_sources_give_the_same_result(offset, width, dtype, threads, 
 
 
 def test_huge_page_advice_keeps_contents_and_results():
-    from tiga.xla_free_runtime import propagate as LP
+    from tiga.xla_free_runtime.backends.cpu import propagate as LP
     rng = np.random.default_rng(5)
     n, deg = 1 << 16, 4
     row_ptr = np.arange(n + 1, dtype=np.int64) * deg

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 import tiga as tg
 from tiga.core.prims.graph import degrees_p
 from tiga.trace.tracer import bind
-from tiga.xla_free_runtime import paged_degrees as pd
-from tiga.xla_free_runtime import store as store_mod
+from tiga.xla_free_runtime.paging import degrees as pd
+from tiga.xla_free_runtime.store import stores as store_mod
 
 pytest.importorskip("zarr", minversion="3.1")
 

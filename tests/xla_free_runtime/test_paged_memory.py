@@ -19,7 +19,7 @@ import pytest
 
 import tiga as tg
 from tiga.core.dtypes import as_dtype
-from tiga.xla_free_runtime.storage import disk as disk_mod
+from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
 
 pytest.importorskip("zarr", minversion="3.1")
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime import paging
+from tiga.xla_free_runtime.paging import run as paging
 from tiga.xla_free_runtime.progress import progress_bar
 
 pytest.importorskip("zarr", minversion="3.1")
@@ -433,7 +433,7 @@ def test_disk_inputs_stay_lazy_through_programs_and_vjp(tmp_path, monkeypatch):
 
     def f(g, x, scale):
         return tg.math.tanh(Gather()(graph=g, src={"x": x}) * scale)
-    from tiga.xla_free_runtime.storage import DiskStorage
+    from tiga.xla_free_runtime.memory.tiers import DiskStorage
     spans, read_rows = [], DiskStorage.read_rows
 
     def spy(self, start, stop, out=None):
@@ -458,7 +458,7 @@ def test_disk_inputs_stay_lazy_through_programs_and_vjp(tmp_path, monkeypatch):
 
 def test_a_failed_result_write_is_raised_and_leaves_nothing(tmp_path, monkeypatch):
     """The writer thread's error reaches the caller; the spill dir and budget are clean."""
-    from tiga.xla_free_runtime.storage import DiskStorage
+    from tiga.xla_free_runtime.memory.tiers import DiskStorage
     rp, ci = ring(2000)
     store_of(tmp_path / "s", rp, ci, 2000)
     g = tg.Graph.open(tmp_path / "s")

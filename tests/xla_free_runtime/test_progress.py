@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import paging, progress
+from tiga.xla_free_runtime import progress
+from tiga.xla_free_runtime.paging import run as paging
 
 pytest.importorskip("zarr", minversion="3.1")
 pytest.importorskip("tqdm")

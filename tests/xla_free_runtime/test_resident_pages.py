@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime.page_buffers import PageBuffers
+from tiga.xla_free_runtime.paging.buffers import PageBuffers
 
 pytest.importorskip("zarr", minversion="3.1")
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime import scope as sc
-from tiga.xla_free_runtime import tensor as tensor_mod
-from tiga.xla_free_runtime.storage import disk as disk_mod
+from tiga.xla_free_runtime.memory import scope as sc
+from tiga.xla_free_runtime.memory import tensor as tensor_mod
+from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
 
 pytest.importorskip("zarr", minversion="3.1")
 

@@ -66,7 +66,7 @@ def test_ingest_round_trip(tmp_path):
 
 
 def test_ingest_with_several_zarr_chunks(tmp_path, monkeypatch):
-    from tiga.xla_free_runtime.storage import disk
+    from tiga.xla_free_runtime.memory.tiers import disk
     monkeypatch.setattr(disk, "CHUNK_BYTES", 64)         # 16 int32 ids per chunk
     rp, ci = random_csr(300, 300, 2, max_deg=9)
     write_store(tmp_path / "s", rp, ci, 300, chunk_rows=13)

@@ -23,7 +23,7 @@ import numpy as np
 import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, parse_task
-from tiga.xla_free_runtime import propagate as P
+from tiga.xla_free_runtime.backends.cpu import propagate as P
 from tiga.xla_free_runtime.cache import CACHE
 
 def refuse(*a, **k):

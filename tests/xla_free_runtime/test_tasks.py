@@ -1,4 +1,4 @@
-"""The runtime runs a program by interpreting its Task IR (xla_free_runtime/tasks.py): the
+"""The runtime runs a program by interpreting its Task IR (xla_free_runtime/interpreter.py): the
 steps are the module's ops in order, each gf_task.launch runs its propagate's compiled
 kernel, other equations run through the eval rules, arguments are transferred before their
 first reader and released after their last. Oracle: the reference interpreter
@@ -23,7 +23,8 @@ from tiga.core.prims.graph import propagate_p
 from tiga.lower import CPU_LLVM_AVAILABLE
 from tiga.lower.ir.base import RelationOp, TensorOp
 from tiga.lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp, parse_task
-from tiga.xla_free_runtime import executor, tasks
+from tiga.xla_free_runtime import executor
+from tiga.xla_free_runtime import interpreter as tasks
 from tiga.xla_free_runtime.executor import execute
 
 pytestmark = pytest.mark.skipif(not CPU_LLVM_AVAILABLE, reason="needs llvmlite")
@@ -233,7 +234,7 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import tiga as tg
-from tiga.xla_free_runtime import tasks
+from tiga.xla_free_runtime import interpreter as tasks
 rng = np.random.default_rng(0)
 g = tg.Graph.from_coo(rng.integers(0, 30, 90), rng.integers(0, 30, 90), num_src=30, num_dst=30)
 x = rng.standard_normal((30, 4)).astype(np.float32)

@@ -1,7 +1,7 @@
 """lower: which propagates the tiled dot-product attention walk claims.
 
 One predicate for the Iter stage (a claimed `gf.apply` walks `attention-tiles`) and the
-runtime's attention route (xla_free_runtime/attention.py runs what it claims), so the
+runtime's attention route (xla_free_runtime/backends/cpu/attention.py runs what it claims), so the
 walk the IR names is the walk that runs:
 
 - the forward: an online_softmax propagate by destination, without update, whose edge

@@ -22,8 +22,8 @@ from ..lower.backends import using_backend
 from ..trace import call_cache
 from ..trace.staging import leaf_value
 from ..trace.tracer import resolving
+from ..xla_free_runtime.backends.triton.launch import call_backend
 from ..xla_free_runtime.executor import execute, explain_program
-from ..xla_free_runtime.triton_launch import call_backend
 from .dlpack import is_torch, to_numpy, to_torch
 from .nn import TracedModule
 from .transforms import (

@@ -1,6 +1,6 @@
 """torch_bridge: the torch tensors the Triton launcher passes as kernel pointers (Triton takes
 torch tensors: CPU tensors under its interpreter, CUDA tensors on the GPU). The facade hands
-these functions to xla_free_runtime/triton_launch.py, which never imports torch itself."""
+these functions to xla_free_runtime/backends/triton/launch.py, which never imports torch itself."""
 from __future__ import annotations
 
 import numpy as np

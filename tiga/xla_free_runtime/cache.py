@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..core.errors import CompilationError
 from ..lower.llvm import KernelSignature
-from .native import jit
+from .backends.cpu.native import jit
 
 MAGIC = b"TIGAOBJ1\n"
 SO_MAGIC = b"TIGASO01"

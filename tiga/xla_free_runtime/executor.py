@@ -22,18 +22,18 @@ from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower.pipeline import quiet_dumps
+from .backend_table import plan
+from .backends.cpu.generated import fused_degrees, generated_relations
+from .backends.cpu.native.heap import pin_once
+from .backends.cpu.propagate import Fallback, run_propagate
 from .cache import CACHE
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
-from .generated import fused_degrees, generated_relations
-from .launch import plan
-from .native.heap import pin_once
-from .paged_degrees import paged_degrees
-from .propagate import Fallback, run_propagate
-from .resident_pages import plan_resident
+from .interpreter import NoWalk, TaskWalk, module_name, run_walk, task_walk
+from .paging.degrees import paged_degrees
+from .paging.resident import plan_resident
 from .routes import describe_program
 from .run_report import profiled, reporting
-from .tasks import NoWalk, TaskWalk, module_name, run_walk, task_walk
 from .threads import num_threads, pin_threads, unpin_threads
 
 GENERATED = ("radius", "knn")

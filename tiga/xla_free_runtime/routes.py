@@ -11,18 +11,18 @@ from ..core.prims.control import repeat_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
+from .backend_table import plan
+from .backends.cpu.generated import GeneratedType, generated_relations
+from .backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
+from .backends.cpu.walk_tables import chunks_of
+from .backends.triton.launch import relabel_routes
 from .explain import Explanation, launch_facts, schedule_line
-from .generated import GeneratedType, generated_relations
-from .launch import plan
-from .paging import call_plan, describe_stats
-from .paging_plan import describe_plan
-from .propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
-from .resident_pages import RESIDENT_KINDS
+from .interpreter import describe_walk, task_walk
+from .paging.plan import describe_plan
+from .paging.resident import RESIDENT_KINDS
+from .paging.run import call_plan, describe_stats
 from .run_report import measured
-from .tasks import describe_walk, task_walk
 from .threads import num_threads
-from .triton_launch import relabel_routes
-from .walk_tables import chunks_of
 
 WALK = {"dst": "destination rows walk their CSR edges",
         "src": "source rows walk the transposed CSR (built once per relation and cached; "

@@ -27,7 +27,7 @@ from ...trace import math as m
 from ...trace.math import _typeof
 
 # relations whose every destination row reads one contiguous source range [lo, hi), lo and hi
-# nondecreasing: what the streaming route (xla_free_runtime.attention) walks
+# nondecreasing: what the streaming route (xla_free_runtime.backends.cpu.attention) walks
 STREAMING_KINDS = ("dense", "triangular", "cu_seqlens")
 TAG = "attn."   # prefix of the operand names of the canonical VJP propagates
 

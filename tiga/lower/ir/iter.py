@@ -32,7 +32,7 @@ HIERARCHY_OF_KIND = {"csr": "compressed-row", "dense": "dense", "triangular": "t
                      # top-k state over growing shells
                      "radius": "cell-directory", "knn": "knn-shells",
                      # a store's relation: its pages are stored CSR rows (the runtime expands
-                     # the launch into its page plan, xla_free_runtime/paging_plan.py)
+                     # the launch into its page plan, xla_free_runtime/paging/plan.py)
                      "paged": "compressed-row"}
 # kNN above FAST_DIMS coordinate dims: the cell directory degenerates (3^d neighbour cells,
 # shells that cover the whole grid), so the walk is a tiled scan of query blocks x source

@@ -1,10 +1,11 @@
 """lower: LLVM micro-kernel of the float32 streaming attention forward.
 
 Destination row i reads sources lo[i] <= j < hi[i], with lo and hi nondecreasing; the runtime
-(`xla_free_runtime.attention`) computes per-group key ranges and runs this kernel twice:
+(`xla_free_runtime.backends.cpu.attention`) computes per-group key ranges and runs this kernel
+twice:
 over (head, 16 keys) jobs that pack K^T, then over (head, row block) jobs that write the
 normalised output. Other dtypes, head widths, pruning and the backward run as numpy tiles
-(`xla_free_runtime.attention_tiles`). The IR is built with llvmlite's IR builder
+(`xla_free_runtime.backends.cpu.attention_tiles`). The IR is built with llvmlite's IR builder
 (attention_common.py).
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ import numpy as np
 from ...core.errors import DistributedError, GraphValidationError, ShapeError, UnsupportedError
 from ...core.graph import Graph
 from ...core.types import Dim, GraphType
-from .. import scope as sc
+from ..memory import scope as sc
 from .comm import Comm, init, mpi
 from .exchange import aligned_empty, reverse_add
 from .generated import check_radius, checked_positions, generated_params, radius_plan

@@ -33,8 +33,8 @@ import numpy as np
 from ...core.dtypes import as_dtype
 from ...core.errors import UnsupportedError
 from ...core.graph import Graph
-from .. import scope as sc
-from .. import store as tstore
+from ..memory import scope as sc
+from ..store import stores as tstore
 from .halo import HaloPlan, _row_edges
 from .stored import Ownership, read_runs, renumbering
 

@@ -34,7 +34,7 @@ from ...core.config import config
 from ...lower.ir.base import Region, Value
 from ...lower.ir.syntax import EVENT
 from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
-from ..paging_plan import one_page_module
+from ..paging.plan import one_page_module
 
 NAME = "distributed"
 

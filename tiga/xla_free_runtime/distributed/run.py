@@ -24,8 +24,8 @@ from ...core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
-from ..launch import plan_cpu as plan_propagate  # (the cpu-llvm route table)
-from ..propagate import Fallback, run_propagate
+from ..backend_table import plan_cpu as plan_propagate  # (the cpu-llvm route table)
+from ..backends.cpu.propagate import Fallback, run_propagate
 from ..run_report import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty

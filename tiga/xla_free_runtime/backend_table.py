@@ -1,0 +1,82 @@
+"""runtime: the route of one `propagate`, from one explicit, ordered table of planners.
+
+`plan(eqn, graph)` is the one question every caller asks ("which plan runs this
+propagate?"): the executor, explain(), the distributed runtime. The selected backend
+(lower/backends.py) decides first: a Triton backend plans through triton_launch; cpu-llvm
+tries the specialised planners of `PLANNERS` in order and then the generic fused kernel
+(propagate.plan_propagate). The planners import propagate.py, never this module, so
+the dispatch sits above them and no import order fills a registry.
+
+A planner is `planner(eqn, graph, compile) -> None | Fallback | plan` (None: not mine). A
+plan has `run(eqn, graph, values) -> outputs` and `describe(explanation, eqn, graph, where)`;
+`compile=False` plans must not compile anything (explain() before a call).
+"""
+from __future__ import annotations
+
+import weakref
+
+from ..lower import CPU_LLVM_AVAILABLE
+from ..lower.backends import TRITON_BACKENDS, register_launcher, selected_backend
+from .backends.cpu import attention, generated
+from .backends.cpu.propagate import Fallback, plan_propagate
+from .backends.triton.launch import backend_plan
+from .cache import CACHE, Executable
+from .paging import run as paging
+from .threads import num_threads
+
+
+def _paged(eqn, graph, compile: bool):
+    return paging.plan_paged(eqn, graph)   # (reads rows per page; nothing compiles ahead)
+
+
+# Tried in this order before the generic fused kernel: a stored relation pages whatever its
+# edge function; attention and generated (radius/knn) relations have their own walks.
+PLANNERS = (_paged, attention.plan_attention, generated.plan_generated)
+
+
+def plan_cpu(eqn, graph, *, compile: bool = True, held=None):
+    """The cpu-llvm route: the first specialised planner that claims the equation, else the
+    generic fused kernel (an Executable, its key when compile=False, or a Fallback)."""
+    if graph is not None and CPU_LLVM_AVAILABLE:
+        for planner in PLANNERS:
+            found = planner(eqn, graph, compile)
+            if found is not None:
+                return found
+    return plan_propagate(eqn, graph, compile=compile, held=held)
+
+
+def plan(eqn, graph, *, compile: bool = True, held=None):
+    """The plan of one propagate on the selected backend, or a Fallback naming why the
+    reference interpreter runs it (`graph` None: decided from the relation's type; `held`:
+    the Kernel op the call's Task module holds for the equation, the cpu-llvm launch when
+    it fits the binding)."""
+    if selected_backend() in TRITON_BACKENDS:
+        return backend_plan(eqn, graph, compile=compile)
+    if not compile or graph is None:
+        return plan_cpu(eqn, graph, compile=compile)
+    threads = num_threads()
+    per_eqn = _WARM.get(eqn)
+    found = per_eqn.get(id(graph)) if per_eqn is not None else None
+    if found is not None and found[0]() is graph and found[1] == threads and \
+            CACHE.current(found[2]):
+        return found[2]
+    route = plan_cpu(eqn, graph, held=held)
+    # (a generated relation changes route once it is materialised: planned every call)
+    if isinstance(route, Executable) and \
+            getattr(graph, "kind", None) not in generated.GENERATED_KINDS:
+        per_eqn = _WARM.setdefault(eqn, {})
+        if len(per_eqn) > 64:
+            per_eqn.clear()
+        per_eqn[id(graph)] = (weakref.ref(graph), threads, route)
+    return route
+
+
+# eqn -> {id(graph): (weak graph, pool threads, Executable)}: the generic kernel a warm call
+# of this propagate over this relation runs, reused while the cache still holds it (the
+# planners decide from the relation's kind and layout, both fixed at its construction)
+_WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(plan_cpu)}))
+
+__all__ = ["PLANNERS", "plan", "plan_cpu", "Fallback"]

@@ -1,0 +1,579 @@
+"""runtime: the cpu-llvm route of one `propagate` equation: plan, compile (cached), run.
+
+`plan_propagate` decides the route of an equation for a concrete relation: a compiled
+Executable, or a Fallback carrying the reason the reference interpreter runs it instead.
+`run_propagate` binds the relation's CSR (or its cached transpose for reduce_by='src'), the
+field arrays and fresh outputs to the kernel's pointer slots and runs row chunks on the
+thread pool.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+
+import numpy as np
+
+from ....core.dtypes import as_dtype
+from ....core.errors import CompilationError, ShapeError, TigaError, UnsupportedError
+from ....core.types import GraphType
+from ....lower import CPU_LLVM_AVAILABLE
+from ....lower import schedule as knobs
+from ....lower.ir.kernel import Schedule
+from ....lower.ir.text import print_op
+from ....lower.pipeline import lower_launch, module_name
+from ...cache import CACHE, Executable, full_key
+from ...threads import num_threads, run_chunks, run_jobs
+from .native.pool import parallel_copy
+from .walk_tables import chunks_of, implicit_tables
+
+if CPU_LLVM_AVAILABLE:
+    from ....lower.backends import BACKENDS
+    from ....lower.llvm import CodegenUnsupported
+    from ....lower.llvm.render import CallData
+    from ....lower.llvm.walks import relation_descriptor
+
+
+_NOT_LOWERED = ("the IR stages do not express this propagate (lowering it to a "
+                "gf_kernel.launch failed), so there is no launch to render")
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The reference interpreter runs this propagate; `reason` is what explain() says."""
+
+    reason: str
+
+
+_UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile (memo)
+_UNSUPPORTED_LOCK = threading.Lock()
+_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key, op}
+_LAUNCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # eqn -> {at: launch op}
+_CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> row chunks (memo)
+_CHUNK_LOCK = threading.Lock()
+_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> implicit tables
+
+
+def _walk(params) -> str:
+    return "src" if params["reduce_by"] == "src" else "dst"
+
+
+class _TypeOnly:
+    """A relation known only by its type (explain() without arguments): no edge permutation
+    is assumed, which only changes the cache key, never whether the propagate compiles."""
+
+    edge_perm = None
+
+    def __init__(self, gtype):
+        self.index_dtype = gtype.index_dtype
+
+
+def equation_text(eqn) -> str:
+    """The printed one-equation program of `eqn` (its edge, reducer and update programs
+    included): names its dumped IR, and keys a kernel the Kernel IR does not express."""
+    from ....core.program import Eqn, GraphProgram, Var
+
+    binders = [Var(a.type) for a in eqn.inputs]
+    outs = [Var(v.type) for v in eqn.outputs]
+    return str(GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
+                                          tuple(outs))], outs))
+
+
+def kernel_text(op, eqn) -> str:
+    """What a compiled kernel is keyed by: its printed `gf_kernel.launch` op (edge and reducer
+    regions, types and schedule), or the printed equation when the IR does not express it.
+    The pool size is printed as 0: it decides the runtime's row chunks, never the code, so
+    one kernel serves every thread count."""
+    if op is None:
+        return equation_text(eqn)
+    return print_op(replace(op, schedule=replace(op.schedule, threads=0)))
+
+
+def _kernel_of(eqn, graph, held=None) -> tuple:
+    """(cache key, launch op or None) of the generic kernel over this relation's walk,
+    memoised per equation (lowering and hashing cost far more than a warm call); `held`: the
+    call's Task-IR Kernel op for the equation (see _launch_op)."""
+    walk = _walk(eqn.params)
+    relation = relation_descriptor(graph, walk)
+    has_perm = graph.edge_perm is not None if walk == "dst" else True
+    variant = (graph.index_dtype.name, has_perm, relation, num_threads())
+    per_eqn = _KERNELS.get(eqn)
+    found = per_eqn.get(variant) if per_eqn is not None else None
+    if found is None:
+        op = _launch_op(eqn, relation, held)
+        # the walk's binding (relation layout constants, edge permutation) is the part of
+        # the render's input the op does not print
+        key = full_key(("propagate", kernel_text(op, eqn), relation, has_perm,
+                        graph.index_dtype.name))
+        found = _KERNELS.setdefault(eqn, {})[variant] = (key, op)
+    return found
+
+
+def _key_of(eqn, graph) -> str:
+    return _kernel_of(eqn, graph)[0]
+
+
+def plan_propagate(eqn, graph, *, compile: bool = True, held=None):
+    """The generic fused kernel: Executable (compile=True) or key (compile=False), else a
+    Fallback. Specialised routes (paged, attention, generated) are tried before it by
+    launch.plan, the function callers use."""
+    if not CPU_LLVM_AVAILABLE:
+        return Fallback("llvmlite is not installed, so the cpu-llvm backend is unavailable")
+    if graph is None:
+        if compile:
+            return Fallback("the relation is not known until the call")
+        graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
+    key, op = _kernel_of(eqn, graph, held)
+    reason = _UNSUPPORTED.get(key) or (None if op is not None else _NOT_LOWERED)
+    if reason is not None:
+        return Fallback(reason)
+    def build(symbol):
+        # (the launch's thread count and row partition are the runtime's; the renderer reads
+        # the edge loop's attributes, which no thread count changes)
+        call = CallData(relation=relation_descriptor(graph, _walk(eqn.params)),
+                        has_edge_perm=graph.edge_perm is not None,
+                        index_dtype=graph.index_dtype.name)
+        source = BACKENDS["cpu-llvm"].render(op, symbol, call)
+        return source.text, source.signature
+
+    try:
+        if not compile:
+            if CACHE.status(key) == "miss":
+                build("probe")  # raises when unsupported; compiling waits for the call
+            return key
+        return CACHE.get(key, build)
+    except CodegenUnsupported as exc:
+        with _UNSUPPORTED_LOCK:
+            _UNSUPPORTED[key] = str(exc)
+        return Fallback(str(exc))
+    except CompilationError as exc:
+        return Fallback(f"LLVM compilation failed ({exc}); this is a Tiga bug, please report")
+    except TigaError:
+        raise
+    except (ValueError, TypeError, KeyError, OverflowError, IndexError) as exc:
+        # a codegen defect must not take the program down: the reference still runs it,
+        # explain() shows why and strict mode refuses it
+        return Fallback(f"cpu-llvm code generation failed ({type(exc).__name__}: {exc}); "
+                        "this is a Tiga bug, please report")
+
+
+def lowered_launch(eqn, gtype):
+    """The equation's `gf_kernel.launch` over a relation of type `gtype`, through the
+    pipeline's Kernel stage (TIGA_DUMP writes that IR here, once per kernel and thread count),
+    or None for an equation the IR stages do not express yet (its renderer then asks the
+    same schedule functions itself: lower/schedule.py). One kernel serves every relation
+    size, but a schedule may depend on static sizes (threads: small work runs on one)."""
+    at = (num_threads(), gtype)
+    per_eqn = _LAUNCHES.get(eqn)
+    found = per_eqn.get(at, False) if per_eqn is not None else False
+    if found is False:
+        name = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
+        try:
+            found = lower_launch(eqn, gtype, name=module_name(f"propagate_{name[:16]}"))
+        except TigaError:
+            found = None
+        _LAUNCHES.setdefault(eqn, {})[at] = found
+    return found
+
+
+def _launch_op(eqn, relation: tuple, held=None):
+    """The launch for the walk the runtime binds: a relation resolved to its CSR is lowered
+    as a CSR. `held`: the Kernel op the call's Task module holds for this equation (lowered
+    with the whole program at this pool size); it is the launch whenever the relation is
+    bound as it was lowered, so the runtime does not lower again."""
+    gtype = eqn.inputs[0].type
+    if relation == ("csr",) and gtype.kind != "csr":
+        return lowered_launch(eqn, replace(gtype, kind="csr", coord_dims=None))
+    if held is not None:
+        return held
+    return lowered_launch(eqn, gtype)
+
+
+def launch_op(eqn, graph):
+    """The scheduled launch the compiled kernel of this equation renders and its calls run
+    (lowered now if this process has not yet; None when the IR stages do not express the
+    equation). `graph` None: decided from the relation's type, as explain() before a call."""
+    graph = _TypeOnly(eqn.inputs[0].type) if graph is None else graph
+    return _kernel_of(eqn, graph)[1]
+
+
+def _run_schedule(exe, eqn, sig):
+    """The schedule a call of `exe` chunks its rows by, for the pool size now."""
+    threads = num_threads()
+    per_eqn = _RUNS.get(eqn)
+    found = per_eqn.get((exe.key, threads)) if per_eqn is not None else None
+    if found is not None:
+        return found
+    # (the launch planned for this executable at this pool size, else lowered for it)
+    op = next((o for v, (k, o) in (_KERNELS.get(eqn) or {}).items()
+               if k == exe.key and v[3] == threads and o is not None), None) or \
+        _launch_op(eqn, tuple(sig.relation))
+    found = None if op is None else op.schedule
+    if found is None:   # not expressed in the IR: the same decisions, asked directly
+        traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)
+        found = Schedule(target="cpu-llvm", threads=threads,
+                         row_partition=knobs.row_partition(traversal),
+                         chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
+                         prefetch_distance=0, parallel=sig.parallel)
+    _RUNS.setdefault(eqn, {})[(exe.key, threads)] = found
+    return found
+
+
+# eqn -> {(cache key, pool threads): the schedule its calls run by (never None)}
+_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def walked_csr(graph, walk: str) -> tuple:
+    """(row_ptr, col_idx, edge_perm or None) of the CSR the kernel walks (the relation's
+    arrays are frozen, so the contiguous views are kept per relation)."""
+    per_graph = _WALKS.get(graph)
+    found = per_graph.get(("csr-arrays", walk)) if per_graph is not None else None
+    if found is None:
+        found = _walked_csr(graph, walk)
+        with _CHUNK_LOCK:
+            _WALKS.setdefault(graph, {})[("csr-arrays", walk)] = found
+    return found
+
+
+def _walked_csr(graph, walk: str) -> tuple:
+    graph.ensure_valid()
+    if walk == "src":
+        graph_t, perm = graph.transpose()   # built once per relation and cached on it
+        rp, ci = graph_t.resolve_csr()
+    else:
+        (rp, ci), perm = graph.resolve_csr(), graph.edge_perm
+    perm = None if perm is None else np.ascontiguousarray(perm, dtype=np.int64)
+    return (np.ascontiguousarray(rp, dtype=np.int64),
+            np.ascontiguousarray(ci, dtype=graph.index_dtype.np), perm)
+
+
+def walk_arrays(graph, sig) -> tuple:
+    """({slot: array} of the kernel's walk, row_ptr used to balance row chunks).
+
+    Compressed rows bind the CSR (or the cached transpose). Implicit relations walked
+    natively, by destination or by source, bind only O(#sequences) tables, and a CSR with
+    sparse sources its transpose over the sources with edges (walk_tables.py); their row
+    offsets for chunking are computed from the kind's formula and cached.
+    """
+    if tuple(sig.relation) == ("csr",):
+        rp, ci, perm = walked_csr(graph, sig.walk)
+        return {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}, rp
+    graph.ensure_valid()
+    with _CHUNK_LOCK:
+        per_graph = _WALKS.setdefault(graph, {})
+        found = per_graph.get(tuple(sig.relation))
+    if found is None:
+        found = implicit_tables(graph, tuple(sig.relation))
+        if int(found[1][-1]) != graph.num_edges:
+            raise UnsupportedError(f"the {graph.kind} walk counts {int(found[1][-1])} edges, "
+                                   f"the relation has {graph.num_edges}; this is a Tiga bug")
+        with _CHUNK_LOCK:
+            per_graph[tuple(sig.relation)] = found
+    return found
+
+
+def chunk_row_ptr(graph, reduce_by: str) -> np.ndarray:
+    """The row_ptr a compiled propagate balances its chunks with (explain() reports them)."""
+    walk = _walk({"reduce_by": reduce_by})
+    rel = relation_descriptor(graph, walk)
+    if rel == ("csr",):
+        return walked_csr(graph, walk)[0]
+    return walk_arrays(graph, _RelationOnly(rel, walk))[1]
+
+
+@dataclass(frozen=True)
+class _RelationOnly:
+    relation: tuple
+    walk: str
+
+
+def _chunks(graph, walk, row_ptr, launch) -> list:
+    """The row chunks of a launch over this relation (cached per relation and partition)."""
+    key = (walk, launch.threads, launch.row_partition, launch.chunks_per_thread, len(row_ptr))
+    per_graph = _CHUNKS.get(graph)
+    found = per_graph.get(key) if per_graph is not None else None
+    if found is not None:
+        return found
+    with _CHUNK_LOCK:
+        per_graph = _CHUNKS.setdefault(graph, {})
+        if key not in per_graph:
+            per_graph[key] = chunks_of(row_ptr, launch.threads, launch.row_partition,
+                                       launch.chunks_per_thread)
+        return per_graph[key]
+
+
+_NP_DTYPES: dict = {}      # dtype name -> numpy dtype (a memo)
+
+
+def _np_dtype(name: str) -> np.dtype:
+    d = _NP_DTYPES.get(name)
+    if d is None:
+        d = _NP_DTYPES[name] = as_dtype(name).np
+    return d
+
+
+def _check_field(x, i: int, sig, lead, name: str) -> np.ndarray:
+    dtype = _np_dtype(sig.field_dtypes[i])
+    arr = np.asarray(x, dtype=dtype)
+    if not arr.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
+        arr = np.ascontiguousarray(arr)
+    want = tuple(sig.field_shapes[i]) if lead is None else (lead,) + tuple(sig.field_shapes[i])
+    if arr.shape != want:
+        raise ShapeError(f"{sig.roles[i]}.{name}: expected shape {want} for the compiled "
+                         f"propagate, found {arr.shape}")
+    return arr
+
+
+def run_propagate(exe: Executable, eqn, graph, values: list, outs: list | None = None,
+                  threads: int | None = None) -> list:
+    """Run a compiled propagate on concrete field values; returns the output arrays.
+
+    `outs` (optional): C-contiguous arrays of the outputs' shapes and dtypes to write into,
+    e.g. row ranges of a larger result (the distributed runtime's interior chunks); a
+    specialised plan, or arrays that do not match, get fresh outputs instead. `threads`
+    (optional) caps the launch's pool threads (a paged run computes one page on one thread
+    while its loaders use the other cores)."""
+    if not isinstance(exe, Executable):       # a specialised plan runs itself
+        return exe.run(eqn, graph, values)
+    bound = _bound(exe, graph, eqn)
+    if outs is not None and not all(
+            o.shape == tuple(shape) and o.dtype == dtype and o.flags.c_contiguous
+            for o, (shape, dtype) in zip(outs, bound.outs)):
+        outs = None
+    sig = exe.signature
+    names = eqn.params["names"]
+    fields = [_check_field(x, i, sig, bound.sizes[i], names[i]) for i, x in enumerate(values)]
+    staged = [i for i in bound.gathered if _address(fields[i]) % CACHE_LINE and
+              (fields[i].nbytes > STAGE_SHARED_MAX_BYTES or num_threads() == 1)]
+    for i in bound.gathered:
+        if i not in staged and fields[i].nbytes >= HUGE_MIN_BYTES:
+            _huge_pages(fields[i])
+    if staged and _STAGE_LOCK.acquire(blocking=False):
+        try:   # (the copies are reused by the next call: hold them until the kernel is done)
+            for i in staged:
+                fields[i] = _aligned_copy(fields[i], i, exe.native)
+            return _launch(exe, bound, graph, fields, eqn, outs, threads)
+        finally:
+            _STAGE_LOCK.release()
+    return _launch(exe, bound, graph, fields, eqn, outs, threads)
+
+
+def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None,
+            cap: int | None = None) -> list:
+    sig = exe.signature
+    if outs is None:
+        outs = [np.empty(shape, dtype) for shape, dtype in bound.outs]
+    addrs = list(bound.template)
+    for at, f in zip(bound.field_at, fields):
+        addrs[at] = _address(f)
+    for at, o in zip(bound.out_at, outs):
+        addrs[at] = _address(o)
+    argv = bound.argv_t(*addrs)
+    if sig.parallel == "single":
+        exe.native(0, bound.rows, argv)
+        return outs
+    launch = _run_schedule(exe, eqn, sig)
+    if cap is not None and cap < launch.threads:
+        launch = replace(launch, threads=max(1, cap))
+    threads = launch.threads
+    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
+    if sig.parallel == "partial_sums":
+        arrays = dict(bound.arrays)
+        for i, f in enumerate(fields):
+            arrays[f"field:{i}"] = f
+        return _partial_sums(exe, sig, arrays, outs, chunks, threads, bound.rows)
+    run_chunks(exe.native, chunks, argv, threads)
+    return outs
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A kernel bound to one relation: the walk's arrays, the argv slots they fill, the
+    sizes fields are checked against and the outputs' shapes (built once per pair)."""
+
+    arrays: dict
+    row_ptr: np.ndarray
+    rows: int
+    sizes: tuple
+    outs: tuple
+    template: tuple        # argv addresses; field and output slots are filled per call
+    field_at: tuple
+    out_at: tuple
+    argv_t: type
+    gathered: tuple        # fields read at random rows, worth an aligned copy (see below)
+
+
+# A gathered row that starts mid cache line touches one more line than it needs (a 128-byte
+# float32 row: three lines instead of two), and random gathers are bound by the lines in
+# flight: a misaligned source array made the stored-CSR kernel 1.3-1.45x slower. Such
+# fields are copied once per call to a 64-byte aligned buffer (a small cost next to reading
+# every row `degree` times); the buffers are kept, since fresh pages fault on first touch.
+# With several threads, a copy small enough to stay in one core's L2 costs more than it saves
+# (measured at 1 MiB: the other core then reads every row from the copying core's cache),
+# while above that size the copy pays for itself.
+CACHE_LINE = 64
+STAGE_SHARED_MAX_BYTES = 2 << 20
+PARALLEL_COPY = True
+STAGE_MIN_REUSE = 2        # edges per gathered row below which copying does not pay
+_STAGE_LOCK = threading.Lock()
+_STAGE: dict = {}          # field position -> uint8 scratch (a pool; rewritten every call)
+
+
+def _gathered(sig, eqn, graph) -> tuple:
+    """Fields the kernel reads at random rows whose alignment decides the lines touched."""
+    rows_read = graph.num_src if sig.walk == "dst" else graph.num_dst
+    if graph.num_edges < STAGE_MIN_REUSE * max(rows_read, 1):
+        return ()
+    nbr = "src" if sig.walk == "dst" else "dst"
+    used = eqn.params["edge_fn"].read_inputs()
+    found = []
+    for i, role in enumerate(sig.roles):
+        nbytes = _row_bytes(sig, i)
+        if role == nbr and i in used and nbytes >= 16 and \
+                (nbytes % CACHE_LINE == 0 or CACHE_LINE % nbytes == 0):
+            found.append(i)
+    return tuple(found)
+
+
+def staging_candidates(eqn, graph) -> list:
+    """[(field name, nbytes)] of the fields a stored-CSR walk may copy to aligned scratch
+    (explain() lists them before any call: alignment is only known then)."""
+    fields = [a.type for a in eqn.inputs if not isinstance(a.type, GraphType)]
+    roles = tuple(eqn.params["roles"])
+    sig = SimpleNamespace(
+        roles=roles, walk="src" if eqn.params["reduce_by"] == "src" else "dst",
+        field_shapes=tuple(tuple(t.shape) if r == "param" else tuple(t.shape[1:])
+                           for t, r in zip(fields, roles)),
+        field_dtypes=tuple(t.dtype.name for t in fields))
+    names = eqn.params["names"]
+    rows = graph.num_src if sig.walk == "dst" else graph.num_dst
+    return [(f"{roles[i]}.{names[i]}", rows * _row_bytes(sig, i))
+            for i in _gathered(sig, eqn, graph)]
+
+
+def _row_bytes(sig, i: int) -> int:
+    return int(np.prod(sig.field_shapes[i], dtype=np.int64)) * \
+        _np_dtype(sig.field_dtypes[i]).itemsize
+
+
+# Random row gathers over many MiB miss the TLB on 4 KiB pages (a 16 MiB source: 4096 pages,
+# 12% slower than on 2 MiB pages, measured). Fresh numpy allocations of this size are
+# already advised onto huge pages; memory numpy reused from 4 KiB pages is not. A source
+# seen again at the same address is collapsed onto huge pages once (Linux 6.1+
+# MADV_COLLAPSE: same contents, the kernel copies; elsewhere the call fails and nothing
+# changes). Only the 2 MiB-aligned interior of the array is advised.
+HUGE_MIN_BYTES = 8 << 20
+HUGE_PAGE = 2 << 20
+MADV_COLLAPSE = 25
+_HUGE_SEEN: dict = {}      # (address, nbytes) -> collapsed already (a paging hint, no values)
+
+
+def _huge_pages(arr: np.ndarray) -> None:
+    key = (_address(arr), arr.nbytes)
+    done = _HUGE_SEEN.get(key)
+    if done is None:               # first sighting: a one-off array is not worth the copy
+        if len(_HUGE_SEEN) > 256:
+            _HUGE_SEEN.clear()
+        _HUGE_SEEN[key] = False
+        return
+    if done or not sys.platform.startswith("linux"):
+        return
+    _HUGE_SEEN[key] = True
+    lo = (key[0] + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
+    hi = (key[0] + key[1]) & ~(HUGE_PAGE - 1)
+    if hi > lo:
+        try:
+            _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_COLLAPSE)
+        except (OSError, AttributeError):
+            pass
+
+
+_LIBC: list = []           # libc, loaded once
+
+
+def _libc():
+    if not _LIBC:
+        libc = ctypes.CDLL(None)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
+def _aligned_copy(arr: np.ndarray, slot: int, native=None) -> np.ndarray:
+    raw = _STAGE.get(slot)
+    if raw is None or raw.nbytes < arr.nbytes + CACHE_LINE:
+        raw = _STAGE[slot] = np.empty(arr.nbytes + CACHE_LINE, np.uint8)
+    off = -_address(raw) % CACHE_LINE
+    out = raw[off:off + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    if native is not None and PARALLEL_COPY and out.nbytes > STAGE_SHARED_MAX_BYTES:
+        parallel_copy(native, out, arr, num_threads())
+    else:
+        np.copyto(out, arr)
+    if out.nbytes >= HUGE_MIN_BYTES:
+        _huge_pages(out)     # the scratch is reused: from its second call on huge pages
+    return out
+
+
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> {key: _Bound}
+
+
+def _bound(exe: Executable, graph, eqn) -> _Bound:
+    per_graph = _BOUND.get(graph)
+    found = per_graph.get(exe.key) if per_graph is not None else None
+    if found is not None:
+        return found
+    sig = exe.signature
+    arrays, rp = walk_arrays(graph, sig)
+    arrays = dict(arrays)
+    for slot in sig.slots:
+        if not slot.startswith(("out:", "field:")) and arrays.get(slot) is None:
+            raise UnsupportedError(f"compiled propagate needs {slot} but the relation has none")
+    role_size = {"src": graph.num_src, "dst": graph.num_dst, "edge": graph.num_edges,
+                 "param": None}
+    lead = {"dst": (graph.num_dst,), "src": (graph.num_src,), "edge": (graph.num_edges,),
+            "all": ()}[sig.reduce_by]
+    template = tuple(0 if s.startswith(("out:", "field:")) else _address(arrays[s])
+                     for s in sig.slots)
+    found = _Bound(arrays=arrays, row_ptr=rp, rows=len(rp) - 1,
+                   sizes=tuple(role_size[r] for r in sig.roles),
+                   outs=tuple((lead + tuple(s), _np_dtype(d))
+                              for s, d in zip(sig.out_shapes, sig.out_dtypes)),
+                   template=template,
+                   field_at=tuple(sig.slots.index(f"field:{i}") for i in range(len(sig.roles))),
+                   out_at=tuple(sig.slots.index(f"out:{k}") for k in range(len(sig.out_shapes))),
+                   argv_t=ctypes.c_void_p * len(sig.slots),
+                   gathered=_gathered(sig, eqn, graph) if sig.relation == ("csr",) else ())
+    with _CHUNK_LOCK:
+        _BOUND.setdefault(graph, {})[exe.key] = found
+    return found
+
+
+def _address(a: np.ndarray) -> int:
+    try:    # (a writable buffer's address without building the array interface dict)
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):   # read-only, empty or not contiguous
+        return a.__array_interface__["data"][0]
+
+
+def _argv(sig, arrays: dict, outs: list):
+    ptrs = [_address(o) for o in outs]
+    return (ctypes.c_void_p * len(sig.slots))(*[
+        ptrs[int(s[4:])] if s.startswith("out:") else _address(arrays[s])
+        for s in sig.slots])
+
+
+def _partial_sums(exe, sig, arrays, outs, chunks, threads, rows) -> list:
+    """reduce_by='all' with sum: every chunk folds into its own output row; add them up."""
+    if len(chunks) <= 1:
+        exe.native(0, rows, _argv(sig, arrays, outs))
+        return outs
+    parts = [[np.empty_like(o) for o in outs] for _ in chunks]
+    run_jobs(exe.native, [(a, b, _argv(sig, arrays, p)) for (a, b), p in zip(chunks, parts)],
+             threads)
+    for k, o in enumerate(outs):
+        np.sum([p[k] for p in parts], axis=0, out=o)
+    return outs

@@ -1,0 +1,103 @@
+"""runtime: the generated relations (radius, kNN) on the Triton backends, built on the launch
+device from the relation's coordinates.
+
+- radius: the propagate kernel walks a cell directory (lower/triton/walks.py); the
+  directory's counting sort (cell_start, cell_order) runs as torch ops on the launch device
+  (torch_bridge/triton_buffers.py). The grid's origin, cell width and cell counts are
+  O(dims) host numbers from the reference's rule (core.graph_generated), computed from the
+  relation's host coordinates.
+- kNN: `knn_shells` (lower/triton/generated.py; up to 3 coordinates: cell shells of a
+  directory counting-sorted on the device, as radius) or `knn_select` (a scan of every
+  source) writes each row's k nearest sources on the device; the propagate kernel walks
+  that CSR (row_ptr = k * row).
+Propagates grouped by source over kNN (its VJP's source cotangents) read the reference's
+transposed CSR.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ....core import graph_generated as geo
+from ....lower.triton.generated import knn_shell_source, knn_source
+from .launch import _interpret, import_text, tensors
+
+KNN_BLOCK = 64
+KNN_SHELL_DIMS = 3     # cell shells up to here; more coordinates scan every source
+STATS = {"knn_selects": 0, "knn_shell_walks": 0, "radius_directories": 0}
+
+
+def generated_walk(graph, relation: tuple, device: str) -> dict:
+    """{slot: tensor} of a radius cell walk or of a kNN relation's CSR, built on `device`."""
+    if relation[0] == "radius":
+        return _radius_walk(graph, device)
+    return _knn_walk(graph, device)
+
+
+def _radius_walk(graph, device: str) -> dict:
+    p = graph.params
+    pos = np.asarray(p["positions"])
+    query = pos if p["query"] is None else np.asarray(p["query"])
+    width = geo.cell_width(pos, float(p["cutoff"]))
+    lo, inv_w, dims = geo.grid_of(pos, width)
+    buf = tensors()
+    tpos = buf.from_array(pos, pos.dtype.name, device)
+    start, order = buf.cell_directory(tpos, lo, inv_w, dims)
+    exclude_self = p["query"] is None and not p["loop"]
+    scal = np.array([inv_w, geo.squared_cutoff(float(p["cutoff"]), pos.dtype),
+                     float(exclude_self)], np.float64)
+    STATS["radius_directories"] += 1
+    return {"wpos": tpos, "wqpos": buf.from_array(query, pos.dtype.name, device),
+            "cell_start": start, "cell_order": order,
+            "grid_lo": buf.from_array(lo, "float64", device),
+            "grid_dims": buf.from_array(dims, "int64", device),
+            "walk_scal": buf.from_array(scal, "float64", device)}
+
+
+def _knn_walk(graph, device: str) -> dict:
+    import triton.language as tl
+
+    backend = "triton-interpreter" if device == "cpu" else "triton"
+    p = graph.params
+    pos = np.asarray(p["positions"])
+    query = pos if p["query"] is None else np.asarray(p["query"])
+    n, k, dims = query.shape[0], int(p["k"]), pos.shape[1]
+    buf = tensors()
+    cols = buf.zeros((max(n * k, 1),), "int64", device)
+    if n and k:
+        tpos = buf.from_array(pos, pos.dtype.name, device)
+        tq = buf.from_array(query, pos.dtype.name, device)
+        flags = dict(EXCL=bool(p["query"] is None and not p["loop"]),
+                     PT=tl.float64 if pos.dtype == np.float64 else tl.float32,
+                     BLOCK=KNN_BLOCK)
+        if 1 <= dims <= KNN_SHELL_DIMS:
+            _knn_shells(tpos, tq, cols, pos, k, backend, device, flags)
+        else:
+            mod = import_text(knn_source(), "knn", backend)
+            with _interpret(backend):
+                mod.knn_select[(n,)](tpos, tq, cols, pos.shape[0], k, DIMS=dims, **flags)
+    STATS["knn_selects"] += 1
+    row_ptr = buf.from_array(np.arange(n + 1, dtype=np.int64) * k, "int64", device)
+    return {"row_ptr": row_ptr, "col_idx": cols, "edge_perm": None}
+
+
+def knn_cell_width(pos: np.ndarray, k: int) -> float:
+    """Cells of about k / 2 sources: the cube of 3^d cells around a row usually holds k."""
+    w = geo.cell_width(pos, 0.0, per_cell=max(1.0, k / 2.0))
+    return w if np.isfinite(w) and w > 0 else 1.0   # (every point equal: one cell)
+
+
+def _knn_shells(tpos, tq, cols, pos: np.ndarray, k: int, backend: str, device: str,
+                flags: dict) -> None:
+    """The k nearest per query row through a cell directory counting-sorted on `device`."""
+    buf = tensors()
+    width = knn_cell_width(pos, k)
+    lo, inv_w, gdims = geo.grid_of(pos, width)
+    start, order = buf.cell_directory(tpos, lo, inv_w, gdims)
+    mod = import_text(knn_shell_source(pos.shape[1]), f"knn_shells{pos.shape[1]}", backend)
+    with _interpret(backend):
+        mod.knn_shells[(tq.shape[0],)](
+            tpos, tq, cols, start, order, buf.from_array(lo, "float64", device),
+            buf.from_array(gdims, "int64", device),
+            buf.from_array(np.array([inv_w, width], np.float64), "float64", device),
+            pos.shape[0], k, **flags)
+    STATS["knn_shell_walks"] += 1

@@ -1,0 +1,458 @@
+"""runtime: the triton / triton-interpreter routes of one `propagate`: plan, compile, launch.
+
+`backend_plan` is the executor's planner: it reads the selected backend (lower/backends.py)
+and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
+A TritonPlan lowers the equation through the pipeline's Kernel stage (the schedule printed
+there is the one rendered), renders it (lower/triton), writes the source to
+`$TIGA_CACHE_DIR/triton/<key>.py` and imports it (with TRITON_INTERPRET=1 for the
+interpreter: Triton decides at decoration time), then launches it on torch tensors: CPU
+tensors under the interpreter, CUDA tensors on the GPU. Compiled modules are cached per key
+(the same structural key scheme as cpu-llvm, plus the backend and triton's version).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ....core.config import config
+from ....core.errors import TigaError, UnsupportedError
+from ....core.graph_validate import input_device
+from ....lower.backends import (
+    BACKENDS,
+    TRITON_BACKENDS,
+    register_launcher,
+    route_for_devices,
+    selected_backend,
+)
+from ....lower.pipeline import lower_launch, module_name
+from ....lower.triton import (
+    KernelSource,
+    TritonSignature,
+    TritonUnsupported,
+    relation_of,
+    render_launch,
+)
+from ...cache import full_key
+from ..cpu.propagate import Fallback, walk_arrays, walked_csr
+from ..cpu.propagate import plan_propagate as llvm_plan
+from . import cache as triton_cache
+
+_MODULES: dict = {}          # module key -> imported kernel module
+_SOURCES: dict = {}          # module key -> KernelSource (rendered or read from disk)
+_PLANS: dict = {}            # (structure key, relation type) -> TritonPlan (a warm call's)
+# eqn -> {(id(graph), backend): (weak graph, plan)}: what a warm call of this propagate over
+# this relation runs (the plan depends on the relation's kind and layout, fixed when built)
+_WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+STATS = {"split_launches": 0}   # launches that ran the split path (tests read it)
+_TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
+
+
+def call_devices(call) -> dict:
+    """{label: device} of a message-passing call's relation, fields and keyword operands
+    (read from DLPack / the relation's recorded device; nothing is copied)."""
+    out = {"graph": str(getattr(call.graph, "device", "cpu") or "cpu")}
+    for role, name, value in call.field_items():
+        out[f"{role}.{name}"] = input_device(value)
+    for key, value in call.param_items():
+        out[key] = input_device(value)
+    return out
+
+
+def call_backend(call) -> str | None:
+    """The backend a call runs on because of where its inputs live: None for host inputs,
+    "triton" for CUDA inputs, else tg.UnsupportedError naming the field (no triton, no GPU,
+    strict mode with a CPU backend selected) before any CUDA data is copied."""
+    devices = call_devices(call)
+    if all(d == "cpu" for d in devices.values()):
+        return None
+    name = config.backend
+    return route_for_devices(devices, name, strict=config.strict,
+                             gpu=BACKENDS["triton"].available())
+
+
+def backend_plan(eqn, graph, *, compile: bool = True):
+    """The plan of one propagate on the selected backend (the executor's planner)."""
+    name = selected_backend()
+    if name not in TRITON_BACKENDS:
+        return llvm_plan(eqn, graph, compile=compile)
+    ok, why = BACKENDS[name].available()
+    if not ok:
+        raise UnsupportedError(f"backend {name!r} is unavailable: {why}",
+                               hint="unset TIGA_BACKEND / tg.config.backend (cpu-llvm), or "
+                                    "install the gpu extra")
+    if BACKENDS[name].interpreter:
+        ensure_interpreter()
+    if graph is None and compile:
+        return Fallback("the relation is not known until the call")
+    per_eqn = _WARM.get(eqn)
+    hit = per_eqn.get((id(graph), name)) if per_eqn is not None else None
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
+    from .attention import attention_plan  # (it imports this module)
+    found = attention_plan(eqn, graph, name)
+    if found is None:
+        try:
+            found = TritonPlan.build(eqn, graph, name)
+        except TritonUnsupported as exc:
+            return Fallback(f"{name}: {exc}")
+    if getattr(graph, "kind", None) not in ("radius", "knn"):   # (planned from their state)
+        per_eqn = _WARM.setdefault(eqn, {})
+        if len(per_eqn) > 64:
+            per_eqn.clear()
+        per_eqn[(id(graph), name)] = (weakref.ref(graph), found)
+    return found
+
+
+@dataclass
+class TritonPlan:
+    """A rendered propagate kernel for one (equation structure, relation layout, backend)."""
+
+    backend: str
+    key: str
+    source: KernelSource
+    schedule: object           # the Kernel IR Schedule it was rendered with
+
+    @classmethod
+    def build(cls, eqn, graph, backend: str) -> TritonPlan:
+        walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
+        has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
+        relation = relation_of(graph, walk)
+        if relation[0] == "radius" and ("edge" in eqn.params["roles"] or
+                                        eqn.params["reduce_by"] == "edge"):
+            relation = ("csr",)    # edge ids in the reference's order: its CSR
+        gtype = eqn.inputs[0].type
+        if gtype.kind != "csr" and relation == ("csr",):   # walked through its resolved CSR
+            gtype = replace(gtype, kind="csr", coord_dims=None)
+        index = graph.index_dtype if graph is not None else gtype.index_dtype
+        structure = ("triton", backend, eqn.params["edge_fn"].structure_key(),
+                     repr(eqn.params["reducer"]._key()), eqn.params["roles"],
+                     eqn.params["reduce_by"], _update_key(eqn), _field_key(eqn),
+                     index.name, has_perm, relation, _triton_version())
+        key = full_key(structure)
+        warm = _PLANS.get((key, repr(gtype)))
+        if warm is not None:   # (lowering through the Kernel stage costs ~1.5 ms a call)
+            return warm
+        try:
+            op = lower_launch(eqn, replace(gtype, index_dtype=index),
+                              name=module_name(f"propagate_{key[:16]}"), target="triton")
+        except TritonUnsupported:
+            raise
+        except TigaError as exc:
+            raise TritonUnsupported(f"the Kernel IR stages do not express it ({exc})") from None
+        mkey = triton_cache.module_key(str(op), (relation, has_perm), backend,
+                                       _triton_version())
+        source = _SOURCES.get(mkey) or _stored_or_rendered(op, mkey, has_perm, relation)
+        _SOURCES[mkey] = source
+        found = cls(backend, mkey, source, op.schedule)
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[(key, repr(gtype))] = found
+        return found
+
+    # ---- compile -------------------------------------------------------------------------
+
+    def kernel(self, part: str = ""):
+        """The kernel function (`part` "part" / "comb": the split path's kernels)."""
+        mod = _MODULES.get(self.key)
+        if mod is None:
+            with _LOCK:
+                mod = _MODULES.get(self.key) or _import(self.key, self.source, self.backend)
+                _MODULES[self.key] = mod
+        symbol = self.source.signature.symbol
+        return getattr(mod, f"{symbol}_{part}" if part else symbol)
+
+    # ---- run -----------------------------------------------------------------------------
+
+    def run(self, eqn, graph, values: list) -> list:
+        buf = tensors()
+        sig = self.source.signature
+        device = "cpu" if BACKENDS[self.backend].interpreter else "cuda"
+        walk = _torch_walk(graph, sig, device)
+        rows = graph.num_src if sig.walk == "src" else graph.num_dst
+        lead = {"dst": graph.num_dst, "src": graph.num_src, "edge": graph.num_edges,
+                "all": graph.num_dst}[sig.reduce_by]
+        args = [walk[s] for s in sig.slots if not s.startswith(("field:", "out:"))]
+        args += [buf.from_array(x, sig.field_dtypes[i], device) for i, x in enumerate(values)]
+        outs = [buf.zeros((lead,) + tuple(s), d, device)
+                for s, d in zip(sig.out_shapes, sig.out_dtypes)]
+        if rows > 0:
+            grid = (-(-rows // sig.block_rows),)
+            kernel = self.kernel()
+            with _interpret(self.backend):
+                kernel[grid](*args, *outs, rows, BLOCK_R=sig.block_rows,
+                             BLOCK_N=sig.block_neighbors, num_warps=sig.num_warps,
+                             num_stages=sig.num_stages)
+            if sig.split_degree:
+                self._run_split(graph, sig, device, walk["row_ptr"], args + outs)
+        if sig.combine:   # reduce_by="all": per-row partial sums, added here
+            outs = [o.sum(dim=0) for o in outs]
+            if sig.combine == "mean":
+                outs = [o / max(graph.num_edges, 1) for o in outs]
+        return [launch_result(buf, o, d, device) for o, d in zip(outs, sig.out_dtypes)]
+
+    def _run_split(self, graph, sig, device: str, row_ptr, args: list) -> None:
+        """Rows above the split degree (the main kernel gave them no edges): per-chunk
+        reducer states, then one merge per row in chunk order, on the same stream."""
+        plan = _split_plan(graph, sig, device, row_ptr)
+        if plan is None:
+            return
+        heavy, first, chunk_row, chunk_lo = plan
+        STATS["split_launches"] += 1
+        buf = tensors()
+        parts = [buf.zeros((chunk_row.shape[0], n), d, device) for n, d in sig.split_states]
+        launch = dict(BLOCK_R=sig.block_rows, BLOCK_N=sig.block_neighbors,
+                      num_warps=sig.num_warps, num_stages=sig.num_stages)
+        with _interpret(self.backend):
+            n = chunk_row.shape[0]
+            self.kernel("part")[(-(-n // sig.block_rows),)](*args, *parts, chunk_row,
+                                                             chunk_lo, n, **launch)
+            n = heavy.shape[0]
+            self.kernel("comb")[(-(-n // sig.block_rows),)](*args, *parts, heavy, first, n,
+                                                             **launch)
+
+    # ---- explain -------------------------------------------------------------------------
+
+    def describe(self, ex, eqn, graph, where: str) -> None:
+        p, sig = eqn.params, self.source.signature
+        kind = graph.kind if graph is not None and hasattr(graph, "kind") else \
+            eqn.inputs[0].type.kind
+        ex.routes.append((self.backend, f"{where}propagate[{p['reducer'].pp_param()}] by "
+                          f"{p['reduce_by']}", "rendered as a fused Triton kernel"))
+        walk = "the transposed CSR (built once per relation and cached; no atomics)" \
+            if sig.walk == "src" else "their CSR edges"
+        if sig.relation[0] == "radius":
+            walk = (f"the {3 ** sig.relation[1]} neighbour cells of a cell directory "
+                    "counting-sorted on the launch device, exact distance test per candidate")
+        elif sig.relation[0] != "csr":
+            walk = f"their {sig.relation[0]} edges computed from indices (no CSR)"
+        elif kind == "knn" and sig.walk == "dst" and "edge_perm" not in sig.slots:
+            how = "through cell shells of a directory counting-sorted there" \
+                if 1 <= int(getattr(graph, "coord_dims", 0) or 0) <= 3 else "by a full scan"
+            walk = ("the k nearest sources a Triton kernel selected on the launch device "
+                    f"{how} (nearest first, ties by index)")
+        resolved = "" if kind in ("csr", "knn") or sig.relation[0] != "csr" else \
+            f" (the {kind} relation resolved to CSR)"
+        ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation"
+                            f"{resolved}, grouped by {p['reduce_by']}: one Triton program per "
+                            f"{sig.block_rows} row(s), rows walk {walk} in tiles of "
+                            f"{sig.block_neighbors} neighbours with a degree guard")
+        ex.schedule = (f"{self.backend}: block_rows={sig.block_rows}, "
+                       f"block_neighbors={sig.block_neighbors}, num_warps={sig.num_warps}, "
+                       f"num_stages={sig.num_stages}")
+        ex.cache_lines.append(f"triton kernel {self.key[:12]}: " +
+                              ("hit (memory)" if self.key in _MODULES else
+                               "miss (compiled on the first call)"))
+
+
+def relabel_routes(ex) -> None:
+    """explain(): a program whose compiled propagates all run on one Triton backend reports
+    that backend as its route (routes.py labels compiled routes cpu-llvm)."""
+    compiled = {r for r, _, _ in ex.routes if r != "reference"}
+    if len(compiled) == 1 and next(iter(compiled)) in TRITON_BACKENDS:
+        name = next(iter(compiled))
+        fallen = any(r == "reference" for r, _, _ in ex.routes)
+        ex.route = "mixed" if fallen else name
+        ex.backend = ("fused Triton kernels" + (" in Triton's interpreter (CPU)"
+                                                if BACKENDS[name].interpreter else " (CUDA)")
+                      + (" + numpy reference interpreter" if fallen else ""))
+
+
+def _update_key(eqn):
+    u = eqn.params["update"]
+    return u.structure_key() if u is not None else None
+
+
+def _field_key(eqn) -> tuple:
+    return tuple((tuple(a.type.shape) if r == "param" else tuple(a.type.shape[1:]),
+                  a.type.dtype.name) for a, r in zip(eqn.inputs[1:], eqn.params["roles"]))
+
+
+def _triton_version() -> str:
+    try:
+        from importlib import metadata
+        return metadata.version("triton")
+    except Exception:   # noqa: BLE001 - not installed: rendering still works
+        return "none"
+
+
+def _stored_or_rendered(op, key: str, has_perm: bool, relation: tuple) -> KernelSource:
+    """The module stored on disk under `key` (triton_cache.py), else rendered and stored."""
+    found = triton_cache.load(key)
+    if found is not None:
+        text, signature = found
+        return KernelSource(text, TritonSignature.from_json(signature))
+    source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm,
+                           relation=relation)
+    text = triton_cache.store(key, source.text, source.signature.to_json())
+    return KernelSource(text, source.signature)
+
+
+def _import(key: str, source: KernelSource, backend: str):
+    """Import the module stored on disk (Triton reads a kernel's source file, so it must
+    exist there: a file removed since is written again); the interpreter flag is read when
+    @triton.jit runs."""
+    path = triton_cache.path_of(key)
+    if not path.exists() or path.read_text() != source.text:
+        triton_cache.write(key, source.text)
+    name = f"tiga_triton_{key[:32]}_{backend.replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    with _interpret(backend):
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def import_text(text: str, tag: str, backend: str):
+    """The module of a fixed Triton source (attention, kNN selection): stored in the disk
+    cache under its key and imported once per backend."""
+    if BACKENDS[backend].interpreter:
+        ensure_interpreter()
+    key = triton_cache.module_key(text, (tag,), backend, _triton_version())
+    name = f"tiga_triton_{tag}_{key[:16]}_{backend.replace('-', '_')}"
+    found = sys.modules.get(name)
+    if found is not None:
+        return found
+    if triton_cache.load(key) is None or not triton_cache.path_of(key).exists():
+        triton_cache.store(key, text, "{}")
+    spec = importlib.util.spec_from_file_location(name, triton_cache.path_of(key))
+    module = importlib.util.module_from_spec(spec)
+    with _interpret(backend):
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def ensure_interpreter() -> None:
+    """Triton decides at its own import whether its library functions (tl.sum, tl.zeros...)
+    are interpreted: TRITON_INTERPRET=1 must be set before triton is first imported. It is
+    set here when triton is not imported yet; a triton imported without it cannot run the
+    interpreter, which is an error naming the variable. (Checked once: a warm call asks.)"""
+    if _INTERPRETS:
+        return
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language as tl
+
+    if type(tl.standard.sum).__name__ != "InterpretedFunction":
+        raise UnsupportedError(
+            "triton-interpreter: triton was imported without TRITON_INTERPRET=1, so its "
+            "library functions are compiled-only and cannot run in the interpreter",
+            hint="set TRITON_INTERPRET=1 in the environment (or select the backend before "
+                 "anything imports triton)")
+    _INTERPRETS.append(True)
+
+
+_INTERPRETS: list = []   # [True] once triton's library was seen interpreted (fixed at import)
+
+
+@contextmanager
+def _interpret(backend: str):
+    """TRITON_INTERPRET as the backend needs it while Triton decorates or launches (Triton
+    reads it at both times, also in modules it imports lazily on the first launch)."""
+    old = os.environ.get("TRITON_INTERPRET")
+    want = "1" if BACKENDS[backend].interpreter else "0"
+    if old == want or (old is None and want == "0"):   # (unset reads as "0" to Triton)
+        # a warm call: the environment already says it (no putenv and restore per launch)
+        yield
+        return
+    os.environ["TRITON_INTERPRET"] = want
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+# The torch side (tiga/torch_bridge/triton_buffers.py), handed over by the facade (tiga/api.py):
+# this layer never imports torch.
+HOOKS: dict = {}
+
+
+def tensors():
+    loader = HOOKS.get("tensors")
+    if loader is None:
+        raise UnsupportedError("the Triton backends need the torch bridge (Triton launches on "
+                               "torch tensors)", hint="import tiga (its facade registers it)")
+    return loader()
+
+
+def launch_result(buf, x, dtype: str, device: str):
+    """A kernel's output as the executor holds it: numpy under the interpreter (CPU), else a
+    torch tensor left on the GPU (the next kernel or the torch caller reads it there; the
+    executor copies it to the host for anything else)."""
+    return buf.to_numpy(x, dtype) if device == "cpu" else buf.from_array(x, dtype, device)
+
+
+def split_rows(row_ptr: np.ndarray, split: int):
+    """(heavy rows, index of each one's first chunk, chunk rows, chunk first edges) of the
+    rows with more than `split` edges, each cut into chunks of `split` edges; None if none."""
+    deg = np.diff(row_ptr.astype(np.int64))
+    heavy = np.flatnonzero(deg > split)
+    if heavy.size == 0:
+        return None
+    chunks = -(-deg[heavy] // split)
+    first = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    chunk_row = np.repeat(heavy, chunks)
+    within = np.arange(int(chunks.sum())) - np.repeat(first, chunks)
+    chunk_lo = row_ptr.astype(np.int64)[chunk_row] + within * split
+    return heavy, first, chunk_row, chunk_lo
+
+
+def _split_plan(graph, sig, device: str, row_ptr):
+    """split_rows of the walked CSR (`row_ptr`: the launch's tensor) as launch tensors,
+    cached per relation like the walk."""
+    key = ("split", sig.walk, sig.split_degree, device)
+    per_graph = _TORCH_WALKS.setdefault(graph, {})
+    if key not in per_graph:
+        buf = tensors()
+        found = split_rows(buf.to_numpy(row_ptr, "int64"), sig.split_degree)
+        per_graph[key] = None if found is None else tuple(
+            buf.from_array(a, "int64", device) for a in found)
+    return per_graph[key]
+
+
+def _torch_walk(graph, sig, device: str) -> dict:
+    """{slot: tensor} of the walk a kernel reads (cached per relation, walk and device)."""
+    relation = tuple(sig.relation)
+    per_graph = _TORCH_WALKS.get(graph)
+    found = per_graph.get((sig.walk, relation, device)) if per_graph is not None else None
+    if found is None:
+        if relation[0] == "radius" or (getattr(graph, "kind", None) == "knn" and
+                                       sig.walk == "dst" and "edge_perm" not in sig.slots):
+            from .generated import generated_walk  # (it imports this module)
+            found = generated_walk(graph, relation, device)
+            _TORCH_WALKS.setdefault(graph, {})[(sig.walk, relation, device)] = found
+            return found
+        if relation == ("csr",):
+            rp, ci, perm = walked_csr(graph, sig.walk)
+            arrays = {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}
+        else:
+            arrays = dict(walk_arrays(graph, sig)[0])
+            if relation[0] in ("stencil", "stencil_t"):
+                arrays["stencil_offsets"] = np.asarray(relation[2], np.int64).reshape(-1)
+        buf = tensors()
+        found = {k: None if a is None else buf.from_array(a, a.dtype.name, device)
+                 for k, a in arrays.items()}
+        _TORCH_WALKS.setdefault(graph, {})[(sig.walk, relation, device)] = found
+    return found
+
+
+class _Launcher:
+    """The runtime side of the Triton backends in the backend table."""
+
+    plan = staticmethod(backend_plan)
+
+
+register_launcher("triton", _Launcher)
+register_launcher("triton-interpreter", _Launcher)
