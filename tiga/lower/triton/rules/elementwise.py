@@ -38,6 +38,7 @@ _BINARY = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})",
            "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
            "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
            "and": "({a} & {b})", "or": "({a} | {b})"}
+_HALF = ("float16", "bfloat16")
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -72,7 +73,12 @@ def _unary_rule(name):
         elif name == "abs" and not x.dtype.is_float:
             expr = f"tl.where({x.expr} < 0, -{x.expr}, {x.expr})"
         else:
-            expr = _UNARY[name].format(x=x.expr)
+            arg = x.expr
+            if x.dtype.name in _HALF and name not in ("neg", "not", "abs"):
+                # Triton's math functions take float32/float64 only (compiled and
+                # interpreted); numpy computes a half's exp in float32 and rounds, too
+                arg = f"({arg}).to(tl.float32)"
+            expr = _UNARY[name].format(x=arg)
             if x.dtype.is_float and name not in ("neg", "not", "abs"):
                 expr = f"({expr}).to({tl_dtype(x.dtype)})"
         return _out(ctx, expr, out_types[0], x)
@@ -91,6 +97,9 @@ def _binary_rule(name):
         if name == "pow":
             if not out.dtype.is_float:
                 raise TritonUnsupported("pow on integers")
+            if out.dtype.name in _HALF:   # (tl.exp/tl.log: float32/float64 only)
+                xa, xb = (x if v.lead == "const" else f"({x}).to(tl.float32)"
+                          for x, v in ((xa, a), (xb, b)))
             expr = f"tl.exp({xb} * tl.log({xa}))"
             if b.lead == "const" and float(b.expr) == 2.0:
                 expr = f"({xa} * {xa})"
