@@ -1,9 +1,13 @@
 """core: program-to-program cleanup passes (dead-code elimination, common subexpressions)."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .program import GraphProgram, Lit, Var
+
+_COPIED_BYTES = 1 << 16    # constants up to this size are keyed by their bytes
 
 
 def dce(program: GraphProgram, keep_outputs=None) -> GraphProgram:
@@ -58,8 +62,17 @@ def _atom_key(a):
     if isinstance(a, Lit):
         if not isinstance(a.value, np.ndarray | np.generic):   # a relation: by identity
             return ("lit-object", id(a.value))
-        return ("lit", str(a.type), a.value.tobytes())
+        return ("lit", str(a.type), _content(a.value))
     return ("var", id(a))
+
+
+def _content(value) -> bytes:
+    """The bytes of a small constant; a large one's SHA-256 read in place (tobytes copied
+    every large constant once per use: a gradient's per-edge or per-node constants)."""
+    if value.nbytes <= _COPIED_BYTES:
+        return value.tobytes()
+    arr = np.ascontiguousarray(value)
+    return hashlib.sha256(arr.reshape(-1).view(np.uint8)).digest()
 
 
 def _hashable(v):

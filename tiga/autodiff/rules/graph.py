@@ -23,9 +23,9 @@ from ...trace.tracer import bind
 from ..registry import NONDIFF, vjp_rules
 from ..vjp import backward_pass, differentiable, vjp_program
 from .attention import attention_vjp, match_attention
+from .edge_order import edge_key
 
 SEG_ROLE = {"dst": "dst", "src": "src", "all": "param", "edge": "edge"}
-_NO_EDGE = 2 ** 62  # larger than any edge id: "no extremal edge yet"
 
 
 def _row_types(values, roles):
@@ -59,30 +59,33 @@ def _lift(value, like, dtype=None):
 
 
 class _Ctx:
-    """The forward call being differentiated; `ids` is the edge-id field when a plan needs it."""
+    """The forward call being differentiated; `key` orders the edges when a plan needs it
+    (edge_order.EdgeKey: its operands follow the fields)."""
 
     def __init__(self, graph, fields, roles, edge_fn, reduce_by):
         self.graph, self.fields, self.roles = graph, list(fields), list(roles)
         self.edge_fn, self.reduce_by = edge_fn, reduce_by
         self.seg = SEG_ROLE[reduce_by]
-        self.ids = None
+        self.key = None
 
     def operands(self, aux):
-        extra = [] if self.ids is None else [self.ids]
-        values = self.fields + extra + list(aux)
-        roles = self.roles + ["edge"] * len(extra) + [self.seg] * len(aux)
+        extra, extra_roles = ([], []) if self.key is None else (self.key.values,
+                                                                 self.key.roles)
+        values = self.fields + list(extra) + list(aux)
+        roles = self.roles + list(extra_roles) + [self.seg] * len(aux)
         return values, roles
 
     def split(self, rows):
-        """rows -> (messages, edge id row or None, aux rows)."""
+        """rows -> (messages, the edge's order key or None, aux rows)."""
         n = len(self.fields)
         msgs = _messages(self.edge_fn, rows[:n])
-        if self.ids is None:
+        if self.key is None:
             return msgs, None, rows[n:]
-        return msgs, rows[n], rows[n + 1:]
+        k = len(self.key.values)
+        return msgs, self.key.key(rows[n:n + k]), rows[n + k:]
 
     def aux_propagate(self, fn, reducer, aux=()):
-        """Reduce `fn(messages, aux rows, edge id)` per segment with the forward's grouping."""
+        """Reduce `fn(messages, aux rows, edge key)` per segment with the forward's grouping."""
         def edge(*rows):
             msgs, eid, aux_rows = self.split(rows)
             return fn(msgs, aux_rows, eid)
@@ -118,16 +121,18 @@ def _mean_plan(ctx, ct_outs):
 
 
 def _extremum_plan(ctx, outs, ct_outs):
-    """The cotangent goes to the first extremal edge (smallest edge id) of each segment."""
-    ctx.ids = bind(edge_ids_p, ctx.graph)
+    """The cotangent goes to the first extremal edge (smallest edge id) of each segment:
+    the smallest order key (edge_order: computed from the endpoints on implicit relations,
+    the edge ids elsewhere)."""
+    key = ctx.key = edge_key(ctx.graph)
     n = len(outs)
 
-    # edge ids stay int64: in a float32 message's dtype ids past 2**24 round together, and
+    # keys stay integers: in a float32 message's dtype keys past 2**24 round together, and
     # the cotangent of one extremal edge would leak to its neighbours
     def first_hit(msgs, aux, eid, k):
         hit = m.equal(msgs[k], aux[0])
-        return m.where(hit, _lift(eid, msgs[k], "int64"),
-                       m.full(_typeof(msgs[k]).shape, _NO_EDGE, "int64"))
+        return m.where(hit, _lift(eid, msgs[k], key.dtype),
+                       m.full(_typeof(msgs[k]).shape, key.none, key.dtype))
 
     firsts = [ctx.aux_propagate(lambda msgs, aux, eid, k=k: first_hit(msgs, aux, eid, k),
                                 min_reducer(), [y]) for k, y in enumerate(outs)]
