@@ -40,6 +40,7 @@ from ..progress import progress_bar
 from ..run_report import NOT_RUN, measured, record
 from ..store import transpose as store_transpose
 from ..threads import num_threads
+from . import gather
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack
 from .writer import WRITE_QUEUE, PageWriter
@@ -95,17 +96,18 @@ def page_tasks(num_dst: int, bounds: np.ndarray, page_rows: int) -> list:
 BLOCK_SHIFT = 12      # id blocks of 4096 for pages whose ids sit in a few far-apart windows
 
 
-def distinct(ci: np.ndarray, index_dtype) -> tuple:
+def distinct(ci: np.ndarray, index_dtype, out: np.ndarray | None = None) -> tuple:
     """(sorted distinct ids, each id's position among them), i.e. np.unique's inverse,
     without a sort when cheap: a mark array over the ids' span (a page of a banded graph),
     or over the occupied 4096-id blocks (a page whose ids wrap around or sit in a few
-    windows); a sort only for ids spread thin over a wide span."""
+    windows); a sort only for ids spread thin over a wide span. The mark array is the native
+    kernel's (paging.gather) where it runs; then the positions go to `out` when given (the
+    page's own id buffer: in place)."""
     if not len(ci):
         return np.zeros(0, np.int64), np.zeros(0, index_dtype)
     lo, hi = int(ci.min()), int(ci.max()) + 1
     if hi - lo <= 8 * len(ci):
-        uniq, inv = _marked(ci - lo if lo else ci, hi - lo, index_dtype)
-        return uniq + lo, inv
+        return _marked(ci, lo, hi - lo, index_dtype, out)
     blk = ci >> BLOCK_SHIFT
     occupied = np.zeros((hi - 1 >> BLOCK_SHIFT) + 1, bool)
     occupied[blk] = True
@@ -119,19 +121,24 @@ def distinct(ci: np.ndarray, index_dtype) -> tuple:
     local = slot[blk]
     local <<= BLOCK_SHIFT
     local |= ci & ((1 << BLOCK_SHIFT) - 1)
-    pos, inv = _marked(local, span, index_dtype)
+    pos, inv = _marked(local, 0, span, index_dtype, out)
     return (blocks[pos >> BLOCK_SHIFT] << BLOCK_SHIFT) | (pos & ((1 << BLOCK_SHIFT) - 1)), inv
 
 
-def _marked(local: np.ndarray, span: int, index_dtype) -> tuple:
-    """distinct() of ids in [0, span) by a mark array; a window every id of which occurs
-    (a banded page) needs no remap: the ids are their own positions."""
+def _marked(ids: np.ndarray, lo: int, span: int, index_dtype, out=None) -> tuple:
+    """distinct() of ids in [lo, lo + span) by a mark array: the native kernel's, else
+    numpy's (a window every id of which occurs, a banded page, needs no remap there: the
+    ids less lo are their own positions)."""
+    got = gather.marked(ids, lo, span, index_dtype, out)
+    if got is not None:
+        return got
+    local = ids - lo if lo else ids
     uniq = np.flatnonzero(np.bincount(local, minlength=span))    # (faster than a scatter)
     if len(uniq) == span:
-        return uniq, local.astype(index_dtype, copy=False)
+        return uniq + lo, local.astype(index_dtype, copy=False)
     remap = np.empty(span, index_dtype)
     remap[uniq] = np.arange(len(uniq), dtype=index_dtype)
-    return uniq, remap[local]
+    return uniq + lo, remap[local]
 
 
 # ---- field access on any tier -----------------------------------------------------------------
@@ -425,7 +432,7 @@ class _PagedRun:
             if lo:
                 np.subtract(ci, lo, out=ci)      # (ci is this page's own buffer)
             return np.arange(lo, hi, dtype=np.int64), ci
-        uniq, inv = distinct(ci, self.graph.index_dtype.np)
+        uniq, inv = distinct(ci, self.graph.index_dtype.np, out=ci)   # (ci: its own buffer)
         if len(uniq) and int(uniq[-1]) - int(uniq[0]) + 1 == len(uniq):
             self.windows[page] = (int(uniq[0]), int(uniq[-1]) + 1)
         return uniq, inv

@@ -1,0 +1,89 @@
+"""runtime/paging: a page's distinct-row remap in native code (issue 28 item 1).
+
+A page reads each distinct source row once: paging.run.distinct() turns its column ids into
+the sorted distinct ids and each id's position among them. `marked` does it with one native
+kernel (lower/llvm/page_distinct: clear, mark, rank, remap) over a scratch array each
+thread keeps from page to page, writing the positions where the caller says (the page's
+own id buffer: in place); numpy's way makes about ten passes and as many fresh temporaries
+(measured per page of 1M edges in benchmarks/PAGING_NOTES.md). The kernel is compiled once
+per index width through an executable cache of its own (the propagate kernels' statistics
+stay theirs) and kept on disk like them; where it cannot be built, `marked` returns None and
+the caller keeps numpy's way.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ...core.errors import CompilationError
+from ...lower.abi import KernelSignature
+from ..cache import ExecutableCache, full_key
+
+KEY = ("paging.page_distinct", 1)     # the kernel's own part of the cache key
+KEEP_ENTRIES = 1 << 24                # larger scratch is made per call, not kept by a thread
+_CACHE = ExecutableCache()
+_KERNELS: dict = {}                   # id bits -> native function, or None (not buildable)
+_LOCK = threading.Lock()
+_SCRATCH = threading.local()
+
+
+def _signature(symbol: str, bits: int) -> KernelSignature:
+    return KernelSignature(target="cpu-llvm", symbol=symbol, walk="dst", reduce_by="dst",
+                           slots=(), roles=(), field_shapes=(), field_dtypes=(),
+                           out_shapes=(), out_dtypes=(), index_dtype=f"int{bits}",
+                           parallel="single")
+
+
+def kernel(bits: int):
+    """The native page_distinct for ids of `bits` bits, built (or read from disk) once;
+    None where it cannot be (no LLVM, a failed build): numpy's way then."""
+    if bits in _KERNELS:
+        return _KERNELS[bits]
+    with _LOCK:
+        if bits not in _KERNELS:
+            try:
+                from ...lower.llvm import page_distinct
+                exe = _CACHE.get(full_key(KEY + (bits,)), lambda symbol: (
+                    page_distinct.emit(symbol, bits), _signature(symbol, bits)))
+                _KERNELS[bits] = exe.native
+            except (ImportError, CompilationError, OSError):
+                _KERNELS[bits] = None
+    return _KERNELS[bits]
+
+
+def _scratch(span: int, dtype: np.dtype) -> np.ndarray:
+    """`span` entries of this thread's mark array (kept between pages: no fresh pages to
+    fault in per page), or a fresh one past KEEP_ENTRIES."""
+    if span > KEEP_ENTRIES:
+        return np.empty(span, dtype)
+    held = getattr(_SCRATCH, "mark", None)
+    if held is None or held.dtype != dtype or len(held) < span:
+        held = _SCRATCH.mark = np.empty(span + span // 8, dtype)
+    return held[:span]
+
+
+def marked(ids: np.ndarray, lo: int, span: int, index_dtype, out=None) -> tuple | None:
+    """(sorted distinct ids as int64, each id's position among them in `index_dtype`) of
+    `ids`, every one in [lo, lo + span), by the native kernel; positions go to `out` when
+    given (`ids` itself: in place). None when the kernel cannot run here (ids not a
+    contiguous array of the index dtype, int32 or int64; no kernel)."""
+    dt = np.dtype(index_dtype)
+    if ids.dtype != dt or dt not in (np.dtype(np.int32), np.dtype(np.int64)) or \
+            not ids.flags.c_contiguous or (out is not None and (
+                out.dtype != dt or len(out) < len(ids) or not out.flags.c_contiguous)):
+        return None
+    fn = kernel(dt.itemsize * 8)
+    if fn is None:
+        return None
+    mark = _scratch(span, dt)
+    uniq = np.empty(min(span, len(ids)), np.int64)   # (untouched pages cost nothing)
+    inv = np.empty(len(ids), dt) if out is None else out[:len(ids)]
+    count = np.zeros(1, np.int64)
+    fn(0, 0, (ctypes.c_void_p * 8)(ids.ctypes.data, len(ids), lo, span, mark.ctypes.data,
+                                   uniq.ctypes.data, inv.ctypes.data, count.ctypes.data))
+    return uniq[:int(count[0])], inv
+
+
+__all__ = ["marked", "kernel"]
