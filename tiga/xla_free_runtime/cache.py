@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import CompilationError
-from ..lower.llvm import KernelSignature
+from ..lower.abi import KernelSignature
 from .backends.cpu.native import jit
 
 MAGIC = b"TIGAOBJ1\n"

@@ -237,9 +237,10 @@ def _native_walk(graph, reduce_by: str):
     transposed CSR over the sources with edges), or None (compressed rows)."""
     if graph is None:
         return None
-    from ..lower.llvm.walks import relation_descriptor
+    from ..lower.abi import relation_descriptor
 
-    kind = relation_descriptor(graph, "src" if reduce_by == "src" else "dst")[0]
+    kind = relation_descriptor(graph, "src" if reduce_by == "src" else "dst",
+                               target="cpu-llvm")[0]
     kind = kind[:-2] if kind.endswith("_t") else kind
     return None if kind == "csr" else kind
 

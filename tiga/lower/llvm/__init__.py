@@ -6,7 +6,6 @@ Importing this package registers the per-primitive codegen rules in
 whether it imports.
 """
 from ...core.prims.graph import propagate_p
-from ..abi import KernelSignature  # noqa: F401  (TEMPORARY bridge for the runtime's import)
 from ..registry import lowering_rules, register_lowered
 from . import rules  # noqa: F401  (registers lowering_rules["cpu-llvm"])
 from .kernel import KernelSchedule, codegen_propagate

@@ -27,11 +27,6 @@ from ..abi import TRANSPOSED_KINDS
 from .values import I1, I64, CodegenUnsupported, i64
 
 
-def relation_descriptor(graph, walk: str) -> tuple:   # TEMPORARY bridge (abi move)
-    from .. import abi
-    return abi.relation_descriptor(graph, walk, target="cpu-llvm")
-
-
 def walk_for(descriptor) -> Walk:
     kind = descriptor[0]
     if kind == "csr":

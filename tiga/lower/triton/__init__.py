@@ -3,13 +3,7 @@ triton import needed to render. Registers lowering_rules['triton'] (rules/<famil
 from __future__ import annotations
 
 from ...core.prims.graph import propagate_p
-from ..abi import (  # (KernelSignature, relation_descriptor: the TEMPORARY bridge below)
-    TEXT_RELATIONS,
-    KernelSignature,
-    KernelSource,
-    radius_descriptor_of_launch,
-    relation_descriptor,
-)
+from ..abi import TEXT_RELATIONS, KernelSource, radius_descriptor_of_launch
 from ..ir.convert import propagate_params
 from ..ir.kernel import LaunchOp
 from ..registry import lowering_rules, register_lowered
@@ -56,16 +50,6 @@ def propagate_lowering_rule(ctx, in_types, out_types, *in_vals, **params):
     if not isinstance(ctx, TritonSchedule):
         raise TritonUnsupported("a propagate nested inside an edge/update function")
     return [render_propagate(params, in_types, in_types[0].index_dtype, False, ctx)]
-
-
-# TEMPORARY bridge (kernel ABI move, issue 25): the runtime's import lines move to lower/abi
-# when its reorganisation lands; removed then, with these two names.
-class TritonSignature:
-    from_json = staticmethod(KernelSignature.from_dict)
-
-
-def relation_of(graph, walk: str) -> tuple:
-    return relation_descriptor(graph, walk, target="triton")
 
 
 lowering_rules["triton"][propagate_p] = propagate_lowering_rule

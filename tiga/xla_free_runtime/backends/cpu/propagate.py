@@ -32,10 +32,10 @@ from .native.pool import parallel_copy
 from .walk_tables import chunks_of, implicit_tables
 
 if CPU_LLVM_AVAILABLE:
+    from ....lower.abi import relation_descriptor
     from ....lower.backends import BACKENDS
     from ....lower.llvm import CodegenUnsupported
     from ....lower.llvm.render import CallData
-    from ....lower.llvm.walks import relation_descriptor
 
 
 _NOT_LOWERED = ("the IR stages do not express this propagate (lowering it to a "
@@ -98,7 +98,7 @@ def _kernel_of(eqn, graph, held=None) -> tuple:
     memoised per equation (lowering and hashing cost far more than a warm call); `held`: the
     call's Task-IR Kernel op for the equation (see _launch_op)."""
     walk = _walk(eqn.params)
-    relation = relation_descriptor(graph, walk)
+    relation = relation_descriptor(graph, walk, target="cpu-llvm")
     has_perm = graph.edge_perm is not None if walk == "dst" else True
     variant = (graph.index_dtype.name, has_perm, relation, num_threads())
     per_eqn = _KERNELS.get(eqn)
@@ -134,7 +134,8 @@ def plan_propagate(eqn, graph, *, compile: bool = True, held=None):
     def build(symbol):
         # (the launch's thread count and row partition are the runtime's; the renderer reads
         # the edge loop's attributes, which no thread count changes)
-        call = CallData(relation=relation_descriptor(graph, _walk(eqn.params)),
+        call = CallData(relation=relation_descriptor(graph, _walk(eqn.params),
+                                                     target="cpu-llvm"),
                         has_edge_perm=graph.edge_perm is not None,
                         index_dtype=graph.index_dtype.name)
         source = BACKENDS["cpu-llvm"].render(op, symbol, call)
@@ -279,7 +280,7 @@ def walk_arrays(graph, sig) -> tuple:
 def chunk_row_ptr(graph, reduce_by: str) -> np.ndarray:
     """The row_ptr a compiled propagate balances its chunks with (explain() reports them)."""
     walk = _walk({"reduce_by": reduce_by})
-    rel = relation_descriptor(graph, walk)
+    rel = relation_descriptor(graph, walk, target="cpu-llvm")
     if rel == ("csr",):
         return walked_csr(graph, walk)[0]
     return walk_arrays(graph, _RelationOnly(rel, walk))[1]

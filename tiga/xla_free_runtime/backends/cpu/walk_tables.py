@@ -49,7 +49,7 @@ def chunks_of(row_ptr, threads: int, partition: str, per_thread: int) -> list:
 
 
 def implicit_tables(graph, relation: tuple) -> tuple:
-    """({slot: array}, row offsets) of a computed walk (walks.relation_descriptor)."""
+    """({slot: array}, row offsets) of a computed walk (abi.relation_descriptor)."""
     kind, p, i64 = relation[0], graph.params, _I64
     if kind in ("dense", "dense_t"):
         rows = graph.num_dst if kind == "dense" else graph.num_src

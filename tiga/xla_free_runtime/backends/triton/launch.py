@@ -24,6 +24,7 @@ import numpy as np
 from ....core.config import config
 from ....core.errors import TigaError, UnsupportedError
 from ....core.graph_validate import input_device
+from ....lower.abi import KernelSignature, KernelSource, relation_descriptor
 from ....lower.backends import (
     BACKENDS,
     TRITON_BACKENDS,
@@ -32,13 +33,7 @@ from ....lower.backends import (
     selected_backend,
 )
 from ....lower.pipeline import lower_launch, module_name
-from ....lower.triton import (
-    KernelSource,
-    TritonSignature,
-    TritonUnsupported,
-    relation_of,
-    render_launch,
-)
+from ....lower.triton import TritonUnsupported, render_launch
 from ...cache import full_key
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
 from ..cpu.propagate import plan_propagate as llvm_plan
@@ -124,7 +119,7 @@ class TritonPlan:
     def build(cls, eqn, graph, backend: str) -> TritonPlan:
         walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
         has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
-        relation = relation_of(graph, walk)
+        relation = relation_descriptor(graph, walk, target="triton")
         if relation[0] == "radius" and ("edge" in eqn.params["roles"] or
                                         eqn.params["reduce_by"] == "edge"):
             relation = ("csr",)    # edge ids in the reference's order: its CSR
@@ -288,7 +283,7 @@ def _stored_or_rendered(op, key: str, has_perm: bool, relation: tuple) -> Kernel
     found = triton_cache.load(key)
     if found is not None:
         text, signature = found
-        return KernelSource(text, TritonSignature.from_json(signature))
+        return KernelSource(text, KernelSignature.from_dict(signature))
     source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm,
                            relation=relation)
     text = triton_cache.store(key, source.text, source.signature.to_json())
