@@ -27,6 +27,7 @@ except ImportError:          # pragma: no cover (installed with zarr 3)
 
 CHUNK_BYTES = 4 << 20          # target bytes per chunk: large sequential reads, small waste
 RUN_CHUNKS = 4                 # chunks per zarr request of a gather (bounds its buffer)
+SPARE_CHUNKS = 3               # chunk buffers a reading thread keeps for reuse (_spare)
 _RAW = {bfloat16.name: np.dtype(np.uint16)}   # dtypes zarr lacks are stored as their bits
 
 
@@ -221,11 +222,14 @@ class DiskStorage:
         # held the whole array in memory per reading thread, beyond any budget)
         if self._direct:          # chunk by chunk through one scratch chunk per thread
             bounds = list(np.flatnonzero(np.diff(ids)) + 1) + [len(rows)]
+            local = rows - ids * cr            # each row's place in its chunk
             a = 0
             for b in bounds:
                 k = int(ids[a])
-                out[a:b] = self._chunk_view(k, slice(int(rows[a]), int(rows[b - 1]) + 1))[
-                    rows[a:b] - k * cr]
+                # rows straight into `out` (no temporary; "clip": the places are in range,
+                # and numpy buffers `out` for the default mode)
+                np.take(self._chunk_view(k, slice(int(rows[a]), int(rows[b - 1]) + 1)),
+                        local[a:b], axis=0, out=out[a:b], mode="clip")
                 a = b
             return out
         starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) > 1)   # runs of chunks
@@ -347,16 +351,39 @@ class DiskStorage:
             if chunk is None and a == k * cr and b == (k + 1) * cr:
                 self._read_chunk(k, dst, key=slice(lo, hi))
                 if k == last:
-                    kept[k] = dst.copy()
+                    kept[k] = self._spare(cr * row_bytes)
+                    np.copyto(kept[k], dst)
                 continue
             if chunk is None:
-                chunk = kept[k] = np.empty(cr * row_bytes, np.uint8)
+                chunk = kept[k] = self._spare(cr * row_bytes)
                 self._read_chunk(k, chunk, key=slice(lo, hi))
             dst[...] = chunk[(a - k * cr) * row_bytes:(b - k * cr) * row_bytes]
         ends = {lo // cr, last}
-        self._kept.chunks = (self._generation,
-                             tuple((k, v) for k, v in kept.items() if k in ends)[-2:])
+        keep = tuple((k, v) for k, v in kept.items() if k in ends)[-2:]
+        self._kept.chunks = (self._generation, keep)
+        self._recycle(keep, [v for _, v in partial] + list(kept.values()))
         return out
+
+    def _recycle(self, keep: tuple, used: list) -> None:
+        """The chunk buffers a range read held and no longer keeps become this thread's
+        spares (at most SPARE_CHUNKS)."""
+        spare = getattr(self._kept, "spare", [])
+        held = {id(v) for _, v in keep} | {id(v) for v in spare}
+        for v in used:
+            if id(v) not in held:
+                spare.append(v)
+                held.add(id(v))
+        self._kept.spare = spare[-SPARE_CHUNKS:]
+
+    def _spare(self, nbytes: int) -> np.ndarray:
+        """A chunk-sized buffer this thread used before and no longer keeps (its pages are
+        already faulted in), else a fresh one."""
+        spare = getattr(self._kept, "spare", [])
+        while spare:
+            buf = spare.pop()
+            if len(buf) == nbytes:
+                return buf
+        return np.empty(nbytes, np.uint8)
 
     def _read_chunk(self, k: int, target: np.ndarray, key) -> None:
         f = self._chunk_file(k)
