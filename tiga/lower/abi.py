@@ -82,6 +82,7 @@ IMPLICIT_KINDS = ("dense", "triangular", "cu_seqlens", "stencil")
 TRANSPOSED_KINDS = ("dense_t", "triangular_t", "cu_seqlens_t", "stencil_t", "csr_rows")
 MAX_STENCIL_OFFSETS = 64   # offsets are unrolled in the generated code
 RADIUS_MAX_DIMS = 3        # 3^dims neighbour cells per row; higher dims resolve to CSR
+_CSR = ("csr",)            # a relation walked through its resolved (or stored) CSR
 # the walks each target renders; any other relation is walked through its resolved CSR
 NATIVE_WALKS = {
     "cpu-llvm": frozenset(("csr",) + IMPLICIT_KINDS + TRANSPOSED_KINDS),
@@ -100,40 +101,42 @@ TEXT_RELATIONS = {"csr-row": ("csr",), "transposed-csr-row": ("csr",),
 def relation_descriptor(graph, walk: str, *, target: str) -> tuple:
     """How `target`'s kernel walks this relation grouped by `walk` ("dst": rows are
     destinations; "src": the transposed relation). Part of every kernel's cache key."""
-    if target not in NATIVE_WALKS:
+    native = NATIVE_WALKS.get(target)
+    if native is None:
         raise ValueError(f"relation_descriptor: target is {target!r}, expected one of "
                          f"{', '.join(NATIVE_WALKS)}")
     found = _described(graph, walk)
+    if found == _CSR:   # (the common case, asked on every warm call: nothing else to check)
+        return found
     kind = found[0]
-    if kind not in NATIVE_WALKS[target]:
-        return ("csr",)
-    if kind in ("stencil", "stencil_t") and not found[2] and target in _STENCIL_NEEDS_OFFSETS:
-        return ("csr",)
+    if kind not in native or (kind in ("stencil", "stencil_t") and not found[2] and
+                              target in _STENCIL_NEEDS_OFFSETS):
+        return _CSR
     return found
 
 
 def _described(graph, walk: str) -> tuple:
     """The most specific walk of a relation, before a target's capabilities."""
     kind = getattr(graph, "kind", "csr")
-    params = getattr(graph, "params", {}) or {}
     if kind == "radius":
-        return _radius(params, walk)
+        return _radius(getattr(graph, "params", None) or {}, walk)
     if walk != "dst":
         forward = _described(graph, "dst")
         if forward[0] != "csr":   # the implicit kinds' transposed walks
             return (forward[0] + "_t",) + tuple(forward[1:])
         sparse = kind in ("csr", "cat") and sparse_sources(getattr(graph, "num_src", None),
                                                            getattr(graph, "num_edges", None))
-        return ("csr_rows",) if sparse else ("csr",)
+        return ("csr_rows",) if sparse else _CSR
     if kind not in IMPLICIT_KINDS:
-        return ("csr",)
+        return _CSR
+    params = getattr(graph, "params", None) or {}
     if kind == "cu_seqlens":
         return ("cu_seqlens", bool(params["causal"]))
     if kind == "stencil":
         shape = tuple(int(n) for n in params["shape"])
         offsets = tuple(tuple(int(o) for o in off) for off in params["offsets"])
         if len(offsets) > MAX_STENCIL_OFFSETS or 0 in shape:
-            return ("csr",)
+            return _CSR
         return ("stencil", shape, offsets, bool(params["periodic"]))
     return (kind,)
 
