@@ -20,7 +20,7 @@ from .trace import call_cache, control, message_passing
 from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
-from .trace.tracer import NeedsTorchBridge, Tracer, current_builder
+from .trace.tracer import NeedsTorchBridge, Tracer, current_builder, lifted
 from .xla_free_runtime.backends.triton import launch as triton_launch
 from .xla_free_runtime.executor import execute, explain_program
 from .xla_free_runtime.memory.tensor import Tensor, _wrap
@@ -101,20 +101,23 @@ class Jitted:
             self.hits += 1
         else:
             self.misses += 1
-            program, caps, out_tree = trace_args(self.fn, args, self.static)
+            # (disk tensors fn closes over are lifted: the program's first inputs, kept
+            # with the entry as a literal would be, paged when it runs)
+            program, caps, out_tree = trace_args(self.fn, args, self.static, lift=True)
             program = _staged_passes(program)
-            self._cache[key] = (program, out_tree, {})
+            self._cache[key] = (program, out_tree, {}, tuple(caps))
         return (*self._cache[key], leaves)
 
     def __call__(self, *args):
         if current_builder() is not None:
             return self.fn(*args)  # inside another transformation: trace inline
-        program, out_tree, memo, leaves = self._program(args)
-        return tree_unflatten(out_tree, run_staged(program, leaves, memo))
+        program, out_tree, memo, caps, leaves = self._program(args)
+        return tree_unflatten(out_tree, run_staged(program, [*caps, *leaves], memo))
 
     def lower(self, *args) -> Lowered:
-        program, out_tree, _, _ = self._program(args)
-        return Lowered(program, out_tree, module_name(getattr(self.fn, "__name__", "main")))
+        program, out_tree, _, caps, _ = self._program(args)
+        return Lowered(program, out_tree, module_name(getattr(self.fn, "__name__", "main")),
+                       caps)
 
     def cache_info(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "entries": len(self._cache)}
@@ -126,10 +129,11 @@ class Lowered:
     runs it after the program passes of stage "execute" (`run_staged`), which `Compiled.explain()`
     describes: there, independent propagates over one radius/knn relation are one walk."""
 
-    def __init__(self, program, out_tree, name: str = "main"):
+    def __init__(self, program, out_tree, name: str = "main", caps=()):
         self.program = program
         self._out_tree = out_tree
         self.name = name
+        self.caps = tuple(caps)     # lifted disk tensors: the program's first inputs
 
     def ir(self, stage: str = "program") -> str:
         """"program" (the GraphProgram) or an IR level: "domain", "iter", "kernel", "task"."""
@@ -138,18 +142,20 @@ class Lowered:
         return ir_text(self.program, stage, name=self.name)
 
     def compile(self) -> Compiled:
-        return Compiled(self.program, self._out_tree)
+        return Compiled(self.program, self._out_tree, self.caps)
 
 
 class Compiled:
-    def __init__(self, program, out_tree):
+    def __init__(self, program, out_tree, caps=()):
         self.program = program     # as traced (what Lowered prints)
         self._out_tree = out_tree
         self._memo: dict = {}
+        self.caps = tuple(caps)
 
     def __call__(self, *args):
         leaves, _ = tree_flatten(list(args))
-        return tree_unflatten(self._out_tree, run_staged(self.program, leaves, self._memo))
+        return tree_unflatten(self._out_tree, run_staged(self.program, [*self.caps, *leaves],
+                                                         self._memo))
 
     def explain(self):
         # what a call executes: the relations the program generates have static kinds
@@ -211,7 +217,10 @@ class _Traced:
             out_tree.append((tree, aux_tree, len(out_leaves)))
             return out_leaves + aux_leaves
 
-        self.program, self.caps, _ = trace_flat(flat, [leaf_aval(x) for x in leaves])
+        # (disk tensors fn closes over are lifted: inputs of the program, paged like an
+        # argument, never differentiated)
+        self.program, self.caps, _ = trace_flat(flat, [leaf_aval(x) for x in leaves],
+                                                lift=True)
         self.program = _staged_passes(self.program)
         self.out_tree, self.aux_tree, self.n_out = out_tree[0]
         self.wrt = [False] * len(self.caps) + [self._differentiated(i) for i in range(len(leaves))]
@@ -224,10 +233,11 @@ class _Traced:
 
     def reusable(self, guards) -> bool:
         """The program reads no value of this trace only (an outer tracer, an array made
-        while tracing): its array literals are objects the guards pin by identity."""
-        if self.caps:
-            return False
+        while tracing): its array literals and lifted disk tensors are objects the guards
+        pin by identity."""
         pinned = pinned_ids(guards)
+        if any(not lifted(c) or id(c) not in pinned for c in self.caps):
+            return False
         lits = [a for e in self.program.eqns for a in e.inputs] + list(self.program.outs)
         return all(id(a.value) in pinned for a in lits if isinstance(a, Lit)
                    and not (isinstance(a.type, TensorType) and a.type.ndim == 0))
