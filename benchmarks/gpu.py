@@ -1,80 +1,266 @@
-"""GPU benchmark (issue 17): the report's Triton workloads against torch baselines on the same
-device, in the same run: stored-CSR weighted sum (torch.sparse), radius and kNN aggregation
-(PyG's torch_cluster radius_graph / knn_graph when installed, else torch.cdist), an EdgeNN
-edge MLP (torch gather + matmul + index_add) and dense attention forward and forward+backward
-(SDPA). Tiga's inputs are torch CUDA tensors (zero-copy; the relation is built each call for
-radius/kNN, as the baselines build theirs).
+"""GPU workloads (issue 29): each one's Tiga call and the best peer installed on the device,
+run one side at a time by a worker process that benchmarks/gpu_check.py drives (so that a
+peer that stalls is killed without losing the rest of the run).
 
-    python benchmarks/gpu.py [--nodes 131072] [--degree 16] [--features 32] [--k 16]
-                             [--seq 4096] [--dim 64] [--heads 4] [--repeat 20]
-    python benchmarks/gpu.py --smoke     # tiny sizes on CPU through triton-interpreter
-    python benchmarks/gpu.py --json results/gpu-<date>.json   # also write the rows as JSON
-    python benchmarks/gpu.py --only csr,attention --profile   # some workloads; host profile
+Workloads (sizes for a lent GPU; GPU_CHECK_DRY=1 / --dry: tiny sizes on CPU through
+triton-interpreter, to check the plumbing where no GPU is lent):
 
-Every workload also prints the largest difference between Tiga's result and the baseline's.
-torch.cdist, as its users run it fast, forms |a|^2 + |b|^2 - 2ab by a matrix product: its
-rounding moves a few pairs across the radius cutoff, so radius's difference is not zero (its
-exact mode did not finish a timing round in minutes at 131K points on an H100, so it is not
-the peer: benchmarks/results/gpu-2026-11-26-h100.txt).
-A workload that fails prints its error and the run goes on to the next (exit status 1).
-Without a CUDA device (or without triton/torch) it says so and exits 0; `--smoke` checks the
-workloads' code paths without one (its timings mean nothing).
+    csr-32k, csr-131k, csr-1m   stored CSR weighted sum, degree 16, 32 float32 features
+                                peer: torch.sparse CSR @ x
+    hex-mesh                    26-neighbour sum over a 64^3 lattice (implicit stencil), 16
+                                features; peer: depthwise torch conv3d (ones, centre 0)
+    radius, knn                 131,072 points in the unit cube, ~16 neighbours (radius) /
+                                k = 16, neighbour sum of 32 features, relation built per call;
+                                peer: PyG's torch_cluster radius_graph / knn_graph + index_add,
+                                else a blocked torch.cdist (+ topk)
+    edgenn-step                 EdgeConv's message relu([x_i, x_j - x_i] @ W) summed, forward
+                                + backward (x, W); peer: PyG EdgeConv, else torch eager
+    attention-{fwd,step}-{fp16,fp32}  dense attention L=4096, 4 heads of 64 (step: forward +
+                                backward); peer: torch SDPA
+
+    python benchmarks/gpu.py --worker       # JSON commands on stdin, events on stdout
+    python benchmarks/gpu.py                # = python benchmarks/gpu_check.py (the check)
+
+A worker command {"workload", "side": "tiga" | "peer", "warmup", "repeat", "save",
+"compare"} answers {"event": "ready"} once its data is on the device, {"event": "warm"}
+after the warm-up calls, then {"event": "done", "ms": per call (CUDA events around the
+repeat calls; perf_counter on CPU), "peer": the peer's name, "max_abs_diff", "scale"}
+(the peer compares its result with the one the Tiga side saved), or {"event": "error"}.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 import time
 import traceback
 
 import numpy as np
 
+DRY = os.environ.get("GPU_CHECK_DRY") == "1" or "--dry" in sys.argv
+FULL = {"csr-32k": 32768, "csr-131k": 131072, "csr-1m": 1 << 20, "hex-mesh": 64,
+        "radius": 131072, "knn": 131072, "edgenn-step": 131072, "attention": 4096}
+TINY = {"csr-32k": 40, "csr-131k": 72, "csr-1m": 136, "hex-mesh": 4, "radius": 60,
+        "knn": 60, "edgenn-step": 48, "attention": 24}
+SIZE = TINY if DRY else FULL
+DEGREE, FEATURES, K, HEADS, DIM = 16, 32, 16, 4, 64
+if DRY:
+    FEATURES, HEADS, DIM = 8, 2, 16
+NAMES = ["csr-32k", "csr-131k", "csr-1m", "hex-mesh", "radius", "knn", "edgenn-step",
+         "attention-fwd-fp16", "attention-fwd-fp32", "attention-step-fp16",
+         "attention-step-fp32"]
 
-def _gpu_ready() -> str | None:
-    try:
-        import torch
-        import triton  # noqa: F401
-    except ImportError as exc:
-        return f"{exc.name} is not installed (pip install -e '.[gpu,torch]')"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    return None
+
+def device() -> str:
+    return "cpu" if DRY else "cuda"
 
 
-def _time(fn, repeat: int, device: str) -> float:
-    """Seconds per call after one warm-up call (synchronised on CUDA)."""
+def _torch():
     import torch
-
-    def sync():
-        if device != "cpu":
-            torch.cuda.synchronize()
-
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / repeat
+    return torch
 
 
-def _np(y) -> np.ndarray:
-    return y.detach().cpu().numpy() if hasattr(y, "detach") else np.asarray(y)
+def _gen(seed: int):
+    return _torch().Generator().manual_seed(seed)
 
 
-ROWS: list = []    # this run's results, in order (written by --json)
+def _randn(*shape, seed: int, dtype=None):
+    t = _torch()
+    return t.randn(*shape, generator=_gen(seed), dtype=dtype or t.float32).to(device())
 
 
-def _report(name: str, t_tiga: float, base: str, t_base: float, got, want) -> None:
-    diff = float(np.max(np.abs(_np(got).astype(np.float64) - _np(want)), initial=0.0))
-    ROWS.append({"workload": name, "tiga_ms": t_tiga * 1e3, "baseline": base,
-                 "baseline_ms": t_base * 1e3, "speedup": t_base / t_tiga, "max_abs_diff": diff})
-    print(f"{name:<34} tiga {t_tiga * 1e3:9.3f} ms   {base:<22} {t_base * 1e3:9.3f} ms   "
-          f"speedup {t_base / t_tiga:6.2f}x   max|diff| {diff:.2e}", flush=True)
+# ---- workloads: setup(name) -> (tiga call, [(peer name, peer call or None if absent)]) --
+
+def _csr(n: int, seed: int = 0):
+    t = _torch()
+    cols = t.randint(0, n, (n * DEGREE,), generator=_gen(seed)).to(device())
+    row_ptr = t.arange(n + 1, dtype=t.int64, device=device()) * DEGREE
+    return row_ptr, cols
 
 
-def _layers():
+def stored_csr(n: int):
+    import tiga as tg
+
+    t = _torch()
+    row_ptr, cols = _csr(n)
+    g = tg.Graph.from_csr(row_ptr, cols, num_src=n)
+    x, w = _randn(n, FEATURES, seed=1), t.rand(n * DEGREE, generator=_gen(2)).to(device())
+    layer = _layers()["weighted"]
+    a = t.sparse_csr_tensor(row_ptr, cols, w, size=(n, n))
+    return (lambda: layer(graph=g, src={"x": x}, dst={}, edge={"w": w}),
+            [("torch.sparse", lambda: a @ x)])
+
+
+def hex_mesh(side: int):
+    import itertools
+
+    import tiga as tg
+
+    t = _torch()
+    offsets = tuple(o for o in itertools.product((-1, 0, 1), repeat=3) if o != (0, 0, 0))
+    g = tg.Graph.stencil((side, side, side), offsets)
+    x = _randn(side ** 3, 16, seed=3)
+    layer = _layers()["sum"]
+    k = t.ones(16, 1, 3, 3, 3, device=device())
+    k[:, :, 1, 1, 1] = 0
+    xc = x.reshape(side, side, side, 16).permute(3, 0, 1, 2)[None].contiguous()
+
+    def conv():
+        y = t.nn.functional.conv3d(xc, k, padding=1, groups=16)
+        return y[0].permute(1, 2, 3, 0).reshape(side ** 3, 16)
+    return (lambda: layer(graph=g, src={"x": x}, dst={}, edge={}), [("torch conv3d", conv)])
+
+
+def _cluster():
+    try:
+        import torch_cluster
+        return torch_cluster
+    except ImportError:
+        return None
+
+
+def _blocked(n: int, fn, step: int = 4096):
+    return _torch().cat([fn(slice(i, min(n, i + step))) for i in range(0, n, step)])
+
+
+def radius(n: int):
+    import tiga as tg
+
+    t = _torch()
+    pos, x = _randn(n, 3, seed=4).sigmoid(), _randn(n, FEATURES, seed=5)
+    cutoff = float((12.0 / (np.pi * n)) ** (1.0 / 3.0))   # about 16 neighbours a point
+    layer, tc = _layers()["sum"], _cluster()
+
+    def pyg():
+        ei = tc.radius_graph(pos, cutoff, max_num_neighbors=n, loop=False)
+        return t.zeros_like(x).index_add_(0, ei[1], x[ei[0]])
+
+    def cdist():
+        def block(b):
+            m = (t.cdist(pos[b], pos) <= cutoff).to(x.dtype)
+            m[t.arange(m.shape[0]), t.arange(b.start, b.stop)] = 0.0
+            return m @ x
+        return _blocked(n, block)
+    return (lambda: layer(graph=tg.Graph.radius(pos, cutoff), src={"x": x}, dst={}, edge={}),
+            [("PyG radius_graph", pyg if tc else None), ("torch.cdist", cdist)])
+
+
+def knn(n: int):
+    import tiga as tg
+
+    t = _torch()
+    pos, x = _randn(n, 3, seed=6).sigmoid(), _randn(n, FEATURES, seed=7)
+    layer, tc = _layers()["sum"], _cluster()
+
+    def pyg():
+        ei = tc.knn_graph(pos, K, loop=False)
+        return t.zeros_like(x).index_add_(0, ei[1], x[ei[0]])
+
+    def cdist():
+        def block(b):
+            d = t.cdist(pos[b], pos)
+            d[t.arange(d.shape[0]), t.arange(b.start, b.stop)] = float("inf")
+            return x[d.topk(K, largest=False).indices].sum(1)
+        return _blocked(n, block)
+    return (lambda: layer(graph=tg.Graph.knn(pos, K), src={"x": x}, dst={}, edge={}),
+            [("PyG knn_graph", pyg if tc else None), ("torch.cdist + topk", cdist)])
+
+
+def edgenn_step(n: int):
+    """EdgeConv's message, so PyG's EdgeConv (Linear without bias, ReLU) is the same sum."""
+    import tiga as tg
+
+    t = _torch()
+    row_ptr, cols = _csr(n, seed=8)
+    g = tg.Graph.from_csr(row_ptr, cols, num_src=n)
+    x = _randn(n, FEATURES, seed=9).requires_grad_()
+    w1 = (_randn(2 * FEATURES, FEATURES, seed=10) / (2 * FEATURES) ** 0.5).requires_grad_()
+    rows = t.arange(n, device=device()).repeat_interleave(DEGREE)
+    layer = _layers()["edgenn"]
+
+    def step(fwd):
+        def run():
+            y = fwd()
+            return t.autograd.grad(y, (x, w1), t.ones_like(y))[0]
+        return run
+
+    def eager():
+        h = t.relu(t.cat([x[rows], x[cols] - x[rows]], -1) @ w1)
+        return t.zeros_like(x).index_add(0, rows, h)
+    return (step(lambda: layer(graph=g, src={"x": x}, dst={"x": x}, edge={}, w1=w1)),
+            [("PyG EdgeConv", _pyg_edge_conv(x, w1, cols, rows)), ("torch eager", step(eager))])
+
+
+def _pyg_edge_conv(x, w1, cols, rows):
+    """PyG's EdgeConv step with W in its Linear (None where PyG is not installed)."""
+    t = _torch()
+    try:
+        from torch_geometric.nn import EdgeConv
+    except ImportError:
+        return None
+    lin = t.nn.Linear(w1.shape[0], w1.shape[1], bias=False).to(device())
+    conv = EdgeConv(t.nn.Sequential(lin, t.nn.ReLU()), aggr="add")
+    with t.no_grad():   # (after EdgeConv's reset_parameters, which redraws it)
+        lin.weight.copy_(w1.t())
+    ei = t.stack([cols, rows])   # (source j, target i): x_i is the row's own feature
+
+    def step():
+        y = conv(x, ei)
+        return t.autograd.grad(y, (x, lin.weight), t.ones_like(y))[0]
+    return step
+
+
+def attention(name: str):
+    import tiga as tg
+
+    t = _torch()
+    seq, step = SIZE["attention"], "step" in name
+    dtype = t.float16 if name.endswith("fp16") else t.float32
+    g = tg.Graph.dense(seq, seq)
+    q, k, v = (_randn(seq, HEADS, DIM, seed=11 + i, dtype=dtype).requires_grad_(step)
+               for i in range(3))
+    scale = DIM ** -0.5
+    layer = _layers()["attention"]
+
+    def tiga_fwd():
+        return layer(graph=g, src={"key": k, "value": v}, dst={"query": q}, scale=scale)
+
+    def sdpa_fwd():
+        y = t.nn.functional.scaled_dot_product_attention(
+            *[a.transpose(0, 1).unsqueeze(0) for a in (q, k, v)], scale=scale)
+        return y.squeeze(0).transpose(0, 1)
+
+    def run(fwd):
+        def fwd_bwd():
+            y = fwd()
+            return t.autograd.grad(y, (q, k, v), t.ones_like(y))[0]
+        return fwd_bwd if step else fwd
+    return run(tiga_fwd), [("SDPA", run(sdpa_fwd))]
+
+
+def setup(name: str):
+    if name.startswith("csr-"):
+        return stored_csr(SIZE[name])
+    if name.startswith("attention-"):
+        return attention(name)
+    return {"hex-mesh": hex_mesh, "radius": radius, "knn": knn,
+            "edgenn-step": edgenn_step}[name](SIZE[name])
+
+
+def size_text(name: str) -> str:
+    if name.startswith("attention-"):
+        return f"L={SIZE['attention']} H={HEADS} D={DIM}"
+    if name == "hex-mesh":
+        return f"{SIZE[name]}^3 F=16"
+    return f"n={SIZE[name]} F={FEATURES}"
+
+
+_LAYERS: dict = {}
+
+
+def _layers() -> dict:
+    if _LAYERS:
+        return _LAYERS
     import tiga as tg
 
     class WeightedSum(tg.MessagePassing):
@@ -93,7 +279,7 @@ def _layers():
         reducer = tg.sum()
 
         def edge(self, src, dst, edge, w1):
-            return tg.math.relu(tg.math.concatenate([src.x, dst.x], axis=-1) @ w1)
+            return tg.math.relu(tg.math.concatenate([dst.x, src.x - dst.x], axis=-1) @ w1)
 
     class Attention(tg.MessagePassing):
         reducer = tg.online_softmax()
@@ -101,261 +287,96 @@ def _layers():
         def edge(self, src, dst, edge, scale):
             return self.reducer((dst.query * src.key).sum(dim=-1) * scale, src.value)
 
-    return WeightedSum(), Sum(), EdgeNN(), Attention()
+    _LAYERS.update(weighted=WeightedSum(), sum=Sum(), edgenn=EdgeNN(), attention=Attention())
+    return _LAYERS
 
 
-LAYERS: dict = {}
+# ---- the worker ----------------------------------------------------------------------------
+
+def _emit(**event) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
 
 
-def _csr(n: int, deg: int, device: str, seed: int = 0):
-    import torch
-
-    rng = np.random.default_rng(seed)
-    cols = torch.from_numpy(rng.integers(0, n, size=n * deg)).to(device)
-    row_ptr = torch.arange(n + 1, dtype=torch.int64, device=device) * deg
-    return row_ptr, cols
+def _sync() -> None:
+    if not DRY:
+        _torch().cuda.synchronize()
 
 
-def stored_csr(n: int, deg: int, feat: int, repeat: int, device: str) -> None:
-    import torch
-
-    import tiga as tg
-
-    row_ptr, cols = _csr(n, deg, device)
-    g = tg.Graph.from_csr(row_ptr, cols, num_src=n)
-    x = torch.randn(n, feat, device=device)
-    w = torch.rand(n * deg, device=device)
-    layer = LAYERS["weighted"]
-    fn = lambda: layer(graph=g, src={"x": x}, dst={}, edge={"w": w})   # noqa: E731
-    a = torch.sparse_csr_tensor(row_ptr, cols, w, size=(n, n))
-    _report(f"stored CSR n={n} deg={deg} F={feat}", _time(fn, repeat, device),
-            "torch.sparse", _time(lambda: a @ x, repeat, device), fn(), a @ x)
+TIMED_MS = 1500.0   # a timing loop's length: fewer repeats (at least 3) for slow calls
 
 
-def profile_stored_csr(n: int, deg: int, feat: int, device: str) -> None:
-    """The host side of 50 stored-CSR calls by cumulative time (the kernels run async)."""
-    import cProfile
-    import pstats
-
-    import torch
-
-    import tiga as tg
-
-    row_ptr, cols = _csr(n, deg, device)
-    g = tg.Graph.from_csr(row_ptr, cols, num_src=n)
-    x = torch.randn(n, feat, device=device)
-    w = torch.rand(n * deg, device=device)
-    layer = LAYERS["weighted"]
-    layer(graph=g, src={"x": x}, dst={}, edge={"w": w})
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(50):
-        layer(graph=g, src={"x": x}, dst={}, edge={"w": w})
-    if device != "cpu":
-        torch.cuda.synchronize()
-    prof.disable()
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-
-
-def _points(n: int, device: str):
-    import torch
-
-    return torch.rand(n, 3, generator=torch.Generator().manual_seed(1)).to(device)
+def timed(fn, warmup: int, repeat: int) -> tuple:
+    """(ms per call, calls timed) after `warmup` calls: CUDA events around back-to-back calls
+    (what a caller waits for, host time included), perf_counter on CPU."""
+    est = 0.0
+    for _ in range(max(1, warmup)):   # (the last one timed alone: the driver's 10x check)
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        est = (time.perf_counter() - t0) * 1e3
+    _emit(event="warm", est_ms=est)
+    repeat = max(3, min(repeat, int(TIMED_MS / max(est, 1e-3))))
+    if DRY:
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / repeat, repeat
+    t = _torch()
+    start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeat, repeat
 
 
-def _cluster():
-    try:
-        import torch_cluster
-        return torch_cluster
-    except ImportError:
-        return None
+def run_command(cmd: dict) -> dict:
+    """One side of one workload: set up, warm up, time, save or compare the result."""
+    t = _torch()
+    tiga_fn, peers = setup(cmd["workload"])
+    name, fn = "tiga", tiga_fn
+    if cmd["side"] == "peer":
+        found = [(p, f) for p, f in peers if f is not None]
+        if not found:
+            return {"event": "done", "peer": None, "why": "no peer installed"}
+        name, fn = found[0]
+    _sync()
+    _emit(event="ready", peer=name)
+    ms, calls = timed(fn, cmd["warmup"], cmd["repeat"])
+    out = fn().detach().to(t.float64)   # (with autograd on: a step differentiates)
+    done = {"event": "done", "ms": ms, "calls": calls,
+            "peer": name if cmd["side"] == "peer" else None}
+    if cmd.get("save"):
+        np.save(cmd["save"], out.cpu().numpy())
+    if cmd.get("compare") and os.path.exists(cmd["compare"]):
+        ref = t.from_numpy(np.load(cmd["compare"])).to(out.device)
+        done["max_abs_diff"] = float((out - ref).abs().max()) if out.numel() else 0.0
+        done["scale"] = float(ref.abs().max()) if ref.numel() else 0.0
+    return done
 
 
-def _blocked(n: int, fn, step: int = 4096):
-    import torch
-
-    return torch.cat([fn(slice(i, min(n, i + step))) for i in range(0, n, step)])
-
-
-def radius(n: int, feat: int, repeat: int, device: str) -> None:
-    import torch
-
-    import tiga as tg
-
-    pos, x = _points(n, device), torch.randn(n, feat, device=device)
-    cutoff = (12.0 / (np.pi * n)) ** (1.0 / 3.0)   # about 16 neighbours a point
-    layer = LAYERS["sum"]
-    fn = lambda: layer(graph=tg.Graph.radius(pos, cutoff), src={"x": x}, dst={},  # noqa: E731
-                       edge={})
-    tc = _cluster()
-    if tc is not None:
-        def base():
-            ei = tc.radius_graph(pos, cutoff, max_num_neighbors=n, loop=False)
-            return torch.zeros_like(x).index_add_(0, ei[1], x[ei[0]])
-        name = "PyG radius_graph"
-    else:
-        def base():
-            def block(b):
-                d = torch.cdist(pos[b], pos)
-                m = (d <= cutoff).float()
-                m[torch.arange(m.shape[0]), torch.arange(b.start, b.stop)] = 0.0
-                return m @ x
-            return _blocked(n, block)
-        name = "torch.cdist"
-    _report(f"radius n={n} F={feat}", _time(fn, repeat, device), name,
-            _time(base, repeat, device), fn(), base())
-
-
-def knn(n: int, k: int, feat: int, repeat: int, device: str) -> None:
-    import torch
-
-    import tiga as tg
-
-    pos, x = _points(n, device), torch.randn(n, feat, device=device)
-    layer = LAYERS["sum"]
-    fn = lambda: layer(graph=tg.Graph.knn(pos, k), src={"x": x}, dst={},  # noqa: E731
-                       edge={})
-    tc = _cluster()
-    if tc is not None:
-        def base():
-            ei = tc.knn_graph(pos, k, loop=False)
-            return torch.zeros_like(x).index_add_(0, ei[1], x[ei[0]])
-        name = "PyG knn_graph"
-    else:
-        def base():
-            def block(b):
-                d = torch.cdist(pos[b], pos)
-                d[torch.arange(d.shape[0]), torch.arange(b.start, b.stop)] = float("inf")
-                return x[d.topk(k, largest=False).indices].sum(1)
-            return _blocked(n, block)
-        name = "torch.cdist + topk"
-    _report(f"kNN n={n} k={k} F={feat}", _time(fn, repeat, device), name,
-            _time(base, repeat, device), fn(), base())
-
-
-def edgenn(n: int, deg: int, feat: int, repeat: int, device: str) -> None:
-    import torch
-
-    import tiga as tg
-
-    row_ptr, cols = _csr(n, deg, device, seed=2)
-    g = tg.Graph.from_csr(row_ptr, cols, num_src=n)
-    x = torch.randn(n, feat, device=device)
-    w1 = torch.randn(2 * feat, feat, device=device) / (2 * feat) ** 0.5
-    rows = torch.arange(n, device=device).repeat_interleave(deg)
-    layer = LAYERS["edgenn"]
-    fn = lambda: layer(graph=g, src={"x": x}, dst={"x": x}, edge={}, w1=w1)   # noqa: E731
-
-    def base():
-        h = torch.relu(torch.cat([x[cols], x[rows]], -1) @ w1)
-        return torch.zeros_like(x).index_add_(0, rows, h)
-    _report(f"EdgeNN n={n} deg={deg} F={feat}", _time(fn, repeat, device),
-            "torch gather+index_add", _time(base, repeat, device), fn(), base())
-
-
-def attention(seq: int, dim: int, heads: int, repeat: int, device: str) -> None:
-    import torch
-
-    import tiga as tg
-
-    g = tg.Graph.dense(seq, seq)
-    gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(seq, heads, dim, generator=gen).to(device).requires_grad_()
-               for _ in range(3))
-    scale = dim ** -0.5
-    layer = LAYERS["attention"]
-
-    def tiga_fwd():
-        return layer(graph=g, src={"key": k, "value": v}, dst={"query": q}, scale=scale)
-
-    def sdpa_fwd():
-        t = [a.transpose(0, 1).unsqueeze(0) for a in (q, k, v)]
-        y = torch.nn.functional.scaled_dot_product_attention(*t, scale=scale)
-        return y.squeeze(0).transpose(0, 1)
-
-    def both(fwd):
-        def run():
-            y = fwd()
-            return torch.autograd.grad(y, (q, k, v), torch.ones_like(y))
-        return run
-
-    with torch.no_grad():
-        _report(f"attention fwd L={seq} H={heads} D={dim}", _time(tiga_fwd, repeat, device),
-                "SDPA", _time(sdpa_fwd, repeat, device), tiga_fwd(), sdpa_fwd())
-    _report(f"attention fwd+bwd L={seq} H={heads} D={dim}",
-            _time(both(tiga_fwd), repeat, device), "SDPA",
-            _time(both(sdpa_fwd), repeat, device), both(tiga_fwd)()[0], both(sdpa_fwd)()[0])
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=131072)
-    ap.add_argument("--degree", type=int, default=16)
-    ap.add_argument("--features", type=int, default=32)
-    ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--smoke", action="store_true",
-                    help="tiny sizes on CPU through triton-interpreter (no GPU needed)")
-    ap.add_argument("--json", default=None, help="also write the rows and the device here")
-    ap.add_argument("--only", default="csr,radius,knn,edgenn,attention",
-                    help="the workloads to run, comma-separated")
-    ap.add_argument("--profile", action="store_true",
-                    help="also print where the host time of the stored-CSR call goes (cProfile)")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        import os
+def worker() -> int:
+    """Serve commands from stdin until it closes (gpu_check.py kills a stalled one)."""
+    if DRY:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        device, backend = "cpu", "triton-interpreter"
-        args.nodes, args.degree, args.features, args.k = 48, 4, 8, 4
-        args.seq, args.dim, args.heads, args.repeat = 24, 8, 2, 1
-    else:
-        why = _gpu_ready()
-        if why is not None:
-            print(f"benchmarks/gpu.py: skipped: {why}")
-            return 0
-        device, backend = "cuda", "triton"
     import tiga as tg
 
-    tg.config.backend = backend
-    tg.config.strict = args.smoke   # (the smoke run proves the Triton kernels ran)
-    LAYERS.update(zip(("weighted", "sum", "edgenn", "attention"), _layers()))
-    every = {"csr": lambda: stored_csr(args.nodes, args.degree, args.features, args.repeat,
-                                       device),
-             "radius": lambda: radius(args.nodes, args.features, args.repeat, device),
-             "knn": lambda: knn(args.nodes, args.k, args.features, args.repeat, device),
-             "edgenn": lambda: edgenn(args.nodes, args.degree, args.features, args.repeat,
-                                      device),
-             "attention": lambda: attention(args.seq, args.dim, args.heads, args.repeat,
-                                            device)}
-    runs = [every[name] for name in args.only.split(",")]
-    if args.profile:
-        runs.append(lambda: profile_stored_csr(args.nodes, args.degree, args.features, device))
-    failed = []
-    for run in runs:
+    tg.config.backend = "triton-interpreter" if DRY else "triton"
+    tg.config.strict = True   # a propagate that falls back to the reference is an error
+    for line in sys.stdin:
         try:
-            run()
-        except Exception:   # noqa: BLE001 - one workload's failure must not hide the others'
-            traceback.print_exc()
-            failed.append(traceback.format_exc(limit=-3))
-    if args.json:
-        _write_json(args, device, failed)
-    return 1 if failed else 0
-
-
-def _write_json(args, device: str, failed: list) -> None:
-    import torch
-    import triton
-
-    info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton.__version__,
-            "torch_cluster": _cluster() is not None, "args": vars(args), "rows": ROWS,
-            "failed": failed}
-    with open(args.json, "w") as f:
-        json.dump(info, f, indent=1)
+            _emit(**run_command(json.loads(line)))
+        except Exception:   # noqa: BLE001 - reported to the driver, which goes on
+            _emit(event="error", error=traceback.format_exc(limit=-4))
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if "--worker" in sys.argv:
+        sys.exit(worker())
+    import runpy
+
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_check.py"),
+                   run_name="__main__")

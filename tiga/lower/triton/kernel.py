@@ -117,7 +117,7 @@ def render_propagate(params: dict, in_types: list, index_dtype, has_perm: bool =
     schedule = schedule or TritonSchedule()
     sig = signature_of(params, list(in_types), index_dtype, has_perm, schedule, symbol,
                        relation)
-    from .row_tiles import main_body   # (row_tiles extends _Body, defined below)
+    from .row_tiles import main_body  # (row_tiles extends _Body, defined below)
     main = main_body(params, sig, schedule.row_tile)
     if sig.split_degree:
         sig = replace(sig, split_states=main.state_layout())

@@ -4,9 +4,9 @@ State tiles are `[1, *padded]`; a fold first broadcasts the tile's messages to
 `[BLOCK_N, *padded]` and replaces invalid neighbours (past the row's degree) by the
 identity. In a row-tiled body (row_tiles.py) states are `[BLOCK_R, *padded]` and a tile's
 `[BLOCK_R * BLOCK_N, *padded]` lanes are regrouped as `[BLOCK_R, BLOCK_N, *padded]` and
-reduced over their neighbour axis (`grouped`, `nbr_fold`, `against`). Empty rows finalise as the reference does: sum/mean/max/min/online_softmax -> 0,
-prod -> 1 (max/min/prod: `empty=` where set), argmin/argmax -> -1. Half-precision states
-accumulate in float32.
+reduced over their neighbour axis (`grouped`, `nbr_fold`, `against`). Empty rows finalise
+as the reference does: sum/mean/max/min/online_softmax -> 0, prod -> 1 (max/min/prod:
+`empty=` where set), argmin/argmax -> -1. Half-precision states accumulate in float32.
 """
 from __future__ import annotations
 
