@@ -189,7 +189,8 @@ def _head(run: dict, json_name: str) -> list:
             f"{run['machine'].get('loadavg_at_start')}",
             f"- Page cache: {run['page_cache']}"] + ([f"- {note}"] if note else []) + \
         ["", TARGETS, "",
-         "The write paths of this machine, and why the result's write bounds the 100M call: "
+         "The write paths of this machine, why the result's write bounds the 100M call, and "
+         "the page loaders' stages before and after the native gathers (issue 28): "
          "[PAGING_NOTES.md](PAGING_NOTES.md).", ""]
 
 
