@@ -20,6 +20,10 @@ in CT (a Python float argument would be narrowed to float32).
   propagates): `attn_bwd_kv` per key block loops over the query blocks that read it and
   accumulates dK, dV; `attn_bwd_q` per query block loops over its key blocks and
   accumulates dQ. Both recompute P = exp(S - lse).
+- NaN and inf stay in the rows that read them: a tile product over a loaded tile (`_mdot`)
+  multiplies its finite part, and adds the non-finite products the relation keeps, counted
+  (so 0 * inf is NaN only where the reference forms that product); scores and dP of pairs
+  outside the relation are replaced by a select, never multiplied by 0.
 """
 from __future__ import annotations
 
@@ -46,6 +50,46 @@ def _put(ptr, val, rows, n, h, H, W: tl.constexpr, BW: tl.constexpr):
 def _nanmax(a, b):
     # NaN wins, as numpy's maximum in the reference (tl.max drops it)
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _finite(x):
+    return (x == x) & (tl.abs(x) != float("inf"))
+
+
+@triton.jit
+def _count(a, b):
+    return tl.dot(a, b, input_precision="ieee", out_dtype=a.dtype)
+
+
+@triton.jit
+def _mdot(a, b, keep, CT: tl.constexpr):
+    # a @ b where a is 0 outside `keep` (a row's keys, a key's rows): the non-finite entries
+    # of b enter only the products keep selects, IEEE there (0 * inf is NaN, as the
+    # reference's), never as a masked 0 times another row's inf (NaN in a plain tl.dot)
+    fin = _finite(b)
+    out = tl.dot(a, tl.where(fin, b, 0.0).to(CT), input_precision="ieee", out_dtype=CT)
+    if tl.sum(tl.where(fin, 0, 1)) > 0:     # (rare: a tile holding a NaN or inf)
+        out += _nonfinite_terms(a, b, keep, CT)
+    return out
+
+
+@triton.jit
+def _nonfinite_terms(a, b, keep, CT: tl.constexpr):
+    # the sum of the kept products a[i, j] * b[j, d] whose b is NaN or +-inf: NaN, +inf,
+    # -inf or 0, from counts of each kind of product (indicator products: exact counts)
+    nan_b = (b != b).to(CT)
+    pos_b = (b == float("inf")).to(CT)
+    neg_b = (b == float("-inf")).to(CT)
+    void = (keep & ((a == 0) | (a != a))).to(CT)    # 0 * inf and NaN * inf are NaN
+    up = (keep & (a > 0)).to(CT)
+    down = (keep & (a < 0)).to(CT)
+    nan = _count(keep.to(CT), nan_b) + _count(void, pos_b + neg_b)
+    pos = _count(up, pos_b) + _count(down, neg_b)
+    neg = _count(up, neg_b) + _count(down, pos_b)
+    bad = (nan > 0) | ((pos > 0) & (neg > 0))
+    inf = tl.where(pos > 0, float("inf"), tl.where(neg > 0, float("-inf"), 0.0))
+    return tl.where(bad, float("nan"), inf).to(CT)
 
 
 @triton.jit
@@ -89,7 +133,7 @@ def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
         alpha = tl.exp(m - base)
         p = tl.where(valid, tl.exp(s - base[:, None]), 0.0).to(CT)
         mass = mass * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee", out_dtype=CT)
+        acc = acc * alpha[:, None] + _mdot(p, vt, valid, CT)
         m = m_new
     # mass is 0 where every score is -inf and NaN after a NaN or +inf score: those rows are
     # NaN, as the reference's; a row without keys is 0
@@ -124,10 +168,11 @@ def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi
         lo, hi, stat, dl = _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT)
         s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
         p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
-        dv_acc += tl.dot(tl.trans(p), dot_, input_precision="ieee", out_dtype=CT)
+        dv_acc += _mdot(tl.trans(p), dot_, tl.trans(valid), CT)
         dp = tl.dot(dot_, tl.trans(vt), input_precision="ieee", out_dtype=CT)
-        ds = (p * (dp - dl[:, None]) * scale).to(CT)
-        dk_acc += tl.dot(tl.trans(ds), qt, input_precision="ieee", out_dtype=CT)
+        # (a select: dp of a pair outside the relation may be NaN or inf)
+        ds = tl.where(valid, p * (dp - dl[:, None]) * scale, 0.0).to(CT)
+        dk_acc += _mdot(tl.trans(ds), qt, tl.trans(valid), CT)
     _put(dk, dk_acc, cols, nk, h, H, D, BD)
     _put(dv, dv_acc, cols, nk, h, H, DV, BDV)
 
@@ -151,8 +196,8 @@ def attn_bwd_q(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, dq, nq, nk, H
         s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
         p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
         dp = tl.dot(dot_, tl.trans(vt), input_precision="ieee", out_dtype=CT)
-        ds = (p * (dp - dl[:, None]) * scale).to(CT)
-        dq_acc += tl.dot(ds, kt, input_precision="ieee", out_dtype=CT)
+        ds = tl.where(valid, p * (dp - dl[:, None]) * scale, 0.0).to(CT)
+        dq_acc += _mdot(ds, kt, valid, CT)
     _put(dq, dq_acc, rows, nq, h, H, D, BD)
 '''
 
