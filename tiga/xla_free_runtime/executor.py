@@ -13,10 +13,13 @@ from __future__ import annotations
 import weakref
 from functools import partial
 
+import numpy as np
+
 from ..core.check import check_program
 from ..core.config import config
 from ..core.errors import ProgramError, UnsupportedError
 from ..core.eval import eval_program, host_array, on_device
+from ..core.graph import Graph
 from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
@@ -25,11 +28,20 @@ from ..lower.pipeline import quiet_dumps
 from .backend_table import plan
 from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
+from .backends.cpu.prepared import prepare
 from .backends.cpu.propagate import Fallback, run_propagate
 from .cache import CACHE
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
-from .interpreter import NoWalk, TaskWalk, module_name, run_walk, task_walk
+from .interpreter import (
+    NoWalk,
+    TaskWalk,
+    module_name,
+    prepare_walk,
+    run_prepared,
+    run_walk,
+    task_walk,
+)
 from .paging.degrees import paged_degrees
 from .paging.resident import plan_resident
 from .routes import describe_program
@@ -72,9 +84,12 @@ def _strict_check(routes: dict) -> None:
 def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> list:
     """Run `program` on `args`. Outputs the triton route left on a GPU are copied to the
     host, unless `keep_device` (the torch bridge hands them to torch where they are)."""
-    pin_once()     # per-call arrays reuse the heap whatever the process freed before
     if config.check:
         check_program(program)
+    prep = _prepared(program, args)
+    if prep is not None:      # a warm call: its prepared launch list, no planning
+        return run_prepared(prep, program, args, OVERRIDES)
+    pin_once()     # per-call arrays reuse the heap whatever the process freed before
     if len(args) != len(program.in_binders):
         raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
                            f"got {len(args)}")
@@ -115,11 +130,61 @@ def _run(program: GraphProgram, args: list) -> list:
     if walk.launches and walk.threads == num_threads():
         # its propagates run the Kernel ops the Task module holds (scheduled for this pool)
         if overrides is OVERRIDES:     # (no per-call routes: the same rules every call)
-            overrides = _held_rules(walk)
-        else:
-            rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
-            overrides = {**overrides, propagate_p: rule}
+            outs = run_walk(walk, program, args, _held_rules(walk))
+            _prepare(program, walk, args)
+            return outs
+        rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
+        overrides = {**overrides, propagate_p: rule}
     return run_walk(walk, program, args, overrides)
+
+
+def _prepared(program: GraphProgram, args: list):
+    """The prepared launch list of a warm call of `program` on relations it was prepared
+    for, or None (first call, other relations, strict mode or a profile: the full path)."""
+    entry = _PREPARED.get(id(program))
+    if entry is None or entry[0]() is not program or entry[1] is None or config.strict or \
+            profiled() or len(args) != len(program.in_binders):
+        return None
+    prep = entry[1]
+    for a in args:
+        if type(a) is not np.ndarray and not isinstance(a, Graph):
+            return None
+    return prep if prep.matches(args) else None
+
+
+def _prepare(program: GraphProgram, walk: TaskWalk, args: list) -> None:
+    """After a call that ran every propagate on the interpreter's held rules: its launch
+    list for the next call on the same relations (None remembered: not preparable)."""
+    entry = _PREPARED.get(id(program))
+    if entry is not None and entry[0]() is program and entry[1] is None and \
+            entry[2] == _relations(program, args):
+        return
+    prep = prepare_walk(walk, program, args, partial(_prepared_launch, walk))
+    if len(_PREPARED) > 1024:
+        _PREPARED.clear()
+    key = id(program)
+    _PREPARED[key] = (weakref.ref(program, lambda _, key=key: _PREPARED.pop(key, None)), prep,
+                      None if prep is not None else _relations(program, args))
+
+
+def _relations(program, args) -> tuple:
+    return tuple(id(a) for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType))
+
+
+def _prepared_launch(walk: TaskWalk, eqn, graph):
+    """A propagate's prepared launch: its generic kernel over a stored or implicit relation
+    held in memory (generated and paged relations plan per call)."""
+    kind = getattr(graph, "kind", None)
+    if kind in GENERATED or kind == "paged" or kind is None:
+        return None
+    route = plan(eqn, graph, held=walk.launches.get(id(eqn)))
+    launch = prepare(route, eqn, graph)
+    return None if launch is None else launch.run
+
+
+# id(program) -> (weak program, its PreparedWalk or None, the relations' ids None was
+# decided for): the launch lists of warm calls, bound to the relations they were prepared for
+_PREPARED: dict = {}
 
 
 def _held_rules(walk: TaskWalk) -> dict:
@@ -157,7 +222,10 @@ def _propagate(routes, launches, eqn, vals):
 
 
 def _call(closed, args: list) -> list:
-    return _run(closed.program, list(closed.consts) + list(args))
+    args = list(closed.consts) + list(args)
+    prep = _prepared(closed.program, args)    # (a loop body's warm iterations)
+    return run_prepared(prep, closed.program, args, OVERRIDES) if prep is not None else \
+        _run(closed.program, args)
 
 
 def _repeat(eqn, vals):

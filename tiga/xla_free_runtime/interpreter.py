@@ -223,6 +223,71 @@ def run_walk(walk: TaskWalk, program: GraphProgram, args: list, overrides: dict)
     return [read(a) for a in program.outs]
 
 
+@dataclass(frozen=True)
+class PreparedWalk:
+    """A walk bound to the relations of one call: each propagate step holds its prepared
+    launch (`fn(values) -> outputs | None`), every other step runs as in `run_walk`. Valid
+    while the call's relations are these objects, its other operands numpy arrays and the
+    pool the same size (`matches`)."""
+
+    steps: tuple      # (code, x, fn): fn for a prepared propagate, else None
+    graphs: tuple     # (binder position, weak relation) of every relation argument
+    threads: int
+    sized: bool
+
+    def matches(self, args: list) -> bool:
+        if self.threads != num_threads():
+            return False
+        for i, ref in self.graphs:
+            if args[i] is not ref():
+                return False
+        return True
+
+
+def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher):
+    """The prepared form of `walk` for these arguments, or None when some propagate has no
+    prepared launch (`launcher(eqn, relation)` returns None) or an operand is not a plain
+    host array (those calls keep taking the interpreter's per-step rules)."""
+    binders = program.in_binders
+    position = {id(v): i for i, v in enumerate(binders)}
+    graphs, steps = [], []
+    for i, (v, a) in enumerate(zip(binders, args)):
+        if isinstance(v.type, GraphType):
+            graphs.append((i, weakref.ref(a)))
+        elif type(a) is not np.ndarray:
+            return None
+    for code, x in walk.steps:
+        fn = None
+        if code is RUN and x.primitive is propagate_p:
+            rel = x.inputs[0]
+            fn = launcher(x, rel.value if isinstance(rel, Lit) else args[position[id(rel)]])
+            if fn is None:
+                return None
+        steps.append((code, x, fn))
+    return PreparedWalk(tuple(steps), tuple(graphs), walk.threads, walk.sized)
+
+
+def run_prepared(prep: PreparedWalk, program: GraphProgram, args: list, overrides: dict):
+    """`run_walk` with each propagate launched from its prepared launch (a step whose
+    operands it does not take runs through `overrides`, as the interpreter would)."""
+    binders = program.in_binders
+    env: dict = {}
+    dims = bind_dims(binders, args, resolve=False) if prep.sized else {}
+    for code, x, fn in prep.steps:
+        if code is RUN:
+            vals = [a.value if isinstance(a, Lit) else env[id(a)] for a in x.inputs]
+            outs = fn(vals) if fn is not None else None
+            if outs is None:
+                outs = run_eqn(x, vals, overrides, dims)
+            for v, o in zip(x.outputs, outs):
+                env[id(v)] = o
+        elif code is TRANSFER:
+            env[id(binders[x])] = args[x]
+        elif code is RELEASE:
+            env.pop(id(x), None)
+    return [a.value if isinstance(a, Lit) else env[id(a)] for a in program.outs]
+
+
 def describe_walk(walk: TaskWalk | NoWalk) -> str:
     """explain()'s line on how the runtime runs the program, counted off its Task IR."""
     if isinstance(walk, NoWalk):
@@ -241,4 +306,5 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
     return text + f", {count[RELEASE]} release(s), then a join"
 
 
-__all__ = ["task_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk"]
+__all__ = ["task_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
+           "prepare_walk", "run_prepared"]

@@ -1,0 +1,84 @@
+"""runtime/backends/cpu: a compiled propagate bound once to its relation, for warm calls.
+
+`prepare(exe, eqn, graph)` fixes everything a call of the generic fused kernel decides from
+the kernel and the relation alone: the argv template with the relation's arrays, the slots
+of fields and outputs, the exact dtype and shape each field must have, the outputs to
+allocate, the schedule and its row chunks. `run(values)` then checks the operands against
+those (no conversion) and launches; operands it does not take as they are (another dtype, a
+view, a misaligned or huge gathered field, which `run_propagate` converts, copies or advises)
+run through `run_propagate` with the same kernel. None: the compile cache no longer holds
+the kernel (cleared), and the caller plans afresh.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...cache import CACHE, Executable
+from . import propagate as P
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    exe: Executable
+    eqn: object
+    template: tuple
+    fields: tuple        # per field: (argv slot, dtype, shape, gathered)
+    out_at: tuple
+    outs: tuple          # per output: (shape, dtype)
+    argv_t: type
+    single: int | None   # rows of a single-threaded kernel, else None (chunks below)
+    chunks: list
+    threads: int
+    stage_max: int       # a misaligned gathered field above this many bytes is copied first
+
+    def run(self, values: list) -> list | None:
+        """The outputs of one launch on `values` (the relation, then its fields)."""
+        if not CACHE.current(self.exe):     # (the cache was cleared: plan afresh)
+            return None
+        addrs = list(self.template)
+        for (at, dtype, shape, gathered), f in zip(self.fields, values[1:]):
+            if type(f) is not np.ndarray or f.dtype != dtype or f.shape != shape or \
+                    not f.flags.c_contiguous:
+                return P.run_propagate(self.exe, self.eqn, values[0], values[1:])
+            addr = P._address(f)
+            if gathered and (f.nbytes >= P.HUGE_MIN_BYTES or
+                             (addr % P.CACHE_LINE and f.nbytes > self.stage_max)):
+                return P.run_propagate(self.exe, self.eqn, values[0], values[1:])
+            addrs[at] = addr
+        outs = [np.empty(shape, dtype) for shape, dtype in self.outs]
+        for at, o in zip(self.out_at, outs):
+            addrs[at] = P._address(o)
+        argv = self.argv_t(*addrs)
+        if self.single is not None:
+            self.exe.native(0, self.single, argv)
+        else:
+            P.run_chunks(self.exe.native, self.chunks, argv, self.threads)
+        return outs
+
+
+def prepare(exe, eqn, graph) -> PreparedLaunch | None:
+    """The prepared launch of `exe` (the route planned for `eqn` over `graph`), or None for
+    a route that is not a plain generic kernel launch (a specialised plan, partial sums)."""
+    if not isinstance(exe, Executable) or exe.signature.parallel == "partial_sums":
+        return None
+    sig = exe.signature
+    bound = P._bound(exe, graph, eqn)
+    fields = tuple((at, P._np_dtype(sig.field_dtypes[i]),
+                    tuple(sig.field_shapes[i]) if bound.sizes[i] is None else
+                    (bound.sizes[i],) + tuple(sig.field_shapes[i]), i in bound.gathered)
+                   for i, at in enumerate(bound.field_at))
+    # (run_propagate copies a misaligned gathered field when it is large, or always on one
+    # thread: those calls take it)
+    stage_max = -1 if P.num_threads() == 1 else P.STAGE_SHARED_MAX_BYTES
+    if sig.parallel == "single":
+        return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs,
+                              bound.argv_t, bound.rows, [], 1, stage_max)
+    launch = P._run_schedule(exe, eqn, sig)
+    chunks = P._chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
+    return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs, bound.argv_t,
+                          None, chunks, launch.threads, stage_max)
+
+
+__all__ = ["PreparedLaunch", "prepare"]
