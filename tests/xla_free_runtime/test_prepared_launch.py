@@ -92,3 +92,4 @@ def test_pool_size_change_replans(monkeypatch, threads):
     monkeypatch.setenv("TIGA_NUM_THREADS", threads)
     _check(layer, kw)
     _check(layer, kw)
+

@@ -24,13 +24,14 @@ from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
+from ..lower.backends import selected_backend
 from ..lower.pipeline import quiet_dumps
 from .backend_table import plan
 from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
 from .backends.cpu.propagate import Fallback, run_propagate
-from .cache import CACHE
+from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
 from .interpreter import (
@@ -149,7 +150,7 @@ def _prepared(program: GraphProgram, args: list):
     for a in args:
         if type(a) is not np.ndarray and not isinstance(a, Graph):
             return None
-    return prep if prep.matches(args) else None
+    return prep if prep.matches(args, selected_backend()) else None
 
 
 def _prepare(program: GraphProgram, walk: TaskWalk, args: list) -> None:
@@ -159,7 +160,8 @@ def _prepare(program: GraphProgram, walk: TaskWalk, args: list) -> None:
     if entry is not None and entry[0]() is program and entry[1] is None and \
             entry[2] == _relations(program, args):
         return
-    prep = prepare_walk(walk, program, args, partial(_prepared_launch, walk))
+    prep = prepare_walk(walk, program, args, partial(_prepared_launch, walk),
+                        selected_backend())
     if len(_PREPARED) > 1024:
         _PREPARED.clear()
     key = id(program)
@@ -172,14 +174,23 @@ def _relations(program, args) -> tuple:
 
 
 def _prepared_launch(walk: TaskWalk, eqn, graph):
-    """A propagate's prepared launch: its generic kernel over a stored or implicit relation
-    held in memory (generated and paged relations plan per call)."""
+    """A propagate's prepared launch over a stored or implicit relation held in memory
+    (generated and paged relations plan per call): the generic cpu-llvm kernel bound to the
+    relation, else the plan itself (a Triton kernel, a specialised walk), run as planned."""
     kind = getattr(graph, "kind", None)
     if kind in GENERATED or kind == "paged" or kind is None:
         return None
     route = plan(eqn, graph, held=walk.launches.get(id(eqn)))
+    if isinstance(route, Fallback):
+        return None
     launch = prepare(route, eqn, graph)
-    return None if launch is None else launch.run
+    if launch is not None:
+        return launch.run
+    return None if isinstance(route, Executable) else partial(_run_plan, route, eqn)
+
+
+def _run_plan(route, eqn, values: list) -> list:
+    return route.run(eqn, values[0], values[1:])
 
 
 # id(program) -> (weak program, its PreparedWalk or None, the relations' ids None was

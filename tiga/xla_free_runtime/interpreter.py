@@ -234,9 +234,10 @@ class PreparedWalk:
     graphs: tuple     # (binder position, weak relation) of every relation argument
     threads: int
     sized: bool
+    backend: str      # the backend selected when it was prepared
 
-    def matches(self, args: list) -> bool:
-        if self.threads != num_threads():
+    def matches(self, args: list, backend: str) -> bool:
+        if self.threads != num_threads() or self.backend != backend:
             return False
         for i, ref in self.graphs:
             if args[i] is not ref():
@@ -244,7 +245,7 @@ class PreparedWalk:
         return True
 
 
-def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher):
+def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, backend: str):
     """The prepared form of `walk` for these arguments, or None when some propagate has no
     prepared launch (`launcher(eqn, relation)` returns None) or an operand is not a plain
     host array (those calls keep taking the interpreter's per-step rules)."""
@@ -264,7 +265,7 @@ def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher):
             if fn is None:
                 return None
         steps.append((code, x, fn))
-    return PreparedWalk(tuple(steps), tuple(graphs), walk.threads, walk.sized)
+    return PreparedWalk(tuple(steps), tuple(graphs), walk.threads, walk.sized, backend)
 
 
 def run_prepared(prep: PreparedWalk, program: GraphProgram, args: list, overrides: dict):
