@@ -5,11 +5,12 @@ per-edge weights) reads the tensor's values, which Dynamo cannot trace. So a lay
 everything that depends on its relation (the relation, its loops, the per-edge data and the
 Tiga aggregations) to `region`: eagerly it is a plain call; while Dynamo traces it is one
 `tiga::layer` op whose inputs are the edge_index and node-shaped tensors (features,
-parameters) and whose outputs are node-shaped, so no data-dependent edge count crosses the
-op boundary. The fake implementation shapes each output from the inputs the layer names
-(rows of one, trailing dims and dtype of another); the autograd registration recomputes the
-region with torch.autograd on (its Tiga calls differentiate through Tiga's VJP) inside
-`tiga::layer_vjp`, itself opaque. A tg.Graph given directly is a constant of the region:
+parameters) and whose outputs are node-shaped. The fake implementation shapes each output
+from the inputs the layer names (rows of one, trailing dims and dtype of another). Where
+the inputs require grad the op is `tiga::layer_saved`: the region runs with torch.autograd
+on (its Tiga calls record Tiga's VJP) and the backward (`tiga::layer_saved_vjp`, opaque)
+differentiates that recorded graph; without it (`tiga::layer_vjp`, a second backward) the
+region is recomputed with autograd on. A tg.Graph given directly is a constant of the region:
 `_register` (run for real by Dynamo) keys it with the region, and Dynamo guards on its
 identity like a module attribute (a new Graph object recompiles).
 
@@ -21,7 +22,9 @@ the VJP differentiates the region with respect to those objects.
 """
 from __future__ import annotations
 
+import secrets
 import threading
+import weakref
 
 import torch
 
@@ -57,8 +60,18 @@ def region(fn, edge_index, settings: tuple, tensors: tuple, outs: tuple, live=No
     spec = tuple(_shifted(o, shift) for o in outs)
     key = _register(fn, static, tuple(_const(s) for s in settings), present, spec,
                     isinstance(edge_index, torch.Tensor), live)
-    result = torch.ops.tiga.layer(key, [t for t in args if t is not None])
+    tensors = [t for t in args if t is not None]
+    if _differentiated(tensors):
+        result = torch.ops.tiga.layer_saved(key, tensors)[:-1]   # (the last: its token)
+    else:
+        result = torch.ops.tiga.layer(key, tensors)
     return result[0] if len(result) == 1 else tuple(result)
+
+
+def _differentiated(tensors) -> bool:
+    """Whether the op's forward will be differentiated (Dynamo guards on grad mode and on
+    the inputs' requires_grad): then it keeps its autograd graph (tiga::layer_saved)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _shifted(rule: tuple, shift: int) -> tuple:
@@ -155,11 +168,18 @@ def _vjp_op(key: int, tensors: list[torch.Tensor], cts: list[torch.Tensor],
     (an edge_index) carry no gradient."""
     entry = _REGIONS[key]
     leaves = [t.detach().requires_grad_() if w else t for t, w in zip(tensors, wrt)]
-    live = entry.live_tensors()   # read by the region in place of the last tensors
-    stand = leaves[:len(leaves) - len(live)] + live
-    targets = [t for t, w in zip(stand, wrt) if w]
     with torch.enable_grad(), _autograd_dispatch():
         outs = entry.run(leaves)
+    return _grads(entry, leaves, outs, tensors, cts, wrt)
+
+
+def _grads(entry, leaves, outs, tensors, cts, wrt) -> list:
+    """<outs, cts> differentiated with respect to the leaves marked in `wrt` (the live
+    tensors in place of the last ones: the region reads those)."""
+    live = entry.live_tensors()
+    stand = list(leaves[:len(leaves) - len(live)]) + live
+    targets = [t for t, w in zip(stand, wrt) if w]
+    with torch.enable_grad(), _autograd_dispatch():
         pairs = [(o, c) for o, c in zip(outs, cts) if o.requires_grad and
                  o.is_floating_point()]
         grads = torch.autograd.grad([o for o, _ in pairs], targets, [c for _, c in pairs],
@@ -204,3 +224,73 @@ def _setup_layer(ctx, inputs, output):
 
 
 _layer_op.register_autograd(_backward, setup_context=_setup_layer)
+
+
+# ---- a differentiated forward keeps its residuals ---------------------------------------------
+# tiga::layer_saved is tiga::layer for a forward whose inputs require grad: the region runs
+# with autograd on and its graph (Tiga's saved residuals included) is kept under a token, the
+# op's last output, which the backward receives; the backward then differentiates that graph
+# instead of recomputing the region. The entry leaves when the backward takes it or the
+# token dies (the forward's autograd graph freed without a backward); a backward that finds
+# none (a second one, retain_graph) recomputes, as tiga::layer_vjp.
+_SAVED: dict = {}    # token -> (leaves, attached outputs)
+
+
+@torch.library.custom_op("tiga::layer_saved", mutates_args=())
+def _saved_op(key: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    # copies of the floating inputs, kept with the graph: a compiled graph may recompute an
+    # input in its backward rather than save it, and reuse its memory after this op; the
+    # edge_index goes in as it is (relation()'s memo finds it by identity)
+    leaves = [t.detach().clone().requires_grad_() if t.is_floating_point() else t
+              for t in tensors]
+    with torch.enable_grad(), _autograd_dispatch():
+        outs = _REGIONS[key].run(leaves)
+    token = secrets.randbits(62)
+    marker = torch.tensor(token, dtype=torch.int64)
+    _SAVED[token] = (leaves, outs)
+    weakref.finalize(marker, _SAVED.pop, token, None)
+    # copies: a compiled graph may reuse an output's memory once it is dead to it, and the
+    # kept graph may hold the output itself (a softmax's VJP reads it)
+    return [o.detach().clone() for o in outs] + [marker]
+
+
+@_saved_op.register_fake
+def _saved_fake(key, tensors):
+    return _REGIONS[key].fake(list(tensors)) + [torch.empty((), dtype=torch.int64)]
+
+
+@torch.library.custom_op("tiga::layer_saved_vjp", mutates_args=())
+def _saved_vjp_op(key: int, marker: torch.Tensor, tensors: list[torch.Tensor],
+                  cts: list[torch.Tensor], wrt: list[bool]) -> list[torch.Tensor]:
+    saved = _SAVED.pop(int(marker), None)
+    if saved is None:
+        return _vjp_op(key, tensors, cts, wrt)
+    leaves, outs = saved
+    return _grads(_REGIONS[key], leaves, outs, tensors, cts, wrt)
+
+
+@_saved_vjp_op.register_fake
+def _saved_vjp_fake(key, marker, tensors, cts, wrt):
+    return _vjp_fake(key, tensors, cts, wrt)
+
+
+def _setup_saved(ctx, inputs, output):
+    key, tensors = inputs
+    ctx.key, ctx.n = key, len(tensors)
+    ctx.save_for_backward(*tensors, output[-1])
+    ctx.out_types = [(o.shape, o.dtype) for o in output[:-1]]
+
+
+def _backward_saved(ctx, grads):
+    *tensors, marker = ctx.saved_tensors
+    wrt = [bool(w) and t.is_floating_point()
+           for w, t in zip(ctx.needs_input_grad[1], tensors)]
+    if not any(wrt):
+        return None, [None] * len(tensors)
+    cts = [torch.zeros(shape, dtype=dtype, device=tensors[0].device) if g is None else g
+           for g, (shape, dtype) in zip(grads[:-1], ctx.out_types)]
+    got = iter(torch.ops.tiga.layer_saved_vjp(ctx.key, marker, list(tensors), cts, wrt))
+    return None, [next(got) if w else None for w in wrt]
+
+
+_saved_op.register_autograd(_backward_saved, setup_context=_setup_saved)
