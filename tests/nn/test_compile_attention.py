@@ -123,3 +123,23 @@ def test_dropout_statistics():
     assert not torch.equal(first == 0, second == 0)
     assert compiled(x, ei).shape == (n, 8)
     assert sum(counters["graph_break"].values()) == 0
+
+
+@pytest.mark.parametrize("relation,loops", [("graph", True), ("edge_index", False)])
+def test_known_edge_counts_need_no_fullgraph(relation, loops):
+    """Without fullgraph (torch's default, which breaks at data-dependent sizes) the
+    weights route is still one graph where the edge count is known: a constant tg.Graph's
+    looped edges, or an edge_index without loops added (its own E)."""
+    ours, theirs = _pair("GATConv", 0.0, add_self_loops=loops)
+    rel = EDGE_INDEX if relation == "edge_index" else \
+        tg.Graph.from_edge_index(EDGE_INDEX, num_nodes=N)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(ours, backend="aot_eager")
+
+    def call(m, v):
+        out, (_, alpha) = (compiled(v, rel, return_attention_weights=True) if m is ours
+                           else m(v, EDGE_INDEX, return_attention_weights=True))
+        return out, alpha
+    assert_same(ours, theirs, call, _x(1))
+    _no_break()

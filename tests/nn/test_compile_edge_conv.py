@@ -94,6 +94,25 @@ def test_a_torch_network_stays_in_the_graph(relation):
     assert compiled_matches(batch_norm, relation, aggr="mean") == want
 
 
+@pytest.mark.parametrize("relation", ["graph", "knn"])
+def test_known_edge_counts_need_no_fullgraph(relation):
+    """Without fullgraph (torch's default breaks at data-dependent sizes) a torch network
+    is one graph where the relation's edge count is known: a constant tg.Graph's, or the
+    kNN's without a batch vector (k per row)."""
+    conv = (tg.nn.DynamicEdgeConv(batch_norm(), k=3) if relation == "knn" else
+            tg.nn.EdgeConv(batch_norm())).double().train()
+    graph = tg.Graph.from_edge_index(EDGE_INDEX, num_nodes=N)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(conv, backend="aot_eager")
+    x = _x(1)
+    got = compiled(x) if relation == "knn" else compiled(x, graph)
+    want = conv(x) if relation == "knn" else conv(x, graph)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_inductor():
     assert compiled_matches(mlp, "knn", backend="inductor", aggr="mean") == 1
 

@@ -10,6 +10,8 @@ data-dependent edge count) and Tiga's reduction of the messages.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
@@ -158,13 +160,13 @@ def _compiled(layer, edge_index, x_src, x_dst, b_src, b_dst):
     if edge_index is None:
         edge_index = region(_relation_region, None, settings,
                             (x_src.detach(), None if x_dst is None else x_dst.detach(),
-                             b_src, b_dst), (("edge_index",),))
+                             b_src, b_dst), (("edge_index", _knn_edges(layer, dst, b_src, b_dst)),))
         ei = edge_index
     elif isinstance(edge_index, torch.Tensor):
         ei = edge_index
     else:   # a tg.Graph: its edge order, constant
         ei = region(_relation_region, edge_index, settings, (x_src.detach(),),
-                    (("edge_index",),))
+                    (("edge_index", _edge_count(edge_index)),))
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
            for m in layer.nn.modules()):
         # batch statistics branch on the row count (one row: an error, none: empty), which
@@ -190,6 +192,19 @@ def _tiga_width(key: int, modes: tuple):
     linears = [m for m in layer.nn.modules()
                if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2]
     return int(linears[-1].weight.shape[0]) if linears else 0
+
+
+def _knn_edges(layer, dst, b_src, b_dst):
+    """The kNN relation's edge count where the shapes give it (no batch: k per
+    destination, Graph.knn refuses k above the sources), else None (data-dependent)."""
+    if b_src is not None or b_dst is not None:
+        return None
+    return operator.index(dst.size(0)) * layer.k
+
+
+@torch._dynamo.assume_constant_result
+def _edge_count(graph: Graph) -> int:
+    return int(graph.num_edges)
 
 
 def _parameters(settings) -> list:

@@ -20,6 +20,7 @@ concat=False (the mean over heads); bias (H * C,) or (C,) accordingly.
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +172,12 @@ def looped_graph(graph: Graph, add_loops: bool) -> Graph:
     return loop_edit(graph, "replace")[0] if add_loops else graph
 
 
+@torch._dynamo.assume_constant_result
+def looped_edges(graph: Graph, add_loops: bool) -> int:
+    """The edge count of a constant tg.Graph with PyG's GAT loops (a static output size)."""
+    return int(looped_graph(graph, add_loops).num_edges)
+
+
 def _looped(edge_index, settings, h_src, h_dst, edge_attr, w_edge) -> tuple:
     """(relation with PyG's GAT loops, lin_edge(edge_attr) as (E, H, C) or None)."""
     name, _, add_loops, fill_value = settings
@@ -236,7 +243,12 @@ class _AttentionBase(torch.nn.Module):
         seed = None
         if self.training and self.dropout > 0.0:
             seed = torch.randint(0, 2 ** 62, (), device=tensors[0].device)
-        outs = (rows, ("edge_index",), ("edges", heads, 2)) if want else (rows,)
+        count = None    # with loops added to an edge_index: data-dependent
+        if isinstance(edge_index, Graph):
+            count = looped_edges(edge_index, self.add_self_loops)
+        elif not self.add_self_loops and isinstance(edge_index, torch.Tensor):
+            count = operator.index(edge_index.size(1))
+        outs = (rows, ("edge_index", count), ("edges", heads, 2, count)) if want else (rows,)
         result = region(fn, edge_index, self._settings() + (self.dropout,), tensors + (seed,),
                         outs)
         if not want:

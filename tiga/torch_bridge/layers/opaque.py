@@ -44,8 +44,11 @@ def region(fn, edge_index, settings: tuple, tensors: tuple, outs: tuple, live=No
     the tensors; anything else is called eagerly, behind the graph break of `relation()`);
     tensors may hold None (absent optionals). outs, per output: (i, j), shaped
     (tensors[i].shape[0],) + tensors[j].shape[1:] with tensors[j]'s dtype; (i, j, tail),
-    the same with trailing dims `tail`; ("edges", j, stop), shaped (E,) +
-    tensors[j].shape[1:stop]; ("edge_index",), (2, E) int64 (E: one unbacked size).
+    the same with trailing dims `tail`; ("edges", j, stop, count), shaped (E,) +
+    tensors[j].shape[1:stop]; ("edge_index", count), (2, E) int64. E: `count` where it is
+    known (a constant relation's edges), else one unbacked size shared by those outputs
+    (Dynamo traces through it with fullgraph=True or capture_dynamic_output_shape_ops;
+    otherwise, torch's default, it breaks the graph at the op).
     Settings: Python constants (part of the key; another value, e.g. a tensor fill_value,
     runs fn eagerly, behind relation()'s graph break). live: a function of the settings
     giving the tensors fn reads instead of the last len(live(settings)) tensors."""
@@ -115,12 +118,15 @@ class _Region:
     @staticmethod
     def _fake(rule, args, edges):
         if rule[0] in ("edges", "edge_index"):
-            if not edges:
-                edges.append(torch.library.get_ctx().new_dynamic_size())
+            count = rule[1] if rule[0] == "edge_index" else rule[3]
+            if count is None:
+                if not edges:
+                    edges.append(torch.library.get_ctx().new_dynamic_size())
+                count = edges[0]
             if rule[0] == "edge_index":
-                return torch.empty((2, edges[0]), dtype=torch.int64, device=_device(args))
+                return torch.empty((2, count), dtype=torch.int64, device=_device(args))
             like = args[rule[1]]
-            return like.new_empty((edges[0],) + tuple(like.shape[1:rule[2]]))
+            return like.new_empty((count,) + tuple(like.shape[1:rule[2]]))
         i, j = rule[:2]
         tail = tuple(args[j].shape[1:]) if len(rule) == 2 else rule[2]
         return args[j].new_empty((args[i].shape[0],) + tail)
