@@ -246,6 +246,9 @@ def _emit_radius_tile(c, relation: tuple) -> None:
         c.emit(f"dx = tl.load(wpos + col * {dims} + {k}, mask=valid, other=0) - qx{k}")
         c.emit("d2 = dx * dx" if k == 0 else "d2 = d2 + dx * dx")
     c.emit("valid = valid & (d2 <= c2) & (col != skip)")
-    c.emit("col = tl.where(valid, col, 0)")
+    # (col is not reset to 0 past the test: every lane already holds a source id, the
+    # load's 0 or a real one, and every use is masked by valid; the reset's select failed
+    # Triton 3.6's TritonGPURemoveLayoutConversions for 2-D positions, the H100 image's
+    # version: benchmarks/results/gpu-2026-11-26-h100.txt)
     c.emit("eid = p")
     c.emit("cnt = cnt + tl.sum(valid.to(tl.int64), axis=0)")
