@@ -13,7 +13,9 @@ gathers the neighbour and edge rows of the tile, evaluates the edge function on 
 the transposed relation (rows are sources: implicit kinds natively, walks_transposed.py; a
 stored relation its transposed CSR, edge ids through its permutation); "edge" stores each
 message at its edge id; "all" (sum or mean without update) stores one partial sum per row,
-which the launcher adds up.
+which the launcher adds up. A stored CSR folded by dst or src whose schedule has the tile
+row_tile renders row_tiles.TiledBody instead: the program's BLOCK_R rows walk together as
+one [BLOCK_R, BLOCK_N] tile of edges per trip (same arguments, same launch).
 """
 from __future__ import annotations
 
