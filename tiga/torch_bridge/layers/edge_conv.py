@@ -150,29 +150,34 @@ def _compiled(layer, edge_index, x_src, x_dst, b_src, b_dst):
     edge_index None: the kNN relation of the features, DynamicEdgeConv)."""
     # the modules' modes are read here, so that Dynamo guards on them (train/eval recompiles)
     width = _tiga_width(layer._key, tuple(m.training for m in layer.nn.modules()))
-    dst = x_src if x_dst is None else x_dst
     settings = (layer._key, getattr(layer, "k", 0))
     if width is not None:   # Tiga runs the network: one op
         width = width or 2 * x_src.size(-1)
         return region(_network_region, edge_index, settings,
                       (x_src, x_dst, b_src, b_dst) + tuple(layer.nn.parameters()),
                       ((0 if x_dst is None else 1, 0, (width,)),), live=_parameters)
+    return _torch_network(layer, edge_index, settings, x_src, x_dst, b_src, b_dst)
+
+
+def _torch_network(layer, edge_index, settings, x_src, x_dst, b_src, b_dst):
+    """A network torch evaluates, in the compiled graph: the relation's edge_index (an op
+    output unless the user's), the messages, Tiga's reduction (an op)."""
+    dst = x_src if x_dst is None else x_dst
+    ei = edge_index
     if edge_index is None:
-        edge_index = region(_relation_region, None, settings,
-                            (x_src.detach(), None if x_dst is None else x_dst.detach(),
-                             b_src, b_dst), (("edge_index", _knn_edges(layer, dst, b_src, b_dst)),))
-        ei = edge_index
-    elif isinstance(edge_index, torch.Tensor):
-        ei = edge_index
-    else:   # a tg.Graph: its edge order, constant
+        count = _knn_edges(layer, dst, b_src, b_dst)
+        ei = edge_index = region(_relation_region, None, settings,
+                                 (x_src.detach(), None if x_dst is None else x_dst.detach(),
+                                  b_src, b_dst), (("edge_index", count),))
+        if count is None and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
+                                 m.training for m in layer.nn.modules()):
+            # batch statistics branch on the row count (one row: an error, none: empty),
+            # which Dynamo cannot follow for a data-dependent count: asserted at run time
+            torch._check(ei.size(1) > 1, lambda: "tg.nn DynamicEdgeConv: a BatchNorm in "
+                         "training mode inside torch.compile needs more than 1 edge")
+    elif not isinstance(edge_index, torch.Tensor):   # a tg.Graph: its edge order, constant
         ei = region(_relation_region, edge_index, settings, (x_src.detach(),),
                     (("edge_index", _edge_count(edge_index)),))
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
-           for m in layer.nn.modules()):
-        # batch statistics branch on the row count (one row: an error, none: empty), which
-        # Dynamo cannot follow for a data-dependent edge count: asserted > 1 at run time
-        torch._check(ei.size(1) > 1, lambda: "tg.nn EdgeConv/DynamicEdgeConv: a BatchNorm "
-                     "in training mode inside torch.compile needs more than 1 edge")
     x_i = dst[ei[1]]
     messages = layer.nn(torch.cat([x_i, x_src[ei[0]] - x_i], dim=-1))
     return region(_reduce_region, edge_index, settings,
