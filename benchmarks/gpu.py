@@ -5,8 +5,8 @@ peer that stalls is killed without losing the rest of the run).
 Workloads (sizes for a lent GPU; GPU_CHECK_DRY=1 / --dry: tiny sizes on CPU through
 triton-interpreter, to check the plumbing where no GPU is lent):
 
-    csr-32k, csr-131k, csr-1m   stored CSR weighted sum, degree 16, 32 float32 features
-                                peer: torch.sparse CSR @ x
+    csr-32k, csr-131k, csr-1m   stored CSR weighted sum, degree 16, 32 float32 features,
+                                int32 indices; peer: torch.sparse CSR @ x
     hex-mesh                    26-neighbour sum over a 64^3 lattice (implicit stencil), 16
                                 features; peer: depthwise torch conv3d (ones, centre 0)
     radius, knn                 131,072 points in the unit cube, ~16 neighbours (radius) /
@@ -72,9 +72,11 @@ def _randn(*shape, seed: int, dtype=None):
 # ---- workloads: setup(name) -> (tiga call, [(peer name, peer call or None if absent)]) --
 
 def _csr(n: int, seed: int = 0):
+    """int32 indices, as a relation of fewer than 2^31 edges can be stored (Tiga reads its
+    column ids in their stored width; torch.sparse takes int32 CSR indices too)."""
     t = _torch()
-    cols = t.randint(0, n, (n * DEGREE,), generator=_gen(seed)).to(device())
-    row_ptr = t.arange(n + 1, dtype=t.int64, device=device()) * DEGREE
+    cols = t.randint(0, n, (n * DEGREE,), generator=_gen(seed), dtype=t.int32).to(device())
+    row_ptr = t.arange(n + 1, dtype=t.int32, device=device()) * DEGREE
     return row_ptr, cols
 
 
@@ -202,7 +204,7 @@ def _pyg_edge_conv(x, w1, cols, rows):
     conv = EdgeConv(t.nn.Sequential(lin, t.nn.ReLU()), aggr="add")
     with t.no_grad():   # (after EdgeConv's reset_parameters, which redraws it)
         lin.weight.copy_(w1.t())
-    ei = t.stack([cols, rows])   # (source j, target i): x_i is the row's own feature
+    ei = t.stack([cols.long(), rows])   # (source j, target i): x_i is the row's own one
 
     def step():
         y = conv(x, ei)
@@ -303,7 +305,7 @@ def _sync() -> None:
         _torch().cuda.synchronize()
 
 
-TIMED_MS = 1500.0   # a timing loop's length: fewer repeats (at least 3) for slow calls
+TIMED_MS = 1500.0   # a timing loop's length: fewer repeats (down to 3) for slow calls
 
 
 def timed(fn, warmup: int, repeat: int) -> tuple:
@@ -316,7 +318,7 @@ def timed(fn, warmup: int, repeat: int) -> tuple:
         _sync()
         est = (time.perf_counter() - t0) * 1e3
     _emit(event="warm", est_ms=est)
-    repeat = max(3, min(repeat, int(TIMED_MS / max(est, 1e-3))))
+    repeat = min(repeat, max(3, int(TIMED_MS / max(est, 1e-3))))
     if DRY:
         t0 = time.perf_counter()
         for _ in range(repeat):
