@@ -591,8 +591,8 @@ def _ir_call(call, stage):
     owner = getattr(call.edge_fn, "__self__", None)
     name = type(owner).__name__ if owner is not None else getattr(call.edge_fn, "__name__", "")
     if stage == "task":     # over a stored relation: the page plan the call runs
-        from .xla_free_runtime.paging.run import task_ir
-        text = task_ir(program, args)
+        from .xla_free_runtime.executor import paged_task_ir
+        text = paged_task_ir(program, args)
         if text is not None:
             return text
     return ir_text(program, stage, name=module_name(name))

@@ -1,7 +1,8 @@
 """TIGA_DUMP=task during an ordinary call writes the Task module the interpreter ran, and the
 Kernel ops its gf_task.launch ops hold are the kernels that were compiled and run: the printed
 op of the dump is the one the executable's cache key was made from, and the runtime lowered
-nothing else for the call (lowered_launch is never asked)."""
+nothing else for the call (the executor, the one place the runtime lowers, is never asked for a
+kernel: executor.lower_launch refuses)."""
 from __future__ import annotations
 
 import json
@@ -23,12 +24,13 @@ import numpy as np
 import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, parse_task
+from tiga.xla_free_runtime import executor as E
 from tiga.xla_free_runtime.backends.cpu import propagate as P
 from tiga.xla_free_runtime.cache import CACHE
 
 def refuse(*a, **k):
     raise AssertionError("the runtime lowered a kernel the Task module did not hold")
-P.lowered_launch = refuse
+E.lower_launch = refuse
 
 rng = np.random.default_rng(0)
 n, e = 60, 400

@@ -7,9 +7,11 @@ tries the specialised planners of `PLANNERS` in order and then the generic fused
 (propagate.plan_propagate). The planners import propagate.py, never this module, so
 the dispatch sits above them and no import order fills a registry.
 
-A planner is `planner(eqn, graph, compile) -> None | Fallback | plan` (None: not mine). A
-plan has `run(eqn, graph, values) -> outputs` and `describe(explanation, eqn, graph, where)`;
-`compile=False` plans must not compile anything (explain() before a call).
+A planner is `planner(eqn, graph, compile, lower) -> None | Fallback | plan` (None: not
+mine). A plan has `run(eqn, graph, values) -> outputs` and `describe(explanation, eqn, graph,
+where)`; `compile=False` plans must not compile anything (explain() before a call). `lower` is
+the executor's Lowering (executor.LOWERING): a planner asks it for the Kernel op it binds and
+keeps that op in its plan, so nothing below the executor lowers.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from .paging import run as paging
 from .threads import num_threads
 
 
-def _paged(eqn, graph, compile: bool):
-    return paging.plan_paged(eqn, graph)   # (reads rows per page; nothing compiles ahead)
+def _paged(eqn, graph, compile: bool, lower):
+    return paging.plan_paged(eqn, graph, lower)   # (reads rows per page; nothing compiles ahead)
 
 
 # Tried in this order before the generic fused kernel: a stored relation pages whatever its
@@ -34,33 +36,34 @@ def _paged(eqn, graph, compile: bool):
 PLANNERS = (_paged, attention.plan_attention, generated.plan_generated)
 
 
-def plan_cpu(eqn, graph, *, compile: bool = True, held=None):
+def plan_cpu(eqn, graph, *, lower, compile: bool = True, held=None):
     """The cpu-llvm route: the first specialised planner that claims the equation, else the
     generic fused kernel (an Executable, its key when compile=False, or a Fallback)."""
     if graph is not None and CPU_LLVM_AVAILABLE:
         for planner in PLANNERS:
-            found = planner(eqn, graph, compile)
+            found = planner(eqn, graph, compile, lower)
             if found is not None:
                 return found
-    return plan_propagate(eqn, graph, compile=compile, held=held)
+    return plan_propagate(eqn, graph, compile=compile, held=held, lower=lower)
 
 
-def plan(eqn, graph, *, compile: bool = True, held=None):
+def plan(eqn, graph, *, lower, compile: bool = True, held=None):
     """The plan of one propagate on the selected backend, or a Fallback naming why the
     reference interpreter runs it (`graph` None: decided from the relation's type; `held`:
     the Kernel op the call's Task module holds for the equation, the cpu-llvm launch when
-    it fits the binding)."""
+    it fits the binding; `lower`: the executor's Lowering, for the kernels the Task module
+    does not hold)."""
     if selected_backend() in TRITON_BACKENDS:
-        return backend_plan(eqn, graph, compile=compile)
+        return backend_plan(eqn, graph, compile=compile, lower=lower)
     if not compile or graph is None:
-        return plan_cpu(eqn, graph, compile=compile)
+        return plan_cpu(eqn, graph, compile=compile, lower=lower)
     threads = num_threads()
     per_eqn = _WARM.get(eqn)
     found = per_eqn.get(id(graph)) if per_eqn is not None else None
     if found is not None and found[0]() is graph and found[1] == threads and \
             CACHE.current(found[2]):
         return found[2]
-    route = plan_cpu(eqn, graph, held=held)
+    route = plan_cpu(eqn, graph, held=held, lower=lower)
     # (a generated relation changes route once it is materialised: planned every call)
     if isinstance(route, Executable) and \
             getattr(graph, "kind", None) not in generated.GENERATED_KINDS:

@@ -1,6 +1,11 @@
 """runtime: choose a route per propagate equation, run the program, and explain the choice.
 
-A call runs its program's Task IR (tasks.py). Each `propagate` (top level or inside a
+The executor is the one place the runtime asks lower/pipeline for IR (`LOWERING`): the
+program's Task module, a propagate's scheduled Kernel op over a bound relation type, and the
+one-page Task module of a paged or distributed propagate. Planners, plans and the interpreter
+receive those functions as data from the executor's calls; none of them lowers.
+
+A call runs its program's Task IR (interpreter.py). Each `propagate` (top level or inside a
 repeat/while body) runs as a fused cpu-llvm kernel when its edge function, reducer and update
 compile, otherwise on the reference interpreter with the reason recorded. Every other
 equation runs on the numpy impl rules (tensor code outside propagate is not compiled yet);
@@ -10,27 +15,30 @@ back before anything runs.
 """
 from __future__ import annotations
 
+import hashlib
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 
 from ..core.check import check_program
 from ..core.config import config
-from ..core.errors import ProgramError, UnsupportedError
+from ..core.errors import ProgramError, TigaError, UnsupportedError
 from ..core.eval import eval_program, host_array, on_device
 from ..core.graph import Graph
 from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
-from ..core.program import GraphProgram, Lit
+from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import GraphType
 from ..lower.backends import selected_backend
-from ..lower.pipeline import quiet_dumps
+from ..lower.pipeline import lower, lower_launch, quiet_dumps
 from .backend_table import plan
 from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
-from .backends.cpu.propagate import Fallback, run_propagate
+from .backends.cpu.propagate import Fallback, equation_text, run_propagate
 from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
@@ -45,12 +53,98 @@ from .interpreter import (
 )
 from .paging.degrees import paged_degrees
 from .paging.resident import plan_resident
+from .paging.run import task_ir
 from .routes import describe_program
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
 
 GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
+
+
+# ---- lowering: the runtime asks lower/pipeline here only -----------------------------------
+
+def task_module(program: GraphProgram, name: str):
+    """The Task module of `program` (the interpreter's lifted program) through every stage;
+    raises what the pipeline raises (the interpreter records it as a NoWalk). Its Kernel IR is
+    dumped here when its launches are the kernels that run: the generic propagate kernel
+    renders the op the Task module holds; a specialised walk (paged, radius/knn, attention)
+    runs the kernel `kernel_op` lowers for the relation it binds, and that is dumped there."""
+    dump = ("domain", "iter", "kernel", "task") if _generic(program) else \
+        ("domain", "iter", "task")
+    return lower(program, until="task", name=name, dump=dump)
+
+
+SPECIALISED_KINDS = ("radius", "knn", "paged")
+
+
+def _generic(program: GraphProgram) -> bool:
+    """Every propagate of `program` runs the generic fused kernel (no specialised walk)."""
+    from ..lower.attention_walk import claim_attention
+    for e in program.eqns:
+        if e.primitive is propagate_p:
+            kind = e.inputs[0].type.kind
+            if kind in SPECIALISED_KINDS or claim_attention(
+                    kind, e.params, [a.type for a in e.inputs[1:]]) is not None:
+                return False
+    return True
+
+
+def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | None = None):
+    """The scheduled `gf_kernel.launch` of one propagate over a relation of type
+    `relation_type` (None: the equation's) for `target`, through the pipeline's Kernel stage
+    (TIGA_DUMP writes that IR here, once per kernel and pool size: a schedule may depend on
+    static sizes). Memoised per (equation, relation type, target, pool size); an equation the
+    IR stages do not express raises the pipeline's TigaError (memoised too)."""
+    gtype = eqn.inputs[0].type if relation_type is None else relation_type
+    at = (num_threads(), gtype, target)
+    per_eqn = _KERNEL_OPS.get(eqn)
+    found = per_eqn.get(at) if per_eqn is not None else None
+    if found is None:
+        if name is None:
+            digest = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
+            name = f"propagate_{digest[:16]}"
+        try:
+            found = lower_launch(eqn, gtype, name=name, target=target)
+        except TigaError as exc:
+            found = exc
+        _KERNEL_OPS.setdefault(eqn, {})[at] = found
+    if isinstance(found, TigaError):
+        raise found.with_traceback(None)
+    return found
+
+
+def page_module(eqn, name: str = "paged"):
+    """The Task IR of `eqn` over a CSR relation: what one page of a paged run and one rank's
+    launches of a distributed run execute (their plans unroll it), memoised per equation."""
+    found = _PAGE_MODULES.get(eqn)
+    if found is None:
+        binders = [Var(a.type) for a in eqn.inputs]
+        binders[0] = Var(replace(eqn.inputs[0].type, kind="csr"))
+        outs = [Var(v.type) for v in eqn.outputs]
+        program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
+                                             tuple(outs))], outs)
+        found = _PAGE_MODULES[eqn] = lower(program, until="task", name=name)
+    return found
+
+
+# eqn -> {(pool threads, relation type, target): launch op or the TigaError lowering raised}
+_KERNEL_OPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PAGE_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> TaskModule
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """What the interpreter, planners and plans ask of lower/pipeline, handed down by the
+    executor's calls (nothing below the executor imports it): `task(program, name)`,
+    `kernel(eqn, relation_type=None, target=..., name=...)` and `page(eqn, name)` above."""
+
+    task: Callable
+    kernel: Callable
+    page: Callable
+
+
+LOWERING = Lowering(task_module, kernel_op, page_module)
 
 
 def _graph_of(eqn, env_or_args):
@@ -69,7 +163,7 @@ def plan_routes(program: GraphProgram, args: list) -> dict:
     routes = {}
     for eqn in program.eqns:
         if eqn.primitive is propagate_p:
-            routes[id(eqn)] = plan(eqn, _graph_of(eqn, known))
+            routes[id(eqn)] = plan(eqn, _graph_of(eqn, known), lower=LOWERING)
     return routes
 
 
@@ -104,7 +198,7 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
 
 def _routed(program: GraphProgram, args: list) -> list:
     if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
-        return run_distributed(program, list(args))
+        return run_distributed(program, list(args), LOWERING)
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
         return _run(program, list(args))
@@ -116,7 +210,7 @@ def _run(program: GraphProgram, args: list) -> list:
     """The program's Task IR interpreted with this runtime's rules for compiled propagates
     and loops (eval_program with the same rules when the IR does not express it)."""
     overrides = OVERRIDES
-    walk = task_walk(program)
+    walk = task_walk(program, task_module)
     generates = walk.generates if isinstance(walk, TaskWalk) else \
         bool(generated_relations(program))
     if config.strict or generates:
@@ -180,7 +274,7 @@ def _prepared_launch(walk: TaskWalk, eqn, graph):
     kind = getattr(graph, "kind", None)
     if kind in GENERATED or kind == "paged" or kind is None:
         return None
-    route = plan(eqn, graph, held=walk.launches.get(id(eqn)))
+    route = plan(eqn, graph, held=walk.launches.get(id(eqn)), lower=LOWERING)
     if isinstance(route, Fallback):
         return None
     launch = prepare(route, eqn, graph)
@@ -219,14 +313,15 @@ def _propagate(routes, launches, eqn, vals):
     relation value, from the Kernel op `launches` holds for it), or by pages when its
     disk-tier fields and result would not fit the host budget; None: the reference impl
     rule runs it."""
-    paged = plan_resident(eqn, vals[0], vals[1:])    # fields over the host budget: by pages
+    # fields over the host budget: by pages
+    paged = plan_resident(eqn, vals[0], vals[1:], LOWERING)
     if paged is not None:
         return paged.run(eqn, vals[0], vals[1:])
     route = routes.get(id(eqn)) if routes is not None else None
     if route is None or (isinstance(route, Fallback) and
                          getattr(vals[0], "kind", None) in GENERATED):
         # (a relation generated inside the program is concrete only now)
-        route = plan(eqn, vals[0], held=launches.get(id(eqn)))
+        route = plan(eqn, vals[0], held=launches.get(id(eqn)), lower=LOWERING)
     if isinstance(route, Fallback):
         return None
     return run_propagate(route, eqn, vals[0], vals[1:])
@@ -256,8 +351,8 @@ def _degrees(eqn, vals):
     kind = getattr(vals[0], "kind", None)
     if kind not in GENERATED and kind != "paged":
         return None
-    count = paged_degrees if kind == "paged" else fused_degrees
-    deg = count(vals[0], eqn.params["by"])
+    deg = paged_degrees(vals[0], eqn.params["by"]) if kind == "paged" else \
+        fused_degrees(vals[0], eqn.params["by"], LOWERING)
     return None if deg is None else [deg]
 
 
@@ -280,8 +375,15 @@ def explain_program(program: GraphProgram, args: list) -> Explanation:
     with quiet_dumps():
         if distributed_call(program, args):
             from .distributed.report import explain_distributed
-            return explain_distributed(program, args, CACHE)
-        return describe_program(program, args, CACHE)
+            return explain_distributed(program, args, CACHE, LOWERING)
+        return describe_program(program, args, CACHE, LOWERING)
 
 
-__all__ = ["execute", "explain_program", "select_route", "plan_routes", "NUMPY_NOTE"]
+def paged_task_ir(program: GraphProgram, args: list) -> str | None:
+    """The page plan a call of `program` runs when it is one propagate over a paged relation
+    (what ir("task") prints for it), else None."""
+    return task_ir(program, args, LOWERING)
+
+
+__all__ = ["execute", "explain_program", "select_route", "plan_routes", "NUMPY_NOTE",
+           "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir"]

@@ -1,7 +1,8 @@
 """runtime: run a program by interpreting its Task IR.
 
-`task_walk(program)` lowers the program once through every stage to its Task module (one page,
-one rank: lower/passes/plan_distributed_tasks) and pairs each op with what runs it:
+`task_walk(program, module_of)` pairs each op of the program's Task module (one page, one rank:
+lower/passes/plan_distributed_tasks) with what runs it. The module comes from `module_of`, the
+executor's lowering (this module never lowers), once per program:
 
     gf_storage.transfer  an argument made ready on the host tier: as numpy, or a disk-tier
                          tensor left lazy (a paged route reads it page by page)
@@ -62,13 +63,14 @@ class NoWalk:
     reason: str
 
 
-def task_walk(program: GraphProgram) -> TaskWalk | NoWalk:
+def task_walk(program: GraphProgram, module_of) -> TaskWalk | NoWalk:
     """The walk of `program`, built once per program object (programs come from the call
-    cache, so a warm call finds its walk here)."""
+    cache, so a warm call finds its walk here); `module_of(program, name)`: the Task module
+    of a program, the executor's lowering, asked only when the walk is built."""
     entry = _WALKS.get(id(program))
     if entry is not None and entry[0]() is program:
         return entry[1]
-    found = _build(program)
+    found = _build(program, module_of)
     key = id(program)
     # (keyed by identity: equal programs hold different Vars, and the steps hold this one's)
     _WALKS[key] = (weakref.ref(program, lambda _, key=key: _WALKS.pop(key, None)), found)
@@ -84,16 +86,10 @@ def module_name(program: GraphProgram) -> str:
     return "program_" + hashlib.sha256(str(program).encode()).hexdigest()[:16]
 
 
-def _build(program: GraphProgram) -> TaskWalk | NoWalk:
-    from ..lower.pipeline import lower
+def _build(program: GraphProgram, module_of) -> TaskWalk | NoWalk:
     threads = num_threads()      # (what the schedule pass reads: read before it runs)
     try:
-        # (its Kernel IR is dumped here when its launches are the kernels that run: the
-        # generic propagate kernel renders the op the Task module holds; specialised walks
-        # (paged, radius/knn, attention) lower and dump their own where they bind it)
-        dump = ("domain", "iter", "kernel", "task") if _generic(program) else \
-            ("domain", "iter", "task")
-        module = lower(_lifted(program), until="task", name=module_name(program), dump=dump)
+        module = module_of(_lifted(program), module_name(program))
     except TigaError as exc:
         return NoWalk(f"the IR stages do not express this program ({exc})")
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
@@ -112,21 +108,6 @@ def _build(program: GraphProgram) -> TaskWalk | NoWalk:
                     any(_has_dim(p) for e in program.eqns for p in e.params.values()),
                     launches, threads, any(e.primitive.name in ("radius", "knn")
                                            for e in program.eqns))
-
-
-SPECIALISED_KINDS = ("radius", "knn", "paged")
-
-
-def _generic(program: GraphProgram) -> bool:
-    """Every propagate of `program` runs the generic fused kernel (no specialised walk)."""
-    from ..lower.attention_walk import claim_attention
-    for e in program.eqns:
-        if e.primitive is propagate_p:
-            kind = e.inputs[0].type.kind
-            if kind in SPECIALISED_KINDS or claim_attention(
-                    kind, e.params, [a.type for a in e.inputs[1:]]) is not None:
-                return False
-    return True
 
 
 # Array literals above this many elements enter the Task IR as arguments (transferred like

@@ -1,7 +1,9 @@
 """runtime: explain() for a program: route per propagate, traversal, schedule, bytes, cache.
 
 Nothing is compiled or run here: a propagate's support is decided by generating its code
-(cheap), and the cache is only looked up.
+(cheap), and the cache is only looked up. The IR it reads (the program's Task module, a
+kernel's launch, a page plan) comes from `lower`, the executor's Lowering, under explain's
+quiet dumps.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a p
              "edges")
 
 
-def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
+def describe_program(program: GraphProgram, args: list, cache, lower) -> Explanation:
     given = {id(v): a for v, a in zip(program.in_binders, args)}
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
     known.update(generated_relations(program))   # radius/knn generated in the program
@@ -49,7 +51,7 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
                      program=str(program))
     compiled = fallen = 0
     for eqn, graph, where in _propagates(program, known, ""):
-        found = plan(eqn, graph, compile=False)
+        found = plan(eqn, graph, compile=False, lower=lower)
         if getattr(found, "lazy_fields", False):    # paged: its plan reads the fields' tiers
             compiled += 1
             found.describe(ex, eqn, graph, where, [given.get(id(a)) for a in eqn.inputs[1:]])
@@ -63,7 +65,8 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
         else:
             compiled += 1
             typed = isinstance(graph, GeneratedType)   # concrete only at the call
-            _explain_compiled(ex, eqn, None if typed else graph, cache.status(found), where)
+            _explain_compiled(ex, eqn, None if typed else graph, cache.status(found), where,
+                              lower)
             last = measured("paged", graph) \
                 if getattr(graph, "kind", None) in RESIDENT_KINDS else None
             if last is not None:
@@ -87,8 +90,9 @@ def describe_program(program: GraphProgram, args: list, cache) -> Explanation:
         ex.reason += (f"; {', '.join(loops)} steps run in the executor, so the propagates in "
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
-    paged = call_plan(program, args)     # one paged propagate: its page plan is the Task IR
-    ex.tasks = describe_plan(paged) if paged is not None else describe_walk(task_walk(program))
+    paged = call_plan(program, args, lower)   # one paged propagate: its page plan is the Task IR
+    ex.tasks = describe_plan(paged) if paged is not None else \
+        describe_walk(task_walk(program, lower.task))
     ex.vjp_route = VJP_ROUTE
     stats = cache.stats.as_dict()
     ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
@@ -139,10 +143,10 @@ def _summarise(ex, compiled, fallen, others) -> None:
         ex.reason += f"; other equations ({', '.join(others)}) run on the numpy impl rules"
 
 
-def _explain_compiled(ex, eqn, graph, status: str, where: str) -> None:
+def _explain_compiled(ex, eqn, graph, status: str, where: str, lower) -> None:
     p = eqn.params
     kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
-    op = launch_op(eqn, graph)    # the scheduled Kernel IR the kernel renders and runs by
+    op = launch_op(eqn, graph, lower)   # the scheduled Kernel IR the kernel renders and runs by
     ex.routes.append((op.schedule.target if op is not None else "cpu-llvm",
                       f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
                       "compiles"))

@@ -1,8 +1,9 @@
 """runtime/distributed: the per-call plan of a propagate over a DistributedGraph, as Task IR.
 
 The plan is the one-launch Task IR of the propagate (the same lowering as any program, the
-kernel region every launch runs), expanded over this rank's halo plan. Row numbers are the
-rank's local ones: owned rows [0, n_owned) (interior rows first), then the ghost rows.
+kernel region every launch runs; the executor's Lowering gives it, `lower.page`), expanded
+over this rank's halo plan. Row numbers are the rank's local ones: owned rows [0, n_owned)
+(interior rows first), then the ghost rows.
 
 Grouped by destination (`halo_module`, overlapped):
 
@@ -34,7 +35,6 @@ from ...core.config import config
 from ...lower.ir.base import Region, Value
 from ...lower.ir.syntax import EVENT
 from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
-from ..paging.plan import one_page_module
 
 NAME = "distributed"
 
@@ -54,8 +54,9 @@ def exchanged(eqn) -> dict:
     return out
 
 
-def task_module(eqn, dg) -> TaskModule:
-    """The plan of `eqn` over `dg` (cached on the graph per equation and schedule)."""
+def task_module(eqn, dg, lower) -> TaskModule:
+    """The plan of `eqn` over `dg` (cached on the graph per equation and schedule); `lower`:
+    the executor's Lowering, whose one-page Task module (`lower.page`) the plan unrolls."""
     plans = dg.task_plans.get(eqn)
     if plans is None:
         plans = dg.task_plans[eqn] = {}
@@ -63,15 +64,15 @@ def task_module(eqn, dg) -> TaskModule:
     module = plans.get(key)
     if module is None:
         build = halo_module if key is not None else exchange_module
-        module = plans[key] = build(eqn, dg)
+        module = plans[key] = build(eqn, dg, lower)
         if config.check:
             module.verify()
     return module
 
 
 class _Builder:
-    def __init__(self, eqn, dg):
-        base = one_page_module(eqn, NAME)
+    def __init__(self, eqn, dg, lower):
+        base = lower.page(eqn, NAME)
         self.task = next(op for op in base.body.ops if isinstance(op, TaskLaunchOp))
         self.args = base.body.args
         self.dg, self.plan = dg, dg.plan
@@ -127,9 +128,9 @@ class _Builder:
         return TaskModule(NAME, Region(self.args, tuple(self.ops), tuple(self.results)))
 
 
-def halo_module(eqn, dg) -> TaskModule:
+def halo_module(eqn, dg, lower) -> TaskModule:
     """Destination-grouped: halo transfers, interior launches, boundary launch."""
-    b = _Builder(eqn, dg)
+    b = _Builder(eqn, dg, lower)
     p = dg.plan
     b.transfers()
     first = ()
@@ -151,10 +152,10 @@ def halo_module(eqn, dg) -> TaskModule:
     return b.finish()
 
 
-def exchange_module(eqn, dg) -> TaskModule:
+def exchange_module(eqn, dg, lower) -> TaskModule:
     """Grouped by source (or edge): exchange, one launch over owned + ghost rows; a source
     grouping sends the ghost rows of its result back to their owners, who add them."""
-    b = _Builder(eqn, dg)
+    b = _Builder(eqn, dg, lower)
     p = dg.plan
     b.transfers()
     deps = ()

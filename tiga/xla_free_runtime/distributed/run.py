@@ -62,7 +62,9 @@ def _literal_graphs(program: GraphProgram) -> list:
     return found
 
 
-def run_distributed(program: GraphProgram, args: list) -> list:
+def run_distributed(program: GraphProgram, args: list, lower) -> list:
+    """Run `program` over its DistributedGraph(s) on this rank; `lower`: the executor's
+    Lowering (the one-page Task module the halo plans unroll, the kernels' launches)."""
     graphs = _graphs(list(args) + _literal_graphs(program))
     for dg in graphs:
         if dg.broken:
@@ -70,7 +72,7 @@ def run_distributed(program: GraphProgram, args: list) -> list:
                                    f"failed earlier ({dg.broken}); partition again")
         _agree(dg, program, args)
     try:
-        return _Runner(graphs[0]).run(program, list(args))
+        return _Runner(graphs[0], lower).run(program, list(args))
     except DistributedError as exc:
         for dg in graphs:
             dg.broken = str(exc)
@@ -117,8 +119,8 @@ def _structure(program: GraphProgram) -> tuple:
 
 
 class _Runner:
-    def __init__(self, dg: DistributedGraph):
-        self.dg = dg
+    def __init__(self, dg: DistributedGraph, lower):
+        self.dg, self.lower = dg, lower
 
     def run(self, program: GraphProgram, args: list) -> list:
         env: dict = {}
@@ -141,8 +143,8 @@ class _Runner:
         prim = eqn.primitive
         if prim is propagate_p:
             if is_distributed(vals[0]):
-                return propagate(eqn, vals[0], vals[1:])
-            return launch(eqn, vals[0], vals[1:])
+                return propagate(eqn, vals[0], vals[1:], self.lower)
+            return launch(eqn, vals[0], vals[1:], self.lower)
         if prim is repeat_p:
             return run_repeat(self.call, vals, **eqn.params)
         if prim is while_loop_p:
@@ -171,7 +173,7 @@ class _Runner:
         return call
 
 
-def launch(eqn, graph, values: list, outs: list | None = None) -> list:
+def launch(eqn, graph, values: list, lower, outs: list | None = None) -> list:
     """The equation on one (local, concrete) relation: the compiled kernel, else the
     reference interpreter (strict mode refuses that). The kernel writes into `outs` (row
     ranges of the whole result) when given and they fit; the caller copies otherwise."""
@@ -180,7 +182,7 @@ def launch(eqn, graph, values: list, outs: list | None = None) -> list:
         lead = 0
         return [np.zeros((lead,) + tuple(v.type.shape[1:]), v.type.dtype.np)
                 for v in eqn.outputs]
-    route = plan_propagate(eqn, graph)
+    route = plan_propagate(eqn, graph, lower=lower)
     if isinstance(route, Fallback):
         if config.strict:
             raise UnsupportedError(f"strict mode: a distributed propagate would fall back to "
@@ -205,14 +207,14 @@ def _rows(eqn, fields: list, rows: tuple, edges: tuple) -> list:
     return out
 
 
-def propagate(eqn, dg: DistributedGraph, fields: list) -> list:
+def propagate(eqn, dg: DistributedGraph, fields: list, lower) -> list:
     """Walk the equation's Task-IR plan (plan.py) on this call's fields."""
     r = eqn.params["reducer"]
     if eqn.params["reduce_by"] == "src" and not (r.builtin and r.name == "sum"):
         raise UnsupportedError(f"a source-grouped {r.name} propagate over a "
                                "DistributedGraph: ghost rows can only be added back",
                                hint="use tg.sum() (VJP source cotangents are sums)")
-    return _Walk(eqn, dg, fields, task_module(eqn, dg)).run()
+    return _Walk(eqn, dg, fields, task_module(eqn, dg, lower), lower).run()
 
 
 class _Walk:
@@ -221,8 +223,9 @@ class _Walk:
     the kernel over their rows and test the transfers in flight (MPI progresses only
     inside MPI calls), writes store rows of the result, joins wait."""
 
-    def __init__(self, eqn, dg: DistributedGraph, fields: list, module):
+    def __init__(self, eqn, dg: DistributedGraph, fields: list, module, lower):
         self.eqn, self.dg, self.fields, self.module = eqn, dg, list(fields), module
+        self.lower = lower
         self.by = eqn.params["reduce_by"]
         self.position = {v.name: i - 1 for i, v in enumerate(module.body.args)}
         self.supply = exchanged(eqn)
@@ -311,7 +314,7 @@ class _Walk:
         else:
             graph, fields, into = self.dg.full, self._sources(True), None
         t0 = time.perf_counter()
-        got = launch(self.eqn, graph, fields, into)
+        got = launch(self.eqn, graph, fields, self.lower, into)
         self.seconds["boundary" if op.task_kind == "boundary" else "interior"] += \
             time.perf_counter() - t0
         for j, (v, g) in enumerate(zip(op.results[:-1], got)):

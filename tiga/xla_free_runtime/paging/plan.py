@@ -1,7 +1,8 @@
 """runtime: the page plan of a paged propagate as a Task-IR module, and its walk.
 
 The plan is the one-page Task IR of the kernel that runs on every page (the propagate over a
-CSR relation, lowered through the same stages as any program), unrolled over the pages:
+CSR relation, lowered through the same stages as any program by the executor's Lowering,
+`lower.page`, handed to `page_module`), unrolled over the pages:
 
     per page k:  gf_storage.transfer  relation rows [a, b) (disk -> host, kind "page")
                  gf_storage.transfer  each field: its rows (kind "page"), or the distinct
@@ -18,39 +19,22 @@ Page buffers are private to their page and freed when its write has run.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
-from ...core.program import Eqn, GraphProgram, Var
 from ...lower.ir.base import Region, Value
 from ...lower.ir.kernel import LaunchOp
 from ...lower.ir.syntax import EVENT
 from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
 
-_BASE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> one-page module
-
-
-def one_page_module(eqn, name: str = "paged") -> TaskModule:
-    """The Task IR of `eqn` over a CSR relation (what a page runs), memoised per equation."""
-    from ...lower.pipeline import lower
-    base = _BASE.get(eqn)
-    if base is None:
-        binders = [Var(a.type) for a in eqn.inputs]
-        binders[0] = Var(dataclasses.replace(eqn.inputs[0].type, kind="csr"))
-        outs = [Var(v.type) for v in eqn.outputs]
-        program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
-                                             tuple(outs))], outs)
-        base = _BASE[eqn] = lower(program, until="task", name=name)
-    return base
-
 
 def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
                 relation_tier: str = "disk", name: str = "paged",
-                threads: int | None = None) -> TaskModule:
+                threads: int | None = None, *, lower) -> TaskModule:
     """The page plan: `roles` are the propagate's field roles (as called, not swapped),
     `tiers` each field's tier ("host", "disk" or "param"), `relation_tier` where the
     relation's rows are read from (a store on disk, a relation held in memory), `threads`
-    the threads a page's kernel runs on (the loaders take the other cores)."""
-    base = one_page_module(walk.eqn, name)
+    the threads a page's kernel runs on (the loaders take the other cores), `lower` the
+    executor's Lowering (its `page(eqn, name)`: the one-page Task module, memoised there)."""
+    base = lower.page(walk.eqn, name)
     task = next(op for op in base.body.ops if isinstance(op, TaskLaunchOp))
     if threads is not None:
         task = _with_threads(task, threads)
@@ -164,4 +148,4 @@ def steps(module: TaskModule) -> list:
     return [pages[k] for k in sorted(pages)]
 
 
-__all__ = ["page_module", "one_page_module", "steps", "kernel_launch", "describe_plan"]
+__all__ = ["page_module", "steps", "kernel_launch", "describe_plan"]

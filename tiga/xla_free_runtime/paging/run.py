@@ -9,7 +9,9 @@ to a host array (the kernel writes them in place), or to a disk tensor when the 
 would not fit the host budget. Prefetch threads load the next pages while one computes (a
 bounded queue of two pages, reused page buffers: page_buffers). The plan is Task IR
 (paging_plan: one transfer per page and operand, one gf_task.launch and one write per page)
-and _PagedRun interprets it; explain() prints the pages with the last run's measurements.
+and _PagedRun interprets it; the plan holds the executor's Lowering (`lower`), which gives
+the one-page Task module and the page kernel's launch (nothing here lowers); explain()
+prints the pages with the last run's measurements.
 """
 from __future__ import annotations
 
@@ -183,13 +185,14 @@ class PagedPlan:
 
     lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
 
-    def __init__(self, reader=None):
+    def __init__(self, lower, reader=None):
+        self.lower = lower        # the executor's Lowering
         self.reader = reader      # None: the store version of a paged relation
 
     def run(self, eqn, graph, values) -> list:
         walk = walk_of(eqn, graph, reader=self.reader)
         if walk is None:
-            return _materialised(eqn, graph, values)
+            return _materialised(eqn, graph, values, self.lower)
         _check_lengths(eqn, graph, values)
         rows = sc.page_rows()
         key = (str(walk.reader.vdir), walk.rows, rows)     # the stored relation is immutable
@@ -197,7 +200,7 @@ class PagedPlan:
         if tasks is None:
             tasks = graph.params["page_tasks"][key] = page_tasks(
                 walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
-        run = _PagedRun(eqn, graph, values, walk, tasks)
+        run = _PagedRun(eqn, graph, values, walk, tasks, self.lower)
         outs = run.execute()
         record("paged", graph, dataclasses.replace(run.stats, module=run.module))
         return outs
@@ -216,14 +219,14 @@ class PagedPlan:
                                     f"reduce_by={p['reduce_by']!r} is not paged"))
             return
         walk = walk_of(eqn, graph, build=False)
-        module = plan_of(eqn, graph, values or [None] * len(p["roles"]), walk)
+        module = plan_of(eqn, graph, values or [None] * len(p["roles"]), self.lower, walk)
         pages = sum(isinstance(op, TaskLaunchOp) for op in module.body.ops)
         if p["reduce_by"] == "src":
             ex.traversal.append("paged: grouped by source, pages walk the transposed CSR "
                                 "stored beside the relation (built once, out of core, into a "
                                 "new store version when missing)")
         kind = "source" if p["reduce_by"] == "src" else "destination"
-        fallback = _page_fallback(walk)
+        fallback = _page_fallback(walk, self.lower)
         ex.routes.append(("paged", what, f"{pages} page(s) of {sc.page_rows()} {kind} rows "
                           f"from store {graph.params['path']} (version "
                           f"{graph.params['version']}); per page: read the CSR rows, gather "
@@ -243,12 +246,12 @@ class PagedPlan:
                             f"paged: run {NOT_RUN}")
 
 
-def _page_fallback(walk: Walk) -> str | None:
+def _page_fallback(walk: Walk, lower) -> str | None:
     """Why a page's kernel would run on the reference interpreter, or None (it compiles)."""
     eqn = walk.eqn
     csr = Var(dataclasses.replace(eqn.inputs[0].type, kind="csr"))
     found = plan_propagate(dataclasses.replace(eqn, inputs=(csr,) + tuple(eqn.inputs[1:])),
-                           None, compile=False)
+                           None, compile=False, lower=lower)
     return found.reason if isinstance(found, Fallback) else None
 
 
@@ -318,13 +321,13 @@ def _swapped(eqn):
         p, roles=tuple(flip.get(r, r) for r in p["roles"]), reduce_by="dst"))
 
 
-def _materialised(eqn, graph, values) -> list:
+def _materialised(eqn, graph, values, lower) -> list:
     """Groupings a page cannot complete (by source, all edges): the in-memory route on the
     whole stored CSR."""
     rp, ci = graph.resolve_csr()
     mem = Graph.from_csr(rp, ci, num_src=graph.num_src, validate="none", copy=False)
     vals = [np.asarray(v) for v in values]
-    route = plan_propagate(eqn, mem)
+    route = plan_propagate(eqn, mem, lower=lower)
     if isinstance(route, Fallback):
         return impl_rules[propagate_p](mem, *vals, **eqn.params)
     return run_propagate(route, eqn, mem, vals)
@@ -333,8 +336,9 @@ def _materialised(eqn, graph, values) -> list:
 class _PagedRun:
     """One paged execution: a prefetch thread loads pages, this thread computes them."""
 
-    def __init__(self, eqn, graph, values, walk: Walk, tasks):
+    def __init__(self, eqn, graph, values, walk: Walk, tasks, lower):
         self.eqn, self.graph, self.walk, self.tasks = eqn, graph, walk, tasks
+        self.lower = lower
         self.reader = walk.reader
         self.roles = eqn.params["roles"]
         self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
@@ -493,7 +497,7 @@ class _PagedRun:
         n, self.kernel_threads = page_threads(self.walk, len(self.tasks))
         self.module = paging_plan.page_module(self.walk, self.tasks, self.roles, tiers,
                                               self.stats.result_tier, _tier(self.reader),
-                                              threads=self.kernel_threads)
+                                              threads=self.kernel_threads, lower=self.lower)
         if config.check:
             self.module.verify()
         self.plan = paging_plan.steps(self.module)
@@ -553,7 +557,7 @@ class _PagedRun:
         try:
             t0 = time.perf_counter()
             eqn = self.walk.eqn
-            route = plan_propagate(eqn, page)
+            route = plan_propagate(eqn, page, lower=self.lower)
             if isinstance(route, Fallback):
                 res = impl_rules[propagate_p](page, *vals, **eqn.params)
             else:
@@ -651,7 +655,7 @@ def page_threads(walk: Walk, pages: int) -> tuple:
     return n, max(1, num_threads() - n)
 
 
-def plan_of(eqn, graph, values: list, walk: Walk | None = None):
+def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None):
     """The page plan (Task module) a call of `eqn` over the paged relation `graph` with
     these field values runs, as _PagedRun builds it; None when the call reads the CSR whole.
     Builds nothing: a walk by source whose transposed relation is not built yet shows its
@@ -669,23 +673,23 @@ def plan_of(eqn, graph, values: list, walk: Walk | None = None):
     tasks = page_tasks(n, bounds, rows)
     return paging_plan.page_module(walk, tasks, eqn.params["roles"], tiers,
                                    "disk" if on_disk else "host",
-                                   threads=page_threads(walk, len(tasks))[1])
+                                   threads=page_threads(walk, len(tasks))[1], lower=lower)
 
 
-def call_plan(program, args: list):
+def call_plan(program, args: list, lower):
     """The page plan of a call of `program` when it is one propagate over a paged relation
     (what ir("task") prints for it, and explain() counts), else None."""
     eqns = program.eqns
     if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
             getattr(args[0] if args else None, "kind", None) != "paged":
         return None
-    return plan_of(eqns[0], args[0], list(args[1:]))
+    return plan_of(eqns[0], args[0], list(args[1:]), lower)
 
 
-def task_ir(program, args: list) -> str | None:
+def task_ir(program, args: list, lower) -> str | None:
     """The Task IR a call of `program` runs when it is one propagate over a paged relation
     (the page plan, as _PagedRun interprets it), else None."""
-    module = call_plan(program, args)
+    module = call_plan(program, args, lower)
     return None if module is None else str(module)
 
 
@@ -697,11 +701,11 @@ def _discard(outs) -> None:
             tensor._charge.credit()
 
 
-def plan_paged(eqn, graph):
+def plan_paged(eqn, graph, lower):
     """The route of a propagate over a stored ("paged") relation, or None (not paged)."""
     if getattr(graph, "kind", None) != "paged":
         return None
-    return PagedPlan()
+    return PagedPlan(lower)
 
 
 __all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "call_plan", "plan_of", "PageTask",

@@ -67,13 +67,14 @@ def row_ranges(graph) -> tuple:
     return found
 
 
-def plan_attention(eqn, graph, compile: bool):
-    """The tiled attention route (a launch.PLANNERS entry), or None: not attention."""
+def plan_attention(eqn, graph, compile: bool, lower):
+    """The tiled attention route (a backend_table.PLANNERS entry), or None: not attention;
+    `lower`: the executor's Lowering, asked for the launch the plan keeps."""
     # the Iter stage's predicate (lower/attention_walk.py): what it claims lowers to an
     # attention-tiles launch (attention_launch), and that is what runs here
     found = claim_attention(getattr(graph, "kind", None), eqn.params,
                             [a.type for a in eqn.inputs[1:]])
-    return None if found is None else AttentionPlan(*found)
+    return None if found is None else AttentionPlan(*found, attention_launch(eqn, lower))
 
 
 # The scheduled `gf_kernel.launch` of each claimed equation (TIGA_DUMP writes it when it is
@@ -83,23 +84,22 @@ _EQN_LAUNCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LAUNCHES: dict = {}    # (types, threads) -> launch op: a memo derived from types
 
 
-def attention_launch(eqn):
-    """The attention-tiles launch this equation runs by: its schedule's tiles are the
-    kernels' tile sizes, and explain() prints its attributes."""
+def attention_launch(eqn, lower):
+    """The attention-tiles launch this equation runs by (lowered by `lower`, the executor's
+    Lowering, when no equation of its structure has been at this pool size): its schedule's
+    tiles are the kernels' tile sizes, and explain() prints its attributes."""
     threads = num_threads()
     per_eqn = _EQN_LAUNCH.get(eqn)
     found = per_eqn.get(threads) if per_eqn is not None else None
     if found is not None:
         return found
-    from ....lower.pipeline import lower_launch
-
     p = eqn.params
     key = (p["edge_fn"].structure_key(), repr(p["reducer"]._key()), p["roles"], p["names"],
            p["reduce_by"], tuple(a.type for a in eqn.inputs),
            tuple(v.type for v in eqn.outputs), threads)
     found = _LAUNCHES.get(key)
     if found is None:
-        found = lower_launch(eqn, name=f"attention_{len(_LAUNCHES)}")
+        found = lower.kernel(eqn, name=f"attention_{len(_LAUNCHES)}")
         if len(_LAUNCHES) >= 256:
             _LAUNCHES.pop(next(iter(_LAUNCHES)))
         _LAUNCHES[key] = found
@@ -137,12 +137,12 @@ def _rows_heads(x: np.ndarray, heads: bool) -> np.ndarray:
 class AttentionPlan:
     """One claimed propagate: the forward or one canonical VJP propagate."""
 
-    def __init__(self, kind: str, pattern):
+    def __init__(self, kind: str, pattern, launch):
         self.kind, self.pattern = kind, pattern
+        self.launch = launch      # the scheduled attention-tiles launch (resolved at plan)
 
     # ---- run --------------------------------------------------------------------------
     def run(self, eqn, graph, values):
-        attention_launch(eqn)     # (memoised; lowering it writes TIGA_DUMP, whatever runs)
         lo, hi = row_ranges(graph)
         if self.kind == "forward":
             return self._forward(eqn, graph, values, lo, hi)
@@ -180,7 +180,7 @@ class AttentionPlan:
         # may not be (a NaN, inf or overflow-prone operand), the NaN-safe tiles redo the call
         if prune is None and n > 0 and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and \
                 _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top,
-                                mass, lo, hi, scale, attention_launch(eqn)):
+                                mass, lo, hi, scale, self.launch):
             STATS["native_calls"] += 1
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
@@ -213,7 +213,7 @@ class AttentionPlan:
             # dq alone (no dk, dv wanted): the fused kernel skips its dk and dv products
             _native_backward(*(_heads(x, heads) for x in ops), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), _heads(dq, heads), None, None,
-                             lo, hi, scale, attention_launch(eqn))
+                             lo, hi, scale, self.launch)
             return dq
         tiles.backward_dq(_heads(q, heads), _heads(k, heads), _heads(v, heads), _heads(do, heads),
                           _rows_heads(lse, heads), _rows_heads(delta, heads), _heads(dq, heads),
@@ -235,7 +235,7 @@ class AttentionPlan:
                              _heads(do, heads), _rows_heads(lse, heads),
                              _rows_heads(delta, heads), None if dq is None else
                              _heads(dq, heads), _heads(dk, heads), _heads(dv, heads),
-                             lo, hi, float(scale), attention_launch(eqn))
+                             lo, hi, float(scale), self.launch)
             return [dk, dv] if dq is None else [dk, dv, dq]
         tiles.backward_dkdv(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                             _heads(do, heads), _rows_heads(lse, heads),
@@ -261,7 +261,7 @@ class AttentionPlan:
         # dq, (dk, dv) and dq alone: the LLVM backward kernel (skipping the products not wanted)
         bnative = self.kind in ("dq", "dkdv", "dkdvq") and _bwd_native_ok(
             *(_avals(eqn, i) for i in (0, 1, 2, 4)), _avals(eqn, None))
-        op = attention_launch(eqn)      # the scheduled Kernel IR the kernels run by
+        op = self.launch      # the scheduled Kernel IR the kernels run by
         t = dict(op.schedule.tiles)
         ks = t.get("step_vectors", 0) * kernel.W
         if native:

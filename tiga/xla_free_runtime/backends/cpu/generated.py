@@ -19,6 +19,9 @@ propagates, and propagates with edge fields or unsupported edge functions, resol
 relation to CSR (transposed where needed) and take the generic kernel, which explain()
 reports as the materialised CSR.
 
+The walk's scheduled Kernel op comes from the executor's Lowering (`lower.kernel`), asked at
+plan time and kept in the plan (GeneratedPlan.launch); this module never lowers.
+
 Relations generated inside a traced program are planned before the call from their static
 parameters (GeneratedType), so strict mode and explain() see the route that will run.
 
@@ -38,7 +41,7 @@ import numpy as np
 
 from ....core import graph_generated as geo
 from ....core.dtypes import int64
-from ....core.errors import CompilationError
+from ....core.errors import CompilationError, TigaError
 from ....core.reducers import sum as sum_reducer
 from ....lower import CPU_LLVM_AVAILABLE
 from ....lower import schedule as knobs
@@ -49,7 +52,7 @@ from ....trace.message_passing import propagate
 from ...cache import CACHE, full_key
 from ...explain import launch_facts, schedule_line
 from ...threads import num_threads, row_chunks, run_chunks
-from .propagate import Fallback, _address, _check_field, _np_dtype, kernel_text, lowered_launch
+from .propagate import Fallback, _address, _check_field, _np_dtype, kernel_text
 
 if CPU_LLVM_AVAILABLE:
     from ....core.program import Eqn
@@ -92,10 +95,11 @@ def _gtype(graph):
     return graph.type if isinstance(graph, GeneratedType) else graph.type()
 
 
-def _launch(eqn, graph, swap: bool):
+def _launch(eqn, graph, swap: bool, lower):
     """The scheduled `gf_kernel.launch` of the walk this planner runs (a source-grouped
     propagate over a symmetric relation is lowered as the destination-grouped one with the
-    roles swapped, which is what runs), or None when the IR does not express it."""
+    roles swapped, which is what runs), or None when the IR does not express it; `lower`:
+    the executor's Lowering."""
     gtype = eqn.inputs[0].type      # (its sizes are the ones the field types use)
     per_eqn = _KEYS.get(eqn)
     if per_eqn is None:
@@ -104,7 +108,10 @@ def _launch(eqn, graph, swap: bool):
     if lowered is None:
         lowered = per_eqn["swapped"] = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params),
                                            eqn.outputs)
-    return lowered_launch(lowered, gtype)
+    try:
+        return lower.kernel(lowered, gtype)
+    except TigaError:
+        return None
 
 
 def _run_schedule(launch):
@@ -196,7 +203,7 @@ def resolved(graph) -> bool:
     return not isinstance(graph, GeneratedType) and getattr(graph, "_csr", None) is not None
 
 
-def plan_generated(eqn, graph, compile: bool):
+def plan_generated(eqn, graph, compile: bool, lower):
     if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if resolved(graph):
@@ -206,7 +213,7 @@ def plan_generated(eqn, graph, compile: bool):
     if (p["reduce_by"] != "dst" and not swap) or "edge" in p["roles"]:
         _materialise(graph)     # kNN / truncated radius / query: transposed where needed
         return None
-    launch = _launch(eqn, graph, swap)
+    launch = _launch(eqn, graph, swap, lower)
     if launch is None:
         _materialise(graph)     # no launch to render: the stored-CSR kernel's route
         return None
@@ -490,11 +497,12 @@ def _count_eqn(dims: int, dtype: np.dtype):
     return eqn
 
 
-def fused_degrees(graph, by: str) -> np.ndarray | None:
+def fused_degrees(graph, by: str, lower) -> np.ndarray | None:
     """Degrees of a radius/knn relation without materialising it: every knn row has
     exactly k sources; a radius row's count is a fused sum of ones (out-degrees of a
     symmetric relation are the in-degrees). None where only the CSR knows them (out-degrees
-    of an asymmetric relation; a count kernel that does not compile)."""
+    of an asymmetric relation; a count kernel that does not compile). `lower`: the
+    executor's Lowering, for the count kernel's launch."""
     if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if by == "src" and not symmetric(graph):
@@ -511,7 +519,7 @@ def fused_degrees(graph, by: str) -> np.ndarray | None:
         return np.diff(graph.resolve_csr()[0]).astype(np.int64)
     pos = graph.params["positions"]
     eqn = _count_eqn(pos.shape[1], pos.dtype)
-    plan = plan_generated(eqn, graph, True)
+    plan = plan_generated(eqn, graph, True, lower)
     if not isinstance(plan, GeneratedPlan):
         return None
     counts = plan.run(eqn, graph, [pos, np.ascontiguousarray(graph.query_positions)])[0]

@@ -1,7 +1,9 @@
 """runtime: the cpu-llvm route of one `propagate` equation: plan, compile (cached), run.
 
 `plan_propagate` decides the route of an equation for a concrete relation: a compiled
-Executable, or a Fallback carrying the reason the reference interpreter runs it instead.
+Executable, or a Fallback carrying the reason the reference interpreter runs it instead. The
+kernel is the Kernel op the call's Task module holds, or the one the executor's Lowering
+(`lower.kernel`) gives for the walk bound here; this module never lowers.
 `run_propagate` binds the relation's CSR (or its cached transpose for reduce_by='src'), the
 field arrays and fresh outputs to the kernel's pointer slots and runs row chunks on the
 thread pool.
@@ -9,7 +11,6 @@ thread pool.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import sys
 import threading
 import weakref
@@ -25,7 +26,6 @@ from ....lower import CPU_LLVM_AVAILABLE
 from ....lower import schedule as knobs
 from ....lower.ir.kernel import Schedule
 from ....lower.ir.text import print_op
-from ....lower.pipeline import lower_launch, module_name
 from ...cache import CACHE, Executable, full_key
 from ...threads import num_threads, run_chunks, run_jobs
 from .native.pool import parallel_copy
@@ -52,7 +52,6 @@ class Fallback:
 _UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile (memo)
 _UNSUPPORTED_LOCK = threading.Lock()
 _KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key, op}
-_LAUNCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # eqn -> {at: launch op}
 _CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> row chunks (memo)
 _CHUNK_LOCK = threading.Lock()
 _WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> implicit tables
@@ -93,10 +92,11 @@ def kernel_text(op, eqn) -> str:
     return print_op(replace(op, schedule=replace(op.schedule, threads=0)))
 
 
-def _kernel_of(eqn, graph, held=None) -> tuple:
+def _kernel_of(eqn, graph, lower, held=None) -> tuple:
     """(cache key, launch op or None) of the generic kernel over this relation's walk,
     memoised per equation (lowering and hashing cost far more than a warm call); `held`: the
-    call's Task-IR Kernel op for the equation (see _launch_op)."""
+    call's Task-IR Kernel op for the equation, `lower`: the executor's Lowering for another
+    binding (see _launch_op)."""
     walk = _walk(eqn.params)
     relation = relation_descriptor(graph, walk, target="cpu-llvm")
     has_perm = graph.edge_perm is not None if walk == "dst" else True
@@ -104,7 +104,7 @@ def _kernel_of(eqn, graph, held=None) -> tuple:
     per_eqn = _KERNELS.get(eqn)
     found = per_eqn.get(variant) if per_eqn is not None else None
     if found is None:
-        op = _launch_op(eqn, relation, held)
+        op = _launch_op(eqn, relation, lower, held)
         # the walk's binding (relation layout constants, edge permutation) is the part of
         # the render's input the op does not print
         key = full_key(("propagate", kernel_text(op, eqn), relation, has_perm,
@@ -113,24 +113,27 @@ def _kernel_of(eqn, graph, held=None) -> tuple:
     return found
 
 
-def _key_of(eqn, graph) -> str:
-    return _kernel_of(eqn, graph)[0]
+def _key_of(eqn, graph, lower) -> str:
+    return _kernel_of(eqn, graph, lower)[0]
 
 
-def plan_propagate(eqn, graph, *, compile: bool = True, held=None):
+def plan_propagate(eqn, graph, *, lower, compile: bool = True, held=None):
     """The generic fused kernel: Executable (compile=True) or key (compile=False), else a
     Fallback. Specialised routes (paged, attention, generated) are tried before it by
-    launch.plan, the function callers use."""
+    backend_table.plan, the function callers use. `lower`: the executor's Lowering; `held`:
+    the Kernel op the call's Task module holds for the equation."""
     if not CPU_LLVM_AVAILABLE:
         return Fallback("llvmlite is not installed, so the cpu-llvm backend is unavailable")
     if graph is None:
         if compile:
             return Fallback("the relation is not known until the call")
         graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
-    key, op = _kernel_of(eqn, graph, held)
+    key, op = _kernel_of(eqn, graph, lower, held)
     reason = _UNSUPPORTED.get(key) or (None if op is not None else _NOT_LOWERED)
     if reason is not None:
         return Fallback(reason)
+    if compile:     # (the schedule its calls chunk rows by: resolved here, read by the run)
+        _planned_schedule(eqn, key, op)
     def build(symbol):
         # (the launch's thread count and row partition are the runtime's; the renderer reads
         # the edge loop's attributes, which no thread count changes)
@@ -162,64 +165,61 @@ def plan_propagate(eqn, graph, *, compile: bool = True, held=None):
                         "this is a Tiga bug, please report")
 
 
-def lowered_launch(eqn, gtype):
-    """The equation's `gf_kernel.launch` over a relation of type `gtype`, through the
-    pipeline's Kernel stage (TIGA_DUMP writes that IR here, once per kernel and thread count),
-    or None for an equation the IR stages do not express yet (its renderer then asks the
-    same schedule functions itself: lower/schedule.py). One kernel serves every relation
-    size, but a schedule may depend on static sizes (threads: small work runs on one)."""
-    at = (num_threads(), gtype)
-    per_eqn = _LAUNCHES.get(eqn)
-    found = per_eqn.get(at, False) if per_eqn is not None else False
-    if found is False:
-        name = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
-        try:
-            found = lower_launch(eqn, gtype, name=module_name(f"propagate_{name[:16]}"))
-        except TigaError:
-            found = None
-        _LAUNCHES.setdefault(eqn, {})[at] = found
-    return found
+def _lowered(lower, eqn, gtype):
+    """The equation's `gf_kernel.launch` over a relation of type `gtype` (the executor's
+    Lowering lowers it, once per kernel and pool size, and TIGA_DUMP writes it there), or None
+    for an equation the IR stages do not express yet."""
+    try:
+        return lower.kernel(eqn, gtype)
+    except TigaError:
+        return None
 
 
-def _launch_op(eqn, relation: tuple, held=None):
+def _launch_op(eqn, relation: tuple, lower, held=None):
     """The launch for the walk the runtime binds: a relation resolved to its CSR is lowered
     as a CSR. `held`: the Kernel op the call's Task module holds for this equation (lowered
     with the whole program at this pool size); it is the launch whenever the relation is
-    bound as it was lowered, so the runtime does not lower again."""
+    bound as it was lowered, so nothing is lowered again."""
     gtype = eqn.inputs[0].type
     if relation == ("csr",) and gtype.kind != "csr":
-        return lowered_launch(eqn, replace(gtype, kind="csr", coord_dims=None))
+        return _lowered(lower, eqn, replace(gtype, kind="csr", coord_dims=None))
     if held is not None:
         return held
-    return lowered_launch(eqn, gtype)
+    return _lowered(lower, eqn, gtype)
 
 
-def launch_op(eqn, graph):
+def launch_op(eqn, graph, lower):
     """The scheduled launch the compiled kernel of this equation renders and its calls run
-    (lowered now if this process has not yet; None when the IR stages do not express the
-    equation). `graph` None: decided from the relation's type, as explain() before a call."""
+    (asked of `lower`, the executor's Lowering, if this process has not yet; None when the IR
+    stages do not express the equation). `graph` None: decided from the relation's type, as
+    explain() before a call."""
     graph = _TypeOnly(eqn.inputs[0].type) if graph is None else graph
-    return _kernel_of(eqn, graph)[1]
+    return _kernel_of(eqn, graph, lower)[1]
+
+
+def _planned_schedule(eqn, key: str, op) -> None:
+    """Record, at plan time, the schedule the calls of kernel `key` for `eqn` chunk their
+    rows by at this pool size: the launch's own (what a run reads: it never lowers)."""
+    at = (key, num_threads())
+    per_eqn = _RUNS.get(eqn)
+    if per_eqn is None or at not in per_eqn:
+        _RUNS.setdefault(eqn, {})[at] = op.schedule
 
 
 def _run_schedule(exe, eqn, sig):
-    """The schedule a call of `exe` chunks its rows by, for the pool size now."""
+    """The schedule a call of `exe` chunks its rows by, for the pool size now: the one its
+    plan recorded (a plan resolves its launch before any run), else the schedule
+    functions' answer for the walk, asked directly."""
     threads = num_threads()
     per_eqn = _RUNS.get(eqn)
     found = per_eqn.get((exe.key, threads)) if per_eqn is not None else None
     if found is not None:
         return found
-    # (the launch planned for this executable at this pool size, else lowered for it)
-    op = next((o for v, (k, o) in (_KERNELS.get(eqn) or {}).items()
-               if k == exe.key and v[3] == threads and o is not None), None) or \
-        _launch_op(eqn, tuple(sig.relation))
-    found = None if op is None else op.schedule
-    if found is None:   # not expressed in the IR: the same decisions, asked directly
-        traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)
-        found = Schedule(target="cpu-llvm", threads=threads,
-                         row_partition=knobs.row_partition(traversal),
-                         chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
-                         prefetch_distance=0, parallel=sig.parallel)
+    traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)
+    found = Schedule(target="cpu-llvm", threads=threads,
+                     row_partition=knobs.row_partition(traversal),
+                     chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
+                     prefetch_distance=0, parallel=sig.parallel)
     _RUNS.setdefault(eqn, {})[(exe.key, threads)] = found
     return found
 

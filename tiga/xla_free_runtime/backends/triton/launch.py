@@ -2,8 +2,9 @@
 
 `backend_plan` is the executor's planner: it reads the selected backend (lower/backends.py)
 and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
-A TritonPlan lowers the equation through the pipeline's Kernel stage (the schedule printed
-there is the one rendered), renders it (lower/triton), writes the source to
+A TritonPlan takes the equation's Kernel op for target triton from the executor's Lowering
+(`lower.kernel`: the pipeline's Kernel stage; the schedule printed there is the one
+rendered; this module never lowers), renders it (lower/triton), writes the source to
 `$TIGA_CACHE_DIR/triton/<key>.py` and imports it (with TRITON_INTERPRET=1 for the
 interpreter: Triton decides at decoration time), then launches it on torch tensors: CPU
 tensors under the interpreter, CUDA tensors on the GPU. Compiled modules are cached per key
@@ -32,7 +33,6 @@ from ....lower.backends import (
     route_for_devices,
     selected_backend,
 )
-from ....lower.pipeline import lower_launch, module_name
 from ....lower.triton import TritonUnsupported, render_launch
 from ...cache import full_key
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
@@ -73,11 +73,12 @@ def call_backend(call) -> str | None:
                              gpu=BACKENDS["triton"].available())
 
 
-def backend_plan(eqn, graph, *, compile: bool = True):
-    """The plan of one propagate on the selected backend (the executor's planner)."""
+def backend_plan(eqn, graph, *, lower, compile: bool = True):
+    """The plan of one propagate on the selected backend (the executor's planner; `lower`:
+    the executor's Lowering)."""
     name = selected_backend()
     if name not in TRITON_BACKENDS:
-        return llvm_plan(eqn, graph, compile=compile)
+        return llvm_plan(eqn, graph, compile=compile, lower=lower)
     ok, why = BACKENDS[name].available()
     if not ok:
         raise UnsupportedError(f"backend {name!r} is unavailable: {why}",
@@ -95,7 +96,7 @@ def backend_plan(eqn, graph, *, compile: bool = True):
     found = attention_plan(eqn, graph, name)
     if found is None:
         try:
-            found = TritonPlan.build(eqn, graph, name)
+            found = TritonPlan.build(eqn, graph, name, lower)
         except TritonUnsupported as exc:
             return Fallback(f"{name}: {exc}")
     if getattr(graph, "kind", None) not in ("radius", "knn"):   # (planned from their state)
@@ -116,7 +117,7 @@ class TritonPlan:
     schedule: object           # the Kernel IR Schedule it was rendered with
 
     @classmethod
-    def build(cls, eqn, graph, backend: str) -> TritonPlan:
+    def build(cls, eqn, graph, backend: str, lower) -> TritonPlan:
         walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
         has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
         relation = relation_descriptor(graph, walk, target="triton")
@@ -136,8 +137,8 @@ class TritonPlan:
         if warm is not None:   # (lowering through the Kernel stage costs ~1.5 ms a call)
             return warm
         try:
-            op = lower_launch(eqn, replace(gtype, index_dtype=index),
-                              name=module_name(f"propagate_{key[:16]}"), target="triton")
+            op = lower.kernel(eqn, replace(gtype, index_dtype=index),
+                              name=f"propagate_{key[:16]}", target="triton")
         except TritonUnsupported:
             raise
         except TigaError as exc:
