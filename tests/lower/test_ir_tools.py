@@ -237,7 +237,16 @@ def test_schedule_follows_feature_width(feat, dtype, itemsize):
     width = int(np.prod(feat))
     lanes = 32 // itemsize  # 256-bit SIMD lanes of the compute dtype
     row_bytes = width * itemsize
-    assert s.block_rows == min(64, 1 << ((4096 // row_bytes).bit_length() - 1))
+    # a stored CSR walk gathers rows x 16 neighbours x the padded row per program, within
+    # 4096 elements (at least 2 rows: else one row per trip, rows by output bytes)
+    padded = int(np.prod([1 << (d - 1).bit_length() for d in feat]))
+    tiled_rows = 4096 // (16 * padded)
+    if tiled_rows >= 2:
+        assert s.block_rows == min(64, 1 << (tiled_rows.bit_length() - 1))
+        assert dict(s.tiles)["row_tile"] == 1 and s.num_warps == 4
+    else:
+        assert s.block_rows == min(64, 1 << ((4096 // row_bytes).bit_length() - 1))
+        assert "row_tile" not in dict(s.tiles)
     assert s.vector_width == max(v for v in (1, 2, 4, 8, 16) if v <= lanes and width % v == 0)
     assert s.block_neighbors == 16 and s.threads is None and s.edge_unroll is None
     text = str(select_kernel_schedule(kernel, target="triton"))
