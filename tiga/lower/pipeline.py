@@ -78,7 +78,7 @@ def lower_launch(eqn, relation_type=None, *, name: str = "propagate",
     program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
                                          tuple(outs))], outs)
     # (the program's Domain, Iter and Task IR are dumped where the runtime lowers the whole
-    # program it interprets, xla_free_runtime/interpreter.py; this launch is the kernel it renders)
+    # program it interprets, xla_free_runtime/executor.py; this launch is the kernel it renders)
     module = lower(program, until="kernel", name=name, target=target, dump=("kernel",))
     launches = [op for op in _walk_ops(module.body) if isinstance(op, ir.LaunchOp)]
     if len(launches) != 1:
