@@ -47,8 +47,12 @@ class Worker:
 
     def __init__(self, log):
         cmd = [sys.executable, WORKER, "--worker"] + (["--dry"] if gpu.DRY else [])
+        root = os.path.dirname(HERE)   # (tiga from this checkout, installed or not)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=log, text=True, start_new_session=True, cwd=HERE)
+                                     stderr=log, text=True, start_new_session=True, cwd=HERE,
+                                     env=env)
         self.events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
