@@ -207,3 +207,43 @@ def test_relative_imports_resolve_against_the_package():
     assert mods == ["tiga.core.y"]
     mods = [m for _, m in imported_modules("from .. import lower\n", "tiga/trace/a/b.py")]
     assert mods == ["tiga.trace.lower"]
+
+
+def runtime_cycles(sources: dict[str, str]) -> list[list[str]]:
+    """Import cycles among runtime modules (`sources`: relpath -> text), function-level
+    imports included: a cycle hidden behind a lazy import is still a cycle (issue 25)."""
+    graph: dict[str, set] = {}
+    for relpath, text in sources.items():
+        here = module_name(relpath)
+        graph[here] = {m for _, m in imported_modules(text, relpath)
+                       if m.startswith("tiga.xla_free_runtime")}
+    known = set(graph)
+    for here in graph:   # `from pkg import mod` names the module, not the package
+        graph[here] = {m if m in known else m.rpartition(".")[0] for m in graph[here]}
+    cycles, done = [], set()
+
+    def visit(node, path):
+        if node in path:
+            cycles.append(path[path.index(node):] + [node])
+            return
+        if node in done or node not in graph:
+            return
+        for nxt in sorted(graph[node]):
+            visit(nxt, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return cycles
+
+
+def test_runtime_has_no_import_cycles():
+    sources = {p.relative_to(REPO).as_posix(): p.read_text() for p in package_files()
+               if "xla_free_runtime" in p.parts}
+    assert not runtime_cycles(sources)
+
+
+def test_cycle_check_sees_a_lazy_import():
+    sources = {"tiga/xla_free_runtime/a.py": "from . import b\n",
+               "tiga/xla_free_runtime/b.py": "def f():\n    from .a import g\n"}
+    assert runtime_cycles(sources)

@@ -21,6 +21,7 @@ from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder, lifted
+from .xla_free_runtime.backends.triton import compile as triton_compile
 from .xla_free_runtime.backends.triton import launch as triton_launch
 from .xla_free_runtime.executor import execute, explain_program
 from .xla_free_runtime.memory.tensor import Tensor, _wrap
@@ -619,6 +620,6 @@ def _triton_tensors():
     return triton_buffers
 
 
-triton_launch.HOOKS["tensors"] = _triton_tensors
+triton_compile.HOOKS["tensors"] = _triton_tensors
 
 __all__ = ["jit", "grad", "value_and_grad", "vjp", "Jitted", "Lowered", "Compiled", "Tensor"]

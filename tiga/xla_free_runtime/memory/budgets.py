@@ -154,24 +154,10 @@ def _evict(owner, need: int) -> None:
             freed += before - owner.used["host"]
 
 
-def report_of(s) -> dict:
-    stack = sc.chain()
-    upto = stack[:stack.index(s) + 1] if s in stack else (s,)
-
-    def budget(tier):
-        for x in reversed(upto):
-            if tier in x.budgets:
-                return x.budgets[tier]
-        return None
-
-    return {tier: {"bytes": s.used[tier], "peak": s.peak[tier], "budget": budget(tier)}
-            for tier in sc.TIERS}
-
-
 def report() -> dict:
     """Per tier {"bytes", "peak", "budget"}: what Tiga allocated in the current scope
     (live bytes, their high-water mark, the budget in force; None = unlimited). Not RSS."""
-    return report_of(sc.current())
+    return sc.report_of(sc.current())
 
 
 __all__ = ["report", "charge", "Charge", "fmt_bytes"]

@@ -72,7 +72,6 @@ class Scope:
         self._token = None
 
     def report(self) -> dict:
-        from .budgets import report_of
         return report_of(self)
 
     def __repr__(self) -> str:
@@ -175,3 +174,19 @@ def spill_dir() -> Path:
 def spill_path(stem: str) -> Path:
     """A fresh path for a spill file (removed when its tensor dies)."""
     return spill_dir() / f"{stem}-{os.getpid()}-{os.urandom(6).hex()}.zarr"
+def report_of(s) -> dict:
+    """Per tier {"bytes", "peak", "budget"} of scope `s` (its budget: the innermost one
+    set at or above it)."""
+    stack = chain()
+    upto = stack[:stack.index(s) + 1] if s in stack else (s,)
+
+    def budget(tier):
+        for x in reversed(upto):
+            if tier in x.budgets:
+                return x.budgets[tier]
+        return None
+
+    return {tier: {"bytes": s.used[tier], "peak": s.peak[tier], "budget": budget(tier)}
+            for tier in TIERS}
+
+

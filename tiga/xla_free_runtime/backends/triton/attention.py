@@ -29,7 +29,7 @@ from ....core.prims.graph import row_type
 from ....lower.backends import BACKENDS
 from ....lower.triton.attention import attention_source
 from ....lower.triton.emitter import pow2
-from .launch import _interpret, import_text, launch_result, tensors
+from .compile import import_text, interpret, launch_result, tensors
 
 _SEEN: set = set()     # backends whose attention module was imported
 BLOCK_M = BLOCK_N = 16
@@ -99,7 +99,7 @@ class _Launch:
         top, mass = self.zeros(self.nq, None, self.ct), self.zeros(self.nq, None, self.ct)
         lo, hi = self.ranges[:2]
         if self.nq and self.nk:
-            with _interpret(self.backend):
+            with interpret(self.backend):
                 self.mod.attn_fwd[self.grid(self.nq)](q, k, v, self.scale, lo, hi, o, top, mass,
                                                       self.nq, self.nk, self.h, **self.const)
         return o, top, mass
@@ -112,7 +112,7 @@ class _Launch:
         if not (self.nq and self.nk):
             return dk, dv, dq
         args = (self.nq, self.nk, self.h)
-        with _interpret(self.backend):
+        with interpret(self.backend):
             if want_kv:
                 self.mod.attn_bwd_kv[self.grid(self.nk)](q, k, v, do, lse, delta, self.scale,
                                                          lo, hi, qlo, qhi, dk, dv, *args,

@@ -19,7 +19,7 @@ import numpy as np
 
 from ....core import graph_generated as geo
 from ....lower.triton.generated import knn_shell_source, knn_source
-from .launch import _interpret, import_text, tensors
+from .compile import import_text, interpret, tensors
 
 KNN_BLOCK = 64
 KNN_SHELL_DIMS = 3     # cell shells up to here; more coordinates scan every source
@@ -73,7 +73,7 @@ def _knn_walk(graph, device: str) -> dict:
             _knn_shells(tpos, tq, cols, pos, k, backend, device, flags)
         else:
             mod = import_text(knn_source(), "knn", backend)
-            with _interpret(backend):
+            with interpret(backend):
                 mod.knn_select[(n,)](tpos, tq, cols, pos.shape[0], k, DIMS=dims, **flags)
     STATS["knn_selects"] += 1
     row_ptr = buf.from_array(np.arange(n + 1, dtype=np.int64) * k, "int64", device)
@@ -94,7 +94,7 @@ def _knn_shells(tpos, tq, cols, pos: np.ndarray, k: int, backend: str, device: s
     lo, inv_w, gdims = geo.grid_of(pos, width)
     start, order = buf.cell_directory(tpos, lo, inv_w, gdims)
     mod = import_text(knn_shell_source(pos.shape[1]), f"knn_shells{pos.shape[1]}", backend)
-    with _interpret(backend):
+    with interpret(backend):
         mod.knn_shells[(tq.shape[0],)](
             tpos, tq, cols, start, order, buf.from_array(lo, "float64", device),
             buf.from_array(gdims, "int64", device),

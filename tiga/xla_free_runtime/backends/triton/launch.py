@@ -12,12 +12,8 @@ tensors under the interpreter, CUDA tensors on the GPU. Compiled modules are cac
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 import threading
 import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,6 +34,16 @@ from ...cache import full_key
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
 from ..cpu.propagate import plan_propagate as llvm_plan
 from . import cache as triton_cache
+from .attention import attention_plan
+from .compile import (
+    ensure_interpreter,
+    import_source,
+    interpret,
+    launch_result,
+    tensors,
+    triton_version,
+)
+from .generated import generated_walk
 
 _MODULES: dict = {}          # module key -> imported kernel module
 _SOURCES: dict = {}          # module key -> KernelSource (rendered or read from disk)
@@ -92,7 +98,6 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
     hit = per_eqn.get((id(graph), name)) if per_eqn is not None else None
     if hit is not None and hit[0]() is graph:
         return hit[1]
-    from .attention import attention_plan  # (it imports this module)
     found = attention_plan(eqn, graph, name)
     if found is None:
         try:
@@ -131,7 +136,7 @@ class TritonPlan:
         structure = ("triton", backend, eqn.params["edge_fn"].structure_key(),
                      repr(eqn.params["reducer"]._key()), eqn.params["roles"],
                      eqn.params["reduce_by"], _update_key(eqn), _field_key(eqn),
-                     index.name, has_perm, relation, _triton_version())
+                     index.name, has_perm, relation, triton_version())
         key = full_key(structure)
         warm = _PLANS.get((key, repr(gtype)))
         if warm is not None:   # (lowering through the Kernel stage costs ~1.5 ms a call)
@@ -144,7 +149,7 @@ class TritonPlan:
         except TigaError as exc:
             raise TritonUnsupported(f"the Kernel IR stages do not express it ({exc})") from None
         mkey = triton_cache.module_key(str(op), (relation, has_perm), backend,
-                                       _triton_version())
+                                       triton_version())
         source = _SOURCES.get(mkey) or _stored_or_rendered(op, mkey, has_perm, relation)
         _SOURCES[mkey] = source
         found = cls(backend, mkey, source, op.schedule)
@@ -160,7 +165,7 @@ class TritonPlan:
         mod = _MODULES.get(self.key)
         if mod is None:
             with _LOCK:
-                mod = _MODULES.get(self.key) or _import(self.key, self.source, self.backend)
+                mod = _MODULES.get(self.key) or import_source(self.key, self.source, self.backend)
                 _MODULES[self.key] = mod
         symbol = self.source.signature.symbol
         return getattr(mod, f"{symbol}_{part}" if part else symbol)
@@ -182,7 +187,7 @@ class TritonPlan:
         if rows > 0:
             grid = (-(-rows // sig.block_rows),)
             kernel = self.kernel()
-            with _interpret(self.backend):
+            with interpret(self.backend):
                 kernel[grid](*args, *outs, rows, BLOCK_R=sig.block_rows,
                              BLOCK_N=sig.block_neighbors, num_warps=sig.num_warps,
                              num_stages=sig.num_stages)
@@ -206,7 +211,7 @@ class TritonPlan:
         parts = [buf.zeros((chunk_row.shape[0], n), d, device) for n, d in sig.split_states]
         launch = dict(BLOCK_R=sig.block_rows, BLOCK_N=sig.block_neighbors,
                       num_warps=sig.num_warps, num_stages=sig.num_stages)
-        with _interpret(self.backend):
+        with interpret(self.backend):
             n = chunk_row.shape[0]
             self.kernel("part")[(-(-n // sig.block_rows),)](*args, *parts, chunk_row,
                                                              chunk_lo, n, **launch)
@@ -271,14 +276,6 @@ def _field_key(eqn) -> tuple:
                   a.type.dtype.name) for a, r in zip(eqn.inputs[1:], eqn.params["roles"]))
 
 
-def _triton_version() -> str:
-    try:
-        from importlib import metadata
-        return metadata.version("triton")
-    except Exception:   # noqa: BLE001 - not installed: rendering still works
-        return "none"
-
-
 def _stored_or_rendered(op, key: str, has_perm: bool, relation: tuple) -> KernelSource:
     """The module stored on disk under `key` (triton_cache.py), else rendered and stored."""
     found = triton_cache.load(key)
@@ -289,105 +286,6 @@ def _stored_or_rendered(op, key: str, has_perm: bool, relation: tuple) -> Kernel
                            relation=relation)
     text = triton_cache.store(key, source.text, source.signature.to_json())
     return KernelSource(text, source.signature)
-
-
-def _import(key: str, source: KernelSource, backend: str):
-    """Import the module stored on disk (Triton reads a kernel's source file, so it must
-    exist there: a file removed since is written again); the interpreter flag is read when
-    @triton.jit runs."""
-    path = triton_cache.path_of(key)
-    if not path.exists() or path.read_text() != source.text:
-        triton_cache.write(key, source.text)
-    name = f"tiga_triton_{key[:32]}_{backend.replace('-', '_')}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    with _interpret(backend):
-        spec.loader.exec_module(module)
-    sys.modules[name] = module
-    return module
-
-
-def import_text(text: str, tag: str, backend: str):
-    """The module of a fixed Triton source (attention, kNN selection): stored in the disk
-    cache under its key and imported once per backend."""
-    if BACKENDS[backend].interpreter:
-        ensure_interpreter()
-    key = triton_cache.module_key(text, (tag,), backend, _triton_version())
-    name = f"tiga_triton_{tag}_{key[:16]}_{backend.replace('-', '_')}"
-    found = sys.modules.get(name)
-    if found is not None:
-        return found
-    if triton_cache.load(key) is None or not triton_cache.path_of(key).exists():
-        triton_cache.store(key, text, "{}")
-    spec = importlib.util.spec_from_file_location(name, triton_cache.path_of(key))
-    module = importlib.util.module_from_spec(spec)
-    with _interpret(backend):
-        spec.loader.exec_module(module)
-    sys.modules[name] = module
-    return module
-
-
-def ensure_interpreter() -> None:
-    """Triton decides at its own import whether its library functions (tl.sum, tl.zeros...)
-    are interpreted: TRITON_INTERPRET=1 must be set before triton is first imported. It is
-    set here when triton is not imported yet; a triton imported without it cannot run the
-    interpreter, which is an error naming the variable. (Checked once: a warm call asks.)"""
-    if _INTERPRETS:
-        return
-    if "triton" not in sys.modules:
-        os.environ["TRITON_INTERPRET"] = "1"
-    import triton.language as tl
-
-    if type(tl.standard.sum).__name__ != "InterpretedFunction":
-        raise UnsupportedError(
-            "triton-interpreter: triton was imported without TRITON_INTERPRET=1, so its "
-            "library functions are compiled-only and cannot run in the interpreter",
-            hint="set TRITON_INTERPRET=1 in the environment (or select the backend before "
-                 "anything imports triton)")
-    _INTERPRETS.append(True)
-
-
-_INTERPRETS: list = []   # [True] once triton's library was seen interpreted (fixed at import)
-
-
-@contextmanager
-def _interpret(backend: str):
-    """TRITON_INTERPRET as the backend needs it while Triton decorates or launches (Triton
-    reads it at both times, also in modules it imports lazily on the first launch)."""
-    old = os.environ.get("TRITON_INTERPRET")
-    want = "1" if BACKENDS[backend].interpreter else "0"
-    if old == want or (old is None and want == "0"):   # (unset reads as "0" to Triton)
-        # a warm call: the environment already says it (no putenv and restore per launch)
-        yield
-        return
-    os.environ["TRITON_INTERPRET"] = want
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-# The torch side (tiga/torch_bridge/triton_buffers.py), handed over by the facade (tiga/api.py):
-# this layer never imports torch.
-HOOKS: dict = {}
-
-
-def tensors():
-    loader = HOOKS.get("tensors")
-    if loader is None:
-        raise UnsupportedError("the Triton backends need the torch bridge (Triton launches on "
-                               "torch tensors)", hint="import tiga (its facade registers it)")
-    return loader()
-
-
-def launch_result(buf, x, dtype: str, device: str):
-    """A kernel's output as the executor holds it: numpy under the interpreter (CPU), else a
-    torch tensor left on the GPU (the next kernel or the torch caller reads it there; the
-    executor copies it to the host for anything else)."""
-    return buf.to_numpy(x, dtype) if device == "cpu" else buf.from_array(x, dtype, device)
 
 
 def split_rows(row_ptr: np.ndarray, split: int):
@@ -426,7 +324,6 @@ def _torch_walk(graph, sig, device: str) -> dict:
     if found is None:
         if relation[0] == "radius" or (getattr(graph, "kind", None) == "knn" and
                                        sig.walk == "dst" and "edge_perm" not in sig.slots):
-            from .generated import generated_walk  # (it imports this module)
             found = generated_walk(graph, relation, device)
             _TORCH_WALKS.setdefault(graph, {})[(sig.walk, relation, device)] = found
             return found
