@@ -55,19 +55,34 @@ def _fn_key(fn):
         attrs = getattr(owner, "__dict__", None)
         if attrs is None:
             return None
-        fp = tuple(sorted((k, _value_print(v)) for k, v in attrs.items()))
-        return ("method", id(fn.__func__), id(owner), fp), (fn.__func__, owner)
+        held = [fn.__func__, owner]
+        fp = tuple(sorted((k, _held_print(v, held)) for k, v in attrs.items()))
+        return ("method", id(fn.__func__), id(owner), fp), tuple(held)
     if inspect.isfunction(fn):
-        cells = tuple(_value_print(c.cell_contents) if _cell_full(c) else ("empty",)
+        code, glob = fn.__code__, fn.__globals__
+        held = [code, glob]
+        cells = tuple(_held_print(c.cell_contents, held) if _cell_full(c) else ("empty",)
                       for c in (fn.__closure__ or ()))
-        defaults = tuple(_value_print(d) for d in (fn.__defaults__ or ()))
-        kw = tuple(sorted((k, _value_print(v)) for k, v in (fn.__kwdefaults__ or {}).items()))
+        defaults = tuple(_held_print(d, held) for d in (fn.__defaults__ or ()))
+        kw = tuple(sorted((k, _held_print(v, held))
+                          for k, v in (fn.__kwdefaults__ or {}).items()))
         # keyed by the code, not the function object: `tg.propagate(g, lambda s, d, e: ...)`
         # makes a new function per call from the same code, and must not retrace each time
         # (closure cells and defaults are part of the key; globals are guarded)
-        code, glob = fn.__code__, fn.__globals__
-        return ("function", id(code), id(glob), cells, defaults, kw), (code, glob)
+        return ("function", id(code), id(glob), cells, defaults, kw), tuple(held)
     return None
+
+
+def _held_print(v, held: list):
+    """`_value_print(v)`, adding `v` to `held` when the print is its id: an entry keyed by
+    an id must also check that the object is still the one it was (a new object may reuse
+    a dead one's id: an eager loop's body lambda rebuilt per call reused a stale trace
+    holding another relation, and MPI ranks, whose ids differ, then ran different
+    programs)."""
+    found = _value_print(v)
+    if found[0] in ("id", "fingerprint"):
+        held.append(v)
+    return found
 
 
 def _cell_full(cell) -> bool:
