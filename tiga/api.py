@@ -309,7 +309,9 @@ def _traced_for(fn, what, nums, has_aux, args, derive, reads=None):
     """(traced bound to this call's leaves, *derived): `fn` traced and `derive(traced)` run
     once per (fn, options, input types), reused while what fn read is unchanged."""
     leaves, in_tree = tree_flatten(list(args))
-    extra = (what, nums, has_aux, in_tree, tuple(leaf_aval(x) for x in leaves))
+    # (numpy leaves keyed by shape and dtype: hashing and comparing their TensorTypes, which
+    # are Python dataclasses, cost a warm tg.grad call about as much as its kernel launch)
+    extra = (what, nums, has_aux, in_tree, tuple(call_cache.type_key(x) for x in leaves))
 
     def build(guards):
         traced = _Traced(fn, args, nums, has_aux)

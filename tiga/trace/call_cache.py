@@ -101,9 +101,9 @@ def _call_key(call, items=None):
     if update is None:
         return None
     gtype = _graph_key(call.graph)
-    fields = tuple((role, name, _type_key(v)) for role, name, v in
+    fields = tuple((role, name, type_key(v)) for role, name, v in
                    (call.field_items() if items is None else items))
-    params = tuple((k, _type_key(v)) for k, v in call.param_items())
+    params = tuple((k, type_key(v)) for k, v in call.param_items())
     reducer = _reducer_key(call.reducer)
     if reducer is None:
         return None
@@ -158,7 +158,7 @@ def _guarded_fns(call) -> list:
     return fns
 
 
-def _type_key(v):
+def type_key(v):
     """What the staged program depends on in an argument: its type. numpy arrays answer
     from their shape and dtype directly (leaf_aval maps the dtype by name, ~10 µs)."""
     if type(v) is np.ndarray:
