@@ -47,7 +47,6 @@ from .interpreter import (
     TaskWalk,
     module_name,
     prepare_walk,
-    run_prepared,
     run_walk,
     task_walk,
 )
@@ -183,7 +182,7 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
         check_program(program)
     prep = _prepared(program, args)
     if prep is not None:      # a warm call: its prepared launch list, no planning
-        return run_prepared(prep, program, args, OVERRIDES)
+        return run_walk(prep, program, args, OVERRIDES, prep.prepared)
     pin_once()     # per-call arrays reuse the heap whatever the process freed before
     if len(args) != len(program.in_binders):
         raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
@@ -330,8 +329,8 @@ def _propagate(routes, launches, eqn, vals):
 def _call(closed, args: list) -> list:
     args = list(closed.consts) + list(args)
     prep = _prepared(closed.program, args)    # (a loop body's warm iterations)
-    return run_prepared(prep, closed.program, args, OVERRIDES) if prep is not None else \
-        _run(closed.program, args)
+    return run_walk(prep, closed.program, args, OVERRIDES, prep.prepared) \
+        if prep is not None else _run(closed.program, args)
 
 
 def _repeat(eqn, vals):

@@ -183,8 +183,12 @@ def _has_dim(param) -> bool:
     return isinstance(param, tuple) and any(_has_dim(p) for p in param)
 
 
-def run_walk(walk: TaskWalk, program: GraphProgram, args: list, overrides: dict) -> list:
-    """Interpret the walk's steps on this call's arguments."""
+def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
+             prepared: dict | None = None) -> list:
+    """Interpret the walk's steps on this call's arguments (`walk`: a TaskWalk or a
+    PreparedWalk). `prepared`: id(propagate equation) -> its prepared launch (a warm call's
+    list: `fn(values) -> outputs`, or None for operands it does not take); every other
+    equation, and those, run through `overrides`."""
     binders = program.in_binders
     env: dict = {}
     dims = bind_dims(binders, args, resolve=False) if walk.sized else {}
@@ -194,7 +198,11 @@ def run_walk(walk: TaskWalk, program: GraphProgram, args: list, overrides: dict)
 
     for code, x in walk.steps:
         if code is RUN:
-            outs = run_eqn(x, [read(a) for a in x.inputs], overrides, dims)
+            vals = [read(a) for a in x.inputs]
+            fn = prepared.get(id(x)) if prepared else None
+            outs = fn(vals) if fn is not None else None
+            if outs is None:
+                outs = run_eqn(x, vals, overrides, dims)
             for v, o in zip(x.outputs, outs):
                 env[id(v)] = o
         elif code is TRANSFER:
@@ -206,12 +214,12 @@ def run_walk(walk: TaskWalk, program: GraphProgram, args: list, overrides: dict)
 
 @dataclass(frozen=True)
 class PreparedWalk:
-    """A walk bound to the relations of one call: each propagate step holds its prepared
-    launch (`fn(values) -> outputs | None`), every other step runs as in `run_walk`. Valid
-    while the call's relations are these objects, its other operands numpy arrays and the
-    pool the same size (`matches`)."""
+    """A walk bound to the relations of one call: its steps, with each propagate's prepared
+    launch (`run_walk(prep, ..., prep.prepared)`). Valid while the call's relations are these
+    objects, its other operands numpy arrays and the pool the same size (`matches`)."""
 
-    steps: tuple      # (code, x, fn): fn for a prepared propagate, else None
+    steps: tuple      # the TaskWalk's steps
+    prepared: dict    # id(propagate equation) -> its prepared launch
     graphs: tuple     # (binder position, weak relation) of every relation argument
     threads: int
     sized: bool
@@ -232,42 +240,21 @@ def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, ba
     host array (those calls keep taking the interpreter's per-step rules)."""
     binders = program.in_binders
     position = {id(v): i for i, v in enumerate(binders)}
-    graphs, steps = [], []
+    graphs, prepared = [], {}
     for i, (v, a) in enumerate(zip(binders, args)):
         if isinstance(v.type, GraphType):
             graphs.append((i, weakref.ref(a)))
         elif type(a) is not np.ndarray:
             return None
     for code, x in walk.steps:
-        fn = None
         if code is RUN and x.primitive is propagate_p:
             rel = x.inputs[0]
             fn = launcher(x, rel.value if isinstance(rel, Lit) else args[position[id(rel)]])
             if fn is None:
                 return None
-        steps.append((code, x, fn))
-    return PreparedWalk(tuple(steps), tuple(graphs), walk.threads, walk.sized, backend)
-
-
-def run_prepared(prep: PreparedWalk, program: GraphProgram, args: list, overrides: dict):
-    """`run_walk` with each propagate launched from its prepared launch (a step whose
-    operands it does not take runs through `overrides`, as the interpreter would)."""
-    binders = program.in_binders
-    env: dict = {}
-    dims = bind_dims(binders, args, resolve=False) if prep.sized else {}
-    for code, x, fn in prep.steps:
-        if code is RUN:
-            vals = [a.value if isinstance(a, Lit) else env[id(a)] for a in x.inputs]
-            outs = fn(vals) if fn is not None else None
-            if outs is None:
-                outs = run_eqn(x, vals, overrides, dims)
-            for v, o in zip(x.outputs, outs):
-                env[id(v)] = o
-        elif code is TRANSFER:
-            env[id(binders[x])] = args[x]
-        elif code is RELEASE:
-            env.pop(id(x), None)
-    return [a.value if isinstance(a, Lit) else env[id(a)] for a in program.outs]
+            prepared[id(x)] = fn
+    return PreparedWalk(walk.steps, prepared, tuple(graphs), walk.threads, walk.sized,
+                        backend)
 
 
 def describe_walk(walk: TaskWalk | NoWalk) -> str:
@@ -289,4 +276,4 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
 
 
 __all__ = ["task_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
-           "prepare_walk", "run_prepared"]
+           "prepare_walk"]

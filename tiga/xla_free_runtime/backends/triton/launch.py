@@ -3,10 +3,10 @@
 `backend_plan` is the executor's planner: it reads the selected backend (lower/backends.py)
 and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
 A TritonPlan takes the equation's Kernel op for target triton from the executor's Lowering
-(`lower.kernel`: the pipeline's Kernel stage; the schedule printed there is the one
-rendered; this module never lowers), renders it (lower/triton), writes the source to
-`$TIGA_CACHE_DIR/triton/<key>.py` and imports it (with TRITON_INTERPRET=1 for the
-interpreter: Triton decides at decoration time), then launches it on torch tensors: CPU
+(`lower.kernel`; the schedule printed there is the one rendered; this module never
+lowers), renders it (lower/triton), writes the source to `$TIGA_CACHE_DIR/triton/<key>.py`
+and imports it (compile.py; with TRITON_INTERPRET=1 for the interpreter: Triton decides at
+decoration time), then launches it on torch tensors: CPU
 tensors under the interpreter, CUDA tensors on the GPU. Compiled modules are cached per key
 (the same structural key scheme as cpu-llvm, plus the backend and triton's version).
 """
