@@ -183,6 +183,25 @@ def _has_dim(param) -> bool:
     return isinstance(param, tuple) and any(_has_dim(p) for p in param)
 
 
+def interpret(steps, handlers: dict) -> None:
+    """The one loop that runs Task IR. `steps`: (kind, what) pairs in the module's op order
+    (a program's walk, or `op_steps` of a page or halo plan); `handlers`: kind -> the
+    handler that runs it (TRANSFER, RUN, RELEASE, JOIN). What a kind means on a run is its
+    handler's: a program's transfer readies an argument on the host, a page plan's submits a
+    page read to a loader and a halo plan's posts a peer's messages; a launch waits on its
+    deps' events and runs its kernel. Asynchronous handlers record their events; the
+    handlers of the ops that wait on them wait."""
+    for kind, x in steps:
+        handlers[kind](x)
+
+
+def op_steps(module: TaskModule) -> tuple:
+    """A Task module's ops as steps: (TRANSFER, TransferOp), (RUN, TaskLaunchOp),
+    (RELEASE, ReleaseOp), (JOIN, JoinOp); other ops (relations, constants) take no step."""
+    kinds = {TransferOp: TRANSFER, TaskLaunchOp: RUN, ReleaseOp: RELEASE, JoinOp: JOIN}
+    return tuple((kinds[type(op)], op) for op in module.body.ops if type(op) in kinds)
+
+
 def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
              prepared: dict | None = None) -> list:
     """Interpret the walk's steps on this call's arguments (`walk`: a TaskWalk or a
@@ -196,20 +215,26 @@ def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
     def read(a):
         return a.value if isinstance(a, Lit) else env[id(a)]
 
-    for code, x in walk.steps:
-        if code is RUN:
-            vals = [read(a) for a in x.inputs]
-            fn = prepared.get(id(x)) if prepared else None
-            outs = fn(vals) if fn is not None else None
-            if outs is None:
-                outs = run_eqn(x, vals, overrides, dims)
-            for v, o in zip(x.outputs, outs):
-                env[id(v)] = o
-        elif code is TRANSFER:
-            env[id(binders[x])] = host_value(binders[x], args[x], True)
-        elif code is RELEASE:
-            env.pop(id(x), None)
+    def run(eqn):
+        vals = [read(a) for a in eqn.inputs]
+        fn = prepared.get(id(eqn)) if prepared else None
+        outs = fn(vals) if fn is not None else None
+        if outs is None:
+            outs = run_eqn(eqn, vals, overrides, dims)
+        for v, o in zip(eqn.outputs, outs):
+            env[id(v)] = o
+
+    def transfer(i):
+        env[id(binders[i])] = host_value(binders[i], args[i], True)
+
+    # (a launch runs to completion on the pool, so a join has nothing left to wait on)
+    interpret(walk.steps, {RUN: run, TRANSFER: transfer,
+                           RELEASE: lambda v: env.pop(id(v), None), JOIN: _nothing})
     return [read(a) for a in program.outs]
+
+
+def _nothing(_) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -275,5 +300,5 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
     return text + f", {count[RELEASE]} release(s), then a join"
 
 
-__all__ = ["task_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
+__all__ = ["interpret", "op_steps", "task_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
            "prepare_walk"]
