@@ -1,14 +1,16 @@
 """runtime/distributed: run a program whose relation is a DistributedGraph.
 
-A propagate runs its Task-IR plan (plan.py: built once per equation and graph, kept on the
-graph, printed by explain()): this module walks its ops. Grouped by destination: the halo
-transfers post each peer's messages (the owned rows it reads packed and sent, this rank's
-ghost rows received), the interior launches run the same compiled kernel as one process on
-the rows that read no ghost, testing the transfers between launches, then the boundary
-launch waits on the halo events and reads owned + ghost rows. Grouped by source (VJP source
-cotangents): exchange, one launch over the local relation, then the result's ghost rows go
-back to their owners, who add them. Other equations are local (row-wise tensor code); a
-reduction over rows is this rank's part.
+The program runs through eval_program with this runtime's rules (`_Rules`), loop bodies
+included; this module has no loop over equations or ops of its own. A propagate runs its
+Task-IR plan (lower/passes/plan_halo_tasks, cached on the graph by plan.py, printed by
+explain()) through the interpreter's loop with the halo handlers here. Grouped by
+destination: the halo transfers post each peer's messages (the owned rows it reads packed
+and sent, this rank's ghost rows received), the interior launches run the same compiled
+kernel as one process on the rows that read no ghost, testing the transfers between
+launches, then the boundary launch waits on the halo events and reads owned + ghost rows.
+Grouped by source (VJP source cotangents): exchange, one launch over the local relation,
+then the result's ghost rows go back to their owners, who add them. Other equations are
+local (row-wise tensor code); a reduction over rows is this rank's part.
 """
 from __future__ import annotations
 
@@ -19,20 +21,28 @@ import numpy as np
 
 from ...core.config import config
 from ...core.errors import DistributedError, UnsupportedError
+from ...core.eval import eval_program
 from ...core.primitive import impl_rules
 from ...core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
-from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
+from ...core.types import GraphType
 from ..backend_table import plan_cpu as plan_propagate  # (the cpu-llvm route table)
 from ..backends.cpu.propagate import Fallback, run_propagate
+from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret
 from ..run_report import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
 from .graph import DistributedGraph, is_distributed
-from .plan import exchanged, task_module
+from .plan import exchanged, halo_plan
 
-_LITS: dict = {}     # id(program) -> (weak program, whether a literal is distributed)
+# id(program) -> (weak program, its facts): the DistributedGraphs it captured (literals, also
+# inside loop bodies) and the other primitives reading a relation (_Rules refuses them on a
+# DistributedGraph); derived from the program alone, dropped with it
+_FACTS: dict = {}
+
+# what _Rules runs itself (the other primitives reading a relation are refused)
+_OWN_RULES = frozenset({propagate_p, repeat_p, while_loop_p, degrees_p, edge_ids_p})
 
 
 def distributed_call(program: GraphProgram, args: list) -> bool:
@@ -41,38 +51,45 @@ def distributed_call(program: GraphProgram, args: list) -> bool:
     for a in args:     # (a loop, not any(): this runs on every warm call)
         if is_distributed(a):
             return True
-    entry = _LITS.get(id(program))
+    return bool(_facts(program)[0])
+
+
+def _facts(program: GraphProgram) -> tuple:
+    """(literal DistributedGraphs, primitives other than _OWN_RULES with a relation operand)
+    of `program` and the programs in its parameters, memoised per program."""
+    entry = _FACTS.get(id(program))
     if entry is not None and entry[0]() is program:
         return entry[1]
-    found = bool(_literal_graphs(program))
-    if len(_LITS) > 1024:
-        _LITS.clear()
-    _LITS[id(program)] = (weakref.ref(program), found)
+    literals, readers = [], set()
+    _scan(program, literals, readers)
+    found = (tuple(literals), frozenset(readers - _OWN_RULES))
+    key = id(program)
+    _FACTS[key] = (weakref.ref(program, lambda _, key=key: _FACTS.pop(key, None)), found)
     return found
 
 
-def _literal_graphs(program: GraphProgram) -> list:
-    found = []
+def _scan(program: GraphProgram, literals: list, readers: set) -> None:
     for e in program.eqns:
-        found += [a.value for a in e.inputs if isinstance(a, Lit) and is_distributed(a.value)]
+        literals += [a.value for a in e.inputs if isinstance(a, Lit) and is_distributed(a.value)]
+        if any(isinstance(a.type, GraphType) for a in e.inputs):
+            readers.add(e.primitive)
         for p in e.params.values():
             if isinstance(p, ClosedProgram):
-                found += [c for c in p.consts if is_distributed(c)]
-                found += _literal_graphs(p.program)
-    return found
+                literals += [c for c in p.consts if is_distributed(c)]
+                _scan(p.program, literals, readers)
 
 
 def run_distributed(program: GraphProgram, args: list, lower) -> list:
     """Run `program` over its DistributedGraph(s) on this rank; `lower`: the executor's
     Lowering (the one-page Task module the halo plans unroll, the kernels' launches)."""
-    graphs = _graphs(list(args) + _literal_graphs(program))
+    graphs = _graphs(list(args) + list(_facts(program)[0]))
     for dg in graphs:
         if dg.broken:
             raise DistributedError(f"rank {dg.comm.rank}: this DistributedGraph's exchange "
                                    f"failed earlier ({dg.broken}); partition again")
         _agree(dg, program, args)
     try:
-        return _Runner(graphs[0], lower).run(program, list(args))
+        return _Rules(graphs[0], lower, program).run(program, list(args))
     except DistributedError as exc:
         for dg in graphs:
             dg.broken = str(exc)
@@ -118,59 +135,67 @@ def _structure(program: GraphProgram) -> tuple:
     return tuple(out)
 
 
-class _Runner:
-    def __init__(self, dg: DistributedGraph, lower):
+class _Rules:
+    """The runtime's rules for a program over a DistributedGraph, in front of the impl rules
+    of eval_program (the one loop that runs the program; a Task walk would lower the whole
+    program for nothing: its propagates run halo plans, its other equations impl rules):
+    a propagate over a DistributedGraph runs its halo plan, one over a local relation its
+    kernel; repeat / while_loop bodies run through these same rules, a while condition
+    agreed across ranks; degrees and edge ids of a DistributedGraph are this rank's; any
+    other equation reading a DistributedGraph is refused. Built per call (it holds the
+    call's graph): nothing of a call is kept."""
+
+    def __init__(self, dg: DistributedGraph, lower, program: GraphProgram):
         self.dg, self.lower = dg, lower
+        self.rules = {prim: _refuse for prim in _facts(program)[1]}
+        self.rules.update({propagate_p: self.propagate, repeat_p: self.repeat,
+                           while_loop_p: self.while_loop, degrees_p: self.degrees,
+                           edge_ids_p: self.edge_ids})
 
     def run(self, program: GraphProgram, args: list) -> list:
-        env: dict = {}
-        for v, x in zip(program.in_binders, args):
-            env[id(v)] = x
-
-        def read(a):
-            return a.value if isinstance(a, Lit) else env[id(a)]
-
-        for eqn in program.eqns:
-            vals = [read(a) for a in eqn.inputs]
-            for v, o in zip(eqn.outputs, self.equation(eqn, vals)):
-                env[id(v)] = o
-        return [read(a) for a in program.outs]
+        return eval_program(program, *args, overrides=self.rules)
 
     def call(self, closed, args: list) -> list:
         return self.run(closed.program, list(closed.consts) + list(args))
 
-    def equation(self, eqn, vals: list) -> list:
-        prim = eqn.primitive
-        if prim is propagate_p:
-            if is_distributed(vals[0]):
-                return propagate(eqn, vals[0], vals[1:], self.lower)
-            return launch(eqn, vals[0], vals[1:], self.lower)
-        if prim is repeat_p:
-            return run_repeat(self.call, vals, **eqn.params)
-        if prim is while_loop_p:
-            return run_while(self._agreed_call(eqn.params["cond"]), vals, **eqn.params)
-        if prim is degrees_p and is_distributed(vals[0]):
-            return [vals[0].degrees(eqn.params["by"])]
-        if prim is edge_ids_p and is_distributed(vals[0]):
-            return [np.arange(vals[0].num_edges, dtype=np.int64)]   # local edge order
-        if any(is_distributed(v) for v in vals):
-            raise UnsupportedError(f"{prim.name} on a DistributedGraph: only propagate and "
-                                   "degrees read a distributed relation",
-                                   hint="pass the global tg.Graph outside tg.distributed")
-        rule = impl_rules.get(prim)
-        if rule is None:
-            raise UnsupportedError(f"{prim.name} has no reference implementation")
-        return rule(*[np.asarray(v) if not hasattr(v, "resolve_csr") else v for v in vals],
-                    **eqn.params)
+    def propagate(self, eqn, vals: list) -> list:
+        if is_distributed(vals[0]):
+            return propagate(eqn, vals[0], vals[1:], self.lower)
+        return launch(eqn, vals[0], vals[1:], self.lower)
 
-    def _agreed_call(self, cond):
+    def repeat(self, eqn, vals: list) -> list:
+        return run_repeat(self.call, vals, **eqn.params)
+
+    def while_loop(self, eqn, vals: list) -> list:
         """The loop condition is agreed: every rank continues while any rank's does."""
+        cond = eqn.params["cond"]
+
         def call(closed, args):
             outs = self.call(closed, args)
             if closed is cond:
                 return [np.asarray(self.dg.comm.any(bool(outs[0]), "a while_loop condition"))]
             return outs
-        return call
+        return run_while(call, vals, **eqn.params)
+
+    @staticmethod
+    def degrees(eqn, vals: list):
+        return [vals[0].degrees(eqn.params["by"])] if is_distributed(vals[0]) else None
+
+    @staticmethod
+    def edge_ids(eqn, vals: list):
+        if is_distributed(vals[0]):
+            return [np.arange(vals[0].num_edges, dtype=np.int64)]   # local edge order
+        return None
+
+
+def _refuse(eqn, vals: list):
+    """Any other equation that reads a relation: refused on a DistributedGraph, else its
+    impl rule (None)."""
+    if any(is_distributed(v) for v in vals):
+        raise UnsupportedError(f"{eqn.primitive.name} on a DistributedGraph: only propagate "
+                               "and degrees read a distributed relation",
+                               hint="pass the global tg.Graph outside tg.distributed")
+    return None
 
 
 def launch(eqn, graph, values: list, lower, outs: list | None = None) -> list:
@@ -214,14 +239,16 @@ def propagate(eqn, dg: DistributedGraph, fields: list, lower) -> list:
         raise UnsupportedError(f"a source-grouped {r.name} propagate over a "
                                "DistributedGraph: ghost rows can only be added back",
                                hint="use tg.sum() (VJP source cotangents are sums)")
-    return _Walk(eqn, dg, fields, task_module(eqn, dg, lower), lower).run()
+    module, steps = halo_plan(eqn, dg, lower)
+    return _HaloHandlers(eqn, dg, fields, module, lower).run(steps)
 
 
-class _Walk:
-    """One call's interpretation of a plan: halo transfers start a peer's messages of a
-    HaloExchange (a ReverseAdd for a launch's result), launches wait on their events, run
-    the kernel over their rows and test the transfers in flight (MPI progresses only
-    inside MPI calls), writes store rows of the result, joins wait."""
+class _HaloHandlers:
+    """One call's handlers of a halo plan's ops, run by the interpreter's loop: halo
+    transfers start a peer's messages of a HaloExchange (a ReverseAdd for a launch's
+    result), launches wait on their events, run the kernel over their rows and test the
+    transfers in flight (MPI progresses only inside MPI calls), writes store rows of the
+    result, joins wait, releases drop an exchange."""
 
     def __init__(self, eqn, dg: DistributedGraph, fields: list, module, lower):
         self.eqn, self.dg, self.fields, self.module = eqn, dg, list(fields), module
@@ -252,19 +279,19 @@ class _Walk:
         ok = all(x.flags.c_contiguous and not x.ctypes.data % ALIGN for x in xs)
         return dg.compact if xs and ok else None
 
-    def run(self) -> list:
+    def run(self, steps) -> list:
+        """The plan's `steps` (op_steps of self.module) through the interpreter."""
         t0 = time.perf_counter()
-        for op in self.module.body.ops:
-            if isinstance(op, TransferOp):
-                self.transfer(op)
-            elif isinstance(op, TaskLaunchOp):
-                self.launch(op)
-            elif isinstance(op, JoinOp):
-                self.wait(op.deps)
-            elif isinstance(op, ReleaseOp):
-                self.moving.pop(op.value.name, None)
+        interpret(steps, {TRANSFER: self.transfer, RUN: self.launch, JOIN: self.join,
+                          RELEASE: self.release})
         self._record(time.perf_counter() - t0)
         return self.outs
+
+    def join(self, op) -> None:
+        self.wait(op.deps)
+
+    def release(self, op) -> None:
+        self.moving.pop(op.value.name, None)
 
     def wait(self, events) -> None:
         reqs = [r for e in events for r in self.pending.pop(e.name, ())]
