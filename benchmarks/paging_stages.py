@@ -35,7 +35,8 @@ STAGES = (  # (module under tiga.xla_free_runtime, owner or "", function, label)
     ("memory.tiers.disk", "DiskStorage", "_read_direct", "  range reads (_read_direct)"),
     ("memory.tiers.disk", "DiskStorage", "_read_chunk", "  chunk file read + crc32c"),
     ("paging.buffers", "PageBuffers", "acquire", "page buffer set acquire (waits)"),
-    ("paging.run", "_PagedRun", "load", "loader total (load)"),
+    ("paging.run", "_PagedRun", "load_relation", "loader: relation rows + distinct"),
+    ("paging.run", "_PagedRun", "load_field", "loader: field rows / gathers"),
     ("paging.run", "_PagedRun", "compute", "compute (kernel, writes)"),
 )
 

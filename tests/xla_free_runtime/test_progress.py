@@ -107,11 +107,11 @@ def test_ctrl_c_stops_the_run_and_leaves_the_bar_where_it_stopped(tmp_path, stde
     g, store = tg.Graph.open(tmp_path / "s"), tg.store.open(tmp_path / "s")
     compute, seen = paging._PagedRun.compute, []
 
-    def interrupted(self, item, outs, writes):
+    def interrupted(self, op):
         if len(seen) == 3:
             raise KeyboardInterrupt
-        seen.append(item[0].index)
-        return compute(self, item, outs, writes)
+        seen.append(op.page)
+        return compute(self, op)
     monkeypatch.setattr(paging._PagedRun, "compute", interrupted)
     stderr.truncate(0)
     with tg.scope(page_rows=PAGE), pytest.raises(KeyboardInterrupt):

@@ -168,15 +168,34 @@ def test_a_new_buffer_set_waits_until_the_growing_one_has_settled():
     second waits until the first has made its buffers (and the budget counts them)."""
     bufs = PageBuffers(4)
     stop = threading.Event()
-    first = bufs.acquire(100, stop)
+    first = bufs.acquire(100, stop, 0)
     got = []
-    t = threading.Thread(target=lambda: got.append(bufs.acquire(100, stop)))
+    t = threading.Thread(target=lambda: got.append(bufs.acquire(100, stop, 1)))
     t.start()
     t.join(0.5)
     assert t.is_alive() and not got          # no free set, the first one still growing
     bufs.settled(first)
     t.join(5)
     assert got and got[0] is not first
+    bufs.close()
+
+
+def test_buffer_sets_are_taken_in_launch_order():
+    """The page the computing thread waits for next is never starved by later pages: a set
+    for launch position 1 is handed out only after position 0 has taken one."""
+    bufs = PageBuffers(4)
+    stop = threading.Event()
+    got = []
+    t = threading.Thread(target=lambda: got.append(bufs.acquire(100, stop, 1)))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and not got          # position 0 has not asked yet
+    first = bufs.acquire(100, stop, 0)
+    bufs.settled(first)
+    t.join(5)
+    assert got and got[0] is not first
+    stop.set()
+    assert bufs.acquire(100, stop, 5) is None      # a stopping run is never kept waiting
     bufs.close()
 
 
@@ -188,17 +207,17 @@ def test_a_free_set_grows_only_within_the_budget():
     stop = threading.Event()
     with tg.scope(budgets={"host": 10_000}):
         bufs = PageBuffers(3)
-        a = bufs.acquire(4000, stop)
+        a = bufs.acquire(4000, stop, 0)
         a.get("x", 400, (1,), np.float64, "x")            # 3600 bytes with slack
         bufs.settled(a)
-        b = bufs.acquire(4000, stop)
+        b = bufs.acquire(4000, stop, 1)
         b.get("x", 400, (1,), np.float64, "x")
         bufs.settled(b)
         bufs.release(a)                                   # `a` idle, `b` busy: 7200 held
         got = []
         ctx = contextvars.copy_context()    # (the scope, as the paged run's loaders see it)
-        t = threading.Thread(target=ctx.run, args=(lambda: got.append(bufs.acquire(7000,
-                                                                                 stop)),))
+        t = threading.Thread(target=ctx.run, args=(lambda: got.append(bufs.acquire(7000, stop,
+                                                                                 2)),))
         t.start()
         t.join(0.5)
         assert t.is_alive() and not got     # growing `a` by 3400 needs `b`'s bytes back

@@ -86,6 +86,7 @@ class TransferOp:
     rows: tuple = (0, 0)
     peer: int | None = None       # halo: the rank owning the ghost rows
     ghosts: int | None = None     # halo: how many ghost rows arrive
+    stream: int | None = None     # page / gather: the loader that runs it (in op order)
     op_name: ClassVar[str] = "gf_storage.transfer"
     terminator: ClassVar[str] = ""
     regions = ()
@@ -103,6 +104,8 @@ class TransferOp:
                  ("dst_tier", self.dst_tier), ("page", self.page), ("rows", self.rows)]
         if self.kind == "halo":
             attrs += [("peer", self.peer), ("ghosts", self.ghosts)]
+        if self.stream is not None:
+            attrs.append(("stream", self.stream))
         return GenericOp(self.op_name, self.results, self.operands, (), tuple(attrs))
 
     @classmethod
@@ -113,8 +116,9 @@ class TransferOp:
         kind = r.take("kind")
         own = [r.take(k) for k in ("src_tier", "dst_tier", "page", "rows")]
         halo = [r.take("peer"), r.take("ghosts")] if kind == "halo" else [None, None]
+        stream = r.take("stream", None)
         r.done()
-        return cls(g.results[0], g.operands[0], g.operands[1:], kind, *own, *halo)
+        return cls(g.results[0], g.operands[0], g.operands[1:], kind, *own, *halo, stream)
 
     def verify(self, where: str, level: str) -> None:
         if self.event.type != EVENT or self.value.type == EVENT:
@@ -136,6 +140,9 @@ class TransferOp:
             raise CompilationError(f"{where}: a halo transfer needs a peer rank and a ghost "
                                    f"count (non-negative integers), found peer={self.peer!r}, "
                                    f"ghosts={self.ghosts!r}")
+        if self.stream is not None and not _nonneg(self.stream):
+            raise CompilationError(f"{where}: a transfer's stream must be a non-negative "
+                                   f"integer, found {self.stream!r}")
 
 
 @register_op

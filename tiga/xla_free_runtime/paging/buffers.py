@@ -68,9 +68,23 @@ class PageBuffers:
         self.sets: list = []
         self.free: list = []
         self.growing = None        # the new set whose first page is making its buffers
+        self.ticket = 0            # the next page (in launch order) that may take a set
         self.cond = threading.Condition()
 
-    def acquire(self, need: int, stop: threading.Event) -> PageSet | None:
+    def acquire(self, need: int, stop: threading.Event, ticket: int) -> PageSet | None:
+        """A set for the page with launch position `ticket`, once every earlier page has
+        taken one: the pages holding sets are then always the oldest in flight, so the page
+        the computing thread waits for is never starved by later ones."""
+        with self.cond:
+            while self.ticket != ticket and not stop.is_set():
+                self.cond.wait(0.1)
+            try:
+                return self._acquire(need, stop)
+            finally:
+                self.ticket += 1
+                self.cond.notify_all()
+
+    def _acquire(self, need: int, stop: threading.Event) -> PageSet | None:
         owner = sc.budget_scope("host")
         with self.cond:
             while not stop.is_set():

@@ -6,21 +6,22 @@ the runtime reads the CSR row range from the store, gathers each distinct source
 into a compact buffer (the page's column ids remapped onto it, see distinct()), runs the
 same compiled kernel as the in-memory path on the page-local CSR, and writes the output rows
 to a host array (the kernel writes them in place), or to a disk tensor when the result
-would not fit the host budget. Prefetch threads load the next pages while one computes (a
-bounded queue of two pages, reused page buffers: page_buffers). The plan is Task IR
-(paging_plan: one transfer per page and operand, one gf_task.launch and one write per page)
-and _PagedRun interprets it; the plan holds the executor's Lowering (`lower`), which gives
-the one-page Task module and the page kernel's launch (nothing here lowers); explain()
-prints the pages with the last run's measurements.
+would not fit the host budget. The plan is Task IR (lower/passes/plan_paged_tasks: per page
+its transfers on a loader stream, issued a few launches ahead, one gf_task.launch and its
+writes), run by the interpreter's one loop with _PagedRun's handlers: a transfer is a job on
+its loader thread, so the next pages load while one computes (reused page buffers:
+buffers.py). The executor's Lowering (`lower`) gives the one-page Task module and the page
+kernel's launch (nothing here lowers); explain() prints the pages with the last run's
+measurements.
 """
 from __future__ import annotations
 
 import contextvars
 import dataclasses
-import queue
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,7 @@ from ...core.types import TensorType
 from ...lower.ir.task import TaskLaunchOp
 from ..backends.cpu.propagate import Fallback, plan_propagate, run_propagate
 from ..explain import launch_facts, schedule_line
+from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers import DiskStorage, HostStorage
@@ -48,8 +50,9 @@ from .buffers import PageBuffers, with_slack
 from .writer import WRITE_QUEUE, PageWriter
 
 PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own
-QUEUE_PAGES = 2
-LOADERS = 2         # prefetch threads: file reads, checksums and numpy copies release the GIL
+QUEUE_PAGES = 2     # pages loaded ahead of the loaders' current ones
+LOADERS = 2         # loader threads: file reads, checksums and numpy copies release the GIL
+LOOKAHEAD = QUEUE_PAGES + LOADERS      # launches a page's transfers are issued ahead of it
 
 
 @dataclass(frozen=True)
@@ -333,8 +336,50 @@ def _materialised(eqn, graph, values, lower) -> list:
     return run_propagate(route, eqn, mem, vals)
 
 
+@dataclass(eq=False)
+class _Page:
+    """A page in flight: its buffer set, page-local CSR and distinct gathered ids (its
+    relation's loader job makes it), its field rows by name (the field jobs), where the
+    kernel writes its results, and the writes left before its buffer set goes back."""
+
+    index: int
+    bufs: object
+    graph: Graph
+    uniq: np.ndarray
+    writes: int
+    vals: dict = field(default_factory=dict)
+    into: list | None = None
+    pending: list = field(default_factory=list)     # rows bound for the writer thread
+    edge_ids: tuple | None = None
+
+
+class _Stopped(Exception):
+    """A loader job that found the run stopping (or its page's relation rows missing): the
+    launch that waits on it raises the cause instead, or the run is already unwinding."""
+
+
+class Loaders:
+    """The streams of a page plan: one thread each, running its transfers in op order."""
+
+    def __init__(self, n: int):
+        self.pools = [ThreadPoolExecutor(1, thread_name_prefix=f"tiga-page-loader-{i}")
+                      for i in range(n)]
+
+    def submit(self, stream: int, fn, *args):
+        return self.pools[stream].submit(contextvars.copy_context().run, fn, *args)
+
+    def close(self) -> None:
+        """Drop the queued jobs, wait for the running ones (they see the run's stop)."""
+        for pool in self.pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 class _PagedRun:
-    """One paged execution: a prefetch thread loads pages, this thread computes them."""
+    """One paged execution: the handlers the interpreter walks the page plan with. A
+    transfer into the host is a job on its stream's loader thread (its event: the job's
+    future), a launch waits on its transfers and runs the kernel on the page-local CSR on
+    this thread, a write stores the page's rows (on disk through the writer thread), the
+    join waits for the last writes."""
 
     def __init__(self, eqn, graph, values, walk: Walk, tasks, lower):
         self.eqn, self.graph, self.walk, self.tasks = eqn, graph, walk, tasks
@@ -343,17 +388,22 @@ class _PagedRun:
         self.roles = eqn.params["roles"]
         self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
                        for v, r in zip(values, self.roles)]
-        self.module = self.plan = None       # the Task-IR page plan (execute builds it)
+        self.module = None                   # the Task-IR page plan (execute builds it)
         self.outs = None                     # [(result tensor, its storage)] (execute)
         self.kernel_threads = None
         key = (str(walk.reader.vdir), walk.rows, sc.page_rows())
         self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
         self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows())
         self.stop = threading.Event()
-        # queued, computing, loading, being written
-        self.buffers = PageBuffers(QUEUE_PAGES + 1 + LOADERS + WRITE_QUEUE + 1)
-        self.writer = None
+        # loading or loaded ahead, computing, queued for the writer, being written
+        self.buffers = PageBuffers(LOOKAHEAD + 1 + WRITE_QUEUE + 1)
+        self.writer = self.loaders = self.bar = None
         self.lock = threading.Lock()
+        self.events: dict = {}     # event name -> the future of the loader job making it
+        self.pages: dict = {}      # page index -> its _Page (a loader makes it, a launch takes)
+        self.results: dict = {}    # a launch's result name -> (rows, its _Page)
+        self.params: dict = {}     # parameter name -> its value (transferred once)
+        self.tickets = 0           # page buffer sets are acquired in launch order
         self.out_row_bytes = sum(int(np.prod(v.type.shape[1:], dtype=np.int64)) *
                                  v.type.dtype.np.itemsize for v in eqn.outputs)
         self.row_bytes = [0 if r == "param" else
@@ -374,57 +424,130 @@ class _PagedRun:
                           distinct * 8 + out +
                           sum(n[r] * b for r, b in zip(self.roles, self.row_bytes)))
 
-    # ---- loading (prefetch thread) -------------------------------------------------------
+    def execute(self) -> list:
+        t_start = time.perf_counter()
+        outs = self.outs = self.allocate()
+        tiers = [tier for _, tier in self.fields]
+        n, self.kernel_threads = page_threads(self.walk, len(self.tasks))
+        self.module = paging_plan.page_module(
+            self.walk, self.tasks, self.roles, tiers, self.stats.result_tier,
+            _tier(self.reader), threads=self.kernel_threads, loaders=n, lookahead=LOOKAHEAD,
+            lower=self.lower)
+        if config.check:
+            self.module.verify()
+        self.writes, self.last_load = paging_plan.page_ops(self.module)
+        self.bar = progress_bar(len(self.tasks), "tg paged run", "pages")
+        self.loaders = Loaders(n)
+        if self.stats.result_tier == "disk":
+            self.writer = PageWriter(self.buffers, self.stats)
+        done = False
+        try:
+            interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
+                                              RELEASE: self.release, JOIN: self.join})
+            done = True
+        finally:
+            if self.writer is not None:     # interrupted: the queued writes still end
+                self.writer.close(check=False)
+            self.stop.set()
+            self.loaders.close()
+            self.buffers.close()
+            if self.bar is not None:
+                self.bar.close()
+            if not done:
+                _discard(outs)
+        self.stats.seconds["total"] = time.perf_counter() - t_start
+        return [t for t, _ in outs]
 
-    def load(self, task: PageTask, transfers: list, bufs):
-        """Run a page's transfers into the host (into the buffer set `bufs`): the
-        relation's rows, then each field's rows (kind "page") or the distinct rows the page
-        reads (kind "gather")."""
+    # ---- transfers ---------------------------------------------------------------------------
+
+    def transfer(self, op) -> None:
+        if op.kind in ("write", "accumulate"):
+            return self.write(op)
+        if op.stream is None:               # a parameter: read where it is
+            self.params[op.value.name] = self.fields[self._field(op)][0]
+            return None
+        if op.value.name == self.module.body.args[0].name:
+            job, arg = self.load_relation, self.tickets
+            self.tickets += 1
+        else:
+            job, arg = self.load_field, self._field(op)
+        self.events[op.event.name] = self.loaders.submit(op.stream, job, op, arg)
+        return None
+
+    def _field(self, op) -> int:
+        return [a.name for a in self.module.body.args].index(op.value.name) - 1
+
+    def load_relation(self, op, ticket: int) -> None:
+        """A page's relation rows into a free buffer set (taken in launch order), its
+        source ids made distinct and remapped: the page-local CSR."""
+        task = self.tasks[op.page]
+        bufs = self.buffers.acquire(self.estimate(task), self.stop, ticket)
+        if bufs is None:
+            raise _Stopped()
+        try:
+            t0 = time.perf_counter()
+            a, b = op.rows
+            what = f"page {task.index} buffers"
+            out = (bufs.get("row_ptr", b - a + 1, (), np.int64, what),
+                   bufs.get("col_idx", task.edges[1] - task.edges[0], (),
+                            self.graph.index_dtype.np, what))
+            rp, ci, elo = self.reader.read_rows(a, b, out)
+            if elo != task.edges[0] or elo + len(ci) != task.edges[1]:
+                raise StorageError(f"{self.reader.path}: page {task.index} check failed: "
+                                   f"edges [{elo}:{elo + len(ci)}) differ from the planned "
+                                   f"[{task.edges[0]}:{task.edges[1]})")
+            t1 = time.perf_counter()
+            uniq, inv = self.distinct(task.index, ci)
+            # the page is valid by construction: row_ptr checked by the reader, ids
+            # remapped onto [0, len(uniq)) here
+            page = Graph(kind="csr", num_src=len(uniq), num_dst=len(rp) - 1,
+                         num_edges=len(inv), index_dtype=self.graph.index_dtype, csr=(rp, inv))
+            self.pages[task.index] = _Page(task.index, bufs, page, uniq,
+                                           len(self.writes[task.index]))
+            with self.lock:        # (loaders run in parallel)
+                st = self.stats
+                st.bytes_read[_tier(self.reader)] += rp.nbytes + ci.nbytes
+                st.distinct_sources += len(uniq)
+                st.edges += len(ci)
+                st.seconds["read"] += t1 - t0
+                st.seconds["gather"] += time.perf_counter() - t1
+        except BaseException:
+            self.pages[task.index] = None
+            self.buffers.release(bufs)
+            self.buffers.settled(bufs)
+            raise
+        if self.last_load[task.index] == op.event.name:
+            self.loaded(task.index)
+
+    def load_field(self, op, i: int) -> None:
+        """A field's rows of a page: its own rows (kind "page") or the distinct rows the page
+        reads (kind "gather"), into the page's buffer set when they need copying."""
+        page = self.pages.get(op.page)
+        if page is None:                    # (its relation job raised: the launch says why)
+            raise _Stopped()
         t0 = time.perf_counter()
-        relation = self.module.body.args[0]
-        ops = {op.value.name: op for op in transfers}
-        a, b = ops[relation.name].rows
-        what = f"page {task.index} buffers"
-        out = (bufs.get("row_ptr", b - a + 1, (), np.int64, what),
-               bufs.get("col_idx", task.edges[1] - task.edges[0], (),
-                        self.graph.index_dtype.np, what))
-        rp, ci, elo = self.reader.read_rows(a, b, out)
-        if elo != task.edges[0] or elo + len(ci) != task.edges[1]:
-            raise StorageError(f"{self.reader.path}: page {task.index} check failed: "
-                               f"edges [{elo}:{elo + len(ci)}) differ from the planned "
-                               f"[{task.edges[0]}:{task.edges[1]})")
-        reads = {"disk": 0, "host": 0}
-        reads[_tier(self.reader)] += rp.nbytes + ci.nbytes
-        t1 = time.perf_counter()
-        uniq, inv = self.distinct(task.index, ci)
-        vals = []
-        edge_rows = self.edge_rows(task, reads)
-        for (stor, tier), role, arg in zip(self.fields, self.roles, self.module.body.args[1:]):
-            if role == "param":
-                vals.append(stor)
-                continue
-            op = ops[arg.name]
-            n = op.rows[1] - op.rows[0] if op.kind == "page" else len(uniq)
-            buf = bufs.get(arg.name, n, *_row_layout(stor), what) if tier == "disk" or \
-                (op.kind == "gather" and role != "edge") else None
-            v = stor.read_rows(*op.rows, buf) if op.kind == "page" else \
-                edge_rows(stor) if role == "edge" else stor.take_rows(uniq, buf)
-            reads[tier] += v.nbytes
-            vals.append(v)
-        # the page is valid by construction: row_ptr checked by the reader, ids remapped
-        # onto [0, len(uniq)) here
-        page = Graph(kind="csr", num_src=len(uniq), num_dst=len(rp) - 1, num_edges=len(inv),
-                     index_dtype=self.graph.index_dtype, csr=(rp, inv))
-        t2 = time.perf_counter()
-        with self.lock:        # (loaders run in parallel)
-            st = self.stats
-            for tier, n in reads.items():
-                st.bytes_read[tier] += n
-            st.distinct_sources += len(uniq)
-            st.edges += len(ci)
-            st.seconds["read"] += t1 - t0
-            st.seconds["gather"] += t2 - t1
-        return task, page, vals, bufs
+        stor, tier = self.fields[i]
+        name = op.value.name
+        n = op.rows[1] - op.rows[0] if op.kind == "page" else len(page.uniq)
+        buf = page.bufs.get(name, n, *_row_layout(stor), f"page {op.page} buffers") \
+            if tier == "disk" or (op.kind == "gather" and self.roles[i] != "edge") else None
+        v = stor.read_rows(*op.rows, buf) if op.kind == "page" else \
+            self.edge_rows(page, stor) if self.roles[i] == "edge" else \
+            stor.take_rows(page.uniq, buf)
+        page.vals[name] = v
+        with self.lock:
+            self.stats.bytes_read[tier] += v.nbytes
+            self.stats.seconds["gather"] += time.perf_counter() - t0
+        if self.last_load[op.page] == op.event.name:
+            self.loaded(op.page)
+
+    def loaded(self, k: int) -> None:
+        """A page's last load: its result buffers too, so its buffer set settles whole."""
+        page = self.pages[k]
+        try:
+            page.into = self.page_outputs(self.outs, self.writes[k], page.bufs)
+        finally:
+            self.buffers.settled(page.bufs)
 
     def distinct(self, page: int, ci: np.ndarray) -> tuple:
         """distinct() of a page's source ids; a page whose ids filled a window [lo, hi) on
@@ -441,146 +564,76 @@ class _PagedRun:
             self.windows[page] = (int(uniq[0]), int(uniq[-1]) + 1)
         return uniq, inv
 
-    def edge_rows(self, task: PageTask, reads: dict):
-        """Edge fields of a page walking the transpose: the page's stored edge ids, each
-        row read once, in transposed order."""
-        ids = []
+    def edge_rows(self, page, stor):
+        """An edge field of a page walking the transpose: the page's stored edge ids (read
+        once per page), each row read once, in transposed order."""
+        if page.edge_ids is None:
+            a, b = self.tasks[page.index].edges
+            perm = self.walk.edge_perm.read_rows(a, b)
+            with self.lock:
+                self.stats.bytes_read[_tier(self.walk.edge_perm)] += perm.nbytes
+            page.edge_ids = distinct(perm, np.intp)
+        uniq, inv = page.edge_ids
+        return stor.take_rows(uniq)[inv]
 
-        def take(stor):
-            if not ids:
-                perm = self.walk.edge_perm.read_rows(*task.edges)
-                reads[_tier(self.walk.edge_perm)] += perm.nbytes
-                ids.extend(distinct(perm, np.intp))
-            return stor.take_rows(ids[0])[ids[1]]
-        return take
+    # ---- launches and writes (this thread) -------------------------------------------------
 
-    def producer(self, q: queue.Queue, pages) -> None:
-        """A prefetch thread: walks the transfers of its run of pages (`pages`, an
-        iterator over plan steps) into the host, one page at a time."""
-        try:
-            while True:
-                step = next(pages, None)     # (this loader's own run of pages)
-                if step is None:
-                    break
-                transfers, launches, writes = step
-                task = self.tasks[launches[0].page]
-                bufs = self.buffers.acquire(self.estimate(task), self.stop)
-                if bufs is None:
-                    return
-                try:
-                    item = self.load(task, transfers, bufs)
-                    # the page's result buffers too, so the set settles whole
-                    self.page_outputs(self.outs, writes, bufs)
-                except BaseException:
-                    self.buffers.release(bufs)
-                    raise
-                finally:
-                    self.buffers.settled(bufs)
-                while not self.stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                else:
-                    self.buffers.release(bufs)
-            q.put(None)
-        except BaseException as exc:      # handed to the computing thread, raised there
-            q.put(exc)
+    def launch(self, op) -> None:
+        """A page's gf_task.launch: wait for its transfers, then the kernel."""
+        t0 = time.perf_counter()
+        for e in op.deps:
+            fut = self.events.pop(e.name, None)
+            if fut is not None:
+                fut.result()          # (a loader's error is raised here)
+        self.stats.seconds["wait"] += time.perf_counter() - t0
+        self.compute(op)
+        if self.bar is not None:
+            self.bar.update(1)
 
-    # ---- computing (calling thread) ------------------------------------------------------
+    def compute(self, op) -> None:
+        """The kernel on the page-local CSR, writing host result rows in place."""
+        page = self.pages.pop(op.page)
+        args = self.module.body.args[1:]
+        vals = [self.params[a.name] if r == "param" else page.vals[a.name]
+                for a, r in zip(args, self.roles)]
+        t0 = time.perf_counter()
+        eqn = self.walk.eqn
+        route = plan_propagate(eqn, page.graph, lower=self.lower)
+        if isinstance(route, Fallback):
+            res = impl_rules[propagate_p](page.graph, *vals, **eqn.params)
+        else:
+            res = run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads)
+        self.stats.seconds["compute"] += time.perf_counter() - t0
+        for v, r in zip(op.results[:-1], res):
+            self.results[v.name] = (np.asarray(r), page)
 
-    def execute(self) -> list:
-        t_start = time.perf_counter()
-        outs = self.outs = self.allocate()
-        tiers = [tier for _, tier in self.fields]
-        n, self.kernel_threads = page_threads(self.walk, len(self.tasks))
-        self.module = paging_plan.page_module(self.walk, self.tasks, self.roles, tiers,
-                                              self.stats.result_tier, _tier(self.reader),
-                                              threads=self.kernel_threads, lower=self.lower)
-        if config.check:
-            self.module.verify()
-        self.plan = paging_plan.steps(self.module)
-        bar = progress_bar(len(self.tasks), "tg paged run", "pages")
-        q: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
-        cuts = [len(self.plan) * i // n for i in range(n + 1)]
-        workers = [threading.Thread(target=contextvars.copy_context().run, daemon=True,
-                                    args=(self.producer, q, iter(self.plan[a:b])),
-                                    name=f"tiga-page-prefetch-{i}")
-                   for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
-        writes = {step[1][0].page: step[2] for step in self.plan}
-        done = False
-        if self.stats.result_tier == "disk":
-            self.writer = PageWriter(self.buffers, self.stats)
-        try:
-            for w in workers if self.tasks else ():
-                w.start()
-            left = len(self.plan)
-            while left:                 # the calling thread: each page's task, its writes
-                t0 = time.perf_counter()
-                item = q.get()
-                self.stats.seconds["wait"] += time.perf_counter() - t0
-                if isinstance(item, BaseException):
-                    raise item
-                if item is None:        # a loader finished
-                    continue
-                self.compute(item, outs, writes[item[0].index])
-                left -= 1
-                if bar is not None:
-                    bar.update(1)
-            if self.writer is not None:
-                self.writer.close()         # (the last pages' writes; raises theirs)
-                self.writer = None
-            done = True
-        finally:
-            if self.writer is not None:     # interrupted: the queued writes still end
-                self.writer.close(check=False)
-            self.stop.set()
-            self.drain(q)
-            for w in workers:
-                if w.is_alive():
-                    w.join()
-            self.drain(q)
-            self.buffers.close()
-            if bar is not None:
-                bar.close()
-            if not done:
-                _discard(outs)
-        self.stats.seconds["total"] = time.perf_counter() - t_start
-        return [t for t, _ in outs]
-
-    def compute(self, item, outs, writes: list) -> None:
-        """A page's gf_task.launch (the kernel on the page-local CSR), then its writes: host
-        rows are written in place by the kernel, disk rows by the writer thread (the
-        page's buffer set, which holds them, goes with them)."""
-        task, page, vals, bufs = item
-        try:
-            t0 = time.perf_counter()
-            eqn = self.walk.eqn
-            route = plan_propagate(eqn, page, lower=self.lower)
-            if isinstance(route, Fallback):
-                res = impl_rules[propagate_p](page, *vals, **eqn.params)
+    def write(self, op) -> None:
+        """A page's output rows into the result: added (a sum over all edges), left where
+        the kernel wrote them, copied, or handed to the writer thread with the page's buffer
+        set (which holds them); the set goes back after the page's last write."""
+        r, page = self.results.pop(op.value.name)
+        _, stor = self.outs[self.writes[op.page].index(op)]
+        if op.kind == "accumulate":
+            stor._live()[...] += r
+        elif stor.tier == "disk":
+            page.pending.append((stor, op.rows[0], r))
+        elif not np.shares_memory(r, stor._live()[op.rows[0]:op.rows[1]]):
+            stor.write_rows(op.rows[0], r)
+        self.stats.bytes_written[stor.tier] += r.nbytes
+        page.writes -= 1
+        if page.writes == 0:
+            if page.pending:
+                self.writer.put(page.pending, page.bufs)     # (the writer releases it)
             else:
-                res = run_propagate(route, eqn, page, vals, self.page_outputs(
-                    outs, writes, bufs), self.kernel_threads)
-            t1 = time.perf_counter()
-            pending = []
-            for (_, stor), r, op in zip(outs, res, writes):
-                r = np.asarray(r)
-                if op.kind == "accumulate":     # summed over all edges: add the page's sum
-                    stor._live()[...] += r
-                elif stor.tier == "disk":
-                    pending.append((stor, op.rows[0], r))
-                elif not np.shares_memory(r, stor._live()[op.rows[0]:op.rows[1]]):
-                    stor.write_rows(op.rows[0], r)
-                self.stats.bytes_written[stor.tier] += r.nbytes
-            self.stats.seconds["compute"] += t1 - t0
-            if pending:
-                self.writer.put(pending, bufs)
-                bufs = None         # (the writer releases it)
-        finally:
-            if bufs is not None:
-                self.buffers.release(bufs)
+                self.buffers.release(page.bufs)
+
+    def release(self, op) -> None:
+        self.params.pop(op.value.name, None)
+
+    def join(self, op) -> None:
+        if self.writer is not None:
+            self.writer.close()         # (the last pages' writes; raises theirs)
+            self.writer = None
 
     def page_outputs(self, outs, writes: list, bufs) -> list | None:
         """Where the kernel writes a page's results: the result's own rows on the host, a
@@ -593,15 +646,6 @@ class _PagedRun:
             into.append(stor._live()[a:b] if stor.tier == "host" else bufs.get(
                 f"out{i}", b - a, stor.shape[1:], stor.dtype, f"page {op.page} results"))
         return into
-
-    def drain(self, q: queue.Queue) -> None:
-        while True:
-            try:
-                item = q.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, tuple):
-                self.buffers.release(item[3])
 
     def allocate(self) -> list:
         """[(result tensor, its storage)]: on the host when the results fit the host budget
@@ -671,9 +715,10 @@ def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None):
              for v, r in zip(values, eqn.params["roles"])]
     on_disk = result_layout(eqn, walk)[2]
     tasks = page_tasks(n, bounds, rows)
+    loaders, threads = page_threads(walk, len(tasks))
     return paging_plan.page_module(walk, tasks, eqn.params["roles"], tiers,
-                                   "disk" if on_disk else "host",
-                                   threads=page_threads(walk, len(tasks))[1], lower=lower)
+                                   "disk" if on_disk else "host", threads=threads,
+                                   loaders=loaders, lookahead=LOOKAHEAD, lower=lower)
 
 
 def call_plan(program, args: list, lower):
