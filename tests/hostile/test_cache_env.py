@@ -24,7 +24,7 @@ root = Path(os.environ["TIGA_CACHE_DIR"])
 seen, report = set(), {}
 for name in ("sum", "max", "min", "mean", "prod"):
     y = tg.propagate(g, lambda s, d, e: s.x * 1.5, getattr(tg, name)(), src={"x": x})
-    now = {str(p) for p in root.rglob("*.tgo")}
+    now = {str(p) for p in root.rglob("*.tga")}
     report[name] = {"y": np.asarray(y).tolist(), "entries": sorted(now - seen)}
     seen |= now
 from tiga.xla_free_runtime.cache import CACHE

@@ -386,7 +386,7 @@ def test_cache_miss_then_memory_hit_then_disk_hit(fresh_cache):
     want = [23.0 - 0.25, 6.0 - 0.125, 0.0]
     np.testing.assert_allclose(execute(program, args)[0], want)
     assert cache.stats.as_dict()["misses"] == 1 and cache.stats.disk_hits == 0
-    entries = list(path.rglob("*.tgo"))
+    entries = list(path.rglob("*.tga"))
     assert len(entries) == 1
     assert explain_program(program, args).cache.startswith("hit (memory)")
     np.testing.assert_allclose(execute(program, args)[0], want)
@@ -402,7 +402,7 @@ def test_corrupt_disk_entry_is_discarded_and_rebuilt(fresh_cache, damage):
     cache, path = fresh_cache
     program, args = _cache_program()
     first = execute(program, args)[0]
-    (entry,) = path.rglob("*.tgo")
+    (entry,) = path.rglob("*.tga")
     data = bytearray(entry.read_bytes())
     if damage == "flip_object_byte":
         data[-20] ^= 0xFF

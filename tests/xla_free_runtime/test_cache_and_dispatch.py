@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
+from tiga.lower.abi import KernelSignature
 from tiga.trace import call_cache
 from tiga.trace.message_passing import PropagateCall
+from tiga.xla_free_runtime import artifacts
 from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
 from tiga.xla_free_runtime.backends.cpu.propagate import _argv, plan_propagate
@@ -65,12 +67,13 @@ def test_disk_entry_is_a_checked_shared_library(fresh_cache):
     cache, path = fresh_cache
     program, args, want = _program()
     np.testing.assert_allclose(execute(program, args)[0], want)
-    (entry,) = path.rglob("*.tgo")
-    data = entry.read_bytes()
-    assert data.startswith(b"\x7fELF") and data.endswith(cache_mod.SO_MAGIC)
+    (entry,) = path.rglob("*.tga")
+    assert entry.read_bytes().startswith(artifacts.FORMAT)
     assert not list(path.rglob(".tiga-*"))        # the dlopened copies are gone
-    layout, code, sig = cache_mod._read_entry(entry, entry.stem)
-    assert layout == "so" and sig.symbol == cache_mod.symbol_for(entry.stem)
+    layout, code, meta = artifacts.read_entry(entry, entry.stem, cache_mod.KINDS)
+    sig = KernelSignature.from_json(meta["signature"])
+    assert layout == "so" and code.startswith(b"\x7fELF")
+    assert sig.symbol == cache_mod.symbol_for(entry.stem)
     assert cache.stats.misses == 1
 
 
@@ -86,8 +89,8 @@ def test_damaged_entry_of_either_layout_is_discarded_and_rebuilt(fresh_cache, mo
     cache, path = fresh_cache
     program, args, want = _program(0.375)
     np.testing.assert_allclose(execute(program, args)[0], want)
-    (entry,) = path.rglob("*.tgo")
-    assert entry.read_bytes().startswith(b"\x7fELF" if layout == "so" else cache_mod.MAGIC)
+    (entry,) = path.rglob("*.tga")
+    assert artifacts.read_entry(entry, entry.stem, cache_mod.KINDS)[0] == layout
     _damage(entry, how)
     cache.clear_memory()
     np.testing.assert_allclose(execute(program, args)[0], want)

@@ -49,7 +49,7 @@ from ....lower.ir.iter import KNN_TILED, hierarchy_for
 from ....lower.ir.syntax import AttrDict
 from ....trace import math as tm
 from ....trace.message_passing import propagate
-from ...cache import CACHE, full_key
+from ...cache import CACHE, full_key, llvm_key
 from ...explain import launch_facts, schedule_line
 from ...threads import num_threads, row_chunks, run_chunks
 from .propagate import Fallback, _address, _check_field, _np_dtype, kernel_text
@@ -182,8 +182,8 @@ def _key(eqn, spec: GeoSpec, launch, swap: bool) -> str:
     key = per_eqn.get(variant)
     if key is None:
         lowered = per_eqn.get("swapped", eqn) if swap else eqn
-        key = per_eqn[variant] = full_key((
-            "generated-propagate", kernel_text(launch, lowered), spec.descriptor()))
+        key = per_eqn[variant] = llvm_key(kernel_text(launch, lowered),
+                                          ("generated-propagate", spec.descriptor()))
     return key
 
 

@@ -26,7 +26,7 @@ from ....lower import CPU_LLVM_AVAILABLE
 from ....lower import schedule as knobs
 from ....lower.ir.kernel import Schedule
 from ....lower.ir.text import print_op
-from ...cache import CACHE, Executable, full_key
+from ...cache import CACHE, Executable, llvm_key
 from ...threads import num_threads, run_chunks, run_jobs
 from .native.pool import parallel_copy
 from .walk_tables import chunks_of, implicit_tables
@@ -107,8 +107,8 @@ def _kernel_of(eqn, graph, lower, held=None) -> tuple:
         op = _launch_op(eqn, relation, lower, held)
         # the walk's binding (relation layout constants, edge permutation) is the part of
         # the render's input the op does not print
-        key = full_key(("propagate", kernel_text(op, eqn), relation, has_perm,
-                        graph.index_dtype.name))
+        key = llvm_key(kernel_text(op, eqn), ("propagate", relation, has_perm,
+                                              graph.index_dtype.name))
         found = _KERNELS.setdefault(eqn, {})[variant] = (key, op)
     return found
 

@@ -1,19 +1,24 @@
-"""runtime/backends/triton: turn Triton source into launchable modules, and what every
-Triton kernel family (propagate, attention, kNN selection) shares at launch: the interpreter
-switch (TRITON_INTERPRET, read by Triton when it decorates and launches), the torch tensors
-the facade hands over (this layer never imports torch) and a result as the executor holds it.
+"""runtime/backends/triton: turn Triton source into launchable modules (the Triton artifact
+kind of the one artifact cache, artifacts.py: build = the rendered module source, load = the
+stored source checked and imported), and what every Triton kernel family (propagate,
+attention, kNN selection) shares at launch: the interpreter switch (TRITON_INTERPRET, read by
+Triton when it decorates and launches), the torch tensors the facade hands over (this layer
+never imports torch) and a result as the executor holds it.
 """
 from __future__ import annotations
 
-import importlib.util
+import linecache
 import os
 import sys
+import threading
+import types
 from contextlib import contextmanager
 
 from ....core.errors import UnsupportedError
-from ....lower.abi import KernelSource
+from ....lower.abi import KernelSignature, KernelSource
 from ....lower.backends import BACKENDS
-from . import cache as triton_cache
+from ...artifacts import Built, CorruptEntry, artifact_key, entry_path
+from ...cache import CACHE
 
 
 def triton_version() -> str:
@@ -24,40 +29,110 @@ def triton_version() -> str:
         return "none"
 
 
-def import_source(key: str, source: KernelSource, backend: str):
-    """Import the module stored on disk (Triton reads a kernel's source file, so it must
-    exist there: a file removed since is written again); the interpreter flag is read when
-    @triton.jit runs."""
-    path = triton_cache.path_of(key)
-    if not path.exists() or path.read_text() != source.text:
-        triton_cache.write(key, source.text)
-    name = f"tiga_triton_{key[:32]}_{backend.replace('-', '_')}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    with interpret(backend):
-        spec.loader.exec_module(module)
+KIND = "triton-source"      # the artifact kind of a rendered Triton module
+
+
+def symbol_for(key: str) -> str:
+    return f"tiga_{key[:24]}"
+
+
+def module_key(text: str, backend: str, extra: tuple = ()) -> str:
+    """The artifact key of a Triton module: its printed Kernel op (or a fixed source's
+    text), the backend (interpreted or not: decided when the module is imported), triton's
+    version and what the renderer reads beside the op."""
+    return artifact_key(text, backend, (triton_version(),), extra)
+
+
+class TritonModule:
+    """A Triton artifact: the rendered source and, from its first use, the imported module
+    (importing runs @triton.jit, which reads TRITON_INTERPRET: once, on first launch)."""
+
+    def __init__(self, key: str, source: KernelSource, backend: str, name: str):
+        self.key, self.source, self.backend, self.name = key, source, backend, name
+        self._module = None
+        self._lock = threading.Lock()
+
+    @property
+    def imported(self) -> bool:
+        return self._module is not None
+
+    def module(self):
+        if self._module is None:
+            with self._lock:
+                if self._module is None:
+                    self._module = _exec_module(self.name, self.source.text,
+                                                str(entry_path(self.key)), self.backend)
+        return self._module
+
+
+class TritonArtifact:
+    """The Triton artifact kind: `render(symbol) -> KernelSource` builds the module source
+    (its signature None for a fixed source); a stored one is loaded once it compiles as
+    Python. `name(key)`: the module's name in sys.modules."""
+
+    kinds = (KIND,)
+
+    def __init__(self, backend: str, render, name=None):
+        self.backend, self.render = backend, render
+        self.name = name or (lambda key: f"tiga_triton_{key[:32]}")
+
+    def build(self, key: str) -> Built:
+        source = self.render(symbol_for(key))
+        sig = source.signature
+        return Built(TritonModule(key, source, self.backend, self.name(key)), KIND,
+                     source.text.encode(), {"signature": sig.to_json() if sig else None})
+
+    def load(self, key: str, kind: str, payload: bytes, meta: dict, path) -> TritonModule:
+        text = payload.decode()
+        try:
+            compile(text, str(path), "exec")    # the body must be Python Triton can read
+        except SyntaxError as exc:
+            raise CorruptEntry(f"{path}: {exc}") from None
+        sig = meta["signature"]
+        source = KernelSource(text, KernelSignature.from_json(sig) if sig else None)
+        if sig and source.signature.symbol != symbol_for(key):
+            raise CorruptEntry(f"{path}: a signature of another kernel")
+        return TritonModule(key, source, self.backend, self.name(key))
+
+
+def _exec_module(name: str, text: str, path: str, backend: str):
+    """Import a verified module source as `name`. Triton reads a kernel's source through
+    linecache (at decoration, and the interpreter again at launch), so the lines it finds
+    under `path` are primed with exactly the text run here (line 1 stands for the entry's
+    header line, so they also match the file), and `get_source` serves them where the file
+    is absent (an unwritable cache directory)."""
+    source = "#\n" + text
+    module = types.ModuleType(name)
+    module.__file__ = path
+    module.__loader__ = _Source(source)
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     sys.modules[name] = module
+    try:
+        with interpret(backend):
+            exec(compile(source, path, "exec"), module.__dict__)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     return module
+
+
+class _Source:
+    def __init__(self, text: str):
+        self.text = text
+
+    def get_source(self, name: str) -> str:
+        return self.text
 
 
 def import_text(text: str, tag: str, backend: str):
-    """The module of a fixed Triton source (attention, kNN selection): stored in the disk
-    cache under its key and imported once per backend."""
+    """The module of a fixed Triton source (attention, kNN selection): an artifact in the
+    one cache under its key, imported once per backend."""
     if BACKENDS[backend].interpreter:
         ensure_interpreter()
-    key = triton_cache.module_key(text, (tag,), backend, triton_version())
-    name = f"tiga_triton_{tag}_{key[:16]}_{backend.replace('-', '_')}"
-    found = sys.modules.get(name)
-    if found is not None:
-        return found
-    if triton_cache.load(key) is None or not triton_cache.path_of(key).exists():
-        triton_cache.store(key, text, "{}")
-    spec = importlib.util.spec_from_file_location(name, triton_cache.path_of(key))
-    module = importlib.util.module_from_spec(spec)
-    with interpret(backend):
-        spec.loader.exec_module(module)
-    sys.modules[name] = module
-    return module
+    key = module_key(text, backend, (tag,))
+    found = CACHE.get(key, TritonArtifact(backend, lambda symbol: KernelSource(text, None),
+                                          lambda key: f"tiga_triton_{tag}_{key[:16]}"))
+    return found.module()
 
 
 def ensure_interpreter() -> None:
@@ -123,5 +198,6 @@ def launch_result(buf, x, dtype: str, device: str):
     return buf.to_numpy(x, dtype) if device == "cpu" else buf.from_array(x, dtype, device)
 
 
-__all__ = ["import_source", "import_text", "ensure_interpreter", "interpret", "tensors",
-           "launch_result", "triton_version", "HOOKS"]
+__all__ = ["TritonArtifact", "TritonModule", "module_key", "symbol_for", "import_text",
+           "ensure_interpreter", "interpret", "tensors", "launch_result", "triton_version",
+           "HOOKS"]

@@ -4,15 +4,14 @@
 and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
 A TritonPlan takes the equation's Kernel op for target triton from the executor's Lowering
 (`lower.kernel`; the schedule printed there is the one rendered; this module never
-lowers), renders it (lower/triton), writes the source to `$TIGA_CACHE_DIR/triton/<key>.py`
-and imports it (compile.py; with TRITON_INTERPRET=1 for the interpreter: Triton decides at
-decoration time), then launches it on torch tensors: CPU
-tensors under the interpreter, CUDA tensors on the GPU. Compiled modules are cached per key
-(the same structural key scheme as cpu-llvm, plus the backend and triton's version).
+lowers), renders it (lower/triton) into a Triton module artifact of the one artifact cache
+(artifacts.py: keyed by the printed op, the backend, triton's version and Tiga's source hash;
+stored on disk like every backend's artifacts) and imports it on first launch (compile.py;
+with TRITON_INTERPRET=1 for the interpreter: Triton decides at decoration time), then launches
+it on torch tensors: CPU tensors under the interpreter, CUDA tensors on the GPU.
 """
 from __future__ import annotations
 
-import threading
 import weakref
 from dataclasses import dataclass, replace
 
@@ -21,7 +20,7 @@ import numpy as np
 from ....core.config import config
 from ....core.errors import TigaError, UnsupportedError
 from ....core.graph_validate import input_device
-from ....lower.abi import KernelSignature, KernelSource, relation_descriptor
+from ....lower.abi import KernelSource, relation_descriptor
 from ....lower.backends import (
     BACKENDS,
     TRITON_BACKENDS,
@@ -30,28 +29,26 @@ from ....lower.backends import (
     selected_backend,
 )
 from ....lower.triton import TritonUnsupported, render_launch
-from ...cache import full_key
+from ...cache import CACHE
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
 from ..cpu.propagate import plan_propagate as llvm_plan
-from . import cache as triton_cache
 from .attention import attention_plan
 from .compile import (
+    TritonArtifact,
+    TritonModule,
     ensure_interpreter,
-    import_source,
     interpret,
     launch_result,
+    module_key,
     tensors,
     triton_version,
 )
 from .generated import generated_walk
 
-_MODULES: dict = {}          # module key -> imported kernel module
-_SOURCES: dict = {}          # module key -> KernelSource (rendered or read from disk)
 _PLANS: dict = {}            # (structure key, relation type) -> TritonPlan (a warm call's)
 # eqn -> {(id(graph), backend): (weak graph, plan)}: what a warm call of this propagate over
 # this relation runs (the plan depends on the relation's kind and layout, fixed when built)
 _WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
 STATS = {"split_launches": 0}   # launches that ran the split path (tests read it)
 _TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
 
@@ -117,9 +114,10 @@ class TritonPlan:
     """A rendered propagate kernel for one (equation structure, relation layout, backend)."""
 
     backend: str
-    key: str
+    key: str                   # the artifact key of its module
     source: KernelSource
     schedule: object           # the Kernel IR Schedule it was rendered with
+    artifact: TritonModule
 
     @classmethod
     def build(cls, eqn, graph, backend: str, lower) -> TritonPlan:
@@ -137,7 +135,7 @@ class TritonPlan:
                      repr(eqn.params["reducer"]._key()), eqn.params["roles"],
                      eqn.params["reduce_by"], _update_key(eqn), _field_key(eqn),
                      index.name, has_perm, relation, triton_version())
-        key = full_key(structure)
+        key = module_key("propagate-plan", backend, structure)
         warm = _PLANS.get((key, repr(gtype)))
         if warm is not None:   # (lowering through the Kernel stage costs ~1.5 ms a call)
             return warm
@@ -148,11 +146,10 @@ class TritonPlan:
             raise
         except TigaError as exc:
             raise TritonUnsupported(f"the Kernel IR stages do not express it ({exc})") from None
-        mkey = triton_cache.module_key(str(op), (relation, has_perm), backend,
-                                       triton_version())
-        source = _SOURCES.get(mkey) or _stored_or_rendered(op, mkey, has_perm, relation)
-        _SOURCES[mkey] = source
-        found = cls(backend, mkey, source, op.schedule)
+        mkey = module_key(str(op), backend, (relation, has_perm))
+        artifact = CACHE.get(mkey, TritonArtifact(backend, lambda symbol: render_launch(
+            op, symbol=symbol, has_perm=has_perm, relation=relation)))
+        found = cls(backend, mkey, artifact.source, op.schedule, artifact)
         if len(_PLANS) > 256:
             _PLANS.clear()
         _PLANS[(key, repr(gtype))] = found
@@ -162,11 +159,7 @@ class TritonPlan:
 
     def kernel(self, part: str = ""):
         """The kernel function (`part` "part" / "comb": the split path's kernels)."""
-        mod = _MODULES.get(self.key)
-        if mod is None:
-            with _LOCK:
-                mod = _MODULES.get(self.key) or import_source(self.key, self.source, self.backend)
-                _MODULES[self.key] = mod
+        mod = self.artifact.module()
         symbol = self.source.signature.symbol
         return getattr(mod, f"{symbol}_{part}" if part else symbol)
 
@@ -249,7 +242,7 @@ class TritonPlan:
                        f"block_neighbors={sig.block_neighbors}, num_warps={sig.num_warps}, "
                        f"num_stages={sig.num_stages}")
         ex.cache_lines.append(f"triton kernel {self.key[:12]}: " +
-                              ("hit (memory)" if self.key in _MODULES else
+                              ("hit (memory)" if self.artifact.imported else
                                "miss (compiled on the first call)"))
 
 
@@ -274,18 +267,6 @@ def _update_key(eqn):
 def _field_key(eqn) -> tuple:
     return tuple((tuple(a.type.shape) if r == "param" else tuple(a.type.shape[1:]),
                   a.type.dtype.name) for a, r in zip(eqn.inputs[1:], eqn.params["roles"]))
-
-
-def _stored_or_rendered(op, key: str, has_perm: bool, relation: tuple) -> KernelSource:
-    """The module stored on disk under `key` (triton_cache.py), else rendered and stored."""
-    found = triton_cache.load(key)
-    if found is not None:
-        text, signature = found
-        return KernelSource(text, KernelSignature.from_dict(signature))
-    source = render_launch(op, symbol=f"tiga_{key[:24]}", has_perm=has_perm,
-                           relation=relation)
-    text = triton_cache.store(key, source.text, source.signature.to_json())
-    return KernelSource(text, source.signature)
 
 
 def split_rows(row_ptr: np.ndarray, split: int):
