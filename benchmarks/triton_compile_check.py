@@ -33,11 +33,17 @@ COORDS = {"wpos", "wqpos", "grid_lo", "walk_scal"}
 def kernels(cache: str) -> list:
     """(file, kernel name, source text, {arg: triton type}, constexprs, num_warps)."""
     out = []
-    for path in sorted(glob.glob(os.path.join(cache, "triton", "*.py"))):
-        with open(path) as f:
-            text = f.read()
-        found = re.search(r"^# signature: (.*)$", text, re.M)
-        sig = json.loads(found.group(1)) if found else {}
+    # (the artifact cache's entries: `# tiga-artifact 2 <JSON header>`, then the payload)
+    for path in sorted(glob.glob(os.path.join(cache, "*", "*.tga"))):
+        with open(path, "rb") as f:
+            first, _, payload = f.read().partition(b"\n")
+        if not first.startswith(b"# tiga-artifact 2 "):
+            continue
+        header = json.loads(first[len(b"# tiga-artifact 2 "):])
+        if header.get("kind") != "triton-source" or not header["meta"].get("signature"):
+            continue
+        text = payload.decode()
+        sig = json.loads(header["meta"]["signature"])
         if not sig.get("slots") or f"def {sig['symbol']}(" not in text:
             continue
         args = re.search(rf"^def {sig['symbol']}\((.*)\):", text, re.M).group(1)

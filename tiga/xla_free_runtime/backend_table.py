@@ -12,6 +12,12 @@ mine). A plan has `run(eqn, graph, values) -> outputs` and `describe(explanation
 where)`; `compile=False` plans must not compile anything (explain() before a call). `lower` is
 the executor's Lowering (executor.LOWERING): a planner asks it for the Kernel op it binds and
 keeps that op in its plan, so nothing below the executor lowers.
+
+Per target the table (lower/backends.BACKENDS) names the renderer; the launcher registered
+here for it names the planner (`plan`) and the artifact kind its compiler produces
+(`artifact`: cache.LLVMArtifact, a linked library or MCJIT object; compile.TritonArtifact,
+the rendered module), which every backend keeps in the one artifact cache (cache.CACHE,
+artifacts.py).
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from ..lower.backends import TRITON_BACKENDS, register_launcher, selected_backen
 from .backends.cpu import attention, generated
 from .backends.cpu.propagate import Fallback, plan_propagate
 from .backends.triton.launch import backend_plan
-from .cache import CACHE, Executable
+from .cache import CACHE, Executable, LLVMArtifact
 from .paging import run as paging
 from .threads import num_threads
 
@@ -80,6 +86,7 @@ def plan(eqn, graph, *, lower, compile: bool = True, held=None):
 _WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(plan_cpu)}))
+register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(plan_cpu),
+                                                         "artifact": LLVMArtifact}))
 
 __all__ = ["PLANNERS", "plan", "plan_cpu", "Fallback"]

@@ -326,6 +326,7 @@ class _Launcher:
     """The runtime side of the Triton backends in the backend table."""
 
     plan = staticmethod(backend_plan)
+    artifact = TritonArtifact
 
 
 register_launcher("triton", _Launcher)
