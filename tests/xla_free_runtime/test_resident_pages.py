@@ -163,20 +163,32 @@ def test_grad_with_disk_fields_over_the_budget_matches_in_memory(tmp_path, shuff
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-12, atol=1e-12)
 
 
-def test_a_new_buffer_set_waits_until_the_growing_one_has_settled():
-    """Two loaders making sets at once would both count on the same free bytes: the
-    second waits until the first has made its buffers (and the budget counts them)."""
-    bufs = PageBuffers(4)
+def test_sets_growing_at_once_never_count_on_the_same_free_bytes():
+    """Two loaders making sets at once would both count on the same free bytes: a growing
+    set reserves its page's estimate, so the second waits until the first has made its
+    buffers and given back what it did not use; with room for both, both go at once."""
     stop = threading.Event()
-    first = bufs.acquire(100, stop, 0)
-    got = []
-    t = threading.Thread(target=lambda: got.append(bufs.acquire(100, stop, 1)))
-    t.start()
-    t.join(0.5)
-    assert t.is_alive() and not got          # no free set, the first one still growing
-    bufs.settled(first)
-    t.join(5)
-    assert got and got[0] is not first
+    with tg.scope(budgets={"host": 10_000}):
+        bufs = PageBuffers(4)
+        first = bufs.acquire(6000, stop, 0)           # 6000 reserved: 4000 left
+        got = []
+        ctx = contextvars.copy_context()
+        t = threading.Thread(target=ctx.run, args=(lambda: got.append(
+            bufs.acquire(6000, stop, 1)),))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and not got
+        first.get("x", 300, (1,), np.float64, "x")    # 2696 bytes with slack, drawn
+        assert tg.memory.report()["host"]["bytes"] == 6000     # counted once
+        bufs.settled(first)                           # the unused reservation goes back
+        t.join(5)
+        assert got and got[0] is not first
+        assert tg.memory.report()["host"]["peak"] <= 10_000
+        bufs.settled(got[0])
+        bufs.close()
+    bufs = PageBuffers(4)                             # no budget: nothing waits
+    a, b = bufs.acquire(100, stop, 0), bufs.acquire(100, stop, 1)
+    assert a is not b
     bufs.close()
 
 

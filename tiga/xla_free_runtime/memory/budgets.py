@@ -40,6 +40,19 @@ class Charge:
             self.nbytes = -1
 
 
+def draw(reserved: Charge, nbytes: int, what: str, knob: str | None = None) -> Charge:
+    """Charge `nbytes`, taking what it can from the reservation `reserved` (bytes charged
+    ahead for allocations to come; what it gives is no longer reserved): the bytes are
+    counted once, and an allocation within its reservation never fails for lack of room."""
+    with _LOCK:
+        take = max(0, min(int(nbytes), reserved.nbytes))
+        if take:
+            for s in reserved.scopes:
+                s.used[reserved.tier] -= take
+            reserved.nbytes -= take
+        return _charge(reserved.tier, int(nbytes), what, knob)
+
+
 def fmt_bytes(n: int) -> str:
     """`n` bytes for people: "1.50 MiB (1572864 bytes)"."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -160,4 +173,4 @@ def report() -> dict:
     return sc.report_of(sc.current())
 
 
-__all__ = ["report", "charge", "Charge", "fmt_bytes"]
+__all__ = ["report", "charge", "draw", "Charge", "fmt_bytes"]

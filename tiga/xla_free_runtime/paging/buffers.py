@@ -2,13 +2,15 @@
 
 Fresh memory costs a page fault per 4 KiB on first touch (for a page of 65536 rows of 32
 float32 features, as much as reading them); so a run keeps a few buffer sets (one per page
-in flight: queued, computing, loading) and every page reads into a free set. Each buffer is
-charged to the host budget while the run holds it; a new set is only made, and a free set
-too small for a page only grown, while the budget has room for it, else the loader waits
-for a set to come back. A set's buffers are made as its page loads, so one set grows at a
-time: the next is only considered once that page has settled its buffers (`settled`), its
-bytes counted in the budget (two loaders growing sets at once would both count on the same
-free bytes).
+in flight: loading, loaded ahead, computing, being written) and every page reads into a free
+set. Each buffer is charged to the host budget while the run holds it; a new set is only
+made, and a free set too small for a page only grown, while the budget has room for it,
+else the loader waits for a set to come back. A set that grows reserves its page's estimate
+when it is handed out, and its buffers draw on that reservation as they are made, so two
+loaders growing sets at once never count on the same free bytes; the rest of the
+reservation goes back when the page has made its buffers (`settled`). Sets are handed out in
+launch order (`acquire`'s ticket), so the page the computing thread waits for is never
+starved by later ones.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import threading
 
 import numpy as np
 
+from ...core.errors import StorageError
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers.disk import aligned_empty
@@ -33,6 +36,7 @@ class PageSet:
 
     def __init__(self):
         self.bufs: dict = {}         # name -> (array, its charge)
+        self.reserved = None         # the Charge its growth draws on (acquire to settled)
 
     def get(self, name: str, n: int, row_shape: tuple, dtype, what: str) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -45,7 +49,8 @@ class PageSet:
             del self.bufs[name]
         cap = max(1, with_slack(n))
         row = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
-        ch = memory.charge("host", cap * row, what, knob="page_rows")
+        ch = memory.charge("host", cap * row, what, knob="page_rows") if self.reserved is None \
+            else memory.draw(self.reserved, cap * row, what, knob="page_rows")
         arr = aligned_empty((cap,) + tuple(row_shape), dtype, 4096)   # (O_DIRECT writes)
         self.bufs[name] = (arr, ch)
         return arr[:n]
@@ -53,10 +58,22 @@ class PageSet:
     def held(self) -> int:
         return sum(arr.nbytes for arr, _ in self.bufs.values())
 
+    def reserve(self, grow: int) -> None:
+        """Charge `grow` bytes ahead of the buffers this page makes (raises the budget's
+        StorageError when they do not fit)."""
+        if grow > 0:
+            self.reserved = memory.charge("host", grow, "page buffers", knob="page_rows")
+
+    def unreserve(self) -> None:
+        if self.reserved is not None:
+            self.reserved.credit()
+            self.reserved = None
+
     def credit(self) -> None:
         for _, ch in self.bufs.values():
             ch.credit()
         self.bufs.clear()
+        self.unreserve()
 
 
 class PageBuffers:
@@ -67,7 +84,6 @@ class PageBuffers:
         self.max_sets = sets
         self.sets: list = []
         self.free: list = []
-        self.growing = None        # the new set whose first page is making its buffers
         self.ticket = 0            # the next page (in launch order) that may take a set
         self.cond = threading.Condition()
 
@@ -89,20 +105,33 @@ class PageBuffers:
         with self.cond:
             while not stop.is_set():
                 room = None if owner is None else owner.budgets["host"] - owner.used["host"]
+                s = None
                 if self.free:   # the free set holding most, grown if this page needs more
                     s = max(self.free, key=PageSet.held)
-                    grow = need - s.held()
-                    if grow <= 0 or (self.growing is None and self._make_room(s, grow, room)):
+                    if need - s.held() > 0 and not self._make_room(s, need - s.held(), room):
+                        s = None
+                elif not self.sets or (len(self.sets) < self.max_sets and
+                                       (room is None or need <= room)):
+                    s = PageSet()
+                if s is not None and self._reserve(s, need - s.held()):
+                    if s in self.free:
                         self.free.remove(s)
-                        self.growing = s if grow > 0 else self.growing
-                        return s
-                elif not self.sets or (len(self.sets) < self.max_sets and self.growing is None
-                                       and (room is None or need <= room)):
-                    self.sets.append(PageSet())
-                    self.growing = self.sets[-1]
-                    return self.growing
+                    else:
+                        self.sets.append(s)
+                    return s
                 self.cond.wait(0.1)
         return None
+
+    def _reserve(self, s: PageSet, grow: int) -> bool:
+        """Reserve `s`'s growth; False (wait for a set to come back) when the budget has no
+        room now but a page in flight will give some back. With nothing in flight the page
+        goes ahead unreserved: the estimate is an upper bound, its buffers' own charges say
+        whether the budget holds them."""
+        try:
+            s.reserve(grow)
+        except StorageError:
+            return len(self.free) == len(self.sets)
+        return True
 
     def _make_room(self, s: PageSet, grow: int, room: int | None) -> bool:
         """Make room for free set `s` to grow by `grow` bytes, the other free sets giving
@@ -119,11 +148,10 @@ class PageBuffers:
 
     def settled(self, s: PageSet) -> None:
         """`s` has made its buffers for the page it loaded (or failed to): the budget now
-        counts them, so another set may be considered."""
+        counts them, and what its reservation did not use goes back."""
         with self.cond:
-            if self.growing is s:
-                self.growing = None
-                self.cond.notify_all()
+            s.unreserve()
+            self.cond.notify_all()
 
     def release(self, s: PageSet) -> None:
         with self.cond:
@@ -135,5 +163,5 @@ class PageBuffers:
         with self.cond:
             for s in self.sets:
                 s.credit()
-            self.sets, self.free, self.growing = [], [], None
+            self.sets, self.free = [], []
             self.cond.notify_all()
