@@ -4,10 +4,12 @@ The plan is the one-launch Task IR of the propagate (the same lowering as any pr
 kernel region every launch runs; the executor's Lowering gives it, `lower.page`), expanded
 over this rank's halo plan by the lowering pass lower/passes/plan_halo_tasks (its docstring
 lists the ops). This module is the runtime's side: it hands the pass this rank's plan as plain
-numbers, caches the module and its interpreter steps on the graph per (equation, schedule),
-and verifies the module when tg.config.check. `run.py`'s halo handlers run the steps.
+numbers, caches the module on the graph per (equation, schedule) and its interpreter steps
+per module, and verifies the module when tg.config.check. `run.py`'s halo handlers run the steps.
 """
 from __future__ import annotations
+
+import weakref
 
 from ...core.config import config
 from ...lower.ir.task import TaskModule
@@ -31,25 +33,36 @@ def exchanged(eqn) -> dict:
 
 
 def halo_plan(eqn, dg, lower) -> tuple:
-    """(module, steps): the plan of `eqn` over `dg` and its ops as interpreter steps, cached
-    on the graph per equation and schedule (a module depends on both alone); `lower`: the
-    executor's Lowering, whose one-page Task module (`lower.page`) the plan unrolls."""
+    """(module, steps): the plan of `eqn` over `dg` and its ops as interpreter steps."""
+    module = task_module(eqn, dg, lower)
+    entry = _STEPS.get(id(module))
+    if entry is not None and entry[0]() is module:
+        return module, entry[1]
+    steps = op_steps(module)
+    key = id(module)
+    _STEPS[key] = (weakref.ref(module, lambda _, key=key: _STEPS.pop(key, None)), steps)
+    return module, steps
+
+
+# id(plan module) -> (weak module, its op_steps): a module is fixed once built, and its steps
+# are read on every call (dropped with the module, i.e. with its graph's plan cache)
+_STEPS: dict = {}
+
+
+def task_module(eqn, dg, lower) -> TaskModule:
+    """The plan of `eqn` over `dg`, cached on the graph per equation and schedule (a module
+    depends on both alone); `lower`: the executor's Lowering, whose one-page Task module
+    (`lower.page`) the plan unrolls."""
     plans = dg.task_plans.get(eqn)
     if plans is None:
         plans = dg.task_plans[eqn] = {}
     key = dg.overlap if eqn.params["reduce_by"] == "dst" else None
-    found = plans.get(key)
-    if found is None:
-        module = build(eqn, dg, lower)
+    module = plans.get(key)
+    if module is None:
+        module = plans[key] = build(eqn, dg, lower)
         if config.check:
             module.verify()
-        found = plans[key] = (module, op_steps(module))
-    return found
-
-
-def task_module(eqn, dg, lower) -> TaskModule:
-    """The plan of `eqn` over `dg` (cached on the graph per equation and schedule)."""
-    return halo_plan(eqn, dg, lower)[0]
+    return module
 
 
 def build(eqn, dg, lower) -> TaskModule:
