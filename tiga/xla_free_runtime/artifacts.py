@@ -124,7 +124,8 @@ class ArtifactCache:
         """The artifact of `key`: from memory, else the disk, else built (and stored)."""
         value = self._mem.get(key)
         if value is not None:
-            self._count("memory_hits")
+            with self._lock:      # (a warm call's path: no getattr/setattr of _count)
+                self.stats.memory_hits += 1
             return value
         with self._lock:
             gate = self._building.setdefault(key, threading.Lock())
@@ -149,7 +150,8 @@ class ArtifactCache:
         it holds (a memory hit, counted as `get` counts one)."""
         if self._mem.get(value.key) is not value:
             return False
-        self._count("memory_hits")
+        with self._lock:
+            self.stats.memory_hits += 1
         return True
 
     def values(self) -> list:

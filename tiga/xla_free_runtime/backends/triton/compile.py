@@ -129,10 +129,21 @@ def import_text(text: str, tag: str, backend: str):
     one cache under its key, imported once per backend."""
     if BACKENDS[backend].interpreter:
         ensure_interpreter()
-    key = module_key(text, backend, (tag,))
-    found = CACHE.get(key, TritonArtifact(backend, lambda symbol: KernelSource(text, None),
-                                          lambda key: f"tiga_triton_{tag}_{key[:16]}"))
+    memo = (text, tag, backend)
+    found = _FIXED.get(memo)
+    if found is None or not CACHE.current(found):    # (cleared since: asked again)
+        key = module_key(text, backend, (tag,))
+        found = CACHE.get(key, TritonArtifact(backend, lambda symbol: KernelSource(text, None),
+                                              lambda key: f"tiga_triton_{tag}_{key[:16]}"))
+        if len(_FIXED) > 64:
+            _FIXED.clear()
+        _FIXED[memo] = found
     return found.module()
+
+
+# (source text, tag, backend) -> its TritonModule: a launch asks for its fixed module every
+# call, and hashing the source for the key each time costs more than the dict lookup
+_FIXED: dict = {}
 
 
 def ensure_interpreter() -> None:
