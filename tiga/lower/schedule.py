@@ -210,3 +210,52 @@ def attention_tiles(kernel: str) -> tuple:
     """The tiles of the "forward" or "backward" attention kernel as (name, value) pairs
     (Schedule.tiles)."""
     return ATTENTION_FORWARD_TILES if kernel == "forward" else ATTENTION_BACKWARD_TILES
+
+
+# triton: tl.dot's input precision for float32 operands. "ieee" keeps float32 products exact
+# (the reference interpreter's within rounding); "tf32" rounds the operands to 10 mantissa
+# bits for tensor cores, only where the caller asks (TIGA_TF32=1). float16 / bfloat16
+# operands take tensor cores whatever it says, with float32 accumulation; float64 is ieee.
+def triton_dot_precision(operand_dtype: str, allow_tf32: bool) -> str:
+    return "tf32" if allow_tf32 and operand_dtype == "float32" else "ieee"
+
+
+# triton attention (lower/triton/attention.py): queries x keys per program. The interpreter
+# runs 16 x 16 tiles (tl.dot's minimum: fast on CPU). On a GPU a larger query block reuses
+# each K/V tile for more rows (flash attention's shape: 128 x 64 at 16-bit operands, half
+# that at float32, whose tiles take twice the registers and shared memory); a wide head
+# halves the query block until its [BLOCK_M, head width] float32 accumulator holds at most
+# ATTENTION_ACC_ELEMENTS (64 registers a thread at 4 warps). float64 (no tensor cores)
+# keeps 32 x 32.
+ATTENTION_GPU_BLOCKS = {2: (128, 64, 4, 3), 4: (64, 32, 4, 2), 8: (32, 32, 4, 1)}
+ATTENTION_ACC_ELEMENTS = 8192
+
+
+def triton_attention_blocks(itemsize: int, head_width: int, interpreter: bool) -> tuple:
+    """(block_m, block_n, num_warps, num_stages) of the attention kernels; `itemsize`: the
+    bytes of an operand element, `head_width`: the padded (power of two) key/value width."""
+    if interpreter:
+        return 16, 16, 4, 1
+    block_m, block_n, warps, stages = ATTENTION_GPU_BLOCKS[itemsize]
+    while block_m > 32 and block_m * head_width > ATTENTION_ACC_ELEMENTS:
+        block_m //= 2
+    return block_m, block_n, warps, stages
+
+
+# triton entity-level linear layers (lower/triton/linear.py): C tiles of BLOCK_M x BLOCK_N,
+# the contracted axis in BLOCK_K steps; each block a power of two >= 16 (tl.dot's minimum)
+# and no wider than the padded extent it covers. 64 x 64 tiles with 32-deep steps (one
+# step for the 32-wide inputs of an edge MLP), as the smaller configurations of Triton's
+# matmul tutorial; float64 (no tensor cores) 32 x 32. The interpreter takes 16-row tiles.
+MATMUL_GPU_BLOCKS = {2: (64, 64, 32, 4, 3), 4: (64, 64, 32, 4, 2), 8: (32, 32, 16, 4, 1)}
+
+
+def triton_matmul_blocks(m: int, n: int, k: int, itemsize: int, interpreter: bool) -> tuple:
+    """(block_m, block_n, block_k, num_warps, num_stages) of tile_matmul for an (m, k) x
+    (k, n) product of `itemsize`-byte operands."""
+    bm, bn, bk, warps, stages = (16, 64, 64, 4, 1) if interpreter else \
+        MATMUL_GPU_BLOCKS[itemsize]
+
+    def fit(block: int, extent: int) -> int:
+        return max(16, min(block, 1 << max(0, int(extent) - 1).bit_length()))
+    return fit(bm, m), fit(bn, n), fit(bk, k), warps, stages

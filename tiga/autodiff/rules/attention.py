@@ -47,8 +47,10 @@ def _producer(program):
     return {id(o): e for e in program.eqns for o in e.outputs}
 
 
-def match_attention(edge_fn: ClosedProgram, roles, reducer) -> AttentionPattern | None:
-    """The attention pattern of an online_softmax edge function, else None."""
+def match_attention(edge_fn: ClosedProgram, roles, reducer,
+                    dtypes: tuple = ("float32", "float64")) -> AttentionPattern | None:
+    """The attention pattern of an online_softmax edge function whose fields are of one of
+    `dtypes`, else None (the Triton kernels also take float16 / bfloat16)."""
     if reducer.name != "online_softmax" or not reducer.builtin or edge_fn.consts:
         return None
     prog = edge_fn.program
@@ -93,7 +95,7 @@ def match_attention(edge_fn: ClosedProgram, roles, reducer) -> AttentionPattern 
         return None
     if len(vt.shape) != nd or (nd == 2 and vt.shape[0] != qt.shape[0]):
         return None
-    if not (qt.dtype == kt.dtype == vt.dtype) or qt.dtype.name not in ("float32", "float64"):
+    if not (qt.dtype == kt.dtype == vt.dtype) or qt.dtype.name not in dtypes:
         return None
     return AttentionPattern(qi, ki, vi, scale, nd == 2)
 

@@ -7,10 +7,15 @@ ranges), so every walk is computed from O(N) range bounds, never from a CSR.
 
 Fields are row-major (rows, H, D): grid axis 1 is the head. D and DV (the value width) are
 the true widths; BD and BDV their power-of-two padding (>= 16, what tl.dot takes): the padded
-lanes load as 0 (a zero lane adds nothing to q.k) and are never stored. CT is the compute
-type (float32, or float64 for float64 fields); products are IEEE (no TF32), so results
-match the reference interpreter within rounding. The scale is read from a 1-element tensor
-in CT (a Python float argument would be narrowed to float32).
+lanes load as 0 (a zero lane adds nothing to q.k) and are never stored. Every product of two
+tiles (q k^T, P V, dO V^T, dS^T Q, P^T dO, dS K) is one `tl.dot`: its operands in IT, the
+fields' own dtype (float16 / bfloat16: tensor-core products; the float32 probabilities and
+dS are rounded to IT for their product, as flash attention does), accumulated in CT, the
+compute type (float32, or float64 for float64 fields). PREC is tl.dot's input precision for
+float32 operands: "ieee" (exact float32, the default: results match the reference
+interpreter within rounding) or "tf32" (tensor cores, about 10 mantissa bits: only where
+asked, TIGA_TF32=1; lower/schedule.triton_dot_precision). The scale is read from a
+1-element tensor in CT (a Python float argument would be narrowed to float32).
 
 - forward: one program per (BLOCK_M queries, head), a flash-attention tile loop over BLOCK_N
   keys with a running max and mass; stores O and the per-row statistics the program's
@@ -22,8 +27,9 @@ in CT (a Python float argument would be narrowed to float32).
   accumulates dQ. Both recompute P = exp(S - lse).
 - NaN and inf stay in the rows that read them: a tile product over a loaded tile (`_mdot`)
   multiplies its finite part, and adds the non-finite products the relation keeps, counted
-  (so 0 * inf is NaN only where the reference forms that product); scores and dP of pairs
-  outside the relation are replaced by a select, never multiplied by 0.
+  (so 0 * inf is NaN only where the reference forms that product; the counts classify the
+  CT factor, not its IT rounding); scores and dP of pairs outside the relation are replaced
+  by a select, never multiplied by 0.
 """
 from __future__ import annotations
 
@@ -63,12 +69,18 @@ def _count(a, b):
 
 
 @triton.jit
-def _mdot(a, b, keep, CT: tl.constexpr):
-    # a @ b where a is 0 outside `keep` (a row's keys, a key's rows): the non-finite entries
-    # of b enter only the products keep selects, IEEE there (0 * inf is NaN, as the
+def _dot(a, b, IT: tl.constexpr, CT: tl.constexpr, PREC: tl.constexpr):
+    # a tile product: IT operands (tensor cores for float16 / bfloat16), CT accumulation
+    return tl.dot(a.to(IT), b.to(IT), input_precision=PREC, out_dtype=CT)
+
+
+@triton.jit
+def _mdot(a, b, keep, IT: tl.constexpr, CT: tl.constexpr, PREC: tl.constexpr):
+    # a @ b where a (CT) is 0 outside `keep` (a row's keys, a key's rows): the non-finite
+    # entries of b enter only the products keep selects, IEEE there (0 * inf is NaN, as the
     # reference's), never as a masked 0 times another row's inf (NaN in a plain tl.dot)
     fin = _finite(b)
-    out = tl.dot(a, tl.where(fin, b, 0.0).to(CT), input_precision="ieee", out_dtype=CT)
+    out = _dot(a, tl.where(fin, b, 0.0), IT, CT, PREC)
     if tl.sum(tl.where(fin, 0, 1)) > 0:     # (rare: a tile holding a NaN or inf)
         out += _nonfinite_terms(a, b, keep, CT)
     return out
@@ -93,8 +105,9 @@ def _nonfinite_terms(a, b, keep, CT: tl.constexpr):
 
 
 @triton.jit
-def _scores(qt, kt, cols, lo, hi, scale, CT: tl.constexpr):
-    s = tl.dot(qt, tl.trans(kt), input_precision="ieee", out_dtype=CT) * scale
+def _scores(qt, kt, cols, lo, hi, scale, IT: tl.constexpr, CT: tl.constexpr,
+            PREC: tl.constexpr):
+    s = _dot(qt, tl.trans(kt), IT, CT, PREC) * scale
     valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
     return tl.where(valid, s, float("-inf")), valid
 
@@ -112,12 +125,13 @@ def _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT: tl.constexp
 @triton.jit
 def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
              D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-             CT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+             CT: tl.constexpr, IT: tl.constexpr, PREC: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     h = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = rows < nq
     scale = tl.load(scale_ptr).to(CT)
-    qt = _tile(q, rows, nq, h, H, D, BD, CT)
+    qt = _tile(q, rows, nq, h, H, D, BD, IT)
     lo = tl.load(lo_ptr + rows, mask=live, other=nk)
     hi = tl.load(hi_ptr + rows, mask=live, other=0)
     m = tl.full([BLOCK_M], float("-inf"), CT)
@@ -125,15 +139,15 @@ def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
     acc = tl.zeros([BLOCK_M, BDV], CT)
     for start in range(tl.min(lo, axis=0), tl.max(hi, axis=0), BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        kt = _tile(k, cols, nk, h, H, D, BD, CT)
-        vt = _tile(v, cols, nk, h, H, DV, BDV, CT)
-        s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
+        kt = _tile(k, cols, nk, h, H, D, BD, IT)
+        vt = _tile(v, cols, nk, h, H, DV, BDV, IT)
+        s, valid = _scores(qt, kt, cols, lo, hi, scale, IT, CT, PREC)
         m_new = _nanmax(m, tl.reduce(s, 1, _nanmax))
         base = tl.where(m_new == float("-inf"), 0.0, m_new).to(CT)
         alpha = tl.exp(m - base)
         p = tl.where(valid, tl.exp(s - base[:, None]), 0.0).to(CT)
         mass = mass * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _mdot(p, vt, valid, CT)
+        acc = acc * alpha[:, None] + _mdot(p, vt, valid, IT, CT, PREC)
         m = m_new
     # mass is 0 where every score is -inf and NaN after a NaN or +inf score: those rows are
     # NaN, as the reference's; a row without keys is 0
@@ -148,14 +162,14 @@ def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
 @triton.jit
 def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi_ptr, dk, dv,
                 nq, nk, H, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
-                BDV: tl.constexpr, CT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+                BDV: tl.constexpr, CT: tl.constexpr, IT: tl.constexpr, PREC: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     h = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     inside = cols < nk
     scale = tl.load(scale_ptr).to(CT)
-    kt = _tile(k, cols, nk, h, H, D, BD, CT)
-    vt = _tile(v, cols, nk, h, H, DV, BDV, CT)
+    kt = _tile(k, cols, nk, h, H, D, BD, IT)
+    vt = _tile(v, cols, nk, h, H, DV, BDV, IT)
     qlo = tl.load(qlo_ptr + cols, mask=inside, other=nq)
     qhi = tl.load(qhi_ptr + cols, mask=inside, other=0)
     dk_acc = tl.zeros([BLOCK_N, BD], CT)
@@ -163,16 +177,16 @@ def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi
     for start in range(tl.min(qlo, axis=0), tl.max(qhi, axis=0), BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         live = rows < nq
-        qt = _tile(q, rows, nq, h, H, D, BD, CT)
-        dot_ = _tile(do, rows, nq, h, H, DV, BDV, CT)
+        qt = _tile(q, rows, nq, h, H, D, BD, IT)
+        dot_ = _tile(do, rows, nq, h, H, DV, BDV, IT)
         lo, hi, stat, dl = _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT)
-        s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
+        s, valid = _scores(qt, kt, cols, lo, hi, scale, IT, CT, PREC)
         p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
-        dv_acc += _mdot(tl.trans(p), dot_, tl.trans(valid), CT)
-        dp = tl.dot(dot_, tl.trans(vt), input_precision="ieee", out_dtype=CT)
+        dv_acc += _mdot(tl.trans(p), dot_, tl.trans(valid), IT, CT, PREC)
+        dp = _dot(dot_, tl.trans(vt), IT, CT, PREC)
         # (a select: dp of a pair outside the relation may be NaN or inf)
         ds = tl.where(valid, p * (dp - dl[:, None]) * scale, 0.0).to(CT)
-        dk_acc += _mdot(tl.trans(ds), qt, tl.trans(valid), CT)
+        dk_acc += _mdot(tl.trans(ds), qt, tl.trans(valid), IT, CT, PREC)
     _put(dk, dk_acc, cols, nk, h, H, D, BD)
     _put(dv, dv_acc, cols, nk, h, H, DV, BDV)
 
@@ -180,24 +194,25 @@ def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi
 @triton.jit
 def attn_bwd_q(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, dq, nq, nk, H,
                D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-               CT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               CT: tl.constexpr, IT: tl.constexpr, PREC: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     h = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = rows < nq
     scale = tl.load(scale_ptr).to(CT)
-    qt = _tile(q, rows, nq, h, H, D, BD, CT)
-    dot_ = _tile(do, rows, nq, h, H, DV, BDV, CT)
+    qt = _tile(q, rows, nq, h, H, D, BD, IT)
+    dot_ = _tile(do, rows, nq, h, H, DV, BDV, IT)
     lo, hi, stat, dl = _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT)
     dq_acc = tl.zeros([BLOCK_M, BD], CT)
     for start in range(tl.min(lo, axis=0), tl.max(hi, axis=0), BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        kt = _tile(k, cols, nk, h, H, D, BD, CT)
-        vt = _tile(v, cols, nk, h, H, DV, BDV, CT)
-        s, valid = _scores(qt, kt, cols, lo, hi, scale, CT)
+        kt = _tile(k, cols, nk, h, H, D, BD, IT)
+        vt = _tile(v, cols, nk, h, H, DV, BDV, IT)
+        s, valid = _scores(qt, kt, cols, lo, hi, scale, IT, CT, PREC)
         p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
-        dp = tl.dot(dot_, tl.trans(vt), input_precision="ieee", out_dtype=CT)
+        dp = _dot(dot_, tl.trans(vt), IT, CT, PREC)
         ds = tl.where(valid, p * (dp - dl[:, None]) * scale, 0.0).to(CT)
-        dq_acc += _mdot(ds, kt, valid, CT)
+        dq_acc += _mdot(ds, kt, valid, IT, CT, PREC)
     _put(dq, dq_acc, rows, nq, h, H, D, BD)
 '''
 

@@ -14,6 +14,8 @@ parameters), never its CSR. CPU tensors under the interpreter, CUDA tensors on t
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ....autodiff.rules.attention import (
@@ -27,13 +29,31 @@ from ....core.errors import UnsupportedError
 from ....core.eval import on_device
 from ....core.prims.graph import row_type
 from ....lower.backends import BACKENDS
+from ....lower.schedule import triton_attention_blocks, triton_dot_precision
 from ....lower.triton.attention import attention_source
 from ....lower.triton.emitter import pow2
 from .compile import import_text, interpret, launch_result, tensors
 
 _SEEN: set = set()     # backends whose attention module was imported
-BLOCK_M = BLOCK_N = 16
 CLAIMED = ("dq", "dkdv", "dkdvq")      # canonical VJP propagates run by the attention kernels
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+HALF = ("float16", "bfloat16")
+
+
+def tf32_allowed() -> bool:
+    """TIGA_TF32=1: float32 tile products on the Triton route may round their operands to
+    TF32 (tensor cores); unset, they are exact float32 (read per launch)."""
+    return os.environ.get("TIGA_TF32", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def operand_types(dtypes: set, interpreter: bool) -> tuple:
+    """(compute type, tile operand type) names of fields of `dtypes`: float16 or bfloat16
+    fields (all of one of them) multiply as themselves on tensor cores and accumulate in
+    float32; float64 anywhere computes in float64; else float32. (Triton's interpreter
+    multiplies bfloat16 tiles as their raw 16-bit patterns: there they multiply in float32.)"""
+    ct = "float64" if "float64" in dtypes else "float32"
+    it = next(iter(dtypes)) if len(dtypes) == 1 and next(iter(dtypes)) in HALF else ct
+    return ct, ct if interpreter and it == "bfloat16" else it
 
 
 def row_ranges(graph) -> tuple:
@@ -68,16 +88,20 @@ class _Launch:
 
         self.backend, self.buf = backend, tensors()
         self.device = "cpu" if BACKENDS[backend].interpreter else "cuda"
-        dtypes = {str(x.dtype).replace("torch.", "") for x in (q, k, v)}
-        self.ct = "float64" if "float64" in dtypes else "float32"
+        self.ct, it = operand_types({_dtype_name(x) for x in (q, k, v)},
+                                     BACKENDS[backend].interpreter)
         self.nq, self.nk = graph.num_dst, graph.num_src
         self.heads = q.ndim == 3
         self.h = q.shape[1] if self.heads else 1
         self.d, self.dv = q.shape[-1], v.shape[-1]
-        self.const = dict(D=self.d, DV=self.dv, BD=max(16, pow2(self.d)),
-                          BDV=max(16, pow2(self.dv)),
-                          CT=tl.float64 if self.ct == "float64" else tl.float32,
-                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        bd, bdv = max(16, pow2(self.d)), max(16, pow2(self.dv))
+        bm, bn, warps, stages = triton_attention_blocks(
+            2 if it in HALF else np.dtype(it).itemsize, max(bd, bdv),
+            BACKENDS[backend].interpreter)
+        self.blocks = {"forward": (bm, bn), "backward": (min(bm, 64), bn)}
+        self.launch = dict(num_warps=warps, num_stages=stages)
+        self.const = dict(D=self.d, DV=self.dv, BD=bd, BDV=bdv, CT=getattr(tl, self.ct),
+                          IT=getattr(tl, it), PREC=triton_dot_precision(it, tf32_allowed()))
         self.scale = self.buf.from_array(np.array([scale], self.ct), self.ct, self.device)
         self.ranges = [self.buf.from_array(a, "int64", self.device) for a in row_ranges(graph)]
         self.mod = _kernels(backend)
@@ -91,8 +115,13 @@ class _Launch:
         shape = (rows,) + ((self.h,) if self.heads else ()) + ((width,) if width else ())
         return self.buf.zeros(shape, dtype, self.device)
 
-    def grid(self, rows: int) -> tuple:
-        return (-(-rows // BLOCK_M), self.h)
+    def grid(self, rows: int, block: int) -> tuple:
+        return (-(-rows // block), self.h)
+
+    def kw(self, kernel: str) -> dict:
+        """The constexprs and launch options of the forward or backward kernels."""
+        bm, bn = self.blocks[kernel]
+        return dict(self.const, BLOCK_M=bm, BLOCK_N=bn, **self.launch)
 
     def forward(self, q, k, v, out_dtype: str):
         o = self.zeros(self.nq, self.dv, out_dtype)
@@ -100,8 +129,9 @@ class _Launch:
         lo, hi = self.ranges[:2]
         if self.nq and self.nk:
             with interpret(self.backend):
-                self.mod.attn_fwd[self.grid(self.nq)](q, k, v, self.scale, lo, hi, o, top, mass,
-                                                      self.nq, self.nk, self.h, **self.const)
+                kw = self.kw("forward")
+                self.mod.attn_fwd[self.grid(self.nq, kw["BLOCK_M"])](
+                    q, k, v, self.scale, lo, hi, o, top, mass, self.nq, self.nk, self.h, **kw)
         return o, top, mass
 
     def backward(self, q, k, v, do, lse, delta, want_kv: bool, want_q: bool, dtypes):
@@ -111,15 +141,14 @@ class _Launch:
         dq = self.zeros(self.nq, self.d, dtypes[2]) if want_q else None
         if not (self.nq and self.nk):
             return dk, dv, dq
-        args = (self.nq, self.nk, self.h)
+        args, kw = (self.nq, self.nk, self.h), self.kw("backward")
         with interpret(self.backend):
             if want_kv:
-                self.mod.attn_bwd_kv[self.grid(self.nk)](q, k, v, do, lse, delta, self.scale,
-                                                         lo, hi, qlo, qhi, dk, dv, *args,
-                                                         **self.const)
+                self.mod.attn_bwd_kv[self.grid(self.nk, kw["BLOCK_N"])](
+                    q, k, v, do, lse, delta, self.scale, lo, hi, qlo, qhi, dk, dv, *args, **kw)
             if want_q:
-                self.mod.attn_bwd_q[self.grid(self.nq)](q, k, v, do, lse, delta, self.scale,
-                                                        lo, hi, dq, *args, **self.const)
+                self.mod.attn_bwd_q[self.grid(self.nq, kw["BLOCK_M"])](
+                    q, k, v, do, lse, delta, self.scale, lo, hi, dq, *args, **kw)
         return dk, dv, dq
 
 
@@ -168,14 +197,14 @@ def attention_plan(eqn, graph, backend: str):
                  for a, r in zip(eqn.inputs[1:], CANONICAL[kind][1])]
         if canonical_program(kind, types).structure_key() != p["edge_fn"].structure_key():
             return None
-        if eqn.inputs[1].type.dtype.name not in ("float32", "float64"):
+        if eqn.inputs[1].type.dtype.name not in FLOATS:
             return None
         return TritonAttentionPlan(backend, kind, None)
     red = p["reducer"]
     if p["reduce_by"] != "dst" or red.name != "online_softmax" or \
             getattr(red, "prune_threshold", None) is not None:
         return None
-    pat = match_attention(p["edge_fn"], p["roles"], red)
+    pat = match_attention(p["edge_fn"], p["roles"], red, FLOATS)
     return None if pat is None else TritonAttentionPlan(backend, "forward", pat)
 
 
@@ -207,6 +236,20 @@ class TritonAttentionPlan:
         res = [dk, dv] + ([dq] if self.kind == "dkdvq" else [])
         return [launch_result(run.buf, x, d, run.device) for x, d in zip(res, outs)]
 
+    def _blocks(self, eqn) -> tuple:
+        """(operand type, block_m, block_n, num_warps, num_stages) a launch would take, from
+        the equation's field types."""
+        fields = [a.type for a in eqn.inputs[1:] if getattr(a.type, "ndim", 0) >= 1 and
+                  a.type.dtype.name in FLOATS]
+        if self.kind != "forward":
+            fields = fields[:3]     # (q, k, v; the VJP's lse and delta are CT)
+        _, it = operand_types({t.dtype.name for t in fields},
+                              BACKENDS[self.backend].interpreter)
+        width = max([max(16, pow2(int(t.shape[-1]))) for t in fields] or [16])
+        bm, bn, warps, stages = triton_attention_blocks(
+            2 if it in HALF else np.dtype(it).itemsize, width, BACKENDS[self.backend].interpreter)
+        return it, bm, bn, warps, stages
+
     def describe(self, ex, eqn, graph, where: str) -> None:
         p = eqn.params
         what = {"forward": f"propagate[{p['reducer'].pp_param()}] by dst",
@@ -215,14 +258,17 @@ class TritonAttentionPlan:
         ex.routes.append((self.backend, f"{where}{what[self.kind]}",
                           "tiled Triton attention kernels"))
         kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
+        it, bm, bn, warps, stages = self._blocks(eqn)
         ex.traversal.append(
             f"{what[self.kind]} over {kind} relation: dot-product attention recognised; one "
-            f"Triton program per {BLOCK_M} rows and head (grid axis 1), tiles of {BLOCK_N} keys "
+            f"Triton program per {bm} rows and head (grid axis 1), tiles of {bn} keys "
             "with a running (max, mass, accumulator); each row reads one contiguous key range "
             "(lo, hi), no N x N score array; backward without atomics (dk, dv per key block, "
-            "dq per query block)")
-        ex.schedule = (f"{self.backend}: block_rows={BLOCK_M}, block_neighbors={BLOCK_N}, "
-                       "num_warps=4, num_stages=1 (attention: head width padded to a power "
-                       "of two >= 16, masked)")
+            f"dq per query block); tile products tl.dot on {it} operands ("
+            + ("tensor cores, " if it in HALF else "") + "float32 accumulation" +
+            (", TF32 (TIGA_TF32=1)" if it == "float32" and tf32_allowed() else "") + ")")
+        ex.schedule = (f"{self.backend}: block_rows={bm}, block_neighbors={bn}, "
+                       f"num_warps={warps}, num_stages={stages} (attention: head width padded "
+                       "to a power of two >= 16, masked)")
         ex.cache_lines.append("triton attention kernels: " + (
             "hit (memory)" if self.backend in _SEEN else "miss (compiled on the first call)"))
