@@ -19,11 +19,10 @@ import numpy as np
 
 from ...core.errors import CompilationError
 from ...lower.abi import KernelSignature
-from ..cache import ExecutableCache, full_key
+from ..cache import CACHE, full_key
 
 KEY = ("paging.page_distinct", 1)     # the kernel's own part of the cache key
 KEEP_ENTRIES = 1 << 24                # larger scratch is made per call, not kept by a thread
-_CACHE = ExecutableCache()
 _KERNELS: dict = {}                   # id bits -> native function, or None (not buildable)
 _LOCK = threading.Lock()
 _SCRATCH = threading.local()
@@ -45,7 +44,7 @@ def kernel(bits: int):
         if bits not in _KERNELS:
             try:
                 from ...lower.llvm import page_distinct
-                exe = _CACHE.get(full_key(KEY + (bits,)), lambda symbol: (
+                exe = CACHE.get(full_key(KEY + (bits,)), lambda symbol: (
                     page_distinct.emit(symbol, bits), _signature(symbol, bits)))
                 _KERNELS[bits] = exe.native
             except (ImportError, CompilationError, OSError):
