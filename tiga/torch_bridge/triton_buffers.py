@@ -28,6 +28,12 @@ def from_array(x, dtype: str, device: str) -> torch.Tensor:
     return t if device == "cpu" else t.to(device)
 
 
+def on_device(memory) -> torch.Tensor:
+    """A tensor over the CUDA memory `memory` exposes (`__cuda_array_interface__`: a
+    device-tier buffer), in place."""
+    return torch.as_tensor(memory, device="cuda")
+
+
 def zeros(shape: tuple, dtype: str, device: str) -> torch.Tensor:
     return torch.zeros(shape, dtype=_DTYPES[dtype], device=device)
 

@@ -12,7 +12,8 @@ writes), run by the interpreter's one loop with _PagedRun's handlers: a transfer
 its loader thread, so the next pages load while one computes (reused page buffers:
 buffers.py). The executor's Lowering (`lower`) gives the one-page Task module and the page
 kernel's launch (nothing here lowers); explain() prints the pages with the last run's
-measurements.
+measurements. Under a Triton backend the pages run its kernel, streamed through the device
+tier where there is one (device.py: TritonPages, the handlers the device ops delegate to).
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...core.program import Var
 from ...core.types import TensorType
+from ...lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
 from ...lower.ir.task import TaskLaunchOp
 from ..backends.cpu.propagate import Fallback, plan_propagate, run_propagate
+from ..backends.triton.compile import tensors
 from ..explain import launch_facts, schedule_line
 from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret, op_steps
 from ..memory import budgets as memory
@@ -44,9 +47,10 @@ from ..progress import progress_bar
 from ..run_report import NOT_RUN, measured, record
 from ..store import transpose as store_transpose
 from ..threads import num_threads
-from . import gather
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack
+from .device import TritonPages, device_route, empty_page
+from .distinct import distinct
 from .writer import WRITE_QUEUE, PageWriter
 
 PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own
@@ -74,9 +78,11 @@ class PageStats:
     distinct_sources: int = 0
     bytes_read: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
     bytes_written: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
+    bytes_device: dict = field(default_factory=lambda: {"to": 0, "from": 0})
     seconds: dict = field(default_factory=lambda: dict.fromkeys(
-        ("read", "gather", "compute", "write", "wait", "total"), 0.0))
+        ("read", "gather", "compute", "write", "wait", "device", "total"), 0.0))
     result_tier: str = "host"
+    route: str = "cpu-llvm"           # the backend the page kernel ran on
     module: object = None             # the page plan's Task module that ran
 
     @property
@@ -96,54 +102,6 @@ def page_tasks(num_dst: int, bounds: np.ndarray, page_rows: int) -> list:
     starts = list(range(0, num_dst, page_rows))
     return [PageTask(k, (a, min(a + page_rows, num_dst)), (int(bounds[k]), int(bounds[k + 1])))
             for k, a in enumerate(starts)]
-
-
-BLOCK_SHIFT = 12      # id blocks of 4096 for pages whose ids sit in a few far-apart windows
-
-
-def distinct(ci: np.ndarray, index_dtype, out: np.ndarray | None = None) -> tuple:
-    """(sorted distinct ids, each id's position among them), i.e. np.unique's inverse,
-    without a sort when cheap: a mark array over the ids' span (a page of a banded graph),
-    or over the occupied 4096-id blocks (a page whose ids wrap around or sit in a few
-    windows); a sort only for ids spread thin over a wide span. The mark array is the native
-    kernel's (paging.gather) where it runs; then the positions go to `out` when given (the
-    page's own id buffer: in place)."""
-    if not len(ci):
-        return np.zeros(0, np.int64), np.zeros(0, index_dtype)
-    lo, hi = int(ci.min()), int(ci.max()) + 1
-    if hi - lo <= 8 * len(ci):
-        return _marked(ci, lo, hi - lo, index_dtype, out)
-    blk = ci >> BLOCK_SHIFT
-    occupied = np.zeros((hi - 1 >> BLOCK_SHIFT) + 1, bool)
-    occupied[blk] = True
-    blocks = np.flatnonzero(occupied)
-    span = len(blocks) << BLOCK_SHIFT
-    if span > 8 * len(ci):
-        uniq, inv = np.unique(ci, return_inverse=True)
-        return uniq, inv.astype(index_dtype, copy=False).reshape(-1)
-    slot = np.zeros(len(occupied), ci.dtype)
-    slot[blocks] = np.arange(len(blocks), dtype=ci.dtype)
-    local = slot[blk]
-    local <<= BLOCK_SHIFT
-    local |= ci & ((1 << BLOCK_SHIFT) - 1)
-    pos, inv = _marked(local, 0, span, index_dtype, out)
-    return (blocks[pos >> BLOCK_SHIFT] << BLOCK_SHIFT) | (pos & ((1 << BLOCK_SHIFT) - 1)), inv
-
-
-def _marked(ids: np.ndarray, lo: int, span: int, index_dtype, out=None) -> tuple:
-    """distinct() of ids in [lo, lo + span) by a mark array: the native kernel's, else
-    numpy's (a window every id of which occurs, a banded page, needs no remap there: the
-    ids less lo are their own positions)."""
-    got = gather.marked(ids, lo, span, index_dtype, out)
-    if got is not None:
-        return got
-    local = ids - lo if lo else ids
-    uniq = np.flatnonzero(np.bincount(local, minlength=span))    # (faster than a scatter)
-    if len(uniq) == span:
-        return uniq + lo, local.astype(index_dtype, copy=False)
-    remap = np.empty(span, index_dtype)
-    remap[uniq] = np.arange(len(uniq), dtype=index_dtype)
-    return uniq + lo, remap[local]
 
 
 # ---- field access on any tier -----------------------------------------------------------------
@@ -188,14 +146,25 @@ class PagedPlan:
 
     lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
 
-    def __init__(self, lower, reader=None):
+    def __init__(self, lower, reader=None, backend: str | None = None, page_plan=None):
         self.lower = lower        # the executor's Lowering
         self.reader = reader      # None: the store version of a paged relation
+        self.backend = backend    # a Triton backend, or None: cpu-llvm
+        self.page_plan = page_plan    # (eqn, page-local CSR) -> its Triton plan or Fallback
+
+    def triton_pages(self, walk: Walk, graph) -> TritonPages | None:
+        """The Triton route of a run's pages (its kernel planned once, from an empty page),
+        or None (cpu-llvm)."""
+        if self.backend is None:
+            return None
+        tier, _ = device_route(self.backend)
+        kernel = self.page_plan(walk.eqn, empty_page(graph.index_dtype))
+        return TritonPages(kernel, self.backend, tier)
 
     def run(self, eqn, graph, values) -> list:
         walk = walk_of(eqn, graph, reader=self.reader)
         if walk is None:
-            return _materialised(eqn, graph, values, self.lower)
+            return _materialised(eqn, graph, values, self.lower, self.page_plan)
         _check_lengths(eqn, graph, values)
         rows = sc.page_rows()
         key = (str(walk.reader.vdir), walk.rows, rows)     # the stored relation is immutable
@@ -203,7 +172,8 @@ class PagedPlan:
         if tasks is None:
             tasks = graph.params["page_tasks"][key] = page_tasks(
                 walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
-        run = _PagedRun(eqn, graph, values, walk, tasks, self.lower)
+        run = _PagedRun(eqn, graph, values, walk, tasks, self.lower,
+                        self.triton_pages(walk, graph))
         outs = run.execute()
         record("paged", graph, dataclasses.replace(run.stats, module=run.module))
         return outs
@@ -222,20 +192,24 @@ class PagedPlan:
                                     f"reduce_by={p['reduce_by']!r} is not paged"))
             return
         walk = walk_of(eqn, graph, build=False)
-        module = plan_of(eqn, graph, values or [None] * len(p["roles"]), self.lower, walk)
+        triton = self.triton_pages(walk, graph)
+        module = plan_of(eqn, graph, values or [None] * len(p["roles"]), self.lower, walk,
+                         triton)
         pages = sum(isinstance(op, TaskLaunchOp) for op in module.body.ops)
         if p["reduce_by"] == "src":
             ex.traversal.append("paged: grouped by source, pages walk the transposed CSR "
                                 "stored beside the relation (built once, out of core, into a "
                                 "new store version when missing)")
         kind = "source" if p["reduce_by"] == "src" else "destination"
-        fallback = _page_fallback(walk, self.lower)
+        fallback = _page_fallback(walk, self.lower) if triton is None else \
+            getattr(triton.plan, "reason", None)
+        kernel = "in-memory kernel" if triton is None else triton_kernel_text(triton)
         ex.routes.append(("paged", what, f"{pages} page(s) of {sc.page_rows()} {kind} rows "
                           f"from store {graph.params['path']} (version "
                           f"{graph.params['version']}); per page: read the CSR rows, gather "
                           "distinct sources once, run the "
-                          + (f"reference interpreter ({fallback})" if fallback else
-                             "in-memory kernel") + " on the page-local CSR, write the rows"))
+                          + (f"reference interpreter ({fallback})" if fallback else kernel)
+                          + " on the page-local CSR, write the rows"))
         loaders = page_threads(walk, pages)[0]
         ex.traversal.append(f"paged: {loaders} prefetch thread(s) load the next pages while "
                             f"one computes (queue of {QUEUE_PAGES} pages)")
@@ -247,6 +221,17 @@ class PagedPlan:
         last = measured("paged", graph)
         ex.traversal.append(describe_stats(last) if last is not None else
                             f"paged: run {NOT_RUN}")
+
+
+def triton_kernel_text(triton: TritonPages) -> str:
+    """explain()'s words for the Triton route of the pages."""
+    text = (f"{triton.backend} kernel (rendered once for every page: "
+            f"{triton.plan.key[:12]})")
+    if triton.tier is not None:
+        return text + (" on the device: the page's buffers copied host -> device through "
+                       "the device tier (two buffer sets under the 'device' budget, the next "
+                       "page's copy overlapping this page's kernel), its rows copied back")
+    return text + f" on the host page buffers ({device_route(triton.backend)[1]})"
 
 
 def _page_fallback(walk: Walk, lower) -> str | None:
@@ -324,12 +309,17 @@ def _swapped(eqn):
         p, roles=tuple(flip.get(r, r) for r in p["roles"]), reduce_by="dst"))
 
 
-def _materialised(eqn, graph, values, lower) -> list:
+def _materialised(eqn, graph, values, lower, page_plan=None) -> list:
     """Groupings a page cannot complete (by source, all edges): the in-memory route on the
-    whole stored CSR."""
+    whole stored CSR (the Triton kernel under a Triton backend: `page_plan`)."""
     rp, ci = graph.resolve_csr()
     mem = Graph.from_csr(rp, ci, num_src=graph.num_src, validate="none", copy=False)
     vals = [np.asarray(v) for v in values]
+    kernel = page_plan(eqn, mem) if page_plan is not None else None
+    if kernel is not None and not isinstance(kernel, Fallback):
+        buf = tensors()
+        return [r if isinstance(r, np.ndarray) else buf.to_numpy(r, d)
+                for r, d in zip(kernel.run(eqn, mem, vals), kernel.source.signature.out_dtypes)]
     route = plan_propagate(eqn, mem, lower=lower)
     if isinstance(route, Fallback):
         return impl_rules[propagate_p](mem, *vals, **eqn.params)
@@ -381,9 +371,10 @@ class _PagedRun:
     this thread, a write stores the page's rows (on disk through the writer thread), the
     join waits for the last writes."""
 
-    def __init__(self, eqn, graph, values, walk: Walk, tasks, lower):
+    def __init__(self, eqn, graph, values, walk: Walk, tasks, lower, triton=None):
         self.eqn, self.graph, self.walk, self.tasks = eqn, graph, walk, tasks
         self.lower = lower
+        self.triton = triton                 # TritonPages, or None: the cpu-llvm route
         self.reader = walk.reader
         self.roles = eqn.params["roles"]
         self.fields = [(_storage_of(v) if r != "param" else (np.asarray(v), "param"))
@@ -393,7 +384,8 @@ class _PagedRun:
         self.kernel_threads = None
         key = (str(walk.reader.vdir), walk.rows, sc.page_rows())
         self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
-        self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows())
+        self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows(),
+                               route=triton.backend if triton is not None else "cpu-llvm")
         self.stop = threading.Event()
         # loading or loaded ahead, computing, queued for the writer, being written
         self.buffers = PageBuffers(LOOKAHEAD + 1 + WRITE_QUEUE + 1)
@@ -432,7 +424,7 @@ class _PagedRun:
         self.module = paging_plan.page_module(
             self.walk, self.tasks, self.roles, tiers, self.stats.result_tier,
             _tier(self.reader), threads=self.kernel_threads, loaders=n, lookahead=LOOKAHEAD,
-            lower=self.lower)
+            lower=self.lower, **_route_args(self.triton))
         if config.check:
             self.module.verify()
         self.writes, self.last_load = paging_plan.page_ops(self.module)
@@ -450,6 +442,8 @@ class _PagedRun:
                 self.writer.close(check=False)
             self.stop.set()
             self.loaders.close()
+            if self.triton is not None:
+                self.triton.close()
             self.buffers.close()
             if self.bar is not None:
                 self.bar.close()
@@ -463,6 +457,8 @@ class _PagedRun:
     def transfer(self, op) -> None:
         if op.kind in ("write", "accumulate"):
             return self.write(op)
+        if op.dst_tier == "device":         # the Triton route's host -> device copies
+            return self.triton.transfer(op, self)
         if op.stream is None:               # a parameter: read where it is
             self.params[op.value.name] = self.fields[self._field(op)][0]
             return None
@@ -475,7 +471,11 @@ class _PagedRun:
         return None
 
     def _field(self, op) -> int:
-        return [a.name for a in self.module.body.args].index(op.value.name) - 1
+        return self.field_index(op.value.name)
+
+    def field_index(self, name: str) -> int:
+        """The position among the propagate's fields of the plan's argument `name`."""
+        return [a.name for a in self.module.body.args].index(name) - 1
 
     def load_relation(self, op, ticket: int) -> None:
         """A page's relation rows into a free buffer set (taken in launch order), its
@@ -598,19 +598,25 @@ class _PagedRun:
                 for a, r in zip(args, self.roles)]
         t0 = time.perf_counter()
         eqn = self.walk.eqn
-        route = plan_propagate(eqn, page.graph, lower=self.lower)
-        if isinstance(route, Fallback):
+        route = plan_propagate(eqn, page.graph, lower=self.lower) if self.triton is None \
+            else None
+        if self.triton is not None:
+            res = self.triton.compute(op, self, page, vals)
+        elif isinstance(route, Fallback):
             res = impl_rules[propagate_p](page.graph, *vals, **eqn.params)
         else:
             res = run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads)
         self.stats.seconds["compute"] += time.perf_counter() - t0
         for v, r in zip(op.results[:-1], res):
-            self.results[v.name] = (np.asarray(r), page)
+            self.results[v.name] = (r if isinstance(r, tuple) else np.asarray(r), page)
 
     def write(self, op) -> None:
         """A page's output rows into the result: added (a sum over all edges), left where
         the kernel wrote them, copied, or handed to the writer thread with the page's buffer
-        set (which holds them); the set goes back after the page's last write."""
+        set (which holds them); the set goes back after the page's last write. Rows on the
+        device come back first, into where a host kernel would have written them."""
+        if op.src_tier == "device":
+            self.triton.fetch(op, self)
         r, page = self.results.pop(op.value.name)
         _, stor = self.outs[self.writes[op.page].index(op)]
         if op.kind == "accumulate":
@@ -628,7 +634,10 @@ class _PagedRun:
                 self.buffers.release(page.bufs)
 
     def release(self, op) -> None:
-        self.params.pop(op.value.name, None)
+        if op.tier == "device":
+            self.triton.release(op)
+        else:
+            self.params.pop(op.value.name, None)
 
     def join(self, op) -> None:
         if self.writer is not None:
@@ -699,11 +708,13 @@ def page_threads(walk: Walk, pages: int) -> tuple:
     return n, max(1, num_threads() - n)
 
 
-def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None):
+def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None,
+            triton: TritonPages | None = None):
     """The page plan (Task module) a call of `eqn` over the paged relation `graph` with
-    these field values runs, as _PagedRun builds it; None when the call reads the CSR whole.
-    Builds nothing: a walk by source whose transposed relation is not built yet shows its
-    pages without edge offsets. A value of None is taken to be on the host."""
+    these field values runs, as _PagedRun builds it (`triton`: its Triton route, if any);
+    None when the call reads the CSR whole. Builds nothing: a walk by source whose
+    transposed relation is not built yet shows its pages without edge offsets. A value of
+    None is taken to be on the host."""
     walk = walk or walk_of(eqn, graph, build=False)
     if walk is None:
         return None
@@ -718,7 +729,16 @@ def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None):
     loaders, threads = page_threads(walk, len(tasks))
     return paging_plan.page_module(walk, tasks, eqn.params["roles"], tiers,
                                    "disk" if on_disk else "host", threads=threads,
-                                   loaders=loaders, lookahead=LOOKAHEAD, lower=lower)
+                                   loaders=loaders, lookahead=LOOKAHEAD, lower=lower,
+                                   **_route_args(triton))
+
+
+def _route_args(triton: TritonPages | None) -> dict:
+    """The page plan's arguments for the pages' route: the device tier their kernel reads
+    from and the schedule their Triton kernel was rendered with (none on cpu-llvm)."""
+    if triton is None or isinstance(triton.plan, Fallback):
+        return {}
+    return {"device": triton.tier, "schedule": triton.plan.schedule}
 
 
 def call_plan(program, args: list, lower):
@@ -728,7 +748,13 @@ def call_plan(program, args: list, lower):
     if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
             getattr(args[0] if args else None, "kind", None) != "paged":
         return None
-    return plan_of(eqns[0], args[0], list(args[1:]), lower)
+    # (under a Triton backend, its planner's PagedPlan knows the pages' route)
+    name = selected_backend()
+    found = BACKENDS[name].launcher.plan(eqns[0], args[0], compile=False, lower=lower) \
+        if name in TRITON_BACKENDS else None
+    triton = found.triton_pages(walk_of(eqns[0], args[0], build=False), args[0]) \
+        if isinstance(found, PagedPlan) else None
+    return plan_of(eqns[0], args[0], list(args[1:]), lower, triton=triton)
 
 
 def task_ir(program, args: list, lower) -> str | None:
@@ -746,11 +772,13 @@ def _discard(outs) -> None:
             tensor._charge.credit()
 
 
-def plan_paged(eqn, graph, lower):
-    """The route of a propagate over a stored ("paged") relation, or None (not paged)."""
+def plan_paged(eqn, graph, lower, backend: str | None = None, page_plan=None):
+    """The route of a propagate over a stored ("paged") relation, or None (not paged);
+    `backend`: the Triton backend its pages run on, `page_plan(eqn, page-local CSR)` its
+    page kernel's plan (None: cpu-llvm)."""
     if getattr(graph, "kind", None) != "paged":
         return None
-    return PagedPlan(lower)
+    return PagedPlan(lower, backend=backend, page_plan=page_plan)
 
 
 __all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "call_plan", "plan_of", "PageTask",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from ....lower.backends import (
 )
 from ....lower.triton import TritonUnsupported, render_launch
 from ...cache import CACHE
+from ...paging.run import plan_paged
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
 from ..cpu.propagate import plan_propagate as llvm_plan
 from .attention import attention_plan
@@ -95,7 +97,10 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
     hit = per_eqn.get((id(graph), name)) if per_eqn is not None else None
     if hit is not None and hit[0]() is graph:
         return hit[1]
-    found = attention_plan(eqn, graph, name)
+    # a stored relation pages: each page runs this backend's kernel of the page-local CSR
+    found = plan_paged(eqn, graph, lower, backend=name,
+                       page_plan=partial(_page_plan, name, lower)) or \
+        attention_plan(eqn, graph, name)
     if found is None:
         try:
             found = TritonPlan.build(eqn, graph, name, lower)
@@ -107,6 +112,15 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
             per_eqn.clear()
         per_eqn[(id(graph), name)] = (weakref.ref(graph), found)
     return found
+
+
+def _page_plan(backend: str, lower, eqn, graph):
+    """The TritonPlan of a paged run's page kernel over the page-local CSR `graph`, or a
+    Fallback naming why its pages run the reference interpreter."""
+    try:
+        return TritonPlan.build(eqn, graph, backend, lower)
+    except TritonUnsupported as exc:
+        return Fallback(f"{backend}: {exc}")
 
 
 @dataclass

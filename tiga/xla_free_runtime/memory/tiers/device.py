@@ -37,6 +37,13 @@ def available() -> bool:
     return err == rt.cudaError_t.cudaSuccess and count > 0
 
 
+def synchronize() -> None:
+    """Wait for all work on the device (a kernel launched on another stream, before its
+    results are copied back on a storage's own stream)."""
+    rt = runtime()
+    _check(rt, rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+
 def _check(rt, result, what: str):
     """The value of a cuda-python call `(error, value...)`, or StorageError naming it."""
     err = result[0] if isinstance(result, tuple) else result
@@ -162,5 +169,23 @@ class DeviceStorage:
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self._live(), False),
                 "version": 3, "strides": None, "stream": None}
 
+    def leading(self, n: int) -> Rows:
+        """Its first `n` rows, in place, as an object with `__cuda_array_interface__` (a
+        kernel reads a buffer of a paged run, allocated with slack, through it)."""
+        if not self.shape or not 0 <= n <= self.shape[0]:
+            raise ShapeError(f"leading: {n} rows of storage of shape {self.shape}")
+        return Rows(self, (int(n),) + self.shape[1:])
 
-__all__ = ["DeviceStorage", "available", "runtime"]
+
+class Rows:
+    """Leading rows of a DeviceStorage (DeviceStorage.leading), which it keeps alive."""
+
+    def __init__(self, storage: DeviceStorage, shape: tuple):
+        self.storage, self.shape = storage, shape
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return dict(self.storage.__cuda_array_interface__, shape=self.shape)
+
+
+__all__ = ["DeviceStorage", "Rows", "available", "runtime", "synchronize"]
