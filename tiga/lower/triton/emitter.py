@@ -68,6 +68,9 @@ class Emitter:
         # [row_tile, ...] ("edge"-led) instead of [1, ...]
         self.lanes = "BLOCK_N"
         self.row_tile: str | None = None
+        # the lanes' count where the body knows it (its schedule's blocks; 0: unknown): a
+        # product of an edge tile takes tl.dot only where it has tl.dot's 16 rows
+        self.edge_lanes = 0
 
     def fresh(self, hint: str = "v") -> str:
         self.count += 1

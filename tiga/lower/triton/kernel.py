@@ -153,6 +153,7 @@ class _Body:
         self.row_role = ROW_ROLE[sig.reduce_by]
         self.nbr_role = NBR_ROLE[self.row_role]
         self.ctx = Emitter(indent=1)
+        self.ctx.edge_lanes = sig.block_neighbors
         self.row_store = ("row1", "(zero1 == 0) & live")   # (row ids, mask) of the stores
         msg_types = [t.strong() for t in self.edge_fn.out_types]
         self.folds = []

@@ -44,6 +44,7 @@ class TiledBody(_Body):
         super().__init__(params, sig, "main")
         self.ctx.row_tile = "BLOCK_R"
         self.ctx.lanes = "BLOCK_R * BLOCK_N"
+        self.ctx.edge_lanes = sig.block_rows * sig.block_neighbors
         self.row_store = ("rr", "live")
 
     def render(self):
@@ -67,6 +68,7 @@ class TiledBody(_Body):
         self._messages(rows, params, states)
         c.indent -= 1
         c.lanes = "BLOCK_R"   # finalize, update and stores run on the tile's rows
+        c.edge_lanes = self.sig.block_rows
         rows = {} if self.update is None else {
             i: self._gather(i, "rr", None, "edge")
             for i, r in enumerate(self.sig.roles) if r == self.row_role}

@@ -1,11 +1,18 @@
-"""lower/triton: small `dot_general`s (edge MLPs, per-head dots) as broadcast products summed
-over the contracted axis: the operands are a few dozen wide, below tl.dot's 16x16 minimum,
-and a tile of edges times a weight matrix is one broadcast multiply."""
+"""lower/triton: `dot_general`s of an edge function or update (edge MLPs, per-head dots).
+
+A tile of edges times a weight, `[lanes, K] x [K, N]` (a per-edge row against a parameter
+matrix), is one `tl.dot` where the tile has tl.dot's minimum of 16 lanes and K and N pad to
+16 or more: the contracted lanes past K are masked to 0 in both operands (padded columns
+past N hold unspecified values, as every padded lane: never stored). Products accumulate in
+float32 (float64 for float64), exact float32 (ieee) for float32 operands, tensor cores for
+float16 / bfloat16. Each output row reads its own edge's row only, so an invalid lane's
+values never reach a valid one. Anything else (narrower operands, several free axes,
+per-edge weights) is a broadcast product summed over the contracted axis."""
 from __future__ import annotations
 
 from ....core.prims.linalg import dot_general_p
 from ...registry import lowering_rules
-from ..emitter import TV, TritonUnsupported, tl_dtype
+from ..emitter import TV, TritonUnsupported, pow2, tl_dtype
 
 R = lowering_rules["triton"]
 
@@ -35,6 +42,8 @@ def dot_general_rule(ctx, in_types, out_types, x: TV, y: TV, *, dimension_number
     (a,), (b,) = lc, rc
     xs = _masked(ctx, x, x.expr, a)
     ys = _masked(ctx, y, y.expr, b)
+    if _tiled(ctx, x, y, a, out):
+        return [_tile_dot(ctx, x, y, xs, ys, b, out)]
     xfree = [i for i in range(len(x.shape)) if i != a]
     yfree = [i for i in range(len(y.shape)) if i != b]
     xp = _permuted(ctx, TV(xs, x.shape, x.dtype, x.lead), xfree + [a])
@@ -46,6 +55,31 @@ def dot_general_rule(ctx, in_types, out_types, x: TV, y: TV, *, dimension_number
     expr = f"tl.sum(({xe}).to({acc}) * ({ye}).to({acc}), axis={1 + len(xfree)})"
     lead = "edge" if "edge" in (x.lead, y.lead) else "row"
     return [ctx.value(f"({expr}).to({tl_dtype(out.dtype)})", out.shape, out.dtype, lead, "d")]
+
+
+def _tiled(ctx, x: TV, y: TV, a: int, out) -> bool:
+    """An edge tile's rows (K,) or (1, .., K) times a parameter matrix, wide enough for
+    tl.dot."""
+    dt = {x.dtype.name, y.dtype.name, out.dtype.name}
+    return (x.lead == "edge" and y.lead == "row" and ctx.edge_lanes >= 16 and
+            a == len(x.shape) - 1 and all(d == 1 for d in x.shape[:-1]) and
+            len(y.shape) == 2 and len(dt) == 1 and
+            dt <= {"float16", "bfloat16", "float32", "float64"} and
+            min(pow2(d) for d in y.shape) >= 16)
+
+
+def _tile_dot(ctx, x: TV, y: TV, xs: str, ys: str, b: int, out) -> TV:
+    """[lanes, K] x [K, N] as one tl.dot; y is [1, K, N] (b == 0) or [1, N, K] (b == 1);
+    x's and the result's unit axes (a (1, K) row) are reshaped away and back."""
+    k = pow2(x.shape[-1])
+    xt = xs if len(x.shape) == 1 else f"tl.reshape({xs}, [{ctx.lanes}, {k}])"
+    w = f"tl.reshape({ys}, ({pow2(y.shape[0])}, {pow2(y.shape[1])}))"
+    w = w if b == 0 else f"tl.trans({w})"
+    acc = "tl.float64" if out.dtype.name == "float64" else "tl.float32"
+    expr = f"tl.dot({xt}, {w}, input_precision=\"ieee\", out_dtype={acc})"
+    if len(out.shape) > 1:
+        expr = f"({expr})[:, {', '.join(['None'] * (len(out.shape) - 1))}, :]"
+    return ctx.value(f"({expr}).to({tl_dtype(out.dtype)})", out.shape, out.dtype, "edge", "d")
 
 
 R[dot_general_p] = dot_general_rule
