@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import tiga as tg
+from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, TransferOp, parse_task
+from tiga.xla_free_runtime.backends.triton import launch
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -57,3 +59,208 @@ def test_a_paged_relation_pages_under_the_triton_interpreter(stored, interpreter
     (stats,) = prof.measured("paged")
     assert stats.pages == -(-N // 64) and stats.edges == N * K
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- the device route, against a stand-in CUDA runtime -----------------------------------------
+
+class _Err:
+    cudaSuccess = 0
+    cudaErrorMemoryAllocation = 2
+
+
+class StandIn:
+    """The cuda.bindings.runtime calls the device tier makes, over host buffers (as in
+    tests/xla_free_runtime/test_device_tier.py), counting copies by direction."""
+
+    cudaError_t = _Err
+
+    class cudaMemcpyKind:
+        cudaMemcpyHostToDevice = 1
+        cudaMemcpyDeviceToHost = 2
+
+    def __init__(self):
+        self.buffers, self.copies, self.streams = {}, {1: 0, 2: 0}, 0
+
+    def cudaGetDeviceCount(self):
+        return _Err.cudaSuccess, 1
+
+    def cudaMalloc(self, n):
+        buf = np.full(n, 0xAB, np.uint8)       # (uninitialised memory, visibly)
+        self.buffers[buf.ctypes.data] = buf
+        return _Err.cudaSuccess, buf.ctypes.data
+
+    def cudaFree(self, ptr):
+        del self.buffers[ptr]
+        return (_Err.cudaSuccess,)
+
+    def cudaStreamCreate(self):
+        self.streams += 1
+        return _Err.cudaSuccess, self.streams
+
+    def cudaStreamDestroy(self, stream):
+        return (_Err.cudaSuccess,)
+
+    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+        self.copies[kind] += 1
+        ctypes.memmove(dst, src, n)
+        return (_Err.cudaSuccess,)
+
+    def cudaStreamSynchronize(self, stream):
+        return (_Err.cudaSuccess,)
+
+    def cudaDeviceSynchronize(self):
+        return (_Err.cudaSuccess,)
+
+
+def _host_view(rows):
+    """What torch.as_tensor(rows, device="cuda") is on a GPU: a tensor over the memory, in
+    place; here that memory is the stand-in's host buffer, so a CPU tensor."""
+    import torch
+    iface = rows.__cuda_array_interface__
+    dtype = np.dtype(iface["typestr"])
+    n = int(np.prod(iface["shape"], dtype=np.int64)) * dtype.itemsize
+    raw = (ctypes.c_ubyte * n).from_address(iface["data"][0])
+    return torch.from_numpy(np.ctypeslib.as_array(raw).view(dtype).reshape(iface["shape"]))
+
+
+def _install(monkeypatch) -> StandIn:
+    from tiga.torch_bridge import triton_buffers
+    from tiga.xla_free_runtime.memory.tiers import device as device_tier
+    rt = StandIn()
+    monkeypatch.setattr(device_tier, "runtime", lambda: rt)
+    monkeypatch.setattr(triton_buffers, "on_device", _host_view)
+    return rt
+
+
+@pytest.fixture
+def stand_in(monkeypatch, interpreter):
+    return _install(monkeypatch)
+
+
+def _double_buffered(module) -> int:
+    """Checks the plan's device copies: each page's launch waits on its own host -> device
+    copies, which wait on its loads, and the next launched page's copies come before it.
+    Returns the number of pages."""
+    ops = module.body.ops
+    launches = [op for op in ops if isinstance(op, TaskLaunchOp)]
+    copied, producer = set(), {}
+    for op in ops:
+        if isinstance(op, TransferOp):
+            producer[op.event.name] = op
+            if op.dst_tier == "device" and op.kind == "page" and op.page == op.page:
+                if op.deps and producer[op.deps[0].name].dst_tier == "host":
+                    assert producer[op.deps[0].name].page == op.page
+                copied.add(op.page)
+        elif isinstance(op, TaskLaunchOp):
+            i = launches.index(op)
+            for e in op.deps:
+                src = producer[e.name]
+                assert src.dst_tier == "device", "a launch reads its page on the device"
+            if i + 1 < len(launches):
+                assert launches[i + 1].page in copied, "the next page's copy is not ahead"
+    writes = [op for op in ops if isinstance(op, TransferOp) and op.kind == "write"]
+    assert writes and {op.src_tier for op in writes} == {"device"}
+    return len(launches)
+
+
+def test_pages_stream_through_the_device_tier_double_buffered(stored, stand_in,
+                                                             monkeypatch):
+    path, mem, x, b, w = stored
+    g = tg.Graph.open(path)
+    want = np.asarray(Mix().reference(**call(mem, x, b, w)))
+    builds = []
+    build = launch.TritonPlan.build.__func__
+    monkeypatch.setattr(launch.TritonPlan, "build", classmethod(
+        lambda cls, *a: builds.append(a[1]) or build(cls, *a)))
+    with tg.scope(page_rows=64, budgets={"device": "64KB"}), tg.profile() as prof:
+        got = np.asarray(Mix()(**call(g, tg.store.open(path)["x"], b, w)))
+        rep = tg.memory.report()["device"]
+    # one kernel for every page, planned once per run from an empty page (no sizes in it)
+    assert len(builds) == 1 and builds[0].num_dst == 0
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    (stats,) = prof.measured("paged")
+    pages = -(-N // 64)
+    assert stats.route == "triton-interpreter" and _double_buffered(stats.module) == pages
+    # per page: the CSR (row_ptr, col_idx) and x, b, w in, the result rows out
+    assert stand_in.copies == {1: 5 * pages, 2: pages}
+    assert stats.bytes_device["from"] == got.nbytes
+    assert 0 < rep["peak"] <= 64_000 and rep["bytes"] == 0 and not stand_in.buffers
+
+
+def test_the_device_budget_bounds_the_page_buffers(stored, stand_in):
+    path, mem, x, b, w = stored
+    with tg.scope(page_rows=64, budgets={"device": "2KB"}):
+        with pytest.raises(tg.StorageError, match="device budget.*page_rows"):
+            Mix()(**call(tg.Graph.open(path), x, b, w))
+        assert tg.memory.report()["device"]["bytes"] == 0 and not stand_in.buffers
+
+
+def _grad_oracle(mem, x, w, cot):
+    """d sum(Mix(x) * cot) / d(x, w) in float64 numpy."""
+    rp, ci = (np.asarray(a) for a in mem.resolve_csr())
+    dst = np.repeat(np.arange(len(rp) - 1), np.diff(rp))
+    t = np.tanh(x.astype(np.float64))
+    gx = np.zeros_like(t)
+    np.add.at(gx, ci, cot[dst] * w[:, :1] * (1 - t[ci] ** 2))
+    gw = (cot[dst] * t[ci]).sum(axis=1, keepdims=True)
+    return gx, gw
+
+
+@pytest.mark.parametrize("route", ["host", "device"])
+def test_grad_wrt_the_source_field_pages_the_transposed_relation(stored, interpreter,
+                                                                  monkeypatch, route):
+    path, mem, x, b, w = stored
+    if route == "device":
+        rt = _install(monkeypatch)
+    cot = np.random.default_rng(5).normal(size=(N, F)).astype(np.float32)
+    g = tg.Graph.open(path)
+
+    def loss(x, w):
+        return tg.math.sum(Mix()(**call(g, x, b, w)) * cot)
+    with tg.scope(page_rows=50), tg.profile() as prof:
+        gx, gw = tg.grad(loss, argnums=(0, 1))(x, w)
+    want_x, want_w = _grad_oracle(mem, x, w, cot)
+    np.testing.assert_allclose(np.asarray(gx), want_x, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(gw), want_w, rtol=1e-4, atol=1e-4)
+    runs = prof.measured("paged")
+    assert runs and all(s.route == "triton-interpreter" for s in runs)
+    by_src = [s for s in runs if s.module is not None and any(
+        isinstance(op, TaskLaunchOp) for op in s.module.body.ops)]
+    assert by_src
+    if route == "device":
+        assert rt.copies[1] > 0 and rt.copies[2] > 0 and not rt.buffers
+
+
+@pytest.mark.parametrize("route", ["host", "device"])
+def test_explain_and_the_task_ir_name_the_triton_route(stored, interpreter, monkeypatch,
+                                                        route):
+    path, mem, x, b, w = stored
+    if route == "device":
+        _install(monkeypatch)
+    args = call(tg.Graph.open(path), x, b, w)
+    with tg.scope(page_rows=100):
+        ex = Mix().explain(**args)
+        module = parse_task(Mix().ir("task", **args))
+        with tg.profile() as prof:
+            Mix()(**args)
+    ((r, why),) = [(r, why) for r, _, why in ex.routes if r == "triton-interpreter"]
+    assert why.startswith("3 page(s) of 100 destination rows") and ex.route == r
+    assert "run the triton-interpreter kernel (rendered once for every page" in why
+    kernel = next(op for op in next(op for op in module.body.ops if isinstance(
+        op, TaskLaunchOp)).body.ops if isinstance(op, LaunchOp))
+    assert kernel.schedule.target == "triton"
+    assert 'target = "triton"' in ex.schedule and "once per page (3 page(s))" in ex.schedule
+    assert str(prof.measured("paged")[-1].module) == str(module)     # the plan that ran
+    moved = [op for op in module.body.ops if isinstance(op, TransferOp) and
+             "device" in (op.src_tier, op.dst_tier)]
+    if route == "host":
+        assert not moved and "on the host page buffers (no device tier here" in why
+        assert "device" not in ex.tasks
+    else:
+        assert "copied host -> device through the device tier" in why
+        assert "3 page host -> device" not in ex.tasks     # (counted per page and field)
+        assert f"{3 * 4} page host -> device" in ex.tasks and \
+            "double-buffered" in ex.tasks and "3 write device -> host" in ex.tasks
+        assert _double_buffered(module) == 3
+        after = Mix().explain(run=True, **args)
+        assert "kernels on triton-interpreter, copied host -> device " in str(after)

@@ -318,10 +318,15 @@ class TaskModule(Module):
     def verify(self) -> None:
         verify_module(self)
         released: dict[str, int] = {}
+        tiers: dict[str, set] = {}   # the tiers each released value was released on
         evented: set = set()     # values with an event: transferred, or a task's in/output
         for i, op in enumerate(self.body.ops):
             for v in op.operands:
-                if v.name in released:
+                # (a value held on two tiers, a page's host and device copies, is released
+                # once on each)
+                again = isinstance(op, ReleaseOp) and v.name == op.value.name and \
+                    op.tier not in tiers.get(v.name, ())
+                if v.name in released and not again:
                     raise CompilationError(
                         f"@{self.name}, op {i} ({op_label(op)}): %{v.name} is used after "
                         f"gf_storage.release (op {released[v.name]})")
@@ -337,6 +342,7 @@ class TaskModule(Module):
                         "event operand (only values that tensor ops alone compute and read "
                         "are released in program order)")
                 released[op.value.name] = i
+                tiers.setdefault(op.value.name, set()).add(op.tier)
         for v in self.body.results:
             if v.name in released:
                 raise CompilationError(f"@{self.name}: %{v.name} is returned after its "

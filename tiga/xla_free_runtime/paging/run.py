@@ -204,7 +204,9 @@ class PagedPlan:
         fallback = _page_fallback(walk, self.lower) if triton is None else \
             getattr(triton.plan, "reason", None)
         kernel = "in-memory kernel" if triton is None else triton_kernel_text(triton)
-        ex.routes.append(("paged", what, f"{pages} page(s) of {sc.page_rows()} {kind} rows "
+        # (under a Triton backend the route is that backend's: explain() reports it)
+        ex.routes.append((self.backend or "paged", what, f"{pages} page(s) of "
+                          f"{sc.page_rows()} {kind} rows "
                           f"from store {graph.params['path']} (version "
                           f"{graph.params['version']}); per page: read the CSR rows, gather "
                           "distinct sources once, run the "
@@ -251,7 +253,17 @@ def describe_stats(s: PageStats) -> str:
             f"{s.bytes_written['host']} B, disk {s.bytes_written['disk']} B (result on "
             f"{s.result_tier}); seconds read {t['read']:.3f}, gather {t['gather']:.3f}, "
             f"compute {t['compute']:.3f}, write {t['write']:.3f}, waited {t['wait']:.3f}, "
-            f"overlapped {s.overlapped:.3f}")
+            f"overlapped {s.overlapped:.3f}" + _device_stats(s))
+
+
+def _device_stats(s: PageStats) -> str:
+    """The Triton route's part of the last run's line: its backend and device copies."""
+    if s.route == "cpu-llvm":
+        return ""
+    d = s.bytes_device
+    return (f"; kernels on {s.route}" + (f", copied host -> device {d['to']} B, device -> "
+                                         f"host {d['from']} B in {s.seconds['device']:.3f} s"
+                                         if d["to"] or d["from"] else ""))
 
 
 @dataclass(frozen=True)
