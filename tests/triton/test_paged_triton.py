@@ -79,7 +79,7 @@ class StandIn:
         cudaMemcpyDeviceToHost = 2
 
     def __init__(self):
-        self.buffers, self.copies, self.streams = {}, {1: 0, 2: 0}, 0
+        self.buffers, self.copies, self.streams, self.nonblocking = {}, {1: 0, 2: 0}, 0, 0
 
     def cudaGetDeviceCount(self):
         return _Err.cudaSuccess, 1
@@ -96,6 +96,13 @@ class StandIn:
     def cudaStreamCreate(self):
         self.streams += 1
         return _Err.cudaSuccess, self.streams
+
+    cudaStreamNonBlocking = 1
+
+    def cudaStreamCreateWithFlags(self, flags):
+        assert flags == self.cudaStreamNonBlocking
+        self.nonblocking += 1
+        return self.cudaStreamCreate()
 
     def cudaStreamDestroy(self, stream):
         return (_Err.cudaSuccess,)
@@ -183,6 +190,8 @@ def test_pages_stream_through_the_device_tier_double_buffered(stored, stand_in,
     assert stats.route == "triton-interpreter" and _double_buffered(stats.module) == pages
     # per page: the CSR (row_ptr, col_idx) and x, b, w in, the result rows out
     assert stand_in.copies == {1: 5 * pages, 2: pages}
+    # every page buffer copies on a stream of its own that does not wait for the kernels'
+    assert stand_in.nonblocking == stand_in.streams > 0
     assert stats.bytes_device["from"] == got.nbytes
     assert 0 < rep["peak"] <= 64_000 and rep["bytes"] == 0 and not stand_in.buffers
 

@@ -75,7 +75,8 @@ class DeviceSet:
         ch = memory.charge("device", cap * int(np.prod(row_shape, dtype=np.int64)) *
                            dtype.itemsize, what, knob="page_rows")
         try:
-            st = device_tier.DeviceStorage.alloc((cap,) + tuple(row_shape), dtype)
+            st = device_tier.DeviceStorage.alloc((cap,) + tuple(row_shape), dtype,
+                                                 nonblocking=True)
         except BaseException:
             ch.credit()
             raise

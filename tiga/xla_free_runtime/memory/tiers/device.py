@@ -65,13 +65,20 @@ class DeviceStorage:
         self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
 
     @classmethod
-    def alloc(cls, shape, dtype) -> DeviceStorage:
+    def alloc(cls, shape, dtype, nonblocking: bool = False) -> DeviceStorage:
+        """`nonblocking`: its stream does not wait for the legacy default stream (where torch
+        launches kernels), so its copies overlap them; the caller orders them (a paged
+        run's page buffers: host-side, through its events)."""
         rt = runtime()
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         ptr = _check(rt, rt.cudaMalloc(max(nbytes, 1)), f"cudaMalloc of {nbytes} bytes")
         try:
-            stream = _check(rt, rt.cudaStreamCreate(), "cudaStreamCreate")
+            # (cudaStreamNonBlocking is 1 in CUDA's headers, where a binding lacks the name)
+            flag = getattr(rt, "cudaStreamNonBlocking", 1)
+            stream = _check(rt, rt.cudaStreamCreateWithFlags(flag),
+                            "cudaStreamCreateWithFlags") if nonblocking else \
+                _check(rt, rt.cudaStreamCreate(), "cudaStreamCreate")
         except StorageError:
             rt.cudaFree(ptr)
             raise
