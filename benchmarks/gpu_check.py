@@ -14,6 +14,10 @@ torch.cdist peer took minutes per call):
 - a workload that would start with less than MIN_START_S of the budget left is skipped.
 A worker that was killed is replaced for the next workload. Without CUDA (and without
 --dry / GPU_CHECK_DRY=1) it says so and exits 0.
+
+One more row, "paged-fwd" (issue 28 item 3): a forward over a stored relation opened paged,
+its pages streamed through the device tier (benchmarks/gpu_check_paged.py, in a process of
+its own stopped after --paged-timeout seconds), against the same call held in memory.
 """
 from __future__ import annotations
 
@@ -33,7 +37,9 @@ WORKER = os.path.join(HERE, "gpu.py")
 sys.path.insert(0, HERE)
 import gpu  # noqa: E402  (the workloads; importing it loads numpy only)
 
-ORDER = ["csr-131k", "csr-1m", "attention-fwd-fp16", "edgenn-step", "radius", "knn",
+PAGED = "paged-fwd"      # the paged row: gpu_check_paged.py, not a gpu.py workload
+PAGED_SCRIPT = os.path.join(HERE, "gpu_check_paged.py")
+ORDER = ["csr-131k", PAGED, "csr-1m", "attention-fwd-fp16", "edgenn-step", "radius", "knn",
          "csr-32k", "hex-mesh", "attention-fwd-fp32", "attention-step-fp16",
          "attention-step-fp32"]     # the issue's targets first, in case the budget runs out
 PEER_FLOOR_S = 3.0      # a peer's one-off first-call costs (library handles, autotuning)
@@ -189,6 +195,36 @@ def run_workload(pool: Pool, name: str, args, tmp: str, end: float) -> dict:
     return row
 
 
+def run_paged(args, end: float) -> dict:
+    """The paged row: gpu_check_paged.py in a session of its own, killed at its limit."""
+    row = {"workload": PAGED, "size": "stored CSR, paged through the device tier"}
+    left = end - time.monotonic()
+    if left < MIN_START_S:
+        return dict(row, status=f"skipped: {max(0.0, left):.0f} s of the budget left")
+    limit = min(args.paged_timeout, left)
+    root = os.path.dirname(HERE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    cmd = [sys.executable, PAGED_SCRIPT] + (["--dry"] if gpu.DRY else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=HERE, env=env)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return dict(row, status=f"tiga: no result within {limit:.0f} s (stopped)")
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    ev = json.loads(lines[-1]) if lines else {"event": "error", "error": err[-2000:]}
+    if ev.get("event") != "done":
+        return dict(row, status="tiga failed", error=ev.get("error"))
+    return dict(row, status="ok", peer_status="ok", size=ev["size"], tiga_ms=ev["ms"],
+                peer=ev["peer"], peer_ms=ev["peer_ms"], speedup=ev["speedup"],
+                max_abs_diff=ev["max_abs_diff"], scale=ev["scale"],
+                **{k: ev[k] for k in ("pages", "route", "tier", "bytes_to_device",
+                                      "bytes_from_device")})
+
+
 def versions() -> dict:
     """Package versions (metadata, nothing imported) and the device as nvidia-smi names it."""
     from importlib import metadata
@@ -256,6 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workload-timeout", type=float, default=300.0 if gpu.DRY else 45.0,
                     help="seconds for a workload's Tiga side (compile included)")
     ap.add_argument("--peer-setup", type=float, default=30.0)
+    ap.add_argument("--paged-timeout", type=float, default=120.0 if gpu.DRY else 90.0,
+                    help="seconds for the paged row (store, compile, calls)")
     ap.add_argument("--tests-log", default=None, help="the pytest log to summarise")
     ap.add_argument("--dry", action="store_true", help="= GPU_CHECK_DRY=1 (CPU, tiny sizes)")
     args = ap.parse_args(argv)
@@ -264,10 +302,10 @@ def main(argv=None) -> int:
               "plumbing on CPU)")
         return 0
     names = [n for n in args.only.split(",") if n]
-    unknown = sorted(set(names) - set(gpu.NAMES))
+    unknown = sorted(set(names) - set(gpu.NAMES) - {PAGED})
     if unknown:
         ap.error(f"--only: unknown workload(s) {', '.join(unknown)}; known: "
-                 f"{', '.join(gpu.NAMES)}")
+                 f"{', '.join(gpu.NAMES + [PAGED])}")
     os.makedirs(args.out, exist_ok=True)
     start = time.monotonic()
     end = start + args.budget
@@ -277,7 +315,8 @@ def main(argv=None) -> int:
         pool = Pool(log)
         try:
             for name in names:
-                row = run_workload(pool, name, args, tmp, end)
+                row = run_paged(args, end) if name == PAGED else \
+                    run_workload(pool, name, args, tmp, end)
                 report["rows"].append(row)
                 print(json.dumps(row), flush=True)
         finally:

@@ -6,7 +6,10 @@
 # within GPU_CHECK_TESTS_S seconds (default 100), then every workload of benchmarks/gpu.py
 # against the best peer installed, in the time left (benchmarks/gpu_check.py: each side in a
 # worker process of its own with its own limits, timed with CUDA events after warm-up; a
-# peer slower than 10x Tiga is stopped and reported as such). Into $OUT (default ./gpu-out):
+# peer slower than 10x Tiga is stopped and reported as such), and the paged row (a stored
+# relation opened paged, its pages streamed host -> device through the device tier under the
+# Triton backend: benchmarks/gpu_check_paged.py, stopped at its own limit). Into $OUT
+# (default ./gpu-out):
 # env.txt, tests.log, workers.log, bench.log, gpu-check.json and gpu-check.md (the table).
 #     bash benchmarks/gpu_check.sh
 #     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh   # CPU: triton-interpreter, tiny sizes,

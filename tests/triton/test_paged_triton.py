@@ -332,3 +332,24 @@ def test_device_route_result_on_disk_past_the_host_budget(tmp_path, stand_in):
         assert y.tier == "disk"
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
     assert stand_in.copies[2] == 8 and not stand_in.buffers
+
+
+def test_the_gpu_checks_paged_row_runs_dry(tmp_path):
+    """benchmarks/gpu_check.py's paged row end to end on CPU (GPU_CHECK_DRY: the interpreter,
+    tiny sizes): paged, equal to the float64 oracle, reported in the table."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, GPU_CHECK_DRY="1", TRITON_INTERPRET="1",
+               TIGA_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--out",
+                           str(tmp_path), "--only", "paged-fwd"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads((tmp_path / "gpu-check.json").read_text())["rows"]
+    assert row["status"] == "ok" and row["pages"] == 4 and row["route"] == "triton-interpreter"
+    assert row["max_abs_diff"] <= 1e-5 * row["scale"] and row["tiga_ms"] > 0
+    assert "| paged-fwd |" in (tmp_path / "gpu-check.md").read_text()
