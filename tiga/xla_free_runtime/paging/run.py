@@ -49,6 +49,7 @@ from ..store import transpose as store_transpose
 from ..threads import num_threads
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack
+from .describe import describe_stats, page_kernel
 from .device import TritonPages, device_route, empty_page
 from .distinct import distinct
 from .writer import WRITE_QUEUE, PageWriter
@@ -201,17 +202,13 @@ class PagedPlan:
                                 "stored beside the relation (built once, out of core, into a "
                                 "new store version when missing)")
         kind = "source" if p["reduce_by"] == "src" else "destination"
-        fallback = _page_fallback(walk, self.lower) if triton is None else \
-            getattr(triton.plan, "reason", None)
-        kernel = "in-memory kernel" if triton is None else triton_kernel_text(triton)
+        fallback, kernel = page_kernel(walk, self.lower, triton)
         # (under a Triton backend the route is that backend's: explain() reports it)
         ex.routes.append((self.backend or "paged", what, f"{pages} page(s) of "
-                          f"{sc.page_rows()} {kind} rows "
-                          f"from store {graph.params['path']} (version "
-                          f"{graph.params['version']}); per page: read the CSR rows, gather "
-                          "distinct sources once, run the "
-                          + (f"reference interpreter ({fallback})" if fallback else kernel)
-                          + " on the page-local CSR, write the rows"))
+                          f"{sc.page_rows()} {kind} rows from store {graph.params['path']} "
+                          f"(version {graph.params['version']}); per page: read the CSR "
+                          f"rows, gather distinct sources once, run the {kernel} on the "
+                          "page-local CSR, write the rows"))
         loaders = page_threads(walk, pages)[0]
         ex.traversal.append(f"paged: {loaders} prefetch thread(s) load the next pages while "
                             f"one computes (queue of {QUEUE_PAGES} pages)")
@@ -223,47 +220,6 @@ class PagedPlan:
         last = measured("paged", graph)
         ex.traversal.append(describe_stats(last) if last is not None else
                             f"paged: run {NOT_RUN}")
-
-
-def triton_kernel_text(triton: TritonPages) -> str:
-    """explain()'s words for the Triton route of the pages."""
-    text = (f"{triton.backend} kernel (rendered once for every page: "
-            f"{triton.plan.key[:12]})")
-    if triton.tier is not None:
-        return text + (" on the device: the page's buffers copied host -> device through "
-                       "the device tier (two buffer sets under the 'device' budget, the next "
-                       "page's copy overlapping this page's kernel), its rows copied back")
-    return text + f" on the host page buffers ({device_route(triton.backend)[1]})"
-
-
-def _page_fallback(walk: Walk, lower) -> str | None:
-    """Why a page's kernel would run on the reference interpreter, or None (it compiles)."""
-    eqn = walk.eqn
-    csr = Var(dataclasses.replace(eqn.inputs[0].type, kind="csr"))
-    found = plan_propagate(dataclasses.replace(eqn, inputs=(csr,) + tuple(eqn.inputs[1:])),
-                           None, compile=False, lower=lower)
-    return found.reason if isinstance(found, Fallback) else None
-
-
-def describe_stats(s: PageStats) -> str:
-    t = s.seconds
-    return (f"paged: last run {s.pages} page(s) x {s.page_rows} rows, {s.edges} edges, "
-            f"distinct-source ratio {s.distinct_ratio:.3f}; read host "
-            f"{s.bytes_read['host']} B, disk {s.bytes_read['disk']} B; written host "
-            f"{s.bytes_written['host']} B, disk {s.bytes_written['disk']} B (result on "
-            f"{s.result_tier}); seconds read {t['read']:.3f}, gather {t['gather']:.3f}, "
-            f"compute {t['compute']:.3f}, write {t['write']:.3f}, waited {t['wait']:.3f}, "
-            f"overlapped {s.overlapped:.3f}" + _device_stats(s))
-
-
-def _device_stats(s: PageStats) -> str:
-    """The Triton route's part of the last run's line: its backend and device copies."""
-    if s.route == "cpu-llvm":
-        return ""
-    d = s.bytes_device
-    return (f"; kernels on {s.route}" + (f", copied host -> device {d['to']} B, device -> "
-                                         f"host {d['from']} B in {s.seconds['device']:.3f} s"
-                                         if d["to"] or d["from"] else ""))
 
 
 @dataclass(frozen=True)
