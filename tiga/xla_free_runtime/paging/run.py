@@ -720,9 +720,11 @@ def call_plan(program, args: list, lower):
     name = selected_backend()
     found = BACKENDS[name].launcher.plan(eqns[0], args[0], compile=False, lower=lower) \
         if name in TRITON_BACKENDS else None
-    triton = found.triton_pages(walk_of(eqns[0], args[0], build=False), args[0]) \
-        if isinstance(found, PagedPlan) else None
-    return plan_of(eqns[0], args[0], list(args[1:]), lower, triton=triton)
+    walk = walk_of(eqns[0], args[0], build=False)
+    if walk is None:         # (the CSR is read whole: no page plan)
+        return None
+    triton = found.triton_pages(walk, args[0]) if isinstance(found, PagedPlan) else None
+    return plan_of(eqns[0], args[0], list(args[1:]), lower, walk, triton)
 
 
 def task_ir(program, args: list, lower) -> str | None:
