@@ -353,3 +353,29 @@ def test_the_gpu_checks_paged_row_runs_dry(tmp_path):
     assert row["status"] == "ok" and row["pages"] == 4 and row["route"] == "triton-interpreter"
     assert row["max_abs_diff"] <= 1e-5 * row["scale"] and row["tiga_ms"] > 0
     assert "| paged-fwd |" in (tmp_path / "gpu-check.md").read_text()
+
+
+@pytest.mark.parametrize("route", ["host", "device"])
+def test_fields_over_the_host_budget_page_on_the_triton_route(tmp_path, interpreter,
+                                                              monkeypatch, route):
+    """A relation held in memory whose disk-tier fields and result exceed the host budget
+    runs by pages (resident_pages) on the selected Triton backend too."""
+    if route == "device":
+        rt = _install(monkeypatch)
+    n = 1000
+    rp = np.arange(n + 1, dtype=np.int64) * 4
+    ci = ((np.arange(n)[:, None] + np.arange(1, 5)) % n).reshape(-1).astype(np.int32)
+    x = np.random.default_rng(7).normal(size=(n, 16)).astype(np.float32)
+    g = tg.Graph.from_csr(rp, ci)
+    want = np.asarray(Mix().reference(**call(g, x, x, np.ones((4 * n, 1), np.float32))))
+    with tg.scope(spill_dir=tmp_path):
+        xd = tg.asarray(x).to("disk")
+    with tg.scope(budgets={"host": "60KB"}, page_rows=250, spill_dir=tmp_path), \
+            tg.profile() as prof:
+        y = Mix()(**call(g, xd, x, np.ones((4 * n, 1), np.float32)))
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+    (stats,) = prof.measured("paged")
+    assert stats.pages == 4 and stats.route == "triton-interpreter"
+    assert bool(stats.bytes_device["to"]) == (route == "device")
+    if route == "device":
+        assert rt.copies[2] == 4 and not rt.buffers

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..memory import scope as sc
 from ..memory.tiers import HostStorage
-from .run import PagedPlan, pageable
+from .run import PagedPlan, backend_pages, pageable
 
 RESIDENT_KINDS = ("csr", "cat")     # relations whose CSR is stored, not implied or generated
 
@@ -94,7 +94,7 @@ def plan_resident(eqn, graph, values: list, lower):
                         v.type.dtype) for v in eqn.outputs)
     if disk + result <= owner.budgets["host"] - owner.used["host"]:
         return None
-    return PagedPlan(lower, reader_of(graph, by))
+    return PagedPlan(lower, reader_of(graph, by), **backend_pages(lower))
 
 
 __all__ = ["plan_resident", "ResidentRows", "reader_of", "RESIDENT_KINDS"]

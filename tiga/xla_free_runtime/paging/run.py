@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import threading
 import time
 import weakref
@@ -716,14 +717,10 @@ def call_plan(program, args: list, lower):
     if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
             getattr(args[0] if args else None, "kind", None) != "paged":
         return None
-    # (under a Triton backend, its planner's PagedPlan knows the pages' route)
-    name = selected_backend()
-    found = BACKENDS[name].launcher.plan(eqns[0], args[0], compile=False, lower=lower) \
-        if name in TRITON_BACKENDS else None
     walk = walk_of(eqns[0], args[0], build=False)
     if walk is None:         # (the CSR is read whole: no page plan)
         return None
-    triton = found.triton_pages(walk, args[0]) if isinstance(found, PagedPlan) else None
+    triton = plan_paged(eqns[0], args[0], lower).triton_pages(walk, args[0])
     return plan_of(eqns[0], args[0], list(args[1:]), lower, walk, triton)
 
 
@@ -742,13 +739,23 @@ def _discard(outs) -> None:
             tensor._charge.credit()
 
 
-def plan_paged(eqn, graph, lower, backend: str | None = None, page_plan=None):
-    """The route of a propagate over a stored ("paged") relation, or None (not paged);
-    `backend`: the Triton backend its pages run on, `page_plan(eqn, page-local CSR)` its
-    page kernel's plan (None: cpu-llvm)."""
+def plan_paged(eqn, graph, lower):
+    """The route of a propagate over a stored ("paged") relation, or None (not paged); its
+    pages run the selected backend's kernel."""
     if getattr(graph, "kind", None) != "paged":
         return None
-    return PagedPlan(lower, backend=backend, page_plan=page_plan)
+    return PagedPlan(lower, **backend_pages(lower))
+
+
+def backend_pages(lower) -> dict:
+    """PagedPlan's arguments for the selected backend: a Triton backend and its launcher's
+    page-kernel planner (`page_plan(backend, lower, eqn, page-local CSR)`: a TritonPlan or a
+    Fallback), or none (cpu-llvm)."""
+    name = selected_backend()
+    if name not in TRITON_BACKENDS:
+        return {}
+    return {"backend": name,
+            "page_plan": functools.partial(BACKENDS[name].launcher.page_plan, name, lower)}
 
 
 __all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "call_plan", "plan_of", "PageTask",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
-from functools import partial
 
 import numpy as np
 
@@ -98,9 +97,7 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
     if hit is not None and hit[0]() is graph:
         return hit[1]
     # a stored relation pages: each page runs this backend's kernel of the page-local CSR
-    found = plan_paged(eqn, graph, lower, backend=name,
-                       page_plan=partial(_page_plan, name, lower)) or \
-        attention_plan(eqn, graph, name)
+    found = plan_paged(eqn, graph, lower) or attention_plan(eqn, graph, name)
     if found is None:
         try:
             found = TritonPlan.build(eqn, graph, name, lower)
@@ -341,6 +338,7 @@ class _Launcher:
 
     plan = staticmethod(backend_plan)
     artifact = TritonArtifact
+    page_plan = staticmethod(_page_plan)    # a paged run's page kernel (paging.run)
 
 
 register_launcher("triton", _Launcher)
