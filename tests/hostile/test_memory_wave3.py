@@ -9,31 +9,18 @@ in a subprocess around one call (/proc/self/clear_refs resets the peak); gradien
 against the reference interpreter (whole program) and float64 finite differences."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from ._run import check_cases
 
-MEMORY = '''
-import resource
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from peak_rss import PROBE  # noqa: E402
+
+MEMORY = PROBE + '''
 
 MiB = 1 << 20
 SLACK = 16 * MiB
-
-def _status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"/proc/self/status has no {key}")
-
-def peak_growth(fn):
-    """(result, bytes the peak RSS grew by while fn ran)."""
-    try:   # reset the peak to the current RSS (Linux): the growth is this call's alone
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _status("VmRSS:")
-    except OSError:   # (no reset: compare with the peak so far)
-        base = _status("VmHWM:")
-    out = fn()
-    return out, _status("VmHWM:") - base
 
 class Scale(tg.MessagePassing):
     reducer = tg.sum()

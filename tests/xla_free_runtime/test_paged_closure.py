@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from peak_rss import PROBE  # noqa: E402
+
 pytest.importorskip("zarr", minversion="3.1")
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
-SCRIPT = r'''
+SCRIPT = PROBE + r'''
 import json, sys
 import numpy as np
 import tiga as tg
@@ -27,22 +30,6 @@ import tiga as tg
 MiB = 1 << 20
 N, F, BUDGET, ROWS = 80_000, 64, 8 * MiB, 2048       # x: 39 MiB
 root = sys.argv[1]
-
-
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"/proc/self/status has no {key}")
-
-
-def peak_growth(fn):
-    with open("/proc/self/clear_refs", "w") as f:    # the peak restarts at the current RSS
-        f.write("5")
-    base = status("VmRSS:")
-    out = fn()
-    return out, status("VmHWM:") - base
 
 
 ci = np.random.default_rng(0).integers(0, N, N).astype(np.int32)   # one source per row

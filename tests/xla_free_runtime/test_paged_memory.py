@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from peak_rss import PROBE  # noqa: E402
+
 import tiga as tg
 from tiga.core.dtypes import as_dtype
 from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
@@ -35,7 +38,7 @@ def documented_overhead() -> int:
     return int(found.group(1)) * MiB
 
 
-SCRIPT = r'''
+SCRIPT = PROBE + r'''
 import json, sys
 import numpy as np
 import tiga as tg
@@ -43,22 +46,6 @@ import tiga as tg
 MiB = 1 << 20
 N, F, BUDGET, ROWS = 250_000, 48, 24 * MiB, 16384    # x and y: 92 MiB each
 root = sys.argv[1]
-
-
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"/proc/self/status has no {key}")
-
-
-def peak_growth(fn):
-    with open("/proc/self/clear_refs", "w") as f:    # the peak restarts at the current RSS
-        f.write("5")
-    base = status("VmRSS:")
-    out = fn()
-    return out, status("VmHWM:") - base
 
 
 def columns(n, a, b):      # one source per destination, scattered over the whole store
