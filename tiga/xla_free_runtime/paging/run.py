@@ -560,21 +560,21 @@ class _PagedRun:
             self.bar.update(1)
 
     def compute(self, op) -> None:
-        """The kernel on the page-local CSR, writing host result rows in place."""
+        """The kernel on the page-local CSR, writing host result rows in place (on the
+        Triton route: TritonPages, whose results may stay on the device until written)."""
         page = self.pages.pop(op.page)
         args = self.module.body.args[1:]
         vals = [self.params[a.name] if r == "param" else page.vals[a.name]
                 for a, r in zip(args, self.roles)]
         t0 = time.perf_counter()
         eqn = self.walk.eqn
-        route = plan_propagate(eqn, page.graph, lower=self.lower) if self.triton is None \
-            else None
         if self.triton is not None:
             res = self.triton.compute(op, self, page, vals)
-        elif isinstance(route, Fallback):
-            res = impl_rules[propagate_p](page.graph, *vals, **eqn.params)
         else:
-            res = run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads)
+            route = plan_propagate(eqn, page.graph, lower=self.lower)
+            res = impl_rules[propagate_p](page.graph, *vals, **eqn.params) \
+                if isinstance(route, Fallback) else \
+                run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads)
         self.stats.seconds["compute"] += time.perf_counter() - t0
         for v, r in zip(op.results[:-1], res):
             self.results[v.name] = (r if isinstance(r, tuple) else np.asarray(r), page)
