@@ -196,10 +196,10 @@ def main(argv=None) -> int:
             rows.append({"file": name, "ok": False, "error": f"{type(exc).__name__}: "
                                                             f"{str(exc)[-600:]}"})
         r = rows[-1]
+        shared = f"  shared {r['shared'] // 1024} KB" if r.get("shared") else ""
         print(f"{name[:40]}  {'ok' if r['ok'] else 'FAILED'}"
               f"{'  v4 loads' if r.get('v4') else ''}{'  mma' if r.get('mma') else ''}"
-              f"{'  shared %d KB' % (r['shared'] // 1024) if r.get('shared') else ''}"
-              f"  {r.get('error', '')}", flush=True)
+              f"{shared}  {r.get('error', '')}", flush=True)
     print(f"triton {triton.__version__}, sm_{args.arch}: {sum(r['ok'] for r in rows)} of "
           f"{len(rows)} kernels compiled")
     if args.json:
