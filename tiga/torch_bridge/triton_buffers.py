@@ -28,6 +28,12 @@ def from_array(x, dtype: str, device: str) -> torch.Tensor:
     return t if device == "cpu" else t.to(device)
 
 
+def wrap_host(arr: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over `arr`'s memory, no copy (a prepared Triton-interpreter launch: the
+    caller checked it is a writable, C-contiguous, non-empty array of a torch dtype)."""
+    return torch.from_numpy(arr)
+
+
 def on_device(memory) -> torch.Tensor:
     """A tensor over the CUDA memory `memory` exposes (`__cuda_array_interface__`: a
     device-tier buffer), in place."""

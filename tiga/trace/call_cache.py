@@ -38,6 +38,9 @@ MAX_ENTRIES = 128
 _LOCK = threading.Lock()
 _ENTRIES: OrderedDict = OrderedDict()     # key -> (liveness refs, guards, payload...)
 STATS = {"hits": 0, "misses": 0, "uncacheable": 0, "guard_failures": 0}
+# [n]: bumped by every store (an entry added, replaced or evicted) and by clear(); a layer's
+# warm-call memo (warm_calls.py) made at generation n is valid while it stays n
+GENERATION = [0]
 
 
 def _value_print(v):
@@ -214,6 +217,7 @@ def _lookup(key, objs):
 
 def _store(key, objs, guards, *payload) -> None:
     with _LOCK:
+        GENERATION[0] += 1
         _ENTRIES[key] = (tuple(_ref(o) for o in objs), guards) + payload
         _ENTRIES.move_to_end(key)
         while len(_ENTRIES) > MAX_ENTRIES:
@@ -236,10 +240,12 @@ def staged_program(call, optimize: Callable[[GraphProgram], GraphProgram]) -> tu
         STATS["uncacheable"] += 1
         return _staged_and_rewritten(call, optimize)
     key, objs = found
+    generation = GENERATION[0]
     entry = _lookup(key, objs)
     if entry is not None:
         if not _sizes_ok(call, items):
             call.check_sizes(call.graph.type())   # raises the ShapeError naming the field
+        call.cached = (entry[1], generation)
         return entry[2], [call.graph] + [leaf_value(v) for _, _, v in items] + \
             [leaf_value(v) for _, v in call.param_items()]
     guards = guards_mod.collect(_guarded_fns(call))   # the values the trace will read
@@ -247,6 +253,7 @@ def staged_program(call, optimize: Callable[[GraphProgram], GraphProgram]) -> tu
     STATS["misses"] += 1
     if len(args) == len(call.values()):      # no captured arrays (they lead the args)
         _store(key, objs, guards, program)
+        call.cached = (guards, GENERATION[0])
     return program, args
 
 
@@ -290,6 +297,7 @@ def reuse(call, extra_key, build) -> tuple:
 
 def clear() -> None:
     with _LOCK:
+        GENERATION[0] += 1
         _ENTRIES.clear()
 
 

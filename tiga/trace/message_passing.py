@@ -31,7 +31,7 @@ ARG_ID = "_tg_arg_id"
 
 # The runtime registers how concrete (non-traced) calls execute; trace cannot import it.
 hooks: dict[str, Callable | None] = {"execute": None, "explain": None, "reference": None,
-                                     "ir": None, "compiled": None}
+                                     "ir": None, "compiled": None, "warm": None}
 
 
 def _compiling() -> bool:
@@ -99,7 +99,12 @@ class PropagateCall:
         self.update, self.reduce_by = update, reduce_by
         self.fields = {"src": field_dict("src", src), "dst": field_dict("dst", dst),
                        "edge": field_dict("edge", edge)}
+        # the MessagePassing layer making the call (MessagePassing._call), and the call
+        # cache's (guards, generation) of the entry it ran (call_cache.staged_program)
+        self.layer, self.cached = None, None
         hidden = generated.hidden_fields(graph)
+        # the fields are the caller's as given: no hidden operand added, none reshaped below
+        self.plain = hidden is None and not reducer.is_arg
         if hidden is not None:   # a generated relation: its coordinates are field operands
             for role, extra in hidden.items():
                 self.fields[role].update(extra)
@@ -423,17 +428,24 @@ class MessagePassing:
         update = self.update if type(self).update is not MessagePassing.update else None
         check_keywords(f"{type(self).__name__}()", ("graph", "src", "dst", "edge"), self.edge,
                        update, params)
-        return PropagateCall(graph, self.edge, self.reducer, src, dst, edge, update, params)
+        call = PropagateCall(graph, self.edge, self.reducer, src, dst, edge, update, params)
+        call.layer = self
+        return call
 
     def update(self, dst, aggregated, **params):  # replaced by subclasses that need it
         """A destination's result from its reduced messages (default: `aggregated`)."""
         return aggregated
 
     def __call__(self, *, graph, src=None, dst=None, edge=None, **params):
+        update = self.update if type(self).update is not MessagePassing.update else None
         if hooks["compiling"]():    # torch.compile's trace: one opaque torch op (torch_bridge)
-            update = self.update if type(self).update is not MessagePassing.update else None
             return hooks["compiled"](graph, self.edge, self.reducer, update, src, dst, edge,
                                      params)
+        warm = hooks["warm"]    # the signature this layer last ran, prepared: its launch list
+        out = None if warm is None else \
+            warm(self, graph, self.edge, update, self.reducer, src, dst, edge, params)
+        if out is not None:
+            return out
         call = self._call(graph, src, dst, edge, params)
         return run_call(call)
 

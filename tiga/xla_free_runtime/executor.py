@@ -39,6 +39,7 @@ from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
 from .backends.cpu.propagate import Fallback, equation_text, run_propagate
+from .backends.triton.prepared import prepare as prepare_triton
 from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
@@ -178,11 +179,11 @@ def _strict_check(routes: dict) -> None:
 def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> list:
     """Run `program` on `args`. Outputs the triton route left on a GPU are copied to the
     host, unless `keep_device` (the torch bridge hands them to torch where they are)."""
+    outs = run_prepared(program, args)
+    if outs is not None:      # a warm call: its prepared launch list, no planning
+        return outs
     if config.check:
         check_program(program)
-    prep = _prepared(program, args)
-    if prep is not None:      # a warm call: its prepared launch list, no planning
-        return run_walk(prep, program, args, OVERRIDES, prep.prepared)
     pin_once()     # per-call arrays reuse the heap whatever the process freed before
     if len(args) != len(program.in_binders):
         raise ProgramError(f"execute: program takes {len(program.in_binders)} inputs, "
@@ -232,6 +233,22 @@ def _run(program: GraphProgram, args: list) -> list:
     return run_walk(walk, program, args, overrides)
 
 
+def run_prepared(program: GraphProgram, args: list) -> list | None:
+    """The outputs of a warm call of `program` on `args` by its prepared launch list (what
+    `execute` runs then), or None when it has none for them (the caller runs `execute`)."""
+    prep = _prepared(program, args)
+    if prep is None:
+        return None
+    if config.check:     # (TIGA_CHECK: every executed program is checked first)
+        check_program(program)
+    return run_walk(prep, program, args, OVERRIDES, prep.prepared)
+
+
+def prepared_for(program: GraphProgram, args: list) -> bool:
+    """Whether a call of `program` on `args` now runs its prepared launch list."""
+    return _prepared(program, args) is not None
+
+
 def _prepared(program: GraphProgram, args: list):
     """The prepared launch list of a warm call of `program` on relations it was prepared
     for, or None (first call, other relations, strict mode or a profile: the full path)."""
@@ -277,6 +294,8 @@ def _prepared_launch(walk: TaskWalk, eqn, graph):
     if isinstance(route, Fallback):
         return None
     launch = prepare(route, eqn, graph)
+    if launch is None:
+        launch = prepare_triton(route, eqn, graph)
     if launch is not None:
         return launch.run
     return None if isinstance(route, Executable) else partial(_run_plan, route, eqn)
@@ -384,5 +403,6 @@ def paged_task_ir(program: GraphProgram, args: list) -> str | None:
     return task_ir(program, args, LOWERING)
 
 
-__all__ = ["execute", "explain_program", "select_route", "plan_routes", "NUMPY_NOTE",
+__all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select_route",
+           "plan_routes", "NUMPY_NOTE",
            "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir"]

@@ -13,13 +13,12 @@ the caller's arrays), so several Python threads may launch kernels at once. TIGA
 """
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..core.config import env_num_threads
+from ..core.config import env, env_num_threads
 from ..core.errors import TigaError
 from ..lower.schedule import CHUNKS_PER_THREAD, PARALLEL_MIN_WORK
 from .backends.cpu.native.pool import run_on_pool
@@ -31,7 +30,13 @@ _LOCK = threading.Lock()
 _POOL: dict = {}
 
 
-_PINNED = threading.local()   # .n: the pool size of the call running on this thread
+class _Pinned(threading.local):
+    # (a class default: getattr(local, name, None) on a missing attribute raises and catches
+    # an AttributeError inside, ~0.7 us, and a warm call asks several times)
+    n: int | None = None
+
+
+_PINNED = _Pinned()   # .n: the pool size of the call running on this thread
 _PARSED: dict = {}            # TIGA_NUM_THREADS as found -> its thread count (a memo)
 
 
@@ -39,10 +44,10 @@ def num_threads() -> int:
     """TIGA_NUM_THREADS (default: all cores), capped at 4 x the cores with a warning; the
     kernel schedule (lower/passes/select_kernel_schedule.py) reads the same value. Inside
     `pin_threads` the value read when the call started."""
-    n = getattr(_PINNED, "n", None)
+    n = _PINNED.n
     if n is not None:
         return n
-    raw = os.environ.get("TIGA_NUM_THREADS")
+    raw = env("TIGA_NUM_THREADS")
     n = _PARSED.get(raw)
     if n is None:   # parsed once per value: a bad one raises every time, a capped one warns once
         n = env_num_threads(TigaError)
@@ -55,7 +60,7 @@ def num_threads() -> int:
 def pin_threads() -> int | None:
     """Read the pool size once for a call on this thread (a warm call asks for it several
     times: kernel variant, schedule, staging); returns what `unpin_threads` restores."""
-    before = getattr(_PINNED, "n", None)
+    before = _PINNED.n
     if before is None:
         _PINNED.n = num_threads()
     return before

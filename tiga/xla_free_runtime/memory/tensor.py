@@ -346,8 +346,20 @@ def load(path, tier: str = "disk") -> Tensor:
 def _wrap(arr: np.ndarray) -> Tensor:
     if isinstance(arr, Tensor):       # a paged run's result already owns its storage
         return arr
-    arr = np.asarray(arr)
-    return Tensor(HostStorage(arr), TensorType(arr.shape, as_dtype(arr.dtype)))
+    if type(arr) is not np.ndarray:
+        arr = np.asarray(arr)
+    # (TensorTypes are immutable: one per shape and dtype serves every result of that type;
+    # building one costs a warm call ~1 us)
+    found = _TYPES.get((arr.shape, arr.dtype))
+    if found is None:
+        found = TensorType(arr.shape, as_dtype(arr.dtype))
+        if len(_TYPES) > 1024:
+            _TYPES.clear()
+        _TYPES[(arr.shape, arr.dtype)] = found
+    return Tensor(HostStorage(arr), found)
+
+
+_TYPES: dict = {}    # (shape, numpy dtype) -> its TensorType: a memo of a pure function
 
 
 def asarray(obj, dtype=None, device: str = "cpu") -> Tensor:
