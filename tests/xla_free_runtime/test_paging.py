@@ -476,3 +476,18 @@ def test_a_failed_result_write_is_raised_and_leaves_nothing(tmp_path, monkeypatc
             Gather()(graph=g, src={"x": np.ones((2000, 2))})   # the result goes to disk
         assert tg.memory.report()["host"]["bytes"] == 0
     assert list(spill.iterdir()) == []
+
+
+def test_strict_mode_refuses_pages_that_would_run_on_the_reference_interpreter(tmp_path,
+                                                                                 monkeypatch):
+    rp, ci = ring(300, k=3)
+    x = (np.arange(300 * 2).reshape(300, 2) % 7).astype(np.uint8)   # no cpu-llvm kernel
+    store = store_of(tmp_path / "s", rp, ci, 300, [("x", x, "src")])
+    g = tg.Graph.open(tmp_path / "s")
+    with tg.scope(page_rows=128):
+        got = Gather()(graph=g, src={"x": store["x"]})           # falls back, correctly
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(Gather().reference(
+            graph=tg.Graph.from_csr(rp, ci), src={"x": x})))
+        monkeypatch.setattr(tg.config, "strict", True)
+        with pytest.raises(tg.UnsupportedError, match="strict mode: a paged propagate"):
+            Gather()(graph=g, src={"x": store["x"]})

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.config import config
-from ...core.errors import ShapeError, StorageError
+from ...core.errors import ShapeError, StorageError, UnsupportedError
 from ...core.graph import Graph
 from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
@@ -174,8 +174,10 @@ class PagedPlan:
         if tasks is None:
             tasks = graph.params["page_tasks"][key] = page_tasks(
                 walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
-        run = _PagedRun(eqn, graph, values, walk, tasks, self.lower,
-                        self.triton_pages(walk, graph))
+        triton = self.triton_pages(walk, graph)
+        if config.strict:
+            _refuse_fallback(page_kernel(walk, self.lower, triton)[0])
+        run = _PagedRun(eqn, graph, values, walk, tasks, self.lower, triton)
         outs = run.execute()
         record("paged", graph, dataclasses.replace(run.stats, module=run.module))
         return outs
@@ -291,8 +293,18 @@ def _materialised(eqn, graph, values, lower, page_plan=None) -> list:
                 for r, d in zip(kernel.run(eqn, mem, vals), kernel.source.signature.out_dtypes)]
     route = plan_propagate(eqn, mem, lower=lower)
     if isinstance(route, Fallback):
+        _refuse_fallback(route.reason if config.strict else None)
         return impl_rules[propagate_p](mem, *vals, **eqn.params)
     return run_propagate(route, eqn, mem, vals)
+
+
+def _refuse_fallback(why: str | None) -> None:
+    """Strict mode: a paged propagate whose kernel would run on the reference interpreter
+    (on its pages or on the CSR read whole) is refused before anything is read."""
+    if why:
+        raise UnsupportedError(f"strict mode: a paged propagate would run on the reference "
+                               f"interpreter: {why}", hint="unset TIGA_STRICT / "
+                               "tg.config.strict")
 
 
 @dataclass(eq=False)
