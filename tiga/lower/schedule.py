@@ -121,11 +121,13 @@ def triton_split_tiles(block_neighbors: int, traversal: str, reduce_by: str,
 # program keeps rows x block_neighbors independent gathers in flight where the row loop
 # keeps block_neighbors. Rows per program: the tile stays within ROW_TILE_ELEMENTS
 # elements (about 32 registers per thread at ROW_TILE_WARPS warps), at least 2 rows (one
-# row is the row loop's tile). Long rows keep the split path (split_degree).
+# row is the row loop's tile). Long rows keep the split path (split_degree). A radius cell
+# walk tiles the same way (cell_tiles.py): a program's rows are consecutive in cell order
+# and walk their neighbour cells as [rows, block_neighbors] candidate tiles.
 ROW_TILE_ELEMENTS = 4096
 ROW_TILE_MAX_ROWS = 64
 ROW_TILE_WARPS = 4
-ROW_TILE_TRAVERSALS = ("csr-row", "transposed-csr-row")
+ROW_TILE_TRAVERSALS = ("csr-row", "transposed-csr-row", "cell-directory-row")
 
 
 def triton_row_tile(traversal: str, reduce_by: str, block_neighbors: int,

@@ -15,7 +15,8 @@ stored relation its transposed CSR, edge ids through its permutation); "edge" st
 message at its edge id; "all" (sum or mean without update) stores one partial sum per row,
 which the launcher adds up. A stored CSR folded by dst or src whose schedule has the tile
 row_tile renders row_tiles.TiledBody instead: the program's BLOCK_R rows walk together as
-one [BLOCK_R, BLOCK_N] tile of edges per trip (same arguments, same launch).
+one [BLOCK_R, BLOCK_N] tile of edges per trip (same arguments, same launch); a radius cell
+walk with that tile renders cell_tiles.CellTiledBody (one more argument: row_order).
 """
 from __future__ import annotations
 
@@ -86,7 +87,10 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
         raise TritonUnsupported("edge fields over a radius cell walk (its edges are not "
                                 "numbered in the reference's order)")
     perm = (relation == ("csr",) and (has_perm or walk == "src")) or relation == ("csr_rows",)
-    slots = operand_slots(walk_slots(relation), perm, len(fields), len(operands["out_dtypes"]))
+    walked = walk_slots(relation)
+    if relation[0] == "radius" and schedule.row_tile and reduce_by in ("dst", "src"):
+        walked += ("row_order",)    # (rows in cell order: cell_tiles.py)
+    slots = operand_slots(walked, perm, len(fields), len(operands["out_dtypes"]))
     # the split path needs a row's edges as one id range of a stored CSR and a reducer state
     split = schedule.split_degree if relation == ("csr",) and reduce_by in ("dst", "src") \
         else 0

@@ -34,6 +34,9 @@ def main_body(params: dict, sig, row_tile: bool) -> _Body:
     walk is a stored CSR's rows folded into reducer states; else the row loop."""
     if row_tile and tuple(sig.relation) in TILED_RELATIONS and sig.reduce_by in ("dst", "src"):
         return TiledBody(params, sig)
+    if row_tile and sig.relation[0] == "radius" and "row_order" in sig.slots:
+        from .cell_tiles import CellTiledBody  # (cell_tiles extends TiledBody, below)
+        return CellTiledBody(params, sig)
     return _Body(params, sig)
 
 

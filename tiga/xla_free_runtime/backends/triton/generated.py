@@ -43,11 +43,15 @@ def _radius_walk(graph, device: str) -> dict:
     tpos = buf.from_array(pos, pos.dtype.name, device)
     start, order = buf.cell_directory(tpos, lo, inv_w, dims)
     exclude_self = p["query"] is None and not p["loop"]
+    # the cell-tiled kernel's rows: one point set's in cell order (a program's rows share
+    # their cells), a query set's in its own order
+    rows = order if p["query"] is None else buf.from_array(
+        np.arange(query.shape[0], dtype=np.int64), "int64", device)
     scal = np.array([inv_w, geo.squared_cutoff(float(p["cutoff"]), pos.dtype),
                      float(exclude_self)], np.float64)
     STATS["radius_directories"] += 1
     return {"wpos": tpos, "wqpos": buf.from_array(query, pos.dtype.name, device),
-            "cell_start": start, "cell_order": order,
+            "cell_start": start, "cell_order": order, "row_order": rows,
             "grid_lo": buf.from_array(lo, "float64", device),
             "grid_dims": buf.from_array(dims, "int64", device),
             "walk_scal": buf.from_array(scal, "float64", device)}
