@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tiga.xla_free_runtime.paging import gather
-from tiga.xla_free_runtime.paging.run import distinct
+from tiga.xla_free_runtime.paging.distinct import distinct
 
 
 def pages(dtype) -> dict:

@@ -9,7 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime.paging import run as paging
+from tiga.xla_free_runtime.paging import handlers
+from tiga.xla_free_runtime.paging import pages as paging
+from tiga.xla_free_runtime.paging import run as paging_run
+from tiga.xla_free_runtime.paging.distinct import distinct
 from tiga.xla_free_runtime.progress import progress_bar
 
 pytest.importorskip("zarr", minversion="3.1")
@@ -187,21 +190,21 @@ def test_ctrl_c_stops_cleanly(tmp_path, monkeypatch):
     store_of(tmp_path / "s", rp, ci, 2000)
     g = tg.Graph.open(tmp_path / "s")
     calls = []
-    real = paging.run_propagate
+    real = handlers.run_propagate
 
     def interrupted(*a):
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
         return real(*a)
-    monkeypatch.setattr(paging, "run_propagate", interrupted)
+    monkeypatch.setattr(handlers, "run_propagate", interrupted)
     spill = tmp_path / "spill"
     with tg.scope(page_rows=100, spill_dir=spill, budgets={"host": "20KB"}):
         with pytest.raises(KeyboardInterrupt):
             Gather()(graph=g, src={"x": x})                  # the result would go to disk
         assert tg.memory.report()["host"]["bytes"] == 0     # page buffers given back
     assert list(spill.iterdir()) == []
-    monkeypatch.setattr(paging, "run_propagate", real)
+    monkeypatch.setattr(handlers, "run_propagate", real)
     np.testing.assert_array_equal(tg.store.open(tmp_path / "s").read_csr()[1], ci)
     with tg.scope(page_rows=100):
         y = Gather()(graph=g, src={"x": x})
@@ -334,7 +337,7 @@ def test_distinct_matches_np_unique():
         else:                          # a band that wraps around: two far windows
             ci = np.concatenate([rng.integers(0, 20, e), rng.integers(max(n - 20, 0), n, e)])
         ci = ci.astype(np.int32)
-        u, inv = paging.distinct(ci, np.int32)
+        u, inv = distinct(ci, np.int32)
         uu, ii = np.unique(ci, return_inverse=True)
         np.testing.assert_array_equal(u, uu)
         np.testing.assert_array_equal(inv, ii.reshape(-1))
@@ -384,7 +387,7 @@ class Scaled(tg.MessagePassing):
 
 
 def test_parameter_cotangents_sum_over_pages(tmp_path, monkeypatch):
-    monkeypatch.setattr(paging, "_materialised", None)      # every propagate pages
+    monkeypatch.setattr(paging_run, "_materialised", None)      # every propagate pages
     rp, ci = ring(200, k=3)
     x = np.random.default_rng(4).random((200, 2))
     scale = np.array([0.5, 2.0])

@@ -12,7 +12,7 @@ import pytest
 
 import tiga as tg
 from tiga.xla_free_runtime import progress
-from tiga.xla_free_runtime.paging import run as paging
+from tiga.xla_free_runtime.paging import handlers
 
 pytest.importorskip("zarr", minversion="3.1")
 pytest.importorskip("tqdm")
@@ -105,14 +105,14 @@ def test_ctrl_c_stops_the_run_and_leaves_the_bar_where_it_stopped(tmp_path, stde
                                                                  monkeypatch):
     make(tmp_path / "s")
     g, store = tg.Graph.open(tmp_path / "s"), tg.store.open(tmp_path / "s")
-    compute, seen = paging._PagedRun.compute, []
+    compute, seen = handlers.PagedRun.compute, []
 
     def interrupted(self, op):
         if len(seen) == 3:
             raise KeyboardInterrupt
         seen.append(op.page)
         return compute(self, op)
-    monkeypatch.setattr(paging._PagedRun, "compute", interrupted)
+    monkeypatch.setattr(handlers.PagedRun, "compute", interrupted)
     stderr.truncate(0)
     with tg.scope(page_rows=PAGE), pytest.raises(KeyboardInterrupt):
         Twice()(graph=g, src={"x": store["x"]})

@@ -15,7 +15,7 @@ from an empty page: its key never depends on page sizes). Decided once per run:
 - without one (Triton's interpreter on a CPU machine), the kernel reads the host page buffers
   in place (the interpreter's tensors live on the host).
 
-`TritonPages` holds that state and the handlers _PagedRun delegates to: `transfer` (a
+`TritonPages` holds that state and the handlers PagedRun delegates to: `transfer` (a
 host -> device copy), `compute` (a page's kernel), `fetch` (a result device -> host) and
 `release`.
 """

@@ -1,6 +1,6 @@
 """runtime/paging: a page's distinct-row remap in native code (issue 28 item 1).
 
-A page reads each distinct source row once: paging.run.distinct() turns its column ids into
+A page reads each distinct source row once: paging.distinct.distinct() turns its column ids into
 the sorted distinct ids and each id's position among them. `marked` does it with one native
 kernel (lower/llvm/page_distinct: clear, mark, rank, remap) over a scratch array each
 thread keeps from page to page, writing the positions where the caller says (the page's

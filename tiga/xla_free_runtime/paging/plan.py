@@ -10,7 +10,7 @@ with a device tier, each page's loaded buffers are also copied host -> device on
 stream (the next page's copies issued before the current page's launch) and its results are
 written from the device; the kernel region carries the Triton schedule that was rendered.
 
-`paging._PagedRun` is the handler set the interpreter runs it with (interpreter.interpret).
+`handlers.PagedRun` is the handler set the interpreter runs it with (interpreter.interpret).
 """
 from __future__ import annotations
 
