@@ -8,6 +8,8 @@ Oracle: the reference interpreter on the same relation held in memory."""
 from __future__ import annotations
 
 import ctypes
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, TransferOp, parse_task
 from tiga.xla_free_runtime.backends.triton import launch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stand_in_cuda import StandInRuntime  # noqa: E402
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -63,62 +68,6 @@ def test_a_paged_relation_pages_under_the_triton_interpreter(stored, interpreter
 
 # ---- the device route, against a stand-in CUDA runtime -----------------------------------------
 
-class _Err:
-    cudaSuccess = 0
-    cudaErrorMemoryAllocation = 2
-
-
-class StandIn:
-    """The cuda.bindings.runtime calls the device tier makes, over host buffers (as in
-    tests/xla_free_runtime/test_device_tier.py), counting copies by direction."""
-
-    cudaError_t = _Err
-
-    class cudaMemcpyKind:
-        cudaMemcpyHostToDevice = 1
-        cudaMemcpyDeviceToHost = 2
-
-    def __init__(self):
-        self.buffers, self.copies, self.streams, self.nonblocking = {}, {1: 0, 2: 0}, 0, 0
-
-    def cudaGetDeviceCount(self):
-        return _Err.cudaSuccess, 1
-
-    def cudaMalloc(self, n):
-        buf = np.full(n, 0xAB, np.uint8)       # (uninitialised memory, visibly)
-        self.buffers[buf.ctypes.data] = buf
-        return _Err.cudaSuccess, buf.ctypes.data
-
-    def cudaFree(self, ptr):
-        del self.buffers[ptr]
-        return (_Err.cudaSuccess,)
-
-    def cudaStreamCreate(self):
-        self.streams += 1
-        return _Err.cudaSuccess, self.streams
-
-    cudaStreamNonBlocking = 1
-
-    def cudaStreamCreateWithFlags(self, flags):
-        assert flags == self.cudaStreamNonBlocking
-        self.nonblocking += 1
-        return self.cudaStreamCreate()
-
-    def cudaStreamDestroy(self, stream):
-        return (_Err.cudaSuccess,)
-
-    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
-        self.copies[kind] += 1
-        ctypes.memmove(dst, src, n)
-        return (_Err.cudaSuccess,)
-
-    def cudaStreamSynchronize(self, stream):
-        return (_Err.cudaSuccess,)
-
-    def cudaDeviceSynchronize(self):
-        return (_Err.cudaSuccess,)
-
-
 def _host_view(rows):
     """What torch.as_tensor(rows, device="cuda") is on a GPU: a tensor over the memory, in
     place; here that memory is the stand-in's host buffer, so a CPU tensor."""
@@ -130,10 +79,10 @@ def _host_view(rows):
     return torch.from_numpy(np.ctypeslib.as_array(raw).view(dtype).reshape(iface["shape"]))
 
 
-def _install(monkeypatch) -> StandIn:
+def _install(monkeypatch) -> StandInRuntime:
     from tiga.torch_bridge import triton_buffers
     from tiga.xla_free_runtime.memory.tiers import device as device_tier
-    rt = StandIn()
+    rt = StandInRuntime()
     monkeypatch.setattr(device_tier, "runtime", lambda: rt)
     monkeypatch.setattr(triton_buffers, "on_device", _host_view)
     return rt
@@ -189,7 +138,7 @@ def test_pages_stream_through_the_device_tier_double_buffered(stored, stand_in,
     pages = -(-N // 64)
     assert stats.route == "triton-interpreter" and _double_buffered(stats.module) == pages
     # per page: the CSR (row_ptr, col_idx) and x, b, w in, the result rows out
-    assert stand_in.copies == {1: 5 * pages, 2: pages}
+    assert (stand_in.count(1), stand_in.count(2)) == (5 * pages, pages)
     # every page buffer copies on a stream of its own that does not wait for the kernels'
     assert stand_in.nonblocking == stand_in.streams > 0
     assert stats.bytes_device["from"] == got.nbytes
@@ -237,7 +186,7 @@ def test_grad_wrt_the_source_field_pages_the_transposed_relation(stored, interpr
         isinstance(op, TaskLaunchOp) for op in s.module.body.ops)]
     assert by_src
     if route == "device":
-        assert rt.copies[1] > 0 and rt.copies[2] > 0 and not rt.buffers
+        assert rt.count(1) > 0 and rt.count(2) > 0 and not rt.buffers
 
 
 @pytest.mark.parametrize("route", ["host", "device"])
@@ -331,7 +280,7 @@ def test_device_route_result_on_disk_past_the_host_budget(tmp_path, stand_in):
                          tg.asarray(x).to("disk"), np.ones((8000, 1), np.float32)))
         assert y.tier == "disk"
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
-    assert stand_in.copies[2] == 8 and not stand_in.buffers
+    assert stand_in.count(2) == 8 and not stand_in.buffers
 
 
 def test_the_gpu_checks_paged_row_runs_dry(tmp_path):
@@ -378,4 +327,4 @@ def test_fields_over_the_host_budget_page_on_the_triton_route(tmp_path, interpre
     assert stats.pages == 4 and stats.route == "triton-interpreter"
     assert bool(stats.bytes_device["to"]) == (route == "device")
     if route == "device":
-        assert rt.copies[2] == 4 and not rt.buffers
+        assert rt.count(2) == 4 and not rt.buffers

@@ -4,9 +4,9 @@ budgets, release and errors are checked on any machine; and, where CUDA exists, 
 runtime (marked gpu, skipped elsewhere)."""
 from __future__ import annotations
 
-import ctypes
-import enum
 import gc
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,57 +14,13 @@ import pytest
 import tiga as tg
 from tiga.xla_free_runtime.memory.tiers import device as device_storage
 
-
-class _Err(enum.Enum):
-    cudaSuccess = 0
-    cudaErrorMemoryAllocation = 2
-
-
-class FakeRuntime:
-    """The cuda.bindings.runtime calls the device tier makes, over host buffers."""
-
-    cudaError_t = _Err
-
-    class cudaMemcpyKind:
-        cudaMemcpyHostToDevice = 1
-        cudaMemcpyDeviceToHost = 2
-
-    def __init__(self):
-        self.buffers, self.fail_alloc, self.copies = {}, False, []
-
-    def cudaGetDeviceCount(self):
-        return _Err.cudaSuccess, 1
-
-    def cudaMalloc(self, n):
-        if self.fail_alloc:
-            return _Err.cudaErrorMemoryAllocation, None
-        buf = np.full(n, 0xAB, np.uint8)          # (uninitialised memory, visibly)
-        self.buffers[buf.ctypes.data] = buf
-        return _Err.cudaSuccess, buf.ctypes.data
-
-    def cudaFree(self, ptr):
-        del self.buffers[ptr]
-        return (_Err.cudaSuccess,)
-
-    def cudaStreamCreate(self):
-        return _Err.cudaSuccess, 7
-
-    def cudaStreamDestroy(self, stream):
-        return (_Err.cudaSuccess,)
-
-    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
-        assert stream == 7
-        self.copies.append((kind, n))
-        ctypes.memmove(dst, src, n)
-        return (_Err.cudaSuccess,)
-
-    def cudaStreamSynchronize(self, stream):
-        return (_Err.cudaSuccess,)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stand_in_cuda import StandInRuntime  # noqa: E402
 
 
 @pytest.fixture
 def fake(monkeypatch):
-    rt = FakeRuntime()
+    rt = StandInRuntime()
     monkeypatch.setattr(device_storage, "runtime", lambda: rt)
     return rt
 
