@@ -8,7 +8,8 @@ strictly after the pair round j - 1 took. d2 is summed over axes in axis order i
 coordinates' dtype (PT), as the reference computes it, so the selection is exact. The
 result is the CSR the propagate kernel walks (row r owns edges [r k, r k + k)), so edge
 fields keep their reference numbering. Work O(k N) per row: the walk of points with more
-than 3 coordinates; up to 3, `knn_shells` (below) scans only the cells near the row.
+than 3 coordinates; up to 3, `knn_tiles` (knn_tiles.py) scans only the cells near its rows,
+through the cube helpers below.
 """
 from __future__ import annotations
 
@@ -67,14 +68,14 @@ def knn_source() -> str:
 
 # ---- kNN over a cell directory (1..3 dims) -------------------------------------------------
 #
-# `knn_shells`: one program per query row. The row's cell q (clamped to the grid) and the
-# cubes of cells within Chebyshev distance s of it: s grows from 0 until the cube holds
-# k (+1 when the row's own point is excluded) sources or covers the grid; the k-round
-# selection above, restricted to the cube's cells, gives a k-th distance D. Every source
-# outside the cube s' is at least bound(s') away (the nearest cube face on an axis the
-# grid extends past); s' grows until bound(s') (less a rounding margin) squared exceeds D,
-# then the selection runs over that cube. Candidates keep the reference's (d2, index)
-# order, so the result equals the full scan's.
+# The cube helpers of knn_tiles.py (formatted there per number of dims). A row's cell q
+# (clamped to the grid) and the cubes of cells within Chebyshev distance s of it: s grows
+# from 0 until the cube holds k (+1 when the row's own point is excluded) sources or covers
+# the grid; the k-round selection above, restricted to the cube's cells, gives a k-th
+# distance D. Every source outside the cube s' is at least bound(s') away (the nearest cube
+# face on an axis the grid extends past); s' grows until bound(s') (less a rounding margin)
+# squared exceeds D, then the selection runs over that cube. Candidates keep the
+# reference's (d2, index) order, so the result equals the full scan's.
 
 KNN_SHELL_HELPERS = '''
 
@@ -97,7 +98,7 @@ def _cell_range(cell_start, cell, s, {qc}, {gd}):
 @triton.jit
 def _cube_count(cell_start, s, {qc}, {gd}):
     side = 2 * s + 1
-    found = s * 0
+    found = qc0 * 0    # (per row: the loop carries qc0's shape from the start)
     for cell in range(0, {cells}):
         c0, c1 = _cell_range(cell_start, cell, s, {qc}, {gd})
         found += c1 - c0
@@ -114,62 +115,6 @@ def _cube_bound(s, w, {qx}, {lo}, {qc}, {gd}):
     b = tl.full([], float("inf"), tl.float64)
 {faces}
     return b
-
-
-@triton.jit
-def _cube_select(pos, cols, cell_order, cell_start, r, s, n_src, K, {qx}, {qc}, {gd},
-                 EXCL: tl.constexpr, PT: tl.constexpr, BLOCK: tl.constexpr):
-    lane = tl.arange(0, BLOCK)
-    side = 2 * s + 1
-    prev_d = tl.full([], float("-inf"), PT)
-    prev_i = r * 0 - 1
-    for j in range(0, K):
-        best_d = tl.full([], float("inf"), PT)
-        best_i = r * 0 + n_src
-        for cell in range(0, {cells}):
-            c0, c1 = _cell_range(cell_start, cell, s, {qc}, {gd})
-            for start in range(c0, c1, BLOCK):
-                p = start + lane
-                ok = p < c1
-                c = tl.load(cell_order + p, mask=ok, other=0).to(tl.int64)
-{distance}
-                best_d, best_i = _take_best(ok, d2, c, r, prev_d, prev_i, best_d, best_i,
-                                             n_src, EXCL, PT)
-        tl.store(cols + r * K + j, best_i)
-        prev_d = best_d
-        prev_i = best_i
-    return prev_d
-
-
-@triton.jit
-def knn_shells(pos, qpos, cols, cell_start, cell_order, grid_lo, grid_dims, walk_scal,
-               n_src, K, EXCL: tl.constexpr, PT: tl.constexpr, BLOCK: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64)
-    inv_w = tl.load(walk_scal)
-    w = tl.load(walk_scal + 1)
-{setup}
-    need = K
-    if EXCL:
-        need = K + 1
-    s = r * 0
-    full = _cube_full(s, {qc}, {gd})
-    found = _cube_count(cell_start, s, {qc}, {gd})
-    while (found < need) & (full == 0):
-        s += 1
-        full = _cube_full(s, {qc}, {gd})
-        found = _cube_count(cell_start, s, {qc}, {gd})
-    kth = _cube_select(pos, cols, cell_order, cell_start, r, s, n_src, K, {qx}, {qc}, {gd},
-                       EXCL, PT, BLOCK).to(tl.float64)
-    s2 = s
-    # (a relative margin for d2's rounding in PT, an absolute one for the binning's)
-    safe = _cube_bound(s2, w, {qx64}, {lo}, {qc}, {gd}) - w * 1e-6
-    while (full == 0) & ((safe <= 0) | (safe * safe <= kth * (1.0 + 1e-4))):
-        s2 += 1
-        full = _cube_full(s2, {qc}, {gd})
-        safe = _cube_bound(s2, w, {qx64}, {lo}, {qc}, {gd}) - w * 1e-6
-    if s2 > s:
-        _cube_select(pos, cols, cell_order, cell_start, r, s2, n_src, K, {qx}, {qc}, {gd},
-                     EXCL, PT, BLOCK)
 '''
 
 
@@ -183,39 +128,3 @@ def _linear(dims: int, last: str) -> str:
     for k in range(dims - 1):
         lin = f"({lin}n{k}) * gd{k + 1} + "
     return lin + last
-
-
-def knn_shell_source(dims: int) -> str:
-    """The `knn_shells` module for points of `dims` (1..3) coordinates."""
-    ax = range(dims)
-    last = dims - 1
-    decode = "\n".join(f"    n{k} = qc{k} - s + rem % side\n    rem = rem // side"
-                       for k in reversed(range(last)))
-    inside = [f"(n{k} >= 0) & (n{k} < gd{k})" for k in range(last)] + ["(a <= b)"]
-    faces = "\n".join(
-        f"    b = tl.where(qc{k} - s > 0, tl.minimum(b, qx{k} - (lo{k} + (qc{k} - s) * w)), b)\n"
-        f"    b = tl.where(qc{k} + s < gd{k} - 1, tl.minimum(b, lo{k} + (qc{k} + s + 1) * w - "
-        f"qx{k}), b)" for k in ax)
-    distance = "\n".join(
-        f"                dx = tl.load(pos + c * {dims} + {k}, mask=ok, other=0) - qx{k}\n"
-        + ("                d2 = dx * dx" if k == 0 else "                d2 = d2 + dx * dx")
-        for k in ax)
-    setup = "\n".join(
-        f"    qx{k} = tl.load(qpos + r * {dims} + {k})\n"
-        f"    qx64_{k} = qx{k}.to(tl.float64)\n"
-        f"    gd{k} = tl.load(grid_dims + {k})\n"
-        f"    lo{k} = tl.load(grid_lo + {k})\n"
-        f"    f{k} = tl.floor((qx64_{k} - lo{k}) * inv_w)\n"
-        f"    qc{k} = tl.minimum(tl.maximum(f{k}, 0.0), (gd{k} - 1).to(tl.float64))"
-        ".to(tl.int64)" for k in ax)
-    text = KNN_SHELL_HELPERS.format(
-        qc=_names("qc", dims), gd=_names("gd", dims), qx=_names("qx", dims),
-        qx64=_names("qx64_", dims), lo=_names("lo", dims),
-        decode=decode, inside=" & ".join(inside), last=last,
-        linear_a=_linear(dims, "a"), linear_b=_linear(dims, "b"),
-        cells=" * ".join(["side"] * last) or "1",
-        full=" & ".join(f"(qc{k} - s <= 0) & (qc{k} + s >= gd{k} - 1)" for k in ax),
-        faces=faces, distance=distance, setup=setup)
-    head = "# generated by tiga (lower/triton/generated.py); do not edit\n" \
-           "import triton\nimport triton.language as tl\n" + TAKE_BEST
-    return head + text

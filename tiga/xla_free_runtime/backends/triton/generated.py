@@ -6,7 +6,7 @@ device from the relation's coordinates.
   (torch_bridge/triton_buffers.py). The grid's origin, cell width and cell counts are
   O(dims) host numbers from the reference's rule (core.graph_generated), computed from the
   relation's host coordinates.
-- kNN: `knn_shells` (lower/triton/generated.py; up to 3 coordinates: cell shells of a
+- kNN: `knn_tiles` (lower/triton/knn_tiles.py; up to 3 coordinates: cell shells of a
   directory counting-sorted on the device, as radius) or `knn_select` (a scan of every
   source) writes each row's k nearest sources on the device; the propagate kernel walks
   that CSR (row_ptr = k * row).
@@ -18,11 +18,13 @@ from __future__ import annotations
 import numpy as np
 
 from ....core import graph_generated as geo
-from ....lower.triton.generated import knn_shell_source, knn_source
+from ....lower.triton.generated import knn_source
+from ....lower.triton.knn_tiles import knn_tile_source
 from .compile import import_text, interpret, tensors
 
 KNN_BLOCK = 64
 KNN_SHELL_DIMS = 3     # cell shells up to here; more coordinates scan every source
+KNN_TILE_ROWS = 16     # rows per knn_tiles program
 STATS = {"knn_selects": 0, "knn_shell_walks": 0, "radius_directories": 0}
 
 
@@ -74,7 +76,8 @@ def _knn_walk(graph, device: str) -> dict:
                      PT=tl.float64 if pos.dtype == np.float64 else tl.float32,
                      BLOCK=KNN_BLOCK)
         if 1 <= dims <= KNN_SHELL_DIMS:
-            _knn_shells(tpos, tq, cols, pos, k, backend, device, flags)
+            _knn_shells(tpos, tq, cols, pos, k, backend, device, flags,
+                        same=p["query"] is None)
         else:
             mod = import_text(knn_source(), "knn", backend)
             with interpret(backend):
@@ -91,17 +94,21 @@ def knn_cell_width(pos: np.ndarray, k: int) -> float:
 
 
 def _knn_shells(tpos, tq, cols, pos: np.ndarray, k: int, backend: str, device: str,
-                flags: dict) -> None:
-    """The k nearest per query row through a cell directory counting-sorted on `device`."""
+                flags: dict, same: bool) -> None:
+    """The k nearest per query row through a cell directory counting-sorted on `device`:
+    `knn_tiles` (lower/triton/knn_tiles.py), KNN_TILE_ROWS rows per program, consecutive in
+    the directory's cell order for one point set (`same`), in query order otherwise."""
     buf = tensors()
     width = knn_cell_width(pos, k)
     lo, inv_w, gdims = geo.grid_of(pos, width)
     start, order = buf.cell_directory(tpos, lo, inv_w, gdims)
-    mod = import_text(knn_shell_source(pos.shape[1]), f"knn_shells{pos.shape[1]}", backend)
+    n = tq.shape[0]
+    rows = order if same else buf.from_array(np.arange(n, dtype=np.int64), "int64", device)
+    mod = import_text(knn_tile_source(pos.shape[1]), f"knn_tiles{pos.shape[1]}", backend)
     with interpret(backend):
-        mod.knn_shells[(tq.shape[0],)](
-            tpos, tq, cols, start, order, buf.from_array(lo, "float64", device),
+        mod.knn_tiles[(-(-n // KNN_TILE_ROWS),)](
+            tpos, tq, cols, start, order, rows, buf.from_array(lo, "float64", device),
             buf.from_array(gdims, "int64", device),
             buf.from_array(np.array([inv_w, width], np.float64), "float64", device),
-            pos.shape[0], k, **flags)
+            n, pos.shape[0], k, BLOCK_R=KNN_TILE_ROWS, **flags)
     STATS["knn_shell_walks"] += 1
