@@ -520,11 +520,11 @@ def _execute_call(call):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _warm_layer_call(layer, graph, edge_fn, update, reducer, src, dst, edge, params):
-    """A layer call whose signature ran on a prepared launch list before (trace/warm_calls):
-    its outputs, or None (the full path runs)."""
-    outs = warm_calls.run(layer, graph, edge_fn, update, reducer, src, dst, edge, params,
-                          run_prepared)
+def _run_warm(program, args):
+    """A layer call whose signature ran on a prepared launch list before (trace/warm_calls
+    checked it and lists `args`): its result as the layer returns it, or None when the
+    runtime has no prepared list for it now (the full path runs)."""
+    outs = run_prepared(program, args, host_args=True)
     if outs is None:
         return None
     return _wrap(outs[0]) if len(outs) == 1 else tuple(_wrap(o) for o in outs)
@@ -626,7 +626,7 @@ def _eager_loop(looped: Callable, init, user_fns: tuple):
 control.hooks["eager"] = _eager_loop
 message_passing.hooks.update(compiling=_torch_compiling, compiled=_torch_compiled,
                              execute=_execute_call, explain=_explain_call,
-                             warm=_warm_layer_call,
+                             warm=functools.partial(warm_calls.run, runner=_run_warm),
                              reference=_reference_call, ir=_ir_call)
 
 

@@ -35,6 +35,7 @@ def test_backend_change_between_warm_calls(monkeypatch):
     x = rng.standard_normal((N, 3)).astype(np.float32)
     w = rng.standard_normal((E, 1)).astype(np.float32)
     layer = Weighted()
+    monkeypatch.setattr(tg.config, "_backend", None)   # (TIGA_BACKEND decides, not a setting)
     staged, launched = [], []
     real_stage, real_run = call_cache.staged_program, triton_prepared.PreparedTritonLaunch.run
     monkeypatch.setattr(call_cache, "staged_program",

@@ -46,7 +46,8 @@ class _Memo:
     """One layer's last prepared signature (immutable once built; replaced whole)."""
 
     __slots__ = ("layer", "edge", "update", "reducer", "reducer_key", "keys", "values",
-                 "reducers", "graph", "roles", "params", "guards", "generation", "program")
+                 "reducers", "graph", "counts", "fields", "params", "guards", "generation",
+                 "program")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -89,7 +90,10 @@ def remember(call, program) -> None:
                  reducer_key=call.reducer._key(), keys=tuple(attrs), values=values,
                  reducers=tuple((i, v._key()) for i, v in enumerate(values)
                                 if isinstance(v, Reducer)),
-                 graph=graph, roles=roles, params=params, guards=cached[0],
+                 graph=graph, counts=tuple(len(r) for r in roles),
+                 fields=tuple((k, name, shape, dtype) for k, r in enumerate(roles)
+                              for name, shape, dtype in r),
+                 params=params, guards=cached[0],
                  generation=cached[1], program=program)
     with _LOCK:
         if len(_MEMOS) >= MAX_MEMOS:
@@ -134,14 +138,20 @@ def _forget(key: int):
     return dead
 
 
-def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, runner):
-    """The outputs of the layer's call via `runner(program, args)` (the runtime's prepared
-    launch list: None when it has none for these arguments) when the layer's memo matches
-    (one call cache hit counted), else None: take the full path."""
+def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, *, runner):
+    """`runner(program, args)` (the runtime's prepared launch list: the call's result, or
+    None when it has none for these arguments) when the layer's memo matches (one call
+    cache hit counted), else None: take the full path."""
     memo = _MEMOS.get(id(layer))
     if memo is None or memo.generation != call_cache.GENERATION[0] or \
-            memo.layer() is not layer or memo.graph() is not graph or \
-            memo.reducer is not reducer or not _same_functions(memo, edge_fn, update):
+            memo.graph() is not graph or memo.layer() is not layer or \
+            memo.reducer is not reducer or type(edge_fn) is not MethodType or \
+            edge_fn.__func__ is not memo.edge:
+        return None
+    if update is None:
+        if memo.update is not None:
+            return None
+    elif type(update) is not MethodType or update.__func__ is not memo.update:
         return None
     args = _args(memo, graph, (src, dst, edge), params)
     if args is None or not _same_owner(memo, layer) or reducer._key() != memo.reducer_key or \
@@ -154,42 +164,34 @@ def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, ru
     return outs
 
 
-def _same_functions(memo: _Memo, edge_fn, update) -> bool:
-    if type(edge_fn) is not MethodType or edge_fn.__func__ is not memo.edge:
-        return False
-    if update is None:
-        return memo.update is None
-    return type(update) is MethodType and update.__func__ is memo.update
-
-
 def _same_owner(memo: _Memo, layer) -> bool:
     """The layer's attributes are the objects the memo's key fingerprinted (a reducer among
     them also by value)."""
     attrs = layer.__dict__
-    if len(attrs) != len(memo.values) or not all(map(operator.is_, attrs.values(),
-                                                     memo.values)):
+    if len(attrs) != len(memo.values):
         return False
-    if tuple(attrs) != memo.keys:
+    if attrs and (not all(map(operator.is_, attrs.values(), memo.values)) or
+                  tuple(attrs) != memo.keys):
         return False
-    return all(memo.values[i]._key() == key for i, key in memo.reducers)
+    return all(memo.values[i]._key() == key for i, key in memo.reducers) \
+        if memo.reducers else True
 
 
 def _args(memo: _Memo, graph, given: tuple, params: dict) -> list | None:
     """The program's arguments (relation, fields by role and name, keyword operands), or
     None when a field or operand differs from the memo's types."""
-    args = [graph]
-    for fields, want in zip(given, memo.roles):
+    for fields, count in zip(given, memo.counts):
         if fields is None:
-            if want:
+            if count:
                 return None
-            continue
-        if type(fields) is not dict or len(fields) != len(want):
+        elif type(fields) is not dict or len(fields) != count:
             return None
-        for name, shape, dtype in want:
-            v = fields.get(name)
-            if type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype:
-                return None
-            args.append(v)
+    args = [graph]
+    for role, name, shape, dtype in memo.fields:
+        v = given[role].get(name)
+        if type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype:
+            return None
+        args.append(v)
     if len(params) != len(memo.params):
         return None
     for name, kind, shape, dtype in memo.params:

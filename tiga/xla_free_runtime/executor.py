@@ -233,10 +233,12 @@ def _run(program: GraphProgram, args: list) -> list:
     return run_walk(walk, program, args, overrides)
 
 
-def run_prepared(program: GraphProgram, args: list) -> list | None:
+def run_prepared(program: GraphProgram, args: list, *, host_args: bool = False) -> list | None:
     """The outputs of a warm call of `program` on `args` by its prepared launch list (what
-    `execute` runs then), or None when it has none for them (the caller runs `execute`)."""
-    prep = _prepared(program, args)
+    `execute` runs then), or None when it has none for them (the caller runs `execute`).
+    `host_args`: the caller checked that `args` are the program's arguments, each a numpy
+    array or a tg.Graph (a layer's warm call: trace/warm_calls.py)."""
+    prep = _prepared(program, args, host_args)
     if prep is None:
         return None
     if config.check:     # (TIGA_CHECK: every executed program is checked first)
@@ -249,17 +251,21 @@ def prepared_for(program: GraphProgram, args: list) -> bool:
     return _prepared(program, args) is not None
 
 
-def _prepared(program: GraphProgram, args: list):
+def _prepared(program: GraphProgram, args: list, host_args: bool = False):
     """The prepared launch list of a warm call of `program` on relations it was prepared
     for, or None (first call, other relations, strict mode or a profile: the full path)."""
     entry = _PREPARED.get(id(program))
-    if entry is None or entry[0]() is not program or entry[1] is None or config.strict or \
-            profiled() or len(args) != len(program.in_binders):
+    if entry is None:
         return None
     prep = entry[1]
-    for a in args:
-        if type(a) is not np.ndarray and not isinstance(a, Graph):
+    if prep is None or entry[0]() is not program or config.strict or profiled():
+        return None
+    if not host_args:
+        if len(args) != len(program.in_binders):
             return None
+        for a in args:
+            if type(a) is not np.ndarray and not isinstance(a, Graph):
+                return None
     return prep if prep.matches(args, selected_backend()) else None
 
 

@@ -57,9 +57,11 @@ class PreparedLaunch:
                              (addr % P.CACHE_LINE and f.nbytes > self.stage_max)):
                 return P.run_propagate(self.exe, self.eqn, values[0], values[1:])
             argv[at] = addr
-        outs = [np.empty(shape, dtype) for shape, dtype in self.outs]
-        for at, o in zip(self.out_at, outs):
+        outs = []
+        for (shape, dtype), at in zip(self.outs, self.out_at):
+            o = np.empty(shape, dtype)
             argv[at] = _addressof(_from_buffer(o)) if o.size else P._address(o)
+            outs.append(o)
         if self.single is not None:
             self.exe.native(0, self.single, argv)
         else:

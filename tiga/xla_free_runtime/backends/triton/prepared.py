@@ -32,19 +32,27 @@ class PreparedTritonLaunch:
     rows: int
     grid: tuple
     meta: dict           # BLOCK_R, BLOCK_N, num_warps, num_stages
+    wrap: object         # numpy array -> CPU tensor over its memory (the torch bridge's)
 
     def run(self, values: list) -> list:
         """The outputs of one launch on `values` (the relation, then its fields)."""
         fields = values[1:]
+        wrap = self.wrap
+        args = []     # (loops, not comprehensions: each costs a frame on CPython 3.11)
         for f, dtype in zip(fields, self.fields):
-            if type(f) is not np.ndarray or f.dtype != dtype or not f.size or \
-                    not f.flags.c_contiguous or not f.flags.writeable:
+            if type(f) is not np.ndarray or f.dtype != dtype or not f.size:
                 return self.plan.run(self.eqn, values[0], fields)
-        wrap = tensors().wrap_host
-        outs = [np.zeros(shape, dtype) for shape, dtype in self.outs]
+            flags = f.flags
+            if not flags.c_contiguous or not flags.writeable:
+                return self.plan.run(self.eqn, values[0], fields)
+            args.append(wrap(f))
+        outs = []
+        for shape, dtype in self.outs:
+            o = np.zeros(shape, dtype)
+            args.append(wrap(o))
+            outs.append(o)
         if self.rows > 0:
             kernel = self.plan.kernel()
-            args = [wrap(f) for f in fields] + [wrap(o) for o in outs]
             if env("TRITON_INTERPRET") == "1":    # (as interpret() finds it on a warm call)
                 kernel[self.grid](*self.walk, *args, self.rows, **self.meta)
             else:
@@ -78,7 +86,7 @@ def prepare(plan, eqn, graph) -> PreparedTritonLaunch | None:
         tuple(np.dtype(d) for d in sig.field_dtypes), outs, rows,
         (-(-rows // sig.block_rows),) if rows > 0 else (0,),
         {"BLOCK_R": sig.block_rows, "BLOCK_N": sig.block_neighbors,
-         "num_warps": sig.num_warps, "num_stages": sig.num_stages})
+         "num_warps": sig.num_warps, "num_stages": sig.num_stages}, tensors().wrap_host)
 
 
 __all__ = ["PreparedTritonLaunch", "prepare"]
