@@ -1,6 +1,6 @@
 """The cell-tiled radius body (lower/triton/cell_tiles.py) and the kNN lists' knn_tiles
 (lower/triton/knn_tiles.py) compiled for the CUDA device over point sets spanning many
-programs and cells (20,000 points on the GPU): radius propagates forward and
+programs and cells (8,000 points on the GPU): radius propagates forward and
 torch-autograd backward, and kNN lists with and without a query set, against the reference
 interpreter. Strict: nothing falls back.
 
@@ -39,7 +39,7 @@ def _why_skipped() -> str | None:
 
 WHY = _why_skipped()
 DEVICE = "cpu" if ON_CPU else "cuda"
-N = 600 if ON_CPU else 20000
+N = 600 if ON_CPU else 8000
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=str(WHY))]
 
 
