@@ -30,6 +30,7 @@ from ..core.eval import eval_program, host_array, on_device
 from ..core.graph import Graph
 from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
+from ..core.prims.linalg import dot_general_p
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import GraphType
 from ..lower.backends import selected_backend
@@ -39,6 +40,7 @@ from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
 from .backends.cpu.propagate import Fallback, equation_text, run_propagate
+from .backends.triton.linear import dot_rule
 from .backends.triton.prepared import prepare as prepare_triton
 from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
@@ -380,8 +382,10 @@ def _degrees(eqn, vals):
     return None if deg is None else [deg]
 
 
+# (dot_rule: an entity-level matmul as tile_matmul on a Triton backend; it declines in
+# under a microsecond elsewhere, so the numpy impl rule runs it as before)
 OVERRIDES = {propagate_p: partial(_propagate, None, {}), repeat_p: _repeat, while_loop_p: _while,
-             degrees_p: _degrees}
+             degrees_p: _degrees, dot_general_p: dot_rule}
 
 
 def select_route(program: GraphProgram, args: list | None = None) -> str:
