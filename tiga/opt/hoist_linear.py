@@ -160,6 +160,24 @@ def _with_bias(edge, roles, k, hit: _FirstLayer) -> _FirstLayer:
     return hit
 
 
+def _field_blocks(edge, plan: _FirstLayer, weight, hidden: int) -> dict:
+    """binder -> the signed sum of the W rows its terms multiply: a field read twice
+    (`[x_dst; x_src - x_dst] W` reads x_dst at two offsets) is one product x (W_a - W_b),
+    one matmul per field, its weight algebra parameter-sized (width x hidden)."""
+    blocks: dict = {}
+    for t in plan.form.terms:
+        width = int(edge.in_binders[t.binder].type.shape[0])
+        start, limit = [0, 0], [hidden, hidden]
+        start[plan.axis], limit[plan.axis] = t.offset, t.offset + width
+        block = m.slice_static(weight, tuple(start), tuple(limit))
+        prev = blocks.get(t.binder)
+        if prev is None:
+            blocks[t.binder] = m.negative(block) if t.sign < 0 else block
+        else:
+            blocks[t.binder] = m.subtract(prev, block) if t.sign < 0 else m.add(prev, block)
+    return blocks
+
+
 def _first_rewrite(eqn, plan: _FirstLayer, ins, notes):
     params = eqn.params
     edge = params["edge_fn"].program
@@ -167,15 +185,10 @@ def _first_rewrite(eqn, plan: _FirstLayer, ins, notes):
     graph, operands = ins[0], ins[1:]
     weight, axis = operands[plan.weight], plan.axis
     hidden = int(edge.in_binders[plan.weight].type.shape[1 - axis])
-    z = {}   # Z_role = sum over that role's terms of sign * field @ W[rows of the term]
-    for t in plan.form.terms:
-        role, field = roles[t.binder], operands[t.binder]
-        width = int(edge.in_binders[t.binder].type.shape[0])
-        start, limit = [0, 0], [hidden, hidden]
-        start[axis], limit[axis] = t.offset, t.offset + width
-        block = m.slice_static(weight, tuple(start), tuple(limit))
-        part = m.dot_general(field, block, (((1,), (axis,)), ((), ())))
-        part = m.negative(part) if t.sign < 0 else part
+    z = {}   # Z_role = sum over that role's fields of field @ (its terms' signed W rows)
+    for binder, block in _field_blocks(edge, plan, weight, hidden).items():
+        role = roles[binder]
+        part = m.dot_general(operands[binder], block, (((1,), (axis,)), ((), ())))
         z[role] = part if role not in z else m.add(z[role], part)
     z_roles = sorted(z)
     if plan.bias is not None:   # every edge reads exactly one row of each Z: add b once
