@@ -28,10 +28,10 @@ def from_array(x, dtype: str, device: str) -> torch.Tensor:
     return t if device == "cpu" else t.to(device)
 
 
-def wrap_host(arr: np.ndarray) -> torch.Tensor:
-    """A CPU tensor over `arr`'s memory, no copy (a prepared Triton-interpreter launch: the
-    caller checked it is a writable, C-contiguous, non-empty array of a torch dtype)."""
-    return torch.from_numpy(arr)
+# A CPU tensor over a numpy array's memory, no copy (a prepared Triton-interpreter launch:
+# the caller checked it is a writable, C-contiguous, non-empty array of a torch dtype).
+# torch's own function, not a wrapper: a warm launch calls it once per operand.
+wrap_host = torch.from_numpy
 
 
 def on_device(memory) -> torch.Tensor:

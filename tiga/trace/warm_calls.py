@@ -33,8 +33,9 @@ import numpy as np
 
 from ..core.graph import Graph
 from ..core.reducers import Reducer
-from . import call_cache
 from . import guards as guards_mod
+from .call_cache import _LOCK as _CACHE_LOCK
+from .call_cache import GENERATION, STATS
 from .staging import leaf_value
 
 ROLE_ORDER = ("src", "dst", "edge")
@@ -143,7 +144,7 @@ def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, *,
     None when it has none for these arguments) when the layer's memo matches (one call
     cache hit counted), else None: take the full path."""
     memo = _MEMOS.get(id(layer))
-    if memo is None or memo.generation != call_cache.GENERATION[0] or \
+    if memo is None or memo.generation != GENERATION[0] or \
             memo.graph() is not graph or memo.layer() is not layer or \
             memo.reducer is not reducer or type(edge_fn) is not MethodType or \
             edge_fn.__func__ is not memo.edge:
@@ -159,8 +160,8 @@ def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, *,
         return None
     outs = runner(memo.program, args)
     if outs is not None:
-        with call_cache._LOCK:
-            call_cache.STATS["hits"] += 1
+        with _CACHE_LOCK:
+            STATS["hits"] += 1
     return outs
 
 

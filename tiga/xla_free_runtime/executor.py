@@ -293,8 +293,9 @@ def _relations(program, args) -> tuple:
 
 def _prepared_launch(walk: TaskWalk, eqn, graph):
     """A propagate's prepared launch over a stored or implicit relation held in memory
-    (generated and paged relations plan per call): the generic cpu-llvm kernel bound to the
-    relation, else the plan itself (a Triton kernel, a specialised walk), run as planned."""
+    (generated and paged relations plan per call): the generic cpu-llvm kernel or a Triton
+    interpreter kernel bound to the relation (backends/*/prepared.py), else the plan itself
+    (a Triton GPU kernel, a specialised walk), run as planned."""
     kind = getattr(graph, "kind", None)
     if kind in GENERATED or kind == "paged" or kind is None:
         return None

@@ -32,6 +32,7 @@ import numpy as np
 from ..core.config import config
 from ..core.errors import CompilationError, TigaError
 from ..core.eval import bind_dims, host_value, run_eqn
+from ..core.graph import Graph
 from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import Dim, GraphType
@@ -229,11 +230,12 @@ def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
             env[id(v)] = o
 
     def transfer(i):
-        # (a tuple: a prepared walk's consecutive transfers as one step; a host array is
-        # bound as it is, host_value's first case)
+        # (a tuple: a prepared walk's consecutive transfers as one step; a host array or a
+        # relation is bound as it is, host_value's first cases)
         for j in (i if type(i) is tuple else (i,)):
             x = args[j]
-            env[id(binders[j])] = x if type(x) is np.ndarray else host_value(binders[j], x, True)
+            env[id(binders[j])] = x if type(x) is np.ndarray or type(x) is Graph else \
+                host_value(binders[j], x, True)
 
     # (a launch runs to completion on the pool, so a join has nothing left to wait on)
     interpret(walk.steps, {RUN: run, TRANSFER: transfer,
@@ -327,5 +329,5 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
     return text + f", {count[RELEASE]} release(s), then a join"
 
 
-__all__ = ["interpret", "op_steps", "task_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
-           "prepare_walk", "warm_steps"]
+__all__ = ["interpret", "op_steps", "task_walk", "run_walk", "describe_walk", "TaskWalk",
+           "NoWalk", "PreparedWalk", "prepare_walk", "warm_steps"]

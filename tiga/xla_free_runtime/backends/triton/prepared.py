@@ -5,9 +5,11 @@ the relation alone: the relation's walk tensors in slot order, the rows and grid
 meta-parameters, each field's dtype and the outputs to allocate. `run(values)` then hands the
 fields to the kernel as they are and returns its outputs. Only the triton-interpreter route
 is prepared (its tensors are CPU tensors over numpy memory: a field is wrapped without a
-copy and an output allocated by numpy is the result the kernel wrote, no copy back); the GPU
-route, a split-degree or combined (reduce_by="all") launch, and a field that is not a
-writable, C-contiguous, non-empty numpy array of the kernel's dtype run `TritonPlan.run`.
+copy and an output allocated by numpy is the result the kernel wrote, no copy back). The GPU
+route, a relation with rows above the split degree (the split path's launches), a combined
+(reduce_by="all") launch and bfloat16 operands are not prepared; a field that is not a
+writable, aligned, C-contiguous, non-empty numpy array of the kernel's dtype runs
+`TritonPlan.run`.
 The kernel is looked up per launch (`plan.kernel()`), as `TritonPlan.run` does.
 """
 from __future__ import annotations
@@ -40,10 +42,9 @@ class PreparedTritonLaunch:
         wrap = self.wrap
         args = []     # (loops, not comprehensions: each costs a frame on CPython 3.11)
         for f, dtype in zip(fields, self.fields):
-            if type(f) is not np.ndarray or f.dtype != dtype or not f.size:
-                return self.plan.run(self.eqn, values[0], fields)
-            flags = f.flags
-            if not flags.c_contiguous or not flags.writeable:
+            # (carray: C-contiguous, aligned and writable, one flag read)
+            if type(f) is not np.ndarray or f.dtype != dtype or not f.size or \
+                    not f.flags.carray:
                 return self.plan.run(self.eqn, values[0], fields)
             args.append(wrap(f))
         outs = []
