@@ -86,6 +86,25 @@ def test_a_warm_call_skips_staging_and_sees_new_values(monkeypatch):
     assert staging.calls == 1                 # only the first call was staged
 
 
+def test_how_the_roles_are_given(monkeypatch):
+    from types import MappingProxyType
+    staging = _Staging(monkeypatch)
+    layer, (g, s, d) = Scaled(), _relation(18)
+    x, w = _fields(19)
+    _warm(layer, g, s, d, x, w, 2.0, staging)
+    got = np.asarray(layer(graph=g, src={"x": x}, dst={}, edge={"w": w}))   # {} as None
+    np.testing.assert_allclose(got, _want(s, d, x, w, 2.0), rtol=1e-12, atol=1e-12)
+    got = np.asarray(layer(graph=g, src=MappingProxyType({"x": x}), edge={"w": w}))
+    np.testing.assert_allclose(got, _want(s, d, x, w, 2.0), rtol=1e-12, atol=1e-12)
+    for more in (dict(src={"x": x, "y": x}, edge={"w": w}),      # an unread field
+                 dict(src={"x": x}, dst={"h": x}, edge={"w": w})):   # an unread role
+        got = np.asarray(layer(graph=g, **more))
+        np.testing.assert_allclose(got, _want(s, d, x, w, 2.0), rtol=1e-12, atol=1e-12)
+    with pytest.raises(tg.FieldError, match="edge.w"):               # a field it reads gone
+        layer(graph=g, src={"x": x})
+    _check(layer, g, s, d, x, w, 2.0)
+
+
 def test_another_relation_object_misses_the_memo(monkeypatch):
     staging = _Staging(monkeypatch)
     layer, (g1, s1, d1), (g2, s2, d2) = Scaled(), _relation(3), _relation(4)

@@ -154,7 +154,7 @@ def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, *,
             return None
     elif type(update) is not MethodType or update.__func__ is not memo.update:
         return None
-    args = _args(memo, graph, (src, dst, edge), params)
+    args = _args(memo, graph, src, dst, edge, params)
     if args is None or not _same_owner(memo, layer) or reducer._key() != memo.reducer_key or \
             memo.guards and not guards_mod.check(memo.guards):
         return None
@@ -178,15 +178,17 @@ def _same_owner(memo: _Memo, layer) -> bool:
         if memo.reducers else True
 
 
-def _args(memo: _Memo, graph, given: tuple, params: dict) -> list | None:
+def _args(memo: _Memo, graph, src, dst, edge, params: dict) -> list | None:
     """The program's arguments (relation, fields by role and name, keyword operands), or
     None when a field or operand differs from the memo's types."""
-    for fields, count in zip(given, memo.counts):
-        if fields is None:
-            if count:
-                return None
-        elif type(fields) is not dict or len(fields) != count:
-            return None
+    # each role a dict of the memo's number of fields, or None for none (anything else, a
+    # Mapping that is not a dict included, takes the full path)
+    n_src, n_dst, n_edge = memo.counts
+    if (len(src) != n_src if type(src) is dict else src is not None or n_src) or \
+            (len(dst) != n_dst if type(dst) is dict else dst is not None or n_dst) or \
+            (len(edge) != n_edge if type(edge) is dict else edge is not None or n_edge):
+        return None
+    given = (src, dst, edge)
     args = [graph]
     for role, name, shape, dtype in memo.fields:
         v = given[role].get(name)
