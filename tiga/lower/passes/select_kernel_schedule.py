@@ -24,6 +24,9 @@ triton (the GPU view of the same launch):
 - tiles row_tile: a stored CSR walk by dst or src gathers block_rows rows x block_neighbors
   neighbours per program as one tile (lower/schedule.triton_row_tile sizes it from the
   widest per-edge value; ROW_TILE_WARPS warps); absent: each program loops over its rows.
+  A weight matrix the edge function multiplies only as a tl.dot of the tile (a per-edge
+  row times it: lower/triton/rules/linalg.tile_dot_form) is held once per program and is
+  no per-edge value; a broadcast product's weight is (it is multiplied on every lane).
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ from ..schedule import (
     triton_row_tile,
     triton_split_tiles,
 )
+from ..triton.rules.linalg import TILE_DOT_LANES, tile_dot_form
 from .common import expect_level, map_ops
 
 ROW_BYTES_TARGET = 4096
@@ -103,7 +107,7 @@ def choose_schedule(op: LaunchOp, threads: int, target: str = "cpu-llvm") -> Sch
     stages = 2 if row_bytes >= 256 else 1
     tiles = AttrDict(triton_split_tiles(block_neighbors, op.traversal, op.comp.reduce_by,
                                         bound))
-    tiled = triton_row_tile(op.traversal, op.comp.reduce_by, block_neighbors, _edge_width(op))
+    tiled = _row_tile(op, block_neighbors)
     if tiled:
         block_rows, num_warps = tiled, ROW_TILE_WARPS
         tiles = AttrDict(tuple(tiles) + (("row_tile", 1),))
@@ -112,17 +116,64 @@ def choose_schedule(op: LaunchOp, threads: int, target: str = "cpu-llvm") -> Sch
                     parallel=_parallel(op), tiles=tiles)
 
 
-def _edge_width(op: LaunchOp) -> int:
+def _row_tile(op: LaunchOp, block_neighbors: int) -> int:
+    """Rows of a row-tiled program (0: the row loop), sized by what the tile holds per edge.
+    A product of the tile and a weight matrix is a tl.dot when the tile has TILE_DOT_LANES
+    lanes (rows x neighbours): the matrix is held once per program, not per edge; with
+    fewer lanes it is a broadcast product and counts per edge."""
+    rows = triton_row_tile(op.traversal, op.comp.reduce_by, block_neighbors,
+                           _edge_width(op, _tile_dot_weights(op)))
+    if rows and rows * block_neighbors < TILE_DOT_LANES:
+        rows = triton_row_tile(op.traversal, op.comp.reduce_by, block_neighbors,
+                               _edge_width(op))
+    return rows
+
+
+def _edge_width(op: LaunchOp, held: frozenset = frozenset()) -> int:
     """Padded elements of the widest value the edge function holds per edge (its arguments,
-    parameters included: a weight matrix bounds the broadcast product of its dot)."""
+    parameters included: a weight matrix bounds the broadcast product of its dot), except
+    the values named in `held` (matrices a tl.dot holds once per program)."""
     region = op.comp.edge
     width = 1
     for v in list(region.args) + [r for o in region.ops for r in getattr(o, "results", ())]:
+        if v.name in held:
+            continue
         n = 1
         for d in getattr(v.type, "shape", ()):
             n *= 1 if isinstance(d, Dim) else _pow2_ceil(int(d))
         width = max(width, n)
     return width
+
+
+def _tile_dot_weights(op: LaunchOp) -> frozenset:
+    """Names of the parameter matrices the edge function reads only as the weight of a tile
+    product, a per-edge row times the matrix that lower/triton renders as one tl.dot
+    (rules/linalg.tile_dot_form); any other use (a broadcast, an elementwise op) keeps it
+    counted per edge."""
+    region, roles = op.comp.edge, op.comp.input_roles
+    if len(region.args) != len(roles):
+        return frozenset()
+    per_edge = {a.name for a, r in zip(region.args, roles) if r != "param"}
+    params = {a.name for a, r in zip(region.args, roles) if r == "param"}
+    dots, other = set(), set()
+    for o in region.ops:
+        names = [v.name for v in getattr(o, "operands", ())]
+        if any(n in per_edge for n in names):
+            per_edge.update(r.name for r in o.results)
+        if getattr(o, "prim", None) == "dot_general" and _is_tile_dot(o, per_edge, params):
+            dots.add(names[1])
+        else:
+            other.update(names)
+    return frozenset(dots - other)
+
+
+def _is_tile_dot(o, per_edge: set, params: set) -> bool:
+    x, y = o.operands
+    (lc, rc), (lb, rb) = dict(o.params)["dimension_numbers"]
+    if lb or rb or len(lc) != 1 or x.name not in per_edge or y.name not in params:
+        return False
+    dtypes = {x.type.dtype.name, y.type.dtype.name, o.results[0].type.dtype.name}
+    return tile_dot_form(tuple(x.type.shape), tuple(y.type.shape), int(lc[0]), dtypes)
 
 
 def _parallel(op: LaunchOp) -> str:

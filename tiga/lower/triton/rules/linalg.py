@@ -57,15 +57,26 @@ def dot_general_rule(ctx, in_types, out_types, x: TV, y: TV, *, dimension_number
     return [ctx.value(f"({expr}).to({tl_dtype(out.dtype)})", out.shape, out.dtype, lead, "d")]
 
 
+TILE_DOT_LANES = 16     # tl.dot's minimum rows: an edge tile with fewer lanes broadcasts
+_DOT_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def tile_dot_form(x_shape, y_shape, contracted: int, dtypes: set) -> bool:
+    """Whether a per-edge value of shape `x_shape` (K,) or (1, .., K), contracted over its
+    last axis with a 2-D parameter matrix `y_shape`, is a tl.dot of the edge tile (given
+    TILE_DOT_LANES lanes): one float dtype for both operands and the result (`dtypes`, its
+    names) and both matrix sides padding to 16 or more. select_kernel_schedule asks the
+    same question to size row tiles (the matrix is then held once per program)."""
+    return (contracted == len(x_shape) - 1 and all(d == 1 for d in x_shape[:-1]) and
+            len(y_shape) == 2 and all(type(d) is int for d in y_shape) and
+            len(dtypes) == 1 and dtypes <= _DOT_FLOATS and min(pow2(d) for d in y_shape) >= 16)
+
+
 def _tiled(ctx, x: TV, y: TV, a: int, out) -> bool:
     """An edge tile's rows (K,) or (1, .., K) times a parameter matrix, wide enough for
     tl.dot."""
-    dt = {x.dtype.name, y.dtype.name, out.dtype.name}
-    return (x.lead == "edge" and y.lead == "row" and ctx.edge_lanes >= 16 and
-            a == len(x.shape) - 1 and all(d == 1 for d in x.shape[:-1]) and
-            len(y.shape) == 2 and len(dt) == 1 and
-            dt <= {"float16", "bfloat16", "float32", "float64"} and
-            min(pow2(d) for d in y.shape) >= 16)
+    return (x.lead == "edge" and y.lead == "row" and ctx.edge_lanes >= TILE_DOT_LANES and
+            tile_dot_form(x.shape, y.shape, a, {x.dtype.name, y.dtype.name, out.dtype.name}))
 
 
 def _tile_dot(ctx, x: TV, y: TV, xs: str, ys: str, b: int, out) -> TV:
