@@ -47,6 +47,29 @@ def _producer(program):
     return {id(o): e for e in program.eqns for o in e.outputs}
 
 
+FULL_FLOATS = ("float32", "float64")
+HALF_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_HALF_ROUTES: list = []   # predicates of runtime routes whose VJP kernels take 16-bit fields
+
+
+def register_half_vjp(selected) -> None:
+    """A runtime route whose attention VJP kernels take float16 / bfloat16 fields (the
+    Triton kernels: tensor cores) registers `selected()`: whether a VJP traced now runs on
+    it (the selected backend). autodiff sits below the runtime, so the runtime says so."""
+    _HALF_ROUTES.append(selected)
+
+
+def vjp_dtypes() -> tuple:
+    """Field dtypes whose attention VJP is traced as the canonical propagates now: float32
+    and float64 on every route; float16 and bfloat16 only where a registered route runs
+    them. Elsewhere (cpu-llvm, whose attention kernels are 32/64-bit) a 16-bit attention
+    keeps the generic VJP it always had."""
+    for selected in _HALF_ROUTES:
+        if selected():
+            return HALF_FLOATS
+    return FULL_FLOATS
+
+
 def match_attention(edge_fn: ClosedProgram, roles, reducer,
                     dtypes: tuple = ("float32", "float64")) -> AttentionPattern | None:
     """The attention pattern of an online_softmax edge function whose fields are of one of

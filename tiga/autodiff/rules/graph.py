@@ -22,7 +22,7 @@ from ...trace.staging import inline_program, trace_flat
 from ...trace.tracer import bind
 from ..registry import NONDIFF, vjp_rules
 from ..vjp import backward_pass, differentiable, vjp_program
-from .attention import attention_vjp, match_attention
+from .attention import attention_vjp, match_attention, vjp_dtypes
 from .edge_order import edge_key
 
 SEG_ROLE = {"dst": "dst", "src": "src", "all": "param", "edge": "edge"}
@@ -206,7 +206,10 @@ def propagate_vjp_rule(ct_outs, outs, graph, *fields, edge_fn, reducer, roles, n
         outs = bind(propagate_p, graph, *fields, edge_fn=edge_fn, reducer=reducer, roles=roles,
                     names=names, reduce_by=reduce_by, update=None)
         ct_outs, extra = _update_vjp(update, fields, roles, outs, ct_outs)
-    pattern = match_attention(edge_fn, roles, reducer) if reduce_by == "dst" else None
+    # (16-bit fields: the canonical propagates only where the selected route's kernels take
+    # them, attention.vjp_dtypes; the trace is cached per function and input types)
+    pattern = match_attention(edge_fn, roles, reducer, vjp_dtypes()) \
+        if reduce_by == "dst" else None
     if pattern is not None:
         # dot-product attention: the FlashAttention-2-style canonical propagates (lse saved
         # by the streaming forward, probabilities recomputed blockwise, no per-edge array)

@@ -24,11 +24,12 @@ from ....autodiff.rules.attention import (
     canonical_program,
     kind_of,
     match_attention,
+    register_half_vjp,
 )
 from ....core.errors import UnsupportedError
 from ....core.eval import on_device
 from ....core.prims.graph import row_type
-from ....lower.backends import BACKENDS
+from ....lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
 from ....lower.schedule import triton_attention_blocks, triton_dot_precision
 from ....lower.triton.attention import attention_source
 from ....lower.triton.emitter import pow2
@@ -38,6 +39,18 @@ _SEEN: set = set()     # backends whose attention module was imported
 CLAIMED = ("dq", "dkdv", "dkdvq")      # canonical VJP propagates run by the attention kernels
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 HALF = ("float16", "bfloat16")
+
+
+# a float16 / bfloat16 attention traced for the Triton backends differentiates into the
+# canonical VJP propagates these kernels run (CLAIMED), as float32 does everywhere
+def _triton_selected() -> bool:
+    try:
+        return selected_backend() in TRITON_BACKENDS
+    except UnsupportedError:     # a bad backend name: the call itself reports it
+        return False
+
+
+register_half_vjp(_triton_selected)
 
 
 def tf32_allowed() -> bool:
