@@ -1,6 +1,7 @@
 """A float16 attention layer's VJP on the Triton route runs the tiled (tl.dot) attention
 backward kernels: traced for a Triton backend, its gradient is the canonical dq / dk, dv
-propagates (autodiff.rules.attention.vjp_dtypes), which the Triton attention plan claims.
+propagates (autodiff.rules.attention.vjp_dtypes), which the Triton attention plan claims,
+and its forward is paired with the row statistics they read (opt.attention_pairing).
 Traced for cpu-llvm it keeps the generic VJP (that route has no 16-bit attention kernels).
 
 Oracles: float64 torch masked-softmax attention and its autograd (float16 tolerances: the
@@ -70,8 +71,12 @@ def test_float16_grad_runs_the_tiled_backward(interpreter, kernels, kind, n, hea
     text = str(tg.jit(grad).lower(q, k, v).compile().explain())
     assert "attention VJP dk, dv (by src) and dq (by dst)" in text
     assert "tl.dot on float16 operands (tensor cores" in text
+    # the forward returns its row statistics (opt.attention_pairing): no generic row max /
+    # mass walk, every propagate of the gradient is a tiled attention kernel
+    assert "propagate[online_softmax(stats)]" in text
+    assert "rendered as a fused Triton kernel" not in text and "reference" not in text
     got = grad(q, k, v)
-    assert "dkdvq" in kernels or {"dkdv", "dq"} <= set(kernels)
+    assert kernels == ["forward", "dkdvq"]
     for name, a, b in zip("qkv", got, oracle_grads(q, k, v, ct, g, scale)):
         a = np.asarray(a)
         assert a.dtype == np.float16
@@ -97,3 +102,20 @@ def test_cpu_llvm_keeps_the_generic_float16_vjp(kernels):
     for name, a, b in zip("qkv", got, oracle_grads(q, k, v, ct, g, 0.25)):
         np.testing.assert_allclose(np.asarray(a).astype(np.float64), b, rtol=3e-2,
                                    atol=3e-2, err_msg=f"d{name}")
+
+
+def test_torch_autograd_float16_runs_the_tiled_backward(interpreter, kernels):
+    """The torch bridge (its VJP traced at backward time, on the selected backend)."""
+    n, heads, d = 21, 2, 16
+    g = tg.Graph.triangular(n)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, ct = (torch.randn(n, heads, d, generator=gen).half() for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    y = Attention()(graph=g, src={"key": k, "value": v}, dst={"query": q}, scale=d ** -0.5)
+    grads = torch.autograd.grad(y, (q, k, v), ct)
+    assert kernels == ["forward", "dkdvq"] and y.dtype == torch.float16
+    want = oracle_grads(*(t.detach().numpy() for t in (q, k, v)), ct.numpy(), g, d ** -0.5)
+    for name, a, b in zip("qkv", grads, want):
+        np.testing.assert_allclose(a.double().numpy(), b, rtol=3e-2, atol=3e-2,
+                                   err_msg=f"d{name}")

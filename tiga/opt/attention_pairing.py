@@ -32,6 +32,7 @@ from ..autodiff.rules.attention import (
     kind_of,
     match_attention,
     names_of,
+    vjp_dtypes,
 )
 from ..core.primitive import abstract_eval_rules, impl_rules
 from ..core.prims.graph import propagate_p
@@ -59,7 +60,8 @@ def _attention(eqn):
     if p["reduce_by"] != "dst" or p["update"] is not None or red.stats or \
             getattr(eqn.inputs[0].type, "kind", None) not in STREAMING_KINDS:
         return None
-    return match_attention(p["edge_fn"], p["roles"], red)
+    # (16-bit fields where the selected route's VJP takes them, as the VJP rule decides)
+    return match_attention(p["edge_fn"], p["roles"], red, vjp_dtypes())
 
 
 def _stats_eqn(eqn, outs) -> Eqn:
