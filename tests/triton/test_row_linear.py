@@ -40,6 +40,16 @@ def test_float32_products_match_numpy(form, m, k, n):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("form", [(1, 0), (0, 1)])
+def test_several_programs_on_both_axes(form):
+    """300 x 70: three row programs (128 rows in the interpreter) and two column programs,
+    the last of each partly masked."""
+    x, y = operands(form, 300, 40, 70, np.float32, seed=9)
+    got = linear.matmul(x, y, form, "float32", "triton-interpreter")
+    want = FORMS[form](x.astype(np.float64), y.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float16, 2e-2)])
 def test_float64_and_float16(dtype, tol):
     x, y = operands((1, 0), 40, 24, 9, dtype, seed=3)
