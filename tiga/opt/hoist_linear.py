@@ -7,7 +7,9 @@
    every edge, a product that is linear in per-entity rows: it equals
    `Z_src[src] + Z_dst[dst]` with `Z_src = [p; x] W + b` and `Z_dst = -p W_p`, two
    (num_entities, hidden) products computed once per call. Each edge then gathers two
-   hidden rows instead of multiplying an (in_features, hidden) matrix.
+   hidden rows instead of multiplying an (in_features, hidden) matrix. A field read at
+   several offsets (`[x_dst; x_src - x_dst] W`) multiplies the signed sum of its weight
+   rows, `x (W_a - W_b)`: one product per field and role.
 2. Last layer. With a sum reducer, `sum_e (h_e W + b) = (sum_e h_e) W + degree * b`: the
    propagate sums the hidden rows and the last product runs once per entity.
 
