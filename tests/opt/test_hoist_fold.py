@@ -34,6 +34,38 @@ class SwapMLP(tg.MessagePassing):
         return tg.math.tanh(tg.math.concatenate([src.x - dst.x, dst.x - src.x], axis=-1) @ w1)
 
 
+class DispMLP(tg.MessagePassing):
+    """EdgeNN's first layer over a displacement: [p_j - p_i; x_j] W (the positions of a
+    radius relation, read once per role)."""
+
+    reducer = tg.sum()
+
+    def edge(self, src, dst, edge, w1):
+        return tg.math.tanh(tg.math.concatenate([edge.displacement, src.x], axis=-1) @ w1)
+
+
+def test_a_displacement_multiplies_its_field_once_for_both_roles(monkeypatch):
+    """`(p_src - p_dst) W_a` reads p once per role with opposite signs: the hoisted program
+    multiplies p by the same block for both (the negation on the product), so common
+    subexpressions share it: a call runs two products (p and x), not three."""
+    from tiga.xla_free_runtime import interpreter
+    rng = np.random.default_rng(4)
+    p, x = torch.tensor(rng.random((N, 3))), torch.tensor(rng.standard_normal((N, F)))
+    g = tg.Graph.radius(p, cutoff=0.5)      # (torch operands: the bridge's staged program)
+    w = torch.tensor(rng.standard_normal((3 + F, H)))
+    layer, ran = DispMLP(), []
+    real = interpreter.run_eqn
+
+    def counted(eqn, *rest):
+        ran.append(eqn.primitive.name)
+        return real(eqn, *rest)
+    monkeypatch.setattr(interpreter, "run_eqn", counted)
+    got = layer(graph=g, src={"x": x}, w1=w)
+    assert ran.count("dot_general") == 2
+    want = layer.reference(graph=g, src={"x": x.numpy()}, w1=w.numpy())
+    np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
 def torch_oracle(kind, x, w1, col, dst):
     xs, xd = x[col], x[dst]
     parts = [xd, xs - xd] if kind is DiffMLP else [xs - xd, xd - xs]

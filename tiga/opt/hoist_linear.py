@@ -163,9 +163,12 @@ def _with_bias(edge, roles, k, hit: _FirstLayer) -> _FirstLayer:
 
 
 def _field_blocks(edge, plan: _FirstLayer, weight, hidden: int) -> dict:
-    """binder -> the signed sum of the W rows its terms multiply: a field read twice
-    (`[x_dst; x_src - x_dst] W` reads x_dst at two offsets) is one product x (W_a - W_b),
-    one matmul per field, its weight algebra parameter-sized (width x hidden)."""
+    """binder -> (W rows its terms multiply, sign): a field read twice (`[x_dst; x_src -
+    x_dst] W` reads x_dst at two offsets) is one product x (W_a - W_b), one matmul per field,
+    its weight algebra parameter-sized (width x hidden). A field read once keeps its sign
+    for the product: `(p_src - p_dst) W` then multiplies the same array by the same block for
+    both roles, one product the program's common subexpressions share (a negated block would
+    make it two)."""
     blocks: dict = {}
     for t in plan.form.terms:
         width = int(edge.in_binders[t.binder].type.shape[0])
@@ -174,9 +177,11 @@ def _field_blocks(edge, plan: _FirstLayer, weight, hidden: int) -> dict:
         block = m.slice_static(weight, tuple(start), tuple(limit))
         prev = blocks.get(t.binder)
         if prev is None:
-            blocks[t.binder] = m.negative(block) if t.sign < 0 else block
+            blocks[t.binder] = (block, t.sign)
         else:
-            blocks[t.binder] = m.subtract(prev, block) if t.sign < 0 else m.add(prev, block)
+            signed = prev[0] if prev[1] > 0 else m.negative(prev[0])
+            blocks[t.binder] = (m.subtract(signed, block) if t.sign < 0 else
+                                m.add(signed, block), 1)
     return blocks
 
 
@@ -188,9 +193,10 @@ def _first_rewrite(eqn, plan: _FirstLayer, ins, notes):
     weight, axis = operands[plan.weight], plan.axis
     hidden = int(edge.in_binders[plan.weight].type.shape[1 - axis])
     z = {}   # Z_role = sum over that role's fields of field @ (its terms' signed W rows)
-    for binder, block in _field_blocks(edge, plan, weight, hidden).items():
+    for binder, (block, sign) in _field_blocks(edge, plan, weight, hidden).items():
         role = roles[binder]
         part = m.dot_general(operands[binder], block, (((1,), (axis,)), ((), ())))
+        part = part if sign > 0 else m.negative(part)
         z[role] = part if role not in z else m.add(z[role], part)
     z_roles = sorted(z)
     if plan.bias is not None:   # every edge reads exactly one row of each Z: add b once
