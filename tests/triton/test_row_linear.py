@@ -135,8 +135,10 @@ def test_cpu_llvm_declines_and_agrees(tile_products):
     tri = np.asarray(layer(**kw))
     launched = tile_products()
     assert launched == 2                               # one product per (field, role)
+    assert "dot_general runs as the Triton backend's tile_matmul" in layer.explain(**kw).reason
     tg.config.backend = "cpu-llvm"
     assert "cpu-llvm" in layer.explain(**kw).route
+    assert "tile_matmul" not in layer.explain(**kw).reason
     np.testing.assert_allclose(np.asarray(layer(**kw)), tri, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(tri, np.asarray(layer.reference(**kw)), rtol=1e-12, atol=1e-12)
     assert tile_products() == launched

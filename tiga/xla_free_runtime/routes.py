@@ -13,6 +13,7 @@ from ..core.prims.control import repeat_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
+from ..lower.backends import TRITON_BACKENDS, selected_backend
 from .backend_table import plan
 from .backends.cpu.generated import GeneratedType, generated_relations
 from .backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
@@ -139,8 +140,15 @@ def _summarise(ex, compiled, fallen, others) -> None:
         ex.reason = f"{fallen} propagate(s) fall back to the reference interpreter (see routes)"
     else:
         ex.reason = "the program has no propagate"
-    if others:
-        ex.reason += f"; other equations ({', '.join(others)}) run on the numpy impl rules"
+    tiled = [o for o in others if o == "dot_general"] \
+        if selected_backend() in TRITON_BACKENDS else []
+    rest = [o for o in others if o not in tiled]
+    if rest:
+        ex.reason += f"; other equations ({', '.join(rest)}) run on the numpy impl rules"
+    if tiled:   # (backends/triton/linear.dot_rule, the executor's override)
+        ex.reason += ("; dot_general runs as the Triton backend's tile_matmul (tl.dot tiles) "
+                      "where its operands are 2-D float arrays the backend reads, else on "
+                      "numpy")
 
 
 def _explain_compiled(ex, eqn, graph, status: str, where: str, lower) -> None:
