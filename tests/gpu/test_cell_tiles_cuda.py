@@ -7,40 +7,18 @@ interpreter. Strict: nothing falls back.
 Marked gpu; skipped without CUDA and in a process whose triton was imported for the
 interpreter (as tests/gpu/test_cuda_kernels.py); TIGA_GPU_TESTS_ON_CPU=1 runs them on CPU
 tensors through triton-interpreter (600 points)."""
-import os
-import sys
 
 import numpy as np
 import pytest
-
-ON_CPU = os.environ.get("TIGA_GPU_TESTS_ON_CPU") == "1"
-if "triton" not in sys.modules:   # Triton reads it at import: compiled kernels need it off
-    os.environ["TRITON_INTERPRET"] = "1" if ON_CPU else "0"
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+from gpu_env import BACKEND, DEVICE, MARKS, ON_CPU, WHY, torch  # noqa: E402,F401  (before tiga)
 
 import tiga as tg  # noqa: E402
 from tiga.core import graph_generated as geo  # noqa: E402
 from tiga.testing import reference_grad  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import generated as triton_generated  # noqa: E402
 
-
-def _why_skipped() -> str | None:
-    if ON_CPU:
-        return None
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    import triton.language as tl
-    if type(tl.standard.sum).__name__ == "InterpretedFunction":
-        return "triton was imported for its interpreter in this process: run tests/gpu alone"
-    return None
-
-
-WHY = _why_skipped()
-DEVICE = "cpu" if ON_CPU else "cuda"
 N = 600 if ON_CPU else 8000
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=str(WHY))]
+pytestmark = MARKS
 
 
 @pytest.fixture(autouse=True)

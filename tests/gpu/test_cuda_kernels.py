@@ -10,42 +10,19 @@ triton was imported for the interpreter (tests/triton sets TRITON_INTERPRET=1 be
 it): `make test` runs this directory in a process of its own. TIGA_GPU_TESTS_ON_CPU=1 runs the
 same tests on CPU tensors through triton-interpreter instead (to check the tests themselves
 where no GPU is lent)."""
-import os
-import sys
 
 import numpy as np
 import pytest
+from gpu_env import BACKEND, DEVICE, MARKS, ON_CPU, WHY, torch  # noqa: E402,F401  (before tiga)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-ON_CPU = os.environ.get("TIGA_GPU_TESTS_ON_CPU") == "1"
-if "triton" not in sys.modules:   # Triton reads it at import: compiled kernels need it off
-    os.environ["TRITON_INTERPRET"] = "1" if ON_CPU else "0"
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
 
 import tiga as tg  # noqa: E402
 from tiga.testing import reference_grad  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import generated as triton_generated  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch  # noqa: E402
 
-
-def _why_skipped() -> str | None:
-    if ON_CPU:
-        return None
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    import triton.language as tl
-    if type(tl.standard.sum).__name__ == "InterpretedFunction":
-        return ("triton was imported for its interpreter in this process (TRITON_INTERPRET=1, "
-                "set by tests/triton): run `pytest tests/gpu` in a process of its own")
-    return None
-
-
-WHY = _why_skipped()
-DEVICE = "cpu" if ON_CPU else "cuda"
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=str(WHY))]
+pytestmark = MARKS
 REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax"]
 F = 3                       # feature width, not a power of two: padded lanes are masked
 

@@ -8,18 +8,10 @@ and torch-autograd backward against the reference interpreter. Strict: nothing f
 Marked gpu; skipped without CUDA and in a process whose triton was imported for the
 interpreter (as tests/gpu/test_cuda_kernels.py); TIGA_GPU_TESTS_ON_CPU=1 runs them on CPU
 tensors through triton-interpreter."""
-import os
-import sys
 
 import numpy as np
 import pytest
-
-ON_CPU = os.environ.get("TIGA_GPU_TESTS_ON_CPU") == "1"
-if "triton" not in sys.modules:   # Triton reads it at import: compiled kernels need it off
-    os.environ["TRITON_INTERPRET"] = "1" if ON_CPU else "0"
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+from gpu_env import BACKEND, DEVICE, MARKS, ON_CPU, WHY, torch  # noqa: E402,F401  (before tiga)
 
 import tiga as tg  # noqa: E402
 from tiga.core.prims.linalg import dot_general_p  # noqa: E402
@@ -28,22 +20,7 @@ from tiga.xla_free_runtime import executor  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import attention as triton_attention  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import linear  # noqa: E402
 
-
-def _why_skipped() -> str | None:
-    if ON_CPU:
-        return None
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    import triton.language as tl
-    if type(tl.standard.sum).__name__ == "InterpretedFunction":
-        return "triton was imported for its interpreter in this process: run tests/gpu alone"
-    return None
-
-
-WHY = _why_skipped()
-DEVICE = "cpu" if ON_CPU else "cuda"
-BACKEND = "triton-interpreter" if ON_CPU else "triton"
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=str(WHY))]
+pytestmark = MARKS
 
 
 @pytest.fixture(autouse=True)
