@@ -15,7 +15,6 @@ from .core.passes import bind_constants, dce
 from .core.program import GraphProgram, Lit
 from .core.types import GraphType, TensorType
 from .lower.backends import using_backend
-from .lower.pipeline import ir_text, module_name
 from .trace import call_cache, control, message_passing, warm_calls
 from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
@@ -23,7 +22,14 @@ from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, tra
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder, lifted
 from .xla_free_runtime.backends.triton import compile as triton_compile
 from .xla_free_runtime.backends.triton import launch as triton_launch
-from .xla_free_runtime.executor import execute, explain_program, prepared_for, run_prepared
+from .xla_free_runtime.executor import (
+    execute,
+    explain_program,
+    ir_module_name,
+    ir_text,
+    prepared_for,
+    run_prepared,
+)
 from .xla_free_runtime.memory.tensor import Tensor, _wrap
 from .xla_free_runtime.run_report import explaining, profile
 
@@ -117,7 +123,7 @@ class Jitted:
 
     def lower(self, *args) -> Lowered:
         program, out_tree, _, caps, _ = self._program(args)
-        return Lowered(program, out_tree, module_name(getattr(self.fn, "__name__", "main")),
+        return Lowered(program, out_tree, ir_module_name(getattr(self.fn, "__name__", "main")),
                        caps)
 
     def cache_info(self) -> dict:
@@ -611,7 +617,7 @@ def _ir_call(call, stage):
         text = paged_task_ir(program, args)
         if text is not None:
             return text
-    return ir_text(program, stage, name=module_name(name))
+    return ir_text(program, stage, name=ir_module_name(name))
 
 
 def _eager_loop(looped: Callable, init, user_fns: tuple):

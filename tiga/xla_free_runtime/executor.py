@@ -34,7 +34,8 @@ from ..core.prims.linalg import dot_general_p
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import GraphType
 from ..lower.backends import selected_backend
-from ..lower.pipeline import lower, lower_launch, quiet_dumps
+from ..lower.pipeline import ir_text, lower, lower_launch, quiet_dumps
+from ..lower.pipeline import module_name as ir_module_name
 from .backend_table import plan
 from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
@@ -416,4 +417,5 @@ def paged_task_ir(program: GraphProgram, args: list) -> str | None:
 
 __all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select_route",
            "plan_routes", "NUMPY_NOTE",
-           "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir"]
+           "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir",
+           "ir_text", "ir_module_name"]
