@@ -21,18 +21,6 @@ N = 600 if ON_CPU else 8000
 pytestmark = MARKS
 
 
-@pytest.fixture(autouse=True)
-def strict_triton():
-    old = tg.config._backend, tg.config.strict
-    tg.config.strict = True
-    if ON_CPU:
-        tg.config.backend = "triton-interpreter"
-    try:
-        yield
-    finally:
-        tg.config.backend, tg.config.strict = old
-
-
 class Near(tg.MessagePassing):
     reducer = tg.mean()
 

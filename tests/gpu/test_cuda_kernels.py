@@ -27,20 +27,6 @@ REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax"]
 F = 3                       # feature width, not a power of two: padded lanes are masked
 
 
-@pytest.fixture(autouse=True)
-def strict_triton():
-    """Strict: a propagate that cannot run on Triton is an error, not a reference run. On
-    the GPU the CUDA inputs pick the triton backend; on CPU the interpreter is selected."""
-    old = tg.config._backend, tg.config.strict
-    tg.config.strict = True
-    if ON_CPU:
-        tg.config.backend = "triton-interpreter"
-    try:
-        yield
-    finally:
-        tg.config.backend, tg.config.strict = old
-
-
 class Layer(tg.MessagePassing):
     def __init__(self, reducer: str):
         self.reducer = getattr(tg, reducer)()

@@ -23,18 +23,6 @@ from tiga.xla_free_runtime.backends.triton import linear  # noqa: E402
 pytestmark = MARKS
 
 
-@pytest.fixture(autouse=True)
-def strict_triton():
-    old = tg.config._backend, tg.config.strict
-    tg.config.strict = True
-    if ON_CPU:
-        tg.config.backend = "triton-interpreter"
-    try:
-        yield
-    finally:
-        tg.config.backend, tg.config.strict = old
-
-
 def sdpa64(q, k, v, g, scale, do):
     rp, ci = g.resolve_csr()
     mask = np.zeros((g.num_dst, g.num_src), bool)

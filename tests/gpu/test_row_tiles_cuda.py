@@ -21,18 +21,6 @@ pytestmark = MARKS
 TILED = "BLOCK_R * BLOCK_N"
 
 
-@pytest.fixture(autouse=True)
-def strict_triton():
-    old = tg.config._backend, tg.config.strict
-    tg.config.strict = True
-    if ON_CPU:
-        tg.config.backend = "triton-interpreter"
-    try:
-        yield
-    finally:
-        tg.config.backend, tg.config.strict = old
-
-
 ROWS = 300 if ON_CPU else 3000   # (the interpreter: a tenth, still ~40 programs)
 
 
