@@ -25,10 +25,11 @@ pytest.importorskip("zarr", minversion="3.1")
 # helpers shared by the snippets: a tree's listing with file contents (the oracle that
 # nothing was deleted or changed) and a store written from numpy arrays
 HELPERS = '''
-import os, tempfile
+import atexit, os, shutil, tempfile
 from pathlib import Path
 ROOT = Path(tempfile.mkdtemp(prefix="tg-w3-"))
 os.chdir(ROOT)
+atexit.register(shutil.rmtree, ROOT, True)     # each case is a process: leave /tmp as found
 
 def tree(p):
     p = Path(p)
