@@ -47,6 +47,7 @@ def timed(stages: list) -> tuple:
     """Wrap each stage's function with a timer; (seconds, calls) by label."""
     import importlib
     seconds, calls, lock = collections.defaultdict(float), collections.Counter(), threading.Lock()
+    cpu = collections.defaultdict(float)     # the calling thread's CPU time, by label
     for mod, owner, name, label in stages:
         try:
             o = importlib.import_module("tiga.xla_free_runtime." + mod)
@@ -58,15 +59,23 @@ def timed(stages: list) -> tuple:
             continue
 
         def wrapper(*a, _fn=fn, _label=label, **k):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return _fn(*a, **k)
             finally:
                 with lock:
                     seconds[_label] += time.perf_counter() - t
+                    cpu[_label] += time.thread_time() - c
                     calls[_label] += 1
         setattr(o, name, functools.wraps(fn)(wrapper))
-    return seconds, calls
+    return seconds, cpu, calls
+
+
+def process_cpu() -> float:
+    """User + system CPU seconds of this process, every thread."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def store(tg, root: str, edges: int) -> str:
@@ -90,7 +99,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     os.environ.setdefault("TIGA_PROGRESS", "0")
     import tiga as tg
-    seconds, calls = timed(list(STAGES))
+    seconds, cpu, calls = timed(list(STAGES))
     path = store(tg, a.root, a.edges)
 
     class Gather(tg.MessagePassing):
@@ -103,17 +112,19 @@ def main(argv=None) -> int:
     with tg.scope(budgets={"host": "512MiB"}, page_rows=65536):
         for _ in range(2):                 # compiles; fills the page cache and the memo
             layer(graph=g, src={"x": x})
-        seconds.clear(), calls.clear()
+        seconds.clear(), cpu.clear(), calls.clear()
+        c0 = process_cpu()
         for _ in range(a.reps):
             if a.first_run:
                 g.params.get("page_windows", {}).clear()
             t = time.perf_counter()
             layer(graph=g, src={"x": x})
             times.append(time.perf_counter() - t)
+    paged_cpu = (process_cpu() - c0) / a.reps
     n = a.edges // DEGREE
     gm, xm = tg.Graph.from_csr(*csr_rows(0, n, n), num_src=n), features(np.arange(n))
     layer(graph=gm, src={"x": xm})
-    mem = []
+    mem, c0 = [], process_cpu()
     for _ in range(a.reps):
         t = time.perf_counter()
         layer(graph=gm, src={"x": xm})
@@ -121,9 +132,12 @@ def main(argv=None) -> int:
     print(f"{tg.__file__}: {a.edges:,} edges, {'first-run ids' if a.first_run else 'warm'}, "
           f"{a.reps} calls; paged median {np.median(times) * 1e3:.1f} ms, in-memory median "
           f"{np.median(mem) * 1e3:.1f} ms; load average {os.getloadavg()[0]:.2f}")
+    print(f"  process CPU per call: paged {paged_cpu * 1e3:.1f} ms, in-memory "
+          f"{(process_cpu() - c0) / a.reps * 1e3:.1f} ms")
+    print(f"  {'stage':32s} {'wall':>8s}    {'CPU':>8s} (summed over threads, per call)")
     for label in seconds:
-        print(f"  {label:32s} {seconds[label] / a.reps * 1e3:8.2f} ms/call "
-              f"({calls[label] / a.reps:.0f} calls/call)")
+        print(f"  {label:32s} {seconds[label] / a.reps * 1e3:8.2f} ms {cpu[label] / a.reps * 1e3:8.2f} ms"
+              f" ({calls[label] / a.reps:.0f} calls/call)")
     return 0
 
 

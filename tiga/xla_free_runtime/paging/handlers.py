@@ -29,7 +29,7 @@ from ..backends.cpu.propagate import Fallback, plan_propagate, run_propagate
 from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
-from ..memory.tiers import DiskStorage, HostStorage
+from ..memory.tiers import DiskStorage, HostStorage, chunk_checks
 from ..progress import progress_bar
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack
@@ -157,8 +157,11 @@ class PagedRun:
             self.writer = PageWriter(self.buffers, self.stats)
         done = False
         try:
-            interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
-                                              RELEASE: self.release, JOIN: self.join})
+            # chunks the pages read in part are checked once, before the results are kept
+            with chunk_checks.checking() as checks:
+                interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
+                                                  RELEASE: self.release, JOIN: self.join})
+                checks.settle()
             done = True
         finally:
             if self.writer is not None:     # interrupted: the queued writes still end

@@ -19,6 +19,7 @@ import numpy as np
 
 from ....core.dtypes import as_dtype, bfloat16
 from ....core.errors import ShapeError, StorageError, UnsupportedError
+from . import chunk_checks
 
 try:
     import google_crc32c  # zarr's crc32c codec uses it; the direct reader checks with it
@@ -223,13 +224,19 @@ class DiskStorage:
         if self._direct:          # chunk by chunk through one scratch chunk per thread
             bounds = list(np.flatnonzero(np.diff(ids)) + 1) + [len(rows)]
             local = rows - ids * cr            # each row's place in its chunk
-            a = 0
+            a, checks = 0, chunk_checks.current()
             for b in bounds:
-                k = int(ids[a])
+                k, r0, r1 = int(ids[a]), int(rows[a]), int(rows[b - 1]) + 1
+                at = local[a:b]
+                if checks is not None and 2 * (r1 - r0) <= cr:   # a few rows: read those
+                    src = self._part_view(k, r0, r1)
+                    at = at - (r0 - k * cr)
+                    checks.owe(self, k)
+                else:
+                    src = self._chunk_view(k, slice(r0, r1))
                 # rows straight into `out` (no temporary; "clip": the places are in range,
                 # and numpy buffers `out` for the default mode)
-                np.take(self._chunk_view(k, slice(int(rows[a]), int(rows[b - 1]) + 1)),
-                        local[a:b], axis=0, out=out[a:b], mode="clip")
+                np.take(src, at, axis=0, out=out[a:b], mode="clip")
                 a = b
             return out
         starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) > 1)   # runs of chunks
@@ -257,6 +264,19 @@ class DiskStorage:
                 kept = self._kept.scratch = np.empty(nbytes, np.uint8)
             self._read_chunk(k, kept, key=key)
         return kept.view(self.dtype).reshape((self.chunk_rows,) + row_shape)
+
+    def _part_view(self, k: int, r0: int, r1: int) -> np.ndarray:
+        """Rows [r0, r1) of chunk k, read alone into this thread's part buffer (unchecked:
+        the caller owes the chunk's check to its run); valid until its next part read."""
+        row_shape = self.shape[1:]
+        raw = np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype))
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * raw.itemsize
+        buf = getattr(self._kept, "part", None)
+        if buf is None or len(buf) < (r1 - r0) * row_bytes:
+            buf = self._kept.part = np.empty((r1 - r0) * row_bytes, np.uint8)
+        dst = buf[:(r1 - r0) * row_bytes]
+        self._read_part(k, (r0 - k * self.chunk_rows) * row_bytes, dst)
+        return dst.view(self.dtype).reshape((r1 - r0,) + row_shape)
 
     def write(self, value) -> None:
         value = np.asarray(value)
@@ -335,13 +355,15 @@ class DiskStorage:
         copies; file reads and the checksum release the GIL, so a prefetch thread overlaps.
         The range's edge chunks stay decoded for the reading thread (two chunks): a sweep of
         ranges that share a chunk with the next one (pages of a banded graph) decodes every
-        chunk once."""
+        chunk once. Inside a run's chunk_checks, a partial end is read alone, its chunk's
+        check owed to the run (chunk_checks.py)."""
         raw = _RAW.get(as_dtype(self.dtype).name, self.dtype)
         row_shape = self.shape[1:] if self.shape else ()
         out = aligned_empty((hi - lo,) + row_shape, raw) if out is None else out.view(raw)
         flat = out.reshape(-1).view(np.uint8)
         row_bytes = flat.nbytes // max(hi - lo, 1)
         cr, last = self.chunk_rows, (hi - 1) // self.chunk_rows
+        checks = chunk_checks.current()
         gen, partial = getattr(self._kept, "chunks", (None, ()))
         kept = dict(partial) if gen == self._generation else {}
         for k in range(lo // cr, last + 1):
@@ -350,9 +372,13 @@ class DiskStorage:
             chunk = kept.get(k)
             if chunk is None and a == k * cr and b == (k + 1) * cr:
                 self._read_chunk(k, dst, key=slice(lo, hi))
-                if k == last:
+                if k == last and checks is None:
                     kept[k] = self._spare(cr * row_bytes)
                     np.copyto(kept[k], dst)
+                continue
+            if chunk is None and checks is not None:
+                self._read_part(k, (a - k * cr) * row_bytes, dst)
+                checks.owe(self, k)
                 continue
             if chunk is None:
                 chunk = kept[k] = self._spare(cr * row_bytes)
@@ -402,6 +428,39 @@ class DiskStorage:
                                f"{_fmt(key)} (stored chunk of {got + len(crc)} bytes, "
                                f"expected {target.nbytes + 4} with a matching checksum)")
         self._check_expected(k, int.from_bytes(crc, "little"), f)
+        checks = chunk_checks.current()
+        if checks is not None:
+            checks.checked(self, k)
+
+    def _read_part(self, k: int, offset: int, dst: np.ndarray) -> None:
+        """Bytes [offset, offset + len(dst)) of chunk k's rows into `dst`, unchecked: the
+        caller owes the chunk's check to its run."""
+        f = self._chunk_file(k)
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise StorageError(f"{f}: chunk file missing (existence check); the array at "
+                               f"{self.path} is incomplete") from exc
+        except OSError as exc:
+            raise StorageError(f"{f}: read failed ({exc})") from exc
+        try:
+            got = os.preadv(fd, [memoryview(dst)], offset)
+        except OSError as exc:
+            raise StorageError(f"{f}: read failed ({exc})") from exc
+        finally:
+            os.close(fd)
+        if got != dst.nbytes:
+            raise StorageError(f"{f}: size check failed: {got} of the {dst.nbytes} bytes at "
+                               f"{offset} read (a truncated chunk)")
+
+    def check_chunk(self, k: int) -> None:
+        """Read chunk k whole and check it (crc32c, the manifest's record): a run's owed
+        check (chunk_checks.py)."""
+        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * \
+            np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype)).itemsize
+        buf = self._spare(self.chunk_rows * row_bytes)
+        self._read_chunk(k, buf, key=slice(k * self.chunk_rows, (k + 1) * self.chunk_rows))
+        self._recycle((), [buf])
 
     def _aligned(self, start: int, n: int) -> bool:
         """Rows [start, start + n) are whole chunks (the last one may end the array)."""

@@ -1,0 +1,94 @@
+"""A paged run reads the few rows it needs of a chunk alone and owes the chunk's crc32c check
+to the run (issue 28 item 1): the run pays the debt with a whole read (the neighbouring
+page's) or settles it at its end, so a damaged chunk read only in part is still a
+tg.StorageError naming the chunk file, never a result. Oracles: the numpy rows written, a
+numpy gather-sum over the stored relation, and the chunk files themselves (a flipped byte)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tiga as tg
+from tiga.xla_free_runtime.memory.tiers import chunk_checks
+from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
+
+pytest.importorskip("zarr", minversion="3.1")
+
+
+def flip(path: Path, at: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+@pytest.fixture
+def stored(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 16 << 10)    # 128 rows of 32 float32
+    x = np.random.default_rng(0).random((1000, 32)).astype(np.float32)
+    with tg.scope(spill_dir=tmp_path):
+        d = tg.asarray(x).to("disk")._storage
+        assert d._direct and d.chunk_rows == 128
+        yield d, x
+
+
+def test_part_reads_are_exact_and_settle_checks_what_is_owed(stored, monkeypatch):
+    d, x = stored
+    checked = []
+    real = d.check_chunk
+    monkeypatch.setattr(d, "check_chunk", lambda k: (checked.append(k), real(k)))
+    with chunk_checks.checking() as checks:
+        np.testing.assert_array_equal(d.read_rows(120, 300), x[120:300])   # chunks 0, 2 in part
+        rows = np.array([5, 7, 900, 901])
+        np.testing.assert_array_equal(d.take_rows(rows), x[rows])      # chunks 0, 7 in part
+        np.testing.assert_array_equal(d.read_rows(256, 384), x[256:384])   # chunk 2 whole
+        checks.settle()
+    assert sorted(checked) == [0, 7]       # chunk 2's debt was paid by the whole read
+
+
+@pytest.mark.parametrize("at", [0, -1], ids=["a row not read", "the checksum trailer"])
+def test_a_damaged_chunk_read_in_part_fails_at_settle(stored, at):
+    d, x = stored
+    flip(d._chunk_file(3), at)                 # chunk 3: rows [384, 512)
+    with chunk_checks.checking() as checks:
+        got = d.read_rows(500, 600)            # rows 500..511 of chunk 3, read alone
+        np.testing.assert_array_equal(got[:12], x[500:512]) if at else None
+        with pytest.raises(tg.StorageError, match=r"c/3/0: checksum check \(crc32c\) failed"):
+            checks.settle()
+    with pytest.raises(tg.StorageError, match=r"c/3/0: checksum check"):
+        d.read_rows(500, 600)                  # outside a run: checked at once
+
+
+def band_store(path: Path, n: int, k: int = 3):
+    rp = np.arange(n + 1, dtype=np.int64) * 2 * k
+    ci = ((np.arange(n)[:, None] + np.r_[-k:0, 1:k + 1]) % n).reshape(-1).astype(np.int32)
+    x = np.random.default_rng(2).random((n, 32)).astype(np.float32)
+    with tg.store.create(path, num_src=n, num_dst=n, index_dtype="int32") as w:
+        w.append_csr_chunk(rp, ci)
+        w.append_field("x", x, role="src")
+    return rp, ci, x
+
+
+def paged_sum(path: Path):
+    g = tg.Graph.open(path)
+    with tg.scope(budgets={"host": "256KB"}, page_rows=256, spill_dir=path.parent / "sp"), \
+            tg.profile() as prof:
+        got = tg.propagate(g, lambda s, d, e: s.x, tg.sum(),
+                           src={"x": tg.store.open(path)["x"]}).numpy()
+    assert "paged" in str(prof)
+    return got
+
+
+def test_a_paged_run_settles_its_part_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 16 << 10)    # 128 rows of 32 float32
+    n = 900         # the field's last chunk holds rows 896..899, read in part by two pages
+    rp, ci, x = band_store(tmp_path / "s", n)
+    want = x[ci.reshape(n, -1)].sum(axis=1)
+    np.testing.assert_allclose(paged_sum(tmp_path / "s"), want, rtol=1e-6)
+    last = tmp_path / "s" / "v000001" / "fields" / "x" / "c" / "7" / "0"
+    flip(last, -1)                           # its checksum: only the run's settle reads it
+    with pytest.raises(tg.StorageError, match=r"fields/x/c/7/0: checksum check"):
+        paged_sum(tmp_path / "s")
+    flip(last, -1)
+    np.testing.assert_allclose(paged_sum(tmp_path / "s"), want, rtol=1e-6)
