@@ -1,5 +1,6 @@
-"""The first call pins glibc's malloc thresholds (xla_free_runtime/backends/cpu/native/heap.py),
-so per-call arrays of a few MiB are reused from the heap instead of faulted in afresh every call. Oracle:
+"""The first call pins glibc's malloc thresholds (xla_free_runtime/backends/cpu/native/
+heap.py), so per-call arrays of a few MiB are reused from the heap instead of faulted in
+afresh every call. Oracle:
 the process's own minor page-fault count (getrusage) over an allocation pattern that makes
 unpinned glibc trim and regrow its heap every round."""
 from __future__ import annotations

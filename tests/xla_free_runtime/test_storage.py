@@ -16,6 +16,7 @@ import tiga as tg
 from tiga.xla_free_runtime.memory import scope as sc
 from tiga.xla_free_runtime.memory import tensor as tensor_mod
 from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
+from tiga.xla_free_runtime.memory.tiers import files as files_mod
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -254,7 +255,7 @@ def test_direct_chunk_reads_match_zarr_across_ranges_and_writes(spill, small_chu
     t = tg.asarray(x).to("disk")
     d = t._storage                                          # 16-row chunks
     assert d._direct and d.chunk_rows == 16
-    buf = disk_mod.aligned_empty((100, 4), np.float32) if reuse else None
+    buf = files_mod.aligned_empty((100, 4), np.float32) if reuse else None
     for k, (a, n) in enumerate(ranges):                    # overlapping sweeps hit the cache
         got = d.read_rows(a, a + n, buf)
         np.testing.assert_array_equal(got, x[a:a + n])

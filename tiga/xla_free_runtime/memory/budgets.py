@@ -146,7 +146,7 @@ def _idle(tensor) -> bool:
 
 def _owns(arr) -> bool:
     """The array owns its buffer, or is the one view of an aligned byte buffer that only
-    it references (disk.aligned_empty)."""
+    it references (files.aligned_empty)."""
     base = arr.base
     return base is None or (type(base) is np.ndarray and base.base is None and
                             base.dtype == np.uint8 and sys.getrefcount(base) <= 3)

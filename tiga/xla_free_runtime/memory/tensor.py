@@ -21,7 +21,7 @@ from . import scope as sc
 from .dlpack_export import bfloat16_capsule
 from .tiers import DiskStorage, HostStorage
 from .tiers import device as device_storage
-from .tiers.disk import fsync_dir, fsync_tree
+from .tiers.files import fsync_dir, fsync_tree
 
 _DEVICES = ("cpu",)
 _TIERS = ("host", "disk", "device", "cuda")

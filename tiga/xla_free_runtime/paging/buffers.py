@@ -21,7 +21,7 @@ import numpy as np
 from ...core.errors import StorageError
 from ..memory import budgets as memory
 from ..memory import scope as sc
-from ..memory.tiers.disk import aligned_empty
+from ..memory.tiers.files import aligned_empty
 
 
 def with_slack(n: int) -> int:

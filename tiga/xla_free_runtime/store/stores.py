@@ -29,7 +29,8 @@ import numpy as np
 from ...core.dtypes import as_dtype
 from ...core.errors import GraphValidationError, StorageError
 from ...core.graph import store_hooks
-from ..memory.tiers.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for, fsync_tree
+from ..memory.tiers.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for
+from ..memory.tiers.files import fsync_tree
 from ..progress import progress_bar
 from . import versions as sv
 from .ingest import Appender, check_csr_chunk, check_field_rows

@@ -30,7 +30,7 @@ import numpy as np
 from ...core.errors import StorageError
 from ..memory import budgets as memory
 from ..memory import scope as sc
-from ..memory.tiers.disk import fsync_tree
+from ..memory.tiers.files import fsync_tree
 from ..progress import progress_bar
 from . import versions as sv
 from .ingest import Appender

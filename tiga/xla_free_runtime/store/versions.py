@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 from ...core.errors import StorageError
-from ..memory.tiers.disk import fsync_dir
+from ..memory.tiers.files import fsync_dir
 
 try:
     import fcntl

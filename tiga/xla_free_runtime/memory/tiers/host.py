@@ -44,7 +44,7 @@ class HostStorage:
         arr = self._live()
         if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
             return arr[int(rows[0]):int(rows[-1]) + 1]
-        from .disk import aligned_empty  # (kernels read gathered pages in place)
+        from .files import aligned_empty  # (kernels read gathered pages in place)
         fits = out is not None and out.dtype == arr.dtype and \
             out.shape[1:] == arr.shape[1:] and len(out) >= len(rows)
         out = out[:len(rows)] if fits else aligned_empty((len(rows),) + arr.shape[1:],
