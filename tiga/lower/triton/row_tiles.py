@@ -51,13 +51,29 @@ class TiledBody(_Body):
         self.row_store = ("rr", "live")
 
     def render(self):
+        """The tile's rows (_rows), its walk (_walk: every trip's gathers, edge function
+        and folds), then finalize, update and the stores on the tile's BLOCK_R rows."""
         c = self.ctx
         c.emit("pid = tl.program_id(0).to(tl.int64)")
         c.emit("zero1 = tl.zeros([1], tl.int64)")
         params = self._params()
         self._rows()
-        rows = {i: self._gather(i, "lr", None, "edge")
+        states = self._walk(self._row_fields("lr"), params)
+        c.lanes = "BLOCK_R"   # finalize, update and stores run on the tile's rows
+        c.edge_lanes = self.sig.block_rows
+        self._finish({} if self.update is None else self._row_fields("rr"), params, states)
+        return c
+
+    def _row_fields(self, index: str) -> dict:
+        """The fields of the reducing side at row ids `index` (`lr`: per lane, `rr`: per
+        row of the tile), by field number."""
+        return {i: self._gather(i, index, None, "edge")
                 for i, r in enumerate(self.sig.roles) if r == self.row_role}
+
+    def _walk(self, rows: dict, params: dict) -> list:
+        """The reducer states after the trips over each row's CSR range, BLOCK_N edges of
+        the longest row a trip."""
+        c = self.ctx
         states = [f.init(c) for f, _ in self.folds]
         c.emit("for s0 in range(0, tl.max(cnt, axis=0), BLOCK_N):")
         c.indent += 1
@@ -70,13 +86,7 @@ class TiledBody(_Body):
             c.emit("eid = p")
         self._messages(rows, params, states)
         c.indent -= 1
-        c.lanes = "BLOCK_R"   # finalize, update and stores run on the tile's rows
-        c.edge_lanes = self.sig.block_rows
-        rows = {} if self.update is None else {
-            i: self._gather(i, "rr", None, "edge")
-            for i, r in enumerate(self.sig.roles) if r == self.row_role}
-        self._finish(rows, params, states)
-        return c
+        return states
 
     def _rows(self) -> None:
         """The tile's rows (`rows`, `live`, `rr`, degrees `cnt`) and each lane's row `lr`,

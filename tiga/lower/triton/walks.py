@@ -28,7 +28,9 @@ the implicit relations are walked from indices, with no resolved CSR:
   point set, no max_neighbors) is walked the same way by source.
 
 Each walk emits, in the row loop, `e0`, `e1` (the row's edge range) and `cnt` (its degree),
-the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge ids).
+the neighbour-tile loop header, and per tile `valid`, `col` and `eid` (the edge ids). The
+radius walk's pieces (emit_radius_query, emit_cell_range, emit_radius_candidates) take the
+query ids' name, so the cell-tiled body (cell_tiles.py) emits the same walk per lane.
 """
 from __future__ import annotations
 
@@ -142,19 +144,24 @@ def _emit_stencil_offsets(c, shape: tuple, offsets: tuple) -> None:
 
 
 def _emit_radius_row(c, relation: tuple) -> None:
-    # the row's cell (query coordinates in float64, as the directory places the sources)
-    dims = relation[1]
+    emit_radius_query(c, relation[1], "rr")
+    c.emit("cnt = rr * 0")
+
+
+def emit_radius_query(c, dims: int, row: str) -> None:
+    """The walk's scalars (`inv_w`, `c2`, `skip`) and, per query id in `row` (the row
+    loop's `rr`, a cell tile's per-lane `lr`), its coordinates `qx*`, the grid's `gd*` and
+    its cell `qc*` (query coordinates in float64, as the directory places the sources)."""
     c.emit("inv_w = tl.load(walk_scal)")
     c.emit("c2 = tl.load(walk_scal + 1)")
-    # walk_scal[2] = 1.0: one point set without loops (the row's own point is no neighbour)
-    c.emit("skip = tl.where(tl.load(walk_scal + 2) != 0.0, rr, -1)")
+    # walk_scal[2] = 1.0: one point set without loops (a row's own point is no neighbour)
+    c.emit(f"skip = tl.where(tl.load(walk_scal + 2) != 0.0, {row}, -1)")
     for k in range(dims):
-        c.emit(f"qx{k} = tl.load(wqpos + rr * {dims} + {k})")
+        c.emit(f"qx{k} = tl.load(wqpos + {row} * {dims} + {k})")
         c.emit(f"gd{k} = tl.load(grid_dims + {k})")
         c.emit(f"qc{k} = tl.floor((qx{k}.to(tl.float64) - tl.load(grid_lo + {k})) * inv_w)"
                ".to(tl.int64)")
         c.emit(f"qc{k} = tl.minimum(tl.maximum(qc{k}, 0), gd{k} - 1)")
-    c.emit("cnt = rr * 0")
 
 
 def open_loops(c, relation: tuple) -> int:
@@ -173,8 +180,16 @@ def open_loops(c, relation: tuple) -> int:
 def _open_radius_loops(c, dims: int) -> None:
     c.emit(f"for cell in range(0, {3 ** dims}):")
     c.indent += 1
-    c.emit("ok = live")
-    c.emit("lin = rr * 0")
+    emit_cell_range(c, dims, "live", "rr")
+    c.emit("for start in range(e0, e1, BLOCK_N):")
+    c.indent += 1
+
+
+def emit_cell_range(c, dims: int, live: str, row: str) -> None:
+    """[`e0`, `e1`) of cell_order: the neighbour cell number `cell` (of 3^dims) of the
+    query ids `row` (empty outside the grid or where `live` is false)."""
+    c.emit(f"ok = {live}")
+    c.emit(f"lin = {row} * 0")
     for k in range(dims):
         c.emit(f"nc = qc{k} + (cell // {3 ** (dims - 1 - k)}) % 3 - 1")
         c.emit(f"ok = ok & (nc >= 0) & (nc < gd{k})")
@@ -182,8 +197,6 @@ def _open_radius_loops(c, dims: int) -> None:
     c.emit("lin = tl.where(ok, lin, 0)")
     c.emit("e0 = tl.load(cell_start + lin)")
     c.emit("e1 = tl.where(ok, tl.load(cell_start + lin + 1), e0)")
-    c.emit("for start in range(e0, e1, BLOCK_N):")
-    c.indent += 1
 
 
 def emit_tile(c, relation: tuple, has_perm: bool) -> None:
@@ -238,8 +251,14 @@ def _emit_stencil_tile(c, relation: tuple) -> None:
 
 
 def _emit_radius_tile(c, relation: tuple) -> None:
-    dims = relation[1]
-    c.emit("p = start + nb")
+    emit_radius_candidates(c, relation[1], "start + nb")
+    c.emit("cnt = cnt + tl.sum(valid.to(tl.int64), axis=0)")
+
+
+def emit_radius_candidates(c, dims: int, first: str) -> None:
+    """`valid` (inside [e0, e1) and the cutoff, not `skip`), `col` and `eid` of the
+    candidates at cell_order positions `p` = `first` (the caller counts degrees)."""
+    c.emit(f"p = {first}")
     c.emit("valid = p < e1")
     c.emit("col = tl.load(cell_order + p, mask=valid, other=0).to(tl.int64)")
     for k in range(dims):   # the reference's order: (src - dst) per axis, summed in order
@@ -251,4 +270,3 @@ def _emit_radius_tile(c, relation: tuple) -> None:
     # Triton 3.6's TritonGPURemoveLayoutConversions for 2-D positions, the H100 image's
     # version: benchmarks/results/gpu-2026-11-26-h100.txt)
     c.emit("eid = p")
-    c.emit("cnt = cnt + tl.sum(valid.to(tl.int64), axis=0)")
