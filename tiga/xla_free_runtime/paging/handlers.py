@@ -119,6 +119,8 @@ class PagedRun:
         self.results: dict = {}    # a launch's result name -> (rows, its _Page)
         self.params: dict = {}     # parameter name -> its value (transferred once)
         self.tickets = 0           # page buffer sets are acquired in launch order
+        self.pages_loaded = 0      # pages whose loads are done (the last one settles checks)
+        self.checks = None         # the run's chunk_checks ledger (execute makes it)
         self.out_row_bytes = sum(int(np.prod(v.type.shape[1:], dtype=np.int64)) *
                                  v.type.dtype.np.itemsize for v in eqn.outputs)
         self.row_bytes = [0 if r == "param" else
@@ -158,10 +160,10 @@ class PagedRun:
         done = False
         try:
             # chunks the pages read in part are checked once, before the results are kept
-            with chunk_checks.checking() as checks:
+            with chunk_checks.checking() as self.checks:
                 interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
                                                   RELEASE: self.release, JOIN: self.join})
-                checks.settle()
+                self.checks.settle()       # (a no-op once the last page loaded)
             done = True
         finally:
             if self.writer is not None:     # interrupted: the queued writes still end
@@ -268,12 +270,19 @@ class PagedRun:
             self.loaded(op.page)
 
     def loaded(self, k: int) -> None:
-        """A page's last load: its result buffers too, so its buffer set settles whole."""
+        """A page's last load: its result buffers too, so its buffer set settles whole. The
+        run's last page loaded, the chunks still owed a check (chunk_checks.py) are read
+        here, on a loader thread, while the last pages compute."""
         page = self.pages[k]
         try:
             page.into = self.page_outputs(self.outs, self.writes[k], page.bufs)
         finally:
             self.buffers.settled(page.bufs)
+        with self.lock:
+            self.pages_loaded += 1
+            last = self.pages_loaded == len(self.tasks)
+        if last:
+            self.checks.settle()
 
     def distinct(self, page: int, ci: np.ndarray) -> tuple:
         """distinct() of a page's source ids; a page whose ids filled a window [lo, hi) on
