@@ -12,6 +12,10 @@ both bandwidths here, on the store's own directory, in the same run as the paged
   read   the same file back with O_DIRECT into the same buffer: a cold sequential read,
          whatever the page cache holds (queue depth one, 8 MiB requests)
 
+call_io() measures a paged call's own I/O with nothing else, on the store's files and the
+result's bytes: reads alone, writes alone, and both at once (one device shares its bandwidth
+between them, which max() above does not see).
+
 A file system that refuses O_DIRECT (tmpfs, some overlays) gets buffered I/O instead: written
 and fsynced, its pages dropped with posix_fadvise(DONTNEED) before the read (clean pages are
 dropped, so the read is cold as far as the kernel allows); the result says so and why. Every
@@ -107,6 +111,94 @@ def measure(directory: str, mib: int = 2048) -> dict:
     return {"directory": os.path.abspath(directory), "bytes": nbytes, "block_bytes": BLOCK,
             "direct": direct, "fallback": why, "write_s": write_s, "read_s": read_s,
             "write_Bps": nbytes / write_s, "read_Bps": nbytes / read_s}
+
+
+def _drop(files: list) -> None:
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _read_files(files: list, buf: mmap.mmap) -> int:
+    """Read `files` whole, each in one request into `buf` (O_DIRECT for its block-aligned
+    part where the file system takes it, the rest through the page cache); bytes read."""
+    total = 0
+    for f in files:
+        size = os.path.getsize(f)
+        body = size // 4096 * 4096 if size <= len(buf) else 0
+        if body:
+            try:
+                fd = _open(f, os.O_RDONLY, True)
+            except OSError as exc:
+                if exc.errno not in REFUSED:
+                    raise
+                body = 0
+            else:
+                try:
+                    total += os.preadv(fd, [memoryview(buf)[:body]], 0)
+                finally:
+                    os.close(fd)
+        with open(f, "rb", buffering=0) as fh:
+            fh.seek(body)
+            while True:
+                n = fh.readinto(memoryview(buf)[:min(len(buf), max(size - body, 1))])
+                if not n:
+                    break
+                total += n
+    return total
+
+
+def call_io(files: list, write_bytes: int, directory: str, readers: int = 2) -> dict:
+    """A paged call's I/O with nothing else: the seconds to read `files` cold (`readers`
+    threads, as the page loaders), to write `write_bytes` (one thread, O_DIRECT, fsynced, as
+    the result writer), and to do both at once. On one device reads and writes share its
+    bandwidth, so the last can exceed max(read, write): the floor a call that reads and
+    writes meets on this machine, measured with the call's own bytes."""
+    import threading
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f".tiga-call-io-{os.getpid()}")
+    bufs = [mmap.mmap(-1, max(BLOCK, max(map(os.path.getsize, files), default=0) + 4096))
+            for _ in range(readers)]
+    wbuf = mmap.mmap(-1, BLOCK)
+    np.frombuffer(wbuf, np.uint8)[:] = 1
+    blocks = -(-write_bytes // BLOCK)
+
+    def timed(read: bool, write: bool) -> float:
+        _drop(files)
+        errors = []
+
+        def job(fn, *args):
+            try:
+                fn(*args)
+            except BaseException as exc:      # (raised below, in the caller's thread)
+                errors.append(exc)
+        jobs = [threading.Thread(target=job, args=(_read_files, files[i::readers], bufs[i]))
+                for i in range(readers if read else 0)]
+        if write:
+            jobs.append(threading.Thread(target=job, args=(_write, path, wbuf, blocks, True)))
+        t = time.perf_counter()
+        for j in jobs:
+            j.start()
+        for j in jobs:
+            j.join()
+        if errors:
+            raise errors[0]
+        return time.perf_counter() - t
+    try:
+        got = {"read_s": timed(True, False)}
+        if blocks:
+            got["write_s"] = timed(False, True)
+            got["read_write_s"] = timed(True, True)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+        for b in bufs + [wbuf]:
+            b.close()
+    return dict(got, files=len(files), read_bytes=sum(map(os.path.getsize, files)),
+                write_bytes=blocks * BLOCK, readers=readers)
 
 
 def main(argv=None) -> int:

@@ -23,13 +23,17 @@ Every phase runs in its own process (`--phase`), so its peak RSS (`ru_maxrss`) i
              gather, compute, write, waited), bytes read and written per tier (the run's
              own report, tg.profile()), and what the process read from and wrote to the
              block layer during the call (/proc/self/io, a cross-check)
+  io         the forward's I/O with nothing else, on the same disk (disk_floor.call_io): the
+             store's files read cold by two threads, the result's bytes written O_DIRECT,
+             and both at once (one device shares its bandwidth between reads and writes)
   memory     the same relation built with Graph.from_csr, x in numpy (the same-run peer)
   sweep      the report's page-size sweep at 10M: 16384 / 65536 / 262144 rows per page
   gradient   tg.vjp through the paged program, the cotangent the forward's result (on
              disk past the budget): the transposed relation built out of core first (timed
              apart: once per store), then the backward pass (a walk over the transpose)
 report_paging.py then puts each paged call against its floor: max(bytes read from disk /
-read bandwidth, bytes written to disk / write bandwidth, the in-memory call's warm median).
+read bandwidth, bytes written to disk / write bandwidth, the in-memory call's warm median),
+and against the call's I/O alone (the io phase: what the disk takes to move its bytes).
 Writes results/paging-<date>-<commit>.json, plots/paging.png (time and RSS against edges,
 with the floor) and PAGING.md beside RESULTS.md.
 """
@@ -250,14 +254,24 @@ def phase_disk(tg, root: str, edges: int, floor_mib: int, **_) -> dict:
                 peak_rss_mib=_rss_mib())
 
 
+def phase_io(tg, root: str, edges: int, **_) -> dict:
+    """The forward's I/O with nothing else (disk_floor.call_io): the store's files read cold,
+    the result's bytes written, and both at once, on the store's disk before the calls."""
+    from disk_floor import call_io
+    path = _store(root, edges)
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+    return dict(call_io(files, edges // DEGREE * FEATURES * 4, os.path.dirname(path)),
+                peak_rss_mib=_rss_mib())
+
+
 PHASES = {"ingest": phase_ingest, "forward": phase_forward, "memory": phase_memory,
-          "gradient": phase_gradient, "disk": phase_disk}
+          "gradient": phase_gradient, "disk": phase_disk, "io": phase_io}
 
 
 def run_phase(args) -> None:
     os.environ.setdefault("TIGA_PROGRESS", "0")
     tg = None
-    if args.phase != "disk":           # (the disk's figures need no Tiga)
+    if args.phase not in ("disk", "io"):      # (the disk's figures need no Tiga)
         import tiga as tg
         tg.config.progress = False
     got = PHASES[args.phase](tg, root=args.root, edges=args.edges, budget=args.budget,
@@ -297,6 +311,7 @@ def measure(sizes: list, root: str, a) -> dict:
         if "error" in r["ingest"]:
             continue
         r["disk"] = launch("disk", root, edges, floor_mib=a.floor_mib)
+        r["io"] = launch("io", root, edges)
         if not large:     # (first: its uncounted first call compiles the page kernel too)
             r["memory"] = launch("memory", root, edges, reps=reps)
         r["forward"] = launch("forward", root, edges, budget, reps=1 if large else reps)

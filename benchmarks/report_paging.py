@@ -36,6 +36,16 @@ pass at queue depth one with 8 MiB requests (disk_floor.py); a call that keeps m
 in flight can beat the read term."""
 
 
+IO_ALONE = """I/O alone: the call's own disk traffic with no computing, measured in the same run
+right before the calls (paging.py's io phase, disk_floor.call_io): every file of the store
+read cold by two threads (O_DIRECT), the result's bytes written O_DIRECT and fsynced by one,
+and both at once for a call that does both. On this machine's single virtual disk, reads and
+writes share the device's bandwidth, so a call that reads and writes cannot reach max(read
+term, write term); the I/O-alone time is what the disk itself takes for the call's bytes.
+The gradient's backward pass reads the transposed relation (the same bytes as the forward's
+store) and writes a result of the forward's size: it is put against the forward's I/O."""
+
+
 def _med(xs) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -68,6 +78,19 @@ def floor_of(st: dict, disk: dict, memory_s: float | None) -> dict | None:
         terms["in-memory"] = memory_s
     bound = max(terms, key=terms.get)
     return {"s": terms[bound], "bound": bound, "terms": terms}
+
+
+def io_alone(st: dict, io: dict) -> float | None:
+    """The seconds the call's I/O takes with nothing else (the io phase, same run): reads
+    and writes at once, reads alone or writes alone, as the call read the disk (cold) and
+    wrote its result; None for a call that moved nothing through the disk."""
+    if not io or "read_s" not in io or not st:
+        return None
+    read = disk_reads(st) > 0.5 * io["read_bytes"]
+    wrote = st["bytes_written"].get("disk", 0) > 0
+    key = "read_write_s" if read and wrote else "read_s" if read else \
+        "write_s" if wrote else None
+    return io.get(key) if key else None
 
 
 def warm_floor(runs: list, disk: dict, memory_s: float | None) -> dict | None:
@@ -127,18 +150,23 @@ def rows(run: dict) -> list:
 
 def _disk_lines(run: dict) -> list:
     lines = ["The disk, measured in the same run on the store's directory after ingest "
-             "(`benchmarks/disk_floor.py`):", "",
-             "| edges | file | write | read | O_DIRECT | directory |",
-             "|---:|---:|---:|---:|---|---|"]
+             "(`benchmarks/disk_floor.py`; the last three columns: the forward's own bytes, "
+             "I/O alone):", "",
+             "| edges | file | write | read | O_DIRECT | store read cold | result written | "
+             "both at once | directory |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for edges, r in sorted(run["sizes"].items(), key=lambda kv: int(kv[0])):
-        d = r.get("disk", {})
+        d, io = r.get("disk", {}), r.get("io", {})
         if "read_Bps" not in d:
-            lines.append(f"| {int(edges):,} | – | – | – | not measured | – |")
+            lines.append(f"| {int(edges):,} | – | – | – | not measured | – | – | – | – |")
             continue
+        rw = "–" if "read_s" not in io else (
+            f"{_mb(io['read_bytes'])} in {_f(io['read_s'])} | {_mb(io['write_bytes'])} in "
+            f"{_f(io.get('write_s'))} | {_f(io.get('read_write_s'))}")
         lines.append(f"| {int(edges):,} | {d['bytes'] / 2**20:.0f} MiB | "
                      f"{d['write_Bps'] / 1e9:.3g} GB/s | {d['read_Bps'] / 1e9:.3g} GB/s | "
                      f"{'yes' if d['direct'] else 'no: ' + d['fallback']} | "
-                     f"`{d['directory']}` |")
+                     + (rw if "read_s" in io else "– | – | –") + f" | `{d['directory']}` |")
     return lines
 
 
@@ -147,19 +175,22 @@ def _floor_lines(run: dict) -> list:
              "bandwidth, in-memory call); bytes from the call's run report and the block "
              "layer (/proc/self/io):", "",
              "| edges | call | disk tier read (report) | disk written (report) | block layer "
-             "read / written | read term | write term | in-memory | floor | paged | × floor |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "read / written | read term | write term | in-memory | floor | paged | × floor | "
+             "I/O alone | × I/O alone |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for edges, label, st, t, f in calls(run):
         io = st.get("block_io", {})
         terms = f["terms"] if f else {}
+        alone = io_alone(st, run["sizes"][str(edges)].get("io"))
         lines.append(
             f"| {edges:,} | {label} | {_mb(st['bytes_read'].get('disk'))} | "
             f"{_mb(st['bytes_written'].get('disk'))} | {_mb(io.get('read'))} / "
             f"{_mb(io.get('written'))} | {_f(terms.get('read'))} | {_f(terms.get('write'))} | "
             f"{_f(terms.get('in-memory'))} | "
             + (f"{_f(f['s'])} ({f['bound']})" if f else "–")
-            + f" | {_f(t)} | {_f(t / f['s'] if f and t else None, '×')} |")
-    return lines + ["", CAVEATS]
+            + f" | {_f(t)} | {_f(t / f['s'] if f and t else None, '×')} | {_f(alone)} | "
+            f"{_f(t / alone if alone and t else None, '×')} |")
+    return lines + ["", CAVEATS, "", IO_ALONE]
 
 
 def _not_measured(run: dict) -> list:
