@@ -28,10 +28,11 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .memory.tiers.files import replace_file
 
 FORMAT = b"# tiga-artifact 2 "
 SUFFIX = ".tga"
@@ -258,17 +259,7 @@ def write_atomic(path: Path, payload: bytes) -> bool:
     """Atomic write: a crash leaves either no entry or a complete one. False on failure."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=SUFFIX)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        replace_file(path, payload)
         return True
     except OSError:
         return False

@@ -10,7 +10,6 @@ Readers take no lock: a reader whose version is pruned finds its files gone, a S
 """
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 import os
@@ -21,7 +20,7 @@ import zlib
 from pathlib import Path
 
 from ...core.errors import StorageError
-from ..memory.tiers.files import fsync_dir
+from ..memory.tiers.files import fsync_dir, replace_file
 
 try:
     import fcntl
@@ -216,13 +215,8 @@ def with_checksum(manifest: dict) -> str:
 
 def write_atomic(target: Path, text: str) -> None:
     """`text` into `target` by a fsynced temporary file renamed over it."""
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
-        with builtins.open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        replace_file(target, text.encode())
         fsync_dir(target.parent)
     except OSError as exc:
         raise StorageError(f"{target}: write failed ({exc})") from exc

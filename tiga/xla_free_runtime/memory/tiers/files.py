@@ -1,9 +1,11 @@
 """runtime: file primitives of the disk tier: a chunk file written past the page cache,
-block-aligned buffers, fsync of a tree (what makes a rename durable)."""
+a small file replaced atomically, block-aligned buffers, fsync of a tree (what makes a
+rename durable)."""
 from __future__ import annotations
 
 import builtins
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -49,6 +51,23 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
     with builtins.open(path, "wb", buffering=0) as fh:
         fh.write(memoryview(body))
         fh.write(trailer)
+
+
+def replace_file(target: Path, payload: bytes) -> None:
+    """`payload` into `target` through a fsynced temporary file beside it, renamed over it: a
+    crash leaves the old file or the new one, never a part. The temporary (".<name>.*.tmp",
+    unique per writer) is removed on failure; an OSError is the caller's to word."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
