@@ -236,15 +236,31 @@ def phase_gradient(tg, root: str, edges: int, budget: str, page_rows: int, **_) 
     with tg.scope(budgets={"host": budget}, page_rows=page_rows), _profile(tg) as prof:
         t = time.perf_counter()
         y, back = tg.vjp(lambda x: layer(graph=g, src={"x": x}), x)
-        t1, io = time.perf_counter(), _io()
+        forward_s = time.perf_counter() - t
+        backward_io = _backward_io(tg, path, y, n)
+        io, t1 = _io(), time.perf_counter()
         (dx,) = back(y)
         t2 = time.perf_counter()
         rss = _rss_mib()
         stats = dict(_stats(g, prof), block_io=_io_delta(io))
         checked = check_result(dx, "dx", n)
-    return {"transpose_build_s": build_s, "built": built, "forward_s": t1 - t,
-            "backward_s": t2 - t1, "backward_run": stats, "rows_checked": checked,
-            "peak_rss_mib": rss, "result_tier": dx.tier}
+    return {"transpose_build_s": build_s, "built": built, "forward_s": forward_s,
+            "backward_s": t2 - t1, "backward_run": stats, "backward_io": backward_io,
+            "rows_checked": checked, "peak_rss_mib": rss, "result_tier": dx.tier}
+
+
+def _backward_io(tg, path: str, y, n: int) -> dict:
+    """The backward pass's I/O alone, right before it, on its own files: the transposed
+    CSR and the cotangent (the forward's result, on disk past the budget) read cold, the
+    gradient's bytes written, both at once (disk_floor.call_io; the pages dropped after)."""
+    from disk_floor import call_io
+    tops = [os.path.join(tg.store.open(path).vdir, "transpose", a)
+            for a in ("row_ptr", "col_idx")]
+    if y.tier == "disk":
+        tops.append(str(y._storage.path))
+    files = sorted(os.path.join(d, f) for top in tops for d, _, names in os.walk(top)
+                   for f in names)
+    return call_io(files, n * FEATURES * 4, os.path.dirname(path))
 
 
 def phase_disk(tg, root: str, edges: int, floor_mib: int, **_) -> dict:

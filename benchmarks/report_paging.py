@@ -42,8 +42,9 @@ read cold by two threads (O_DIRECT), the result's bytes written O_DIRECT and fsy
 and both at once for a call that does both. On this machine's single virtual disk, reads and
 writes share the device's bandwidth, so a call that reads and writes cannot reach max(read
 term, write term); the I/O-alone time is what the disk itself takes for the call's bytes.
-The gradient's backward pass reads the transposed relation (the same bytes as the forward's
-store) and writes a result of the forward's size: it is put against the forward's I/O."""
+The gradient's backward pass reads the transposed relation and the cotangent (the forward's
+result) and writes a gradient of the forward's size: its I/O alone is measured on those
+files right before it (after the transpose build and the forward that wrote the cotangent)."""
 
 
 def _med(xs) -> float | None:
@@ -100,8 +101,9 @@ def warm_floor(runs: list, disk: dict, memory_s: float | None) -> dict | None:
 
 
 def calls(run: dict) -> list:
-    """Every measured paged call as (edges, label, run report, seconds, floor): the cold
-    forward, the warm forwards (median), the sweep's, the gradient's backward pass."""
+    """Every measured paged call as (edges, label, run report, seconds, floor, its I/O
+    alone): the cold forward, the warm forwards (median), the sweep's, the gradient's
+    backward pass (its I/O measured right before it where the run did)."""
     out = []
     for edges, r in sorted(run["sizes"].items(), key=lambda kv: int(kv[0])):
         disk, mem = r.get("disk", {}), _med(r.get("memory", {}).get("warm_s"))
@@ -113,14 +115,15 @@ def calls(run: dict) -> list:
             runs = fw.get("runs", [])
             if runs:
                 out.append((int(edges), f"{label}, cold", runs[0], fw["cold_s"],
-                            floor_of(runs[0], disk, mem)))
+                            floor_of(runs[0], disk, mem), r.get("io")))
             if len(runs) > 1:
                 out.append((int(edges), f"{label}, warm (median of {len(runs) - 1})", runs[1],
-                            _med(fw["warm_s"]), warm_floor(runs[1:], disk, mem)))
+                            _med(fw["warm_s"]), warm_floor(runs[1:], disk, mem), r.get("io")))
         gr = r.get("gradient", {})
         if "backward_run" in gr:      # (no in-memory gradient peer: its I/O terms only)
             out.append((int(edges), "gradient backward, cold", gr["backward_run"],
-                        gr["backward_s"], floor_of(gr["backward_run"], disk, None)))
+                        gr["backward_s"], floor_of(gr["backward_run"], disk, None),
+                        gr.get("backward_io", r.get("io"))))
     return out
 
 
@@ -178,10 +181,10 @@ def _floor_lines(run: dict) -> list:
              "read / written | read term | write term | in-memory | floor | paged | × floor | "
              "I/O alone | × I/O alone |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for edges, label, st, t, f in calls(run):
+    for edges, label, st, t, f, call_io in calls(run):
         io = st.get("block_io", {})
         terms = f["terms"] if f else {}
-        alone = io_alone(st, run["sizes"][str(edges)].get("io"))
+        alone = io_alone(st, call_io)
         lines.append(
             f"| {edges:,} | {label} | {_mb(st['bytes_read'].get('disk'))} | "
             f"{_mb(st['bytes_written'].get('disk'))} | {_mb(io.get('read'))} / "
