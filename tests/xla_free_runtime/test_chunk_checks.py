@@ -1,10 +1,13 @@
 """A paged run reads the few rows it needs of a chunk alone and owes the chunk's crc32c check
 to the run (issue 28 item 1): the run pays the debt with a whole read (the neighbouring
 page's) or settles it at its end, so a damaged chunk read only in part is still a
-tg.StorageError naming the chunk file, never a result. Oracles: the numpy rows written, a
-numpy gather-sum over the stored relation, and the chunk files themselves (a flipped byte)."""
+tg.StorageError naming the chunk file, never a result. A chunk the page cache does not
+hold is read past it (O_DIRECT), checked the same way. Oracles: the numpy rows written, a
+numpy gather-sum over the stored relation, the chunk files themselves (a flipped byte), and
+the page cache's own count of a file's cached pages (cachestat)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,7 @@ import pytest
 import tiga as tg
 from tiga.xla_free_runtime.memory.tiers import chunk_checks
 from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
+from tiga.xla_free_runtime.memory.tiers import files as files_mod
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -92,3 +96,42 @@ def test_a_paged_run_settles_its_part_reads(tmp_path, monkeypatch):
         paged_sum(tmp_path / "s")
     flip(last, -1)
     np.testing.assert_allclose(paged_sum(tmp_path / "s"), want, rtol=1e-6)
+
+
+def cached(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return not files_mod._cold(fd, os.path.getsize(path) // 4096 * 4096)
+    finally:
+        os.close(fd)
+
+
+def drop(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(files_mod._cachestat() is None, reason="no cachestat(2) to observe the "
+                    "page cache with (Linux 6.5+)")
+def test_a_cold_chunk_is_read_past_the_page_cache_and_checked(stored):
+    d, x = stored
+    chunk = d._chunk_file(2)
+    drop(chunk)
+    assert not cached(chunk)
+    out = files_mod.aligned_empty((128, 32), np.float32, 4096)
+    np.testing.assert_array_equal(d.read_rows(256, 384, out), x[256:384])
+    assert not cached(chunk)             # O_DIRECT: the body never entered the cache
+    np.testing.assert_array_equal(d.read_rows(256, 384, out), x[256:384])   # again, cold
+    other = d._chunk_file(3)
+    drop(other)
+    unaligned = files_mod.aligned_empty((128 * 32 * 4 + 64,), np.uint8, 4096)[64:] \
+        .view(np.float32).reshape(128, 32)
+    np.testing.assert_array_equal(d.read_rows(384, 512, unaligned), x[384:512])
+    assert cached(other)                 # a buffer O_DIRECT cannot take: through the cache
+    flip(chunk, 100)
+    drop(chunk)
+    with pytest.raises(tg.StorageError, match=r"c/2/0: checksum check"):
+        d.check_chunk(2)                 # (into a scratch chunk: read direct too)

@@ -43,17 +43,17 @@ def test_a_window_sweep_settles_on_the_spares(stored, monkeypatch):
     d, x = stored
     out = np.empty((300, 32), np.float32)
     fresh = []
-    real = np.empty
+    real = disk_mod.aligned_empty
 
-    def counting_empty(shape, dtype=float, *args, **kw):
-        if np.dtype(dtype) == np.uint8 and shape == d.chunk_rows * 32 * 4:
+    def counting_empty(shape, dtype, *args, **kw):     # (chunk buffers are made here)
+        if np.dtype(dtype) == np.uint8 and tuple(shape) == (d.chunk_rows * 32 * 4,):
             fresh.append(shape)
         return real(shape, dtype, *args, **kw)
 
     starts = range(8, 4600, 256)            # windows of 272 rows, 16 shared with the next
     for a in starts[:4]:                    # the first reads make the spares
         d.read_rows(a - 8, a + 264, out)
-    monkeypatch.setattr(disk_mod.np, "empty", counting_empty)
+    monkeypatch.setattr(disk_mod, "aligned_empty", counting_empty)
     for a in starts[4:]:
         np.testing.assert_array_equal(d.read_rows(a - 8, a + 264, out), x[a - 8:a + 264])
     assert not fresh, f"{len(fresh)} fresh chunk buffers in a sweep that had spares"

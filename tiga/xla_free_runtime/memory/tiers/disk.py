@@ -20,7 +20,7 @@ import numpy as np
 from ....core.dtypes import as_dtype, bfloat16
 from ....core.errors import ShapeError, StorageError, UnsupportedError
 from . import chunk_checks
-from .files import aligned_empty, write_file
+from .files import aligned_empty, read_chunk_file, write_file
 
 try:
     import google_crc32c  # zarr's crc32c codec uses it; the direct reader checks with it
@@ -262,7 +262,7 @@ class DiskStorage:
         if kept is None:
             kept = getattr(self._kept, "scratch", None)
             if kept is None or len(kept) != nbytes:
-                kept = self._kept.scratch = np.empty(nbytes, np.uint8)
+                kept = self._kept.scratch = aligned_empty((nbytes,), np.uint8, 4096)
             self._read_chunk(k, kept, key=key)
         return kept.view(self.dtype).reshape((self.chunk_rows,) + row_shape)
 
@@ -410,14 +410,12 @@ class DiskStorage:
             buf = spare.pop()
             if len(buf) == nbytes:
                 return buf
-        return np.empty(nbytes, np.uint8)
+        return aligned_empty((nbytes,), np.uint8, 4096)     # (a cold chunk is read direct)
 
     def _read_chunk(self, k: int, target: np.ndarray, key) -> None:
         f = self._chunk_file(k)
         try:
-            with builtins.open(f, "rb", buffering=0) as fh:
-                got = fh.readinto(memoryview(target))
-                crc = fh.read(5)
+            got, crc = read_chunk_file(f, target)
         except FileNotFoundError as exc:
             raise StorageError(f"{f}: chunk file missing (existence check); the array at "
                                f"{self.path} is incomplete") from exc

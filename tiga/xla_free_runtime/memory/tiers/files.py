@@ -4,7 +4,12 @@ rename durable)."""
 from __future__ import annotations
 
 import builtins
+import ctypes
+import errno
+import functools
 import os
+import platform
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -51,6 +56,81 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
     with builtins.open(path, "wb", buffering=0) as fh:
         fh.write(memoryview(body))
         fh.write(trailer)
+
+
+DIRECT_ALIGN = 512              # O_DIRECT reads: buffer address and length in sectors
+
+
+def read_chunk_file(path, target: np.ndarray) -> tuple:
+    """(bytes read, the next bytes up to 5): a chunk file's body into `target` (contiguous
+    bytes), then its checksum trailer. A body the page cache does not hold (a cold paged
+    run reads each chunk once) is read past the cache with O_DIRECT where `target`'s
+    address and size allow: no kernel copy through cache pages the run will not read
+    again. A body the cache holds, even in part, is copied from the cache. Raises OSError
+    (FileNotFoundError for a missing file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        view, n = memoryview(target).cast("B"), target.nbytes
+        body = n // BLOCK * BLOCK
+        got = 0
+        if body and target.ctypes.data % DIRECT_ALIGN == 0 and _cold(fd, body):
+            got = _read_direct(path, view[:body])
+        while got < n:                     # (the cached way; the rest past a direct body)
+            k = os.preadv(fd, [view[got:]], got)
+            if k <= 0:
+                break
+            got += k
+        return got, os.pread(fd, 5, got)
+    finally:
+        os.close(fd)
+
+
+def _cold(fd: int, nbytes: int) -> bool:
+    """Whether none of the file's first `nbytes` are in the page cache (cachestat(2), Linux
+    6.5+; elsewhere False: the cached way, always correct). A probe by reading would not
+    do: a non-blocking read of an uncached page still starts the kernel's readahead."""
+    stat = _cachestat()
+    if stat is None:
+        return False
+    rng, got = (ctypes.c_uint64 * 2)(0, nbytes), (ctypes.c_uint64 * 5)()
+    return stat(fd, rng, got) == 0 and got[0] == 0
+
+
+@functools.lru_cache(maxsize=1)
+def _cachestat():
+    """cachestat(fd, range, out) through libc's syscall(), or None where there is none."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = 451                       # (the same number on x86_64 and the generic table)
+    probe = (ctypes.c_uint64 * 5)()
+    if libc.syscall(nr, -1, (ctypes.c_uint64 * 2)(0, 1), probe, 0) == 0 or \
+            ctypes.get_errno() == errno.ENOSYS:
+        return None                # (EBADF expected for fd -1: the call exists)
+    return lambda fd, rng, out: libc.syscall(nr, fd, rng, out, 0)
+
+
+def _read_direct(path, view: memoryview) -> int:
+    """Bytes of `view` read from the file's start with O_DIRECT; 0 where refused."""
+    direct = getattr(os, "O_DIRECT", 0)
+    try:
+        fd = os.open(path, os.O_RDONLY | direct) if direct else None
+    except OSError:
+        return 0
+    if fd is None:
+        return 0
+    try:
+        got = 0
+        while got < len(view):
+            k = os.preadv(fd, [view[got:]], got)
+            if k <= 0:
+                break
+            got += k
+        return got - got % BLOCK    # (a short read's tail is read again the cached way)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
 
 
 def replace_file(target: Path, payload: bytes) -> None:
