@@ -17,6 +17,7 @@ import tiga as tg
 from tiga.xla_free_runtime.memory.tiers import chunk_checks
 from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
 from tiga.xla_free_runtime.memory.tiers import files as files_mod
+from tiga.xla_free_runtime.paging import handlers
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -118,20 +119,37 @@ def drop(path: Path) -> None:
                     "page cache with (Linux 6.5+)")
 def test_a_cold_chunk_is_read_past_the_page_cache_and_checked(stored):
     d, x = stored
-    chunk = d._chunk_file(2)
-    drop(chunk)
+    chunk, other, third = d._chunk_file(2), d._chunk_file(3), d._chunk_file(4)
+    for f in (chunk, other, third):
+        drop(f)
     assert not cached(chunk)
     out = files_mod.aligned_empty((128, 32), np.float32, 4096)
-    np.testing.assert_array_equal(d.read_rows(256, 384, out), x[256:384])
-    assert not cached(chunk)             # O_DIRECT: the body never entered the cache
-    np.testing.assert_array_equal(d.read_rows(256, 384, out), x[256:384])   # again, cold
-    other = d._chunk_file(3)
-    drop(other)
-    unaligned = files_mod.aligned_empty((128 * 32 * 4 + 64,), np.uint8, 4096)[64:] \
-        .view(np.float32).reshape(128, 32)
-    np.testing.assert_array_equal(d.read_rows(384, 512, unaligned), x[384:512])
-    assert cached(other)                 # a buffer O_DIRECT cannot take: through the cache
+    with chunk_checks.checking(direct=True):
+        np.testing.assert_array_equal(d.read_rows(256, 384, out), x[256:384])
+        assert not cached(chunk)         # O_DIRECT: the body never entered the cache
+        unaligned = files_mod.aligned_empty((128 * 32 * 4 + 64,), np.uint8, 4096)[64:] \
+            .view(np.float32).reshape(128, 32)
+        np.testing.assert_array_equal(d.read_rows(384, 512, unaligned), x[384:512])
+        assert not cached(other)         # a buffer O_DIRECT cannot take: staged, then copied
+    np.testing.assert_array_equal(d.read_rows(512, 640, out), x[512:640])
+    assert cached(third)                 # outside a run that reads past the cache: through it
     flip(chunk, 100)
     drop(chunk)
-    with pytest.raises(tg.StorageError, match=r"c/2/0: checksum check"):
+    with chunk_checks.checking(direct=True), \
+            pytest.raises(tg.StorageError, match=r"c/2/0: checksum check"):
         d.check_chunk(2)                 # (into a scratch chunk: read direct too)
+
+
+@pytest.mark.skipif(files_mod._cachestat() is None, reason="no cachestat(2)")
+@pytest.mark.parametrize("room", [1 << 40, 1 << 10], ids=["fits the cache", "exceeds it"])
+def test_a_run_larger_than_the_page_cache_reads_past_it(tmp_path, monkeypatch, room):
+    monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 16 << 10)
+    monkeypatch.setattr(handlers, "page_cache_room", lambda: room)
+    rp, ci, x = band_store(tmp_path / "s", 900)
+    field = sorted((tmp_path / "s" / "v000001" / "fields" / "x" / "c").iterdir())
+    for f in field:
+        drop(f / "0")
+    np.testing.assert_allclose(paged_sum(tmp_path / "s"), x[ci.reshape(900, -1)].sum(axis=1),
+                               rtol=1e-6)
+    # chunk 3 is read whole by a page (rows 384..511 inside page [256, 512))
+    assert cached(field[3] / "0") == (room > 1 << 20)

@@ -30,6 +30,7 @@ from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers import DiskStorage, HostStorage, chunk_checks
+from ..memory.tiers.files import page_cache_room
 from ..progress import progress_bar
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack
@@ -160,7 +161,7 @@ class PagedRun:
         done = False
         try:
             # chunks the pages read in part are checked once, before the results are kept
-            with chunk_checks.checking() as self.checks:
+            with chunk_checks.checking(self.reads_past_cache()) as self.checks:
                 interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
                                                   RELEASE: self.release, JOIN: self.join})
                 self.checks.settle()       # (a no-op once the last page loaded)
@@ -179,6 +180,17 @@ class PagedRun:
                 _discard(outs)
         self.stats.seconds["total"] = time.perf_counter() - t_start
         return [t for t, _ in outs]
+
+    def reads_past_cache(self) -> bool:
+        """Whether this run reads more from disk than the page cache could keep (half of
+        what the kernel could give it): its cold chunks are then read past the cache
+        (chunk_checks), which a next call could not have been served from anyway."""
+        disk = sum(stor.nbytes for stor, tier in self.fields if tier == "disk")
+        for rows in (self.reader, self.walk.edge_perm):
+            if rows is not None and tier_of(rows) == "disk":
+                disk += getattr(rows, "nbytes", 0)
+        room = page_cache_room()
+        return room is not None and disk > room // 2
 
     # ---- transfers ---------------------------------------------------------------------------
 

@@ -268,6 +268,11 @@ class Store:
         rp -= lo
         return rp, self._col.read_rows(lo, hi, out[1]), lo
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the relation's arrays on disk (row_ptr and col_idx)."""
+        return self._row_ptr.nbytes + self._col.nbytes
+
     def read_csr(self) -> tuple:
         """(row_ptr, col_idx) of the whole stored relation, read into memory."""
         rp, ci, _ = self.read_rows(0, self.num_dst)
@@ -317,6 +322,7 @@ class Transposed:
 
     read_rows = Store.read_rows
     page_bounds = Store.page_bounds
+    nbytes = Store.nbytes
 
 
 def _read_manifest(path: Path) -> dict:

@@ -10,6 +10,11 @@ before the run's results are kept. A damaged chunk is thus still a tg.StorageErr
 the run that read it, never a result; it is only found at the end of that run rather than
 at the page. The ledger lives in a context variable, so the run's loader threads (started
 with a copy of its context) share it and nothing outlives the run.
+
+The run also says how its chunks are read: `direct` runs (those reading more than the page
+cache could keep, see paging) read a chunk the cache does not hold past it (O_DIRECT);
+caching it would only evict what the next call needs. Other reads go through the cache,
+so a second call over a store that fits in memory is served from it.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from contextvars import ContextVar
 class ChunkChecks:
     """One run's ledger: (storage, chunk) pairs checked whole, and those read in part."""
 
-    def __init__(self):
+    def __init__(self, direct: bool = False):
+        self.direct = direct               # cold chunks read past the page cache
         self._lock = threading.Lock()     # (the run's loader threads record concurrently)
         self._checked: set = set()
         self._owed: dict = {}             # (id(storage), chunk) -> storage
@@ -57,9 +63,9 @@ def current() -> ChunkChecks | None:
 
 
 @contextmanager
-def checking():
+def checking(direct: bool = False):
     """A run's ledger for its reads; settle() it before the run's results are kept."""
-    checks = ChunkChecks()
+    checks = ChunkChecks(direct)
     token = _CHECKS.set(checks)
     try:
         yield checks

@@ -20,7 +20,7 @@ import numpy as np
 from ....core.dtypes import as_dtype, bfloat16
 from ....core.errors import ShapeError, StorageError, UnsupportedError
 from . import chunk_checks
-from .files import aligned_empty, read_chunk_file, write_file
+from .files import aligned_empty, read_chunk_file, read_part, write_file
 
 try:
     import google_crc32c  # zarr's crc32c codec uses it; the direct reader checks with it
@@ -415,7 +415,8 @@ class DiskStorage:
     def _read_chunk(self, k: int, target: np.ndarray, key) -> None:
         f = self._chunk_file(k)
         try:
-            got, crc = read_chunk_file(f, target)
+            checks = chunk_checks.current()
+            got, crc = read_chunk_file(f, target, checks is not None and checks.direct)
         except FileNotFoundError as exc:
             raise StorageError(f"{f}: chunk file missing (existence check); the array at "
                                f"{self.path} is incomplete") from exc
@@ -435,19 +436,14 @@ class DiskStorage:
         """Bytes [offset, offset + len(dst)) of chunk k's rows into `dst`, unchecked: the
         caller owes the chunk's check to its run."""
         f = self._chunk_file(k)
+        checks = chunk_checks.current()
         try:
-            fd = os.open(f, os.O_RDONLY)
+            got = read_part(f, offset, dst, checks is not None and checks.direct)
         except FileNotFoundError as exc:
             raise StorageError(f"{f}: chunk file missing (existence check); the array at "
                                f"{self.path} is incomplete") from exc
         except OSError as exc:
             raise StorageError(f"{f}: read failed ({exc})") from exc
-        try:
-            got = os.preadv(fd, [memoryview(dst)], offset)
-        except OSError as exc:
-            raise StorageError(f"{f}: read failed ({exc})") from exc
-        finally:
-            os.close(fd)
         if got != dst.nbytes:
             raise StorageError(f"{f}: size check failed: {got} of the {dst.nbytes} bytes at "
                                f"{offset} read (a truncated chunk)")

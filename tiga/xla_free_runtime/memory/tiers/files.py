@@ -19,7 +19,7 @@ import numpy as np
 from ....core.errors import StorageError
 
 BLOCK = 4096                   # O_DIRECT transfers: address, offset and length in blocks
-_STAGING = threading.local()     # per writing thread: a block-aligned copy of a chunk
+_STAGING = threading.local()     # per thread: block-aligned chunk buffers (_staging)
 
 
 def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
@@ -39,9 +39,7 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
             try:
                 src = body[:n]
                 if src.ctypes.data % BLOCK:
-                    buf = getattr(_STAGING, "buf", None)
-                    if buf is None or len(buf) < n:
-                        buf = _STAGING.buf = aligned_empty((n,), np.uint8, BLOCK)
+                    buf = _staging("write", n)
                     buf[:n] = src
                     src = buf[:n]
                 done = 0
@@ -61,20 +59,35 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
 DIRECT_ALIGN = 512              # O_DIRECT reads: buffer address and length in sectors
 
 
-def read_chunk_file(path, target: np.ndarray) -> tuple:
+def _staging(use: str, n: int) -> np.ndarray:
+    """This thread's block-aligned buffer of at least `n` bytes for `use` (O_DIRECT needs
+    aligned memory; a chunk that is not goes through it)."""
+    buf = getattr(_STAGING, use, None)
+    if buf is None or len(buf) < n:
+        buf = aligned_empty((n,), np.uint8, BLOCK)
+        setattr(_STAGING, use, buf)
+    return buf
+
+
+def read_chunk_file(path, target: np.ndarray, direct: bool = False) -> tuple:
     """(bytes read, the next bytes up to 5): a chunk file's body into `target` (contiguous
-    bytes), then its checksum trailer. A body the page cache does not hold (a cold paged
-    run reads each chunk once) is read past the cache with O_DIRECT where `target`'s
-    address and size allow: no kernel copy through cache pages the run will not read
-    again. A body the cache holds, even in part, is copied from the cache. Raises OSError
-    (FileNotFoundError for a missing file)."""
+    bytes), then its checksum trailer. With `direct`, a body the page cache does not hold
+    is read past the cache with O_DIRECT where `target`'s address and size allow: no kernel
+    copy through cache pages a run larger than the cache will not read again. A body the
+    cache holds, even in part, is copied from the cache. Raises OSError (FileNotFoundError
+    for a missing file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         view, n = memoryview(target).cast("B"), target.nbytes
         body = n // BLOCK * BLOCK
         got = 0
-        if body and target.ctypes.data % DIRECT_ALIGN == 0 and _cold(fd, body):
-            got = _read_direct(path, view[:body])
+        if direct and body and _cold(fd, body):
+            if target.ctypes.data % DIRECT_ALIGN == 0:
+                got = _read_direct(path, view[:body])
+            else:     # (a window's chunk at an odd place in its page: staged, then copied)
+                stage = _staging("read", body)
+                got = _read_direct(path, memoryview(stage)[:body])
+                np.frombuffer(view, np.uint8)[:got] = stage[:got]
         while got < n:                     # (the cached way; the rest past a direct body)
             k = os.preadv(fd, [view[got:]], got)
             if k <= 0:
@@ -85,14 +98,26 @@ def read_chunk_file(path, target: np.ndarray) -> tuple:
         os.close(fd)
 
 
-def _cold(fd: int, nbytes: int) -> bool:
-    """Whether none of the file's first `nbytes` are in the page cache (cachestat(2), Linux
-    6.5+; elsewhere False: the cached way, always correct). A probe by reading would not
-    do: a non-blocking read of an uncached page still starts the kernel's readahead."""
+def page_cache_room() -> int | None:
+    """Bytes the kernel could give the page cache now (MemAvailable), or None if unknown."""
+    try:
+        with builtins.open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cold(fd: int, nbytes: int, offset: int = 0) -> bool:
+    """Whether none of the file's bytes [offset, offset + nbytes) are in the page cache
+    (cachestat(2), Linux 6.5+; elsewhere False: the cached way, always correct). A probe by
+    reading would not do: a non-blocking read of an uncached page starts the readahead."""
     stat = _cachestat()
     if stat is None:
         return False
-    rng, got = (ctypes.c_uint64 * 2)(0, nbytes), (ctypes.c_uint64 * 5)()
+    rng, got = (ctypes.c_uint64 * 2)(offset, nbytes), (ctypes.c_uint64 * 5)()
     return stat(fd, rng, got) == 0 and got[0] == 0
 
 
@@ -110,8 +135,30 @@ def _cachestat():
     return lambda fd, rng, out: libc.syscall(nr, fd, rng, out, 0)
 
 
-def _read_direct(path, view: memoryview) -> int:
-    """Bytes of `view` read from the file's start with O_DIRECT; 0 where refused."""
+def read_part(path, offset: int, dst: np.ndarray, direct: bool = False) -> int:
+    """Bytes [offset, offset + len(dst)) of a file into `dst`; bytes read. With `direct`,
+    uncached bytes are read with O_DIRECT (the block-aligned range around them, through a
+    staging buffer): a read through the cache would start the kernel's readahead of the
+    whole chunk, which the run then reads once more, whole, from the cache."""
+    n = dst.nbytes
+    view = memoryview(dst).cast("B")
+    lo, hi = offset // BLOCK * BLOCK, -(-(offset + n) // BLOCK) * BLOCK
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if direct and _cold(fd, hi - lo, lo):
+            stage = _staging("part", hi - lo)
+            if _read_direct(path, memoryview(stage)[:hi - lo], lo, exact=True) >= \
+                    offset - lo + n:
+                np.frombuffer(view, np.uint8)[:] = stage[offset - lo:offset - lo + n]
+                return n
+        return os.preadv(fd, [view], offset)
+    finally:
+        os.close(fd)
+
+
+def _read_direct(path, view: memoryview, offset: int = 0, exact: bool = False) -> int:
+    """Bytes of `view` read from `offset` with O_DIRECT (0 where refused): whole blocks,
+    or with `exact` every byte up to the file's end."""
     direct = getattr(os, "O_DIRECT", 0)
     try:
         fd = os.open(path, os.O_RDONLY | direct) if direct else None
@@ -122,11 +169,12 @@ def _read_direct(path, view: memoryview) -> int:
     try:
         got = 0
         while got < len(view):
-            k = os.preadv(fd, [view[got:]], got)
+            k = os.preadv(fd, [view[got:]], offset + got)
             if k <= 0:
                 break
             got += k
-        return got - got % BLOCK    # (a short read's tail is read again the cached way)
+        # (a short read's tail is read again the cached way)
+        return got if exact else got - got % BLOCK
     except OSError:
         return 0
     finally:
