@@ -28,16 +28,6 @@ def flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(raw))
 
 
-@pytest.fixture
-def stored(tmp_path, monkeypatch):
-    monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 16 << 10)    # 128 rows of 32 float32
-    x = np.random.default_rng(0).random((1000, 32)).astype(np.float32)
-    with tg.scope(spill_dir=tmp_path):
-        d = tg.asarray(x).to("disk")._storage
-        assert d._direct and d.chunk_rows == 128
-        yield d, x
-
-
 def test_part_reads_are_exact_and_settle_checks_what_is_owed(stored, monkeypatch):
     d, x = stored
     checked = []

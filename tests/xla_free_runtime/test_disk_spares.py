@@ -7,20 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tiga as tg
 from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
 
 pytest.importorskip("zarr", minversion="3.1")
-
-
-@pytest.fixture
-def stored(tmp_path, monkeypatch):
-    monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 16 << 10)    # 128 rows of 32 float32
-    x = np.random.default_rng(0).random((5000, 32)).astype(np.float32)
-    with tg.scope(spill_dir=tmp_path):
-        d = tg.asarray(x).to("disk")._storage
-        assert d._direct and d.chunk_rows == 128
-        yield d, x
 
 
 def test_window_reads_in_any_order_return_the_stored_rows(stored):
