@@ -413,9 +413,8 @@ class DiskStorage:
         return aligned_empty((nbytes,), np.uint8, 4096)     # (a cold chunk is read direct)
 
     def _read_chunk(self, k: int, target: np.ndarray, key) -> None:
-        f = self._chunk_file(k)
+        f, checks = self._chunk_file(k), chunk_checks.current()
         try:
-            checks = chunk_checks.current()
             got, crc = read_chunk_file(f, target, checks is not None and checks.direct)
         except FileNotFoundError as exc:
             raise StorageError(f"{f}: chunk file missing (existence check); the array at "
@@ -428,7 +427,6 @@ class DiskStorage:
                                f"{_fmt(key)} (stored chunk of {got + len(crc)} bytes, "
                                f"expected {target.nbytes + 4} with a matching checksum)")
         self._check_expected(k, int.from_bytes(crc, "little"), f)
-        checks = chunk_checks.current()
         if checks is not None:
             checks.checked(self, k)
 

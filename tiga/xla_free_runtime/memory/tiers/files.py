@@ -1,6 +1,7 @@
-"""runtime: file primitives of the disk tier: a chunk file written past the page cache,
-a small file replaced atomically, block-aligned buffers, fsync of a tree (what makes a
-rename durable)."""
+"""runtime: file primitives of the disk tier: chunk files written past the page cache, and
+read past it when a run asks (a chunk the cache does not hold, cachestat(2) tells); a small
+file replaced atomically; block-aligned buffers; fsync of a tree (what makes a rename
+durable)."""
 from __future__ import annotations
 
 import builtins
@@ -19,6 +20,7 @@ import numpy as np
 from ....core.errors import StorageError
 
 BLOCK = 4096                   # O_DIRECT transfers: address, offset and length in blocks
+DIRECT_ALIGN = 512             # O_DIRECT reads: the buffer's address, in sectors
 _STAGING = threading.local()     # per thread: block-aligned chunk buffers (_staging)
 
 
@@ -54,9 +56,6 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
     with builtins.open(path, "wb", buffering=0) as fh:
         fh.write(memoryview(body))
         fh.write(trailer)
-
-
-DIRECT_ALIGN = 512              # O_DIRECT reads: buffer address and length in sectors
 
 
 def _staging(use: str, n: int) -> np.ndarray:
