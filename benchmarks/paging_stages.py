@@ -9,8 +9,10 @@ and runs the paging benchmark's workload (benchmarks/workloads/paging.py: 16 nei
 float32 features, 65536 rows a page, 512 MiB host budget) from a store it builds once under
 --root. `--first-run` clears the per-page window memo before each call, so every page's
 ids go through distinct() as on a relation's first paged call. Before/after comparisons:
-run it alternately against two trees (`git archive <rev> | tar -x -C /tmp/a`, then
-`PYTHONPATH=/tmp/a python benchmarks/paging_stages.py`), several rounds, on a quiet machine.
+run it alternately against two trees (`git archive <rev> | tar -x -C /work/a`, then
+`TREE=/work/a python benchmarks/paging_stages.py`: TREE's tiga is imported instead of the
+installed one, which PYTHONPATH cannot override for an editable install), several rounds,
+on a quiet machine.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if os.environ.get("TREE"):      # another tree's tiga: past the editable install's finder
+    sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, os.environ["TREE"])
 from workloads.paging import DEGREE, csr_rows, features  # noqa: E402
 
 STAGES = (  # (module under tiga.xla_free_runtime, owner or "", function, label)
@@ -136,8 +141,9 @@ def main(argv=None) -> int:
           f"{(process_cpu() - c0) / a.reps * 1e3:.1f} ms")
     print(f"  {'stage':32s} {'wall':>8s}    {'CPU':>8s} (summed over threads, per call)")
     for label in seconds:
-        print(f"  {label:32s} {seconds[label] / a.reps * 1e3:8.2f} ms {cpu[label] / a.reps * 1e3:8.2f} ms"
-              f" ({calls[label] / a.reps:.0f} calls/call)")
+        wall, used = seconds[label] / a.reps * 1e3, cpu[label] / a.reps * 1e3
+        print(f"  {label:32s} {wall:8.2f} ms {used:8.2f} ms ({calls[label] / a.reps:.0f} "
+              "calls/call)")
     return 0
 
 
