@@ -143,3 +143,12 @@ def test_a_run_larger_than_the_page_cache_reads_past_it(tmp_path, monkeypatch, r
                                rtol=1e-6)
     # chunk 3 is read whole by a page (rows 384..511 inside page [256, 512))
     assert cached(field[3] / "0") == (room > 1 << 20)
+
+
+def test_reads_where_the_platform_has_no_preadv(stored, monkeypatch):
+    d, x = stored                            # (macOS: a seek and a readv instead)
+    monkeypatch.delattr(os, "preadv")
+    with chunk_checks.checking() as checks:
+        np.testing.assert_array_equal(d.read_rows(120, 300), x[120:300])   # parts and a whole
+        checks.settle()
+    np.testing.assert_array_equal(d.read_rows(1000, 1400), x[1000:1400])

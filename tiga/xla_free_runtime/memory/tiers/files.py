@@ -88,13 +88,21 @@ def read_chunk_file(path, target: np.ndarray, direct: bool = False) -> tuple:
                 got = _read_direct(path, memoryview(stage)[:body])
                 np.frombuffer(view, np.uint8)[:got] = stage[:got]
         while got < n:                     # (the cached way; the rest past a direct body)
-            k = os.preadv(fd, [view[got:]], got)
+            k = _pread_into(fd, view[got:], got)
             if k <= 0:
                 break
             got += k
         return got, os.pread(fd, 5, got)
     finally:
         os.close(fd)
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """os.preadv where the platform has it (not macOS), else a seek and a readv."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.readv(fd, [view])
 
 
 def page_cache_room() -> int | None:
@@ -150,7 +158,7 @@ def read_part(path, offset: int, dst: np.ndarray, direct: bool = False) -> int:
                     offset - lo + n:
                 np.frombuffer(view, np.uint8)[:] = stage[offset - lo:offset - lo + n]
                 return n
-        return os.preadv(fd, [view], offset)
+        return _pread_into(fd, view, offset)
     finally:
         os.close(fd)
 
@@ -168,7 +176,7 @@ def _read_direct(path, view: memoryview, offset: int = 0, exact: bool = False) -
     try:
         got = 0
         while got < len(view):
-            k = os.preadv(fd, [view[got:]], offset + got)
+            k = _pread_into(fd, view[got:], offset + got)
             if k <= 0:
                 break
             got += k
