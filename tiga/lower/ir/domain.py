@@ -301,17 +301,27 @@ class DomainModule(Module):
     level: ClassVar[str] = "domain"
 
 
-register_level(DomainModule, top=(TensorOp, RelationOp, ApplyOp),
-               nested=(TensorOp, RelationOp, ApplyOp))
+def declare_level(cls: type, top: tuple, nested: tuple) -> tuple:
+    """Register the module class `cls` as an IR level (`top`: the ops its function body may
+    hold, `nested`: those inside its ops' regions) and return the level's `parse_<level>`,
+    `print_<level>` and `verify_<level>`. Every level reads, prints and checks its text the
+    same way, so the three are made here once for all four levels (Domain is the first one:
+    iter, kernel and task build on this module)."""
+    register_level(cls, top=top, nested=nested)
+
+    def parse(text: str) -> Module:
+        return parse_checked(text, cls)
+
+    def print_(module: Module) -> str:
+        return str(module)
+
+    def verify(module: Module) -> None:
+        module.verify()
+
+    for fn, verb in ((parse, "parse"), (print_, "print"), (verify, "verify")):
+        fn.__name__ = fn.__qualname__ = f"{verb}_{cls.level}"   # tracebacks name the level
+    return parse, print_, verify
 
 
-def parse_domain(text: str) -> DomainModule:
-    return parse_checked(text, DomainModule)
-
-
-def print_domain(module: DomainModule) -> str:
-    return str(module)
-
-
-def verify_domain(module: DomainModule) -> None:
-    module.verify()
+parse_domain, print_domain, verify_domain = declare_level(
+    DomainModule, top=(TensorOp, RelationOp, ApplyOp), nested=(TensorOp, RelationOp, ApplyOp))

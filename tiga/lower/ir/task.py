@@ -23,12 +23,11 @@ from .base import (
     TensorOp,
     Value,
     op_label,
-    parse_checked,
-    register_level,
     register_op,
     verify_module,
     verify_region,
 )
+from .domain import declare_level
 from .kernel import LaunchOp
 from .syntax import EVENT, format_type
 
@@ -349,18 +348,6 @@ class TaskModule(Module):
                                        f"gf_storage.release (op {released[v.name]})")
 
 
-register_level(TaskModule,
-               top=(TensorOp, RelationOp, TaskLaunchOp, TransferOp, ReleaseOp, JoinOp),
-               nested=(TensorOp, RelationOp, LaunchOp))
-
-
-def parse_task(text: str) -> TaskModule:
-    return parse_checked(text, TaskModule)
-
-
-def print_task(module: TaskModule) -> str:
-    return str(module)
-
-
-def verify_task(module: TaskModule) -> None:
-    module.verify()
+parse_task, print_task, verify_task = declare_level(
+    TaskModule, top=(TensorOp, RelationOp, TaskLaunchOp, TransferOp, ReleaseOp, JoinOp),
+    nested=(TensorOp, RelationOp, LaunchOp))
