@@ -18,11 +18,9 @@ from .base import (
     Module,
     RelationOp,
     TensorOp,
-    parse_checked,
-    register_level,
     register_op,
 )
-from .domain import Computation, ComputationOp
+from .domain import Computation, ComputationOp, declare_level
 
 # relation kind -> coordinate producer. cat is a block-diagonal union that Graph.cat
 # materialises as CSR, so it walks stored rows like compressed-row.
@@ -128,17 +126,5 @@ class IterModule(Module):
     level: ClassVar[str] = "iter"
 
 
-register_level(IterModule, top=(TensorOp, RelationOp, TraverseOp),
-               nested=(TensorOp, RelationOp, TraverseOp))
-
-
-def parse_iter(text: str) -> IterModule:
-    return parse_checked(text, IterModule)
-
-
-def print_iter(module: IterModule) -> str:
-    return str(module)
-
-
-def verify_iter(module: IterModule) -> None:
-    module.verify()
+parse_iter, print_iter, verify_iter = declare_level(
+    IterModule, top=(TensorOp, RelationOp, TraverseOp), nested=(TensorOp, RelationOp, TraverseOp))

@@ -19,11 +19,9 @@ from .base import (
     Module,
     RelationOp,
     TensorOp,
-    parse_checked,
-    register_level,
     register_op,
 )
-from .domain import Computation, ComputationOp
+from .domain import Computation, ComputationOp, declare_level
 from .iter import check_traversal
 from .syntax import AttrDict, format_attr
 
@@ -259,17 +257,5 @@ class KernelModule(Module):
     level: ClassVar[str] = "kernel"
 
 
-register_level(KernelModule, top=(TensorOp, RelationOp, LaunchOp),
-               nested=(TensorOp, RelationOp, LaunchOp))
-
-
-def parse_kernel(text: str) -> KernelModule:
-    return parse_checked(text, KernelModule)
-
-
-def print_kernel(module: KernelModule) -> str:
-    return str(module)
-
-
-def verify_kernel(module: KernelModule) -> None:
-    module.verify()
+parse_kernel, print_kernel, verify_kernel = declare_level(
+    KernelModule, top=(TensorOp, RelationOp, LaunchOp), nested=(TensorOp, RelationOp, LaunchOp))
