@@ -36,7 +36,9 @@ from __future__ import annotations
 
 from ..abi import TRANSPOSED_KINDS
 from .walks_transposed import (
+    emit_coords,
     emit_edge_start,
+    emit_neighbours,
     emit_transposed_row,
     emit_transposed_tile,
     inside_test,
@@ -120,10 +122,7 @@ def _emit_sequence_row(c, causal: bool) -> None:
 
 def _emit_stencil_row(c, relation: tuple) -> None:
     _, shape, offsets, periodic = relation
-    stride = 1
-    for axis in range(len(shape) - 1, -1, -1):
-        c.emit(f"coord{axis} = (rr // {stride}) % {shape[axis]}")
-        stride *= shape[axis]
+    emit_coords(c, shape)
     if periodic:
         c.emit(f"e0 = rr * {len(offsets)}")
         c.emit(f"e1 = tl.where(live, e0 + {len(offsets)}, e0)")
@@ -225,23 +224,7 @@ def emit_tile(c, relation: tuple, has_perm: bool) -> None:
 
 def _emit_stencil_tile(c, relation: tuple) -> None:
     _, shape, offsets, periodic = relation
-    rank = len(shape)
-    c.emit("j = start + nb")
-    c.emit(f"valid = (j < {len(offsets)}) & live")
-    c.emit("col = (j * 0).to(tl.int64)")
-    stride = 1
-    for axis in range(rank - 1, -1, -1):
-        n = shape[axis]
-        c.emit(f"off = tl.load(stencil_offsets + j * {rank} + {axis}, mask=valid, other=0)")
-        if periodic:   # (x + o) mod n for any offset: Python-style modulo on int64
-            c.emit(f"q = (coord{axis} + off) % {n}")
-            c.emit(f"q = tl.where(q < 0, q + {n}, q)")
-        else:
-            c.emit(f"q = coord{axis} + off")
-            c.emit(f"valid = valid & (q >= 0) & (q < {n})")
-        c.emit(f"col = col + q * {stride}")
-        stride *= n
-    c.emit("col = tl.where(valid, col, 0)")
+    emit_neighbours(c, shape, len(offsets), periodic, "+")
     if periodic:
         c.emit("eid = tl.where(valid, e0 + j, 0)")
     else:   # edges are numbered over the inside neighbours only, in offset order

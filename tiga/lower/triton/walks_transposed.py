@@ -75,10 +75,7 @@ def _emit_rows_row(c) -> None:
 
 def _emit_stencil_row(c, relation: tuple) -> None:
     _, shape, offsets, periodic = relation
-    stride = 1
-    for axis in range(len(shape) - 1, -1, -1):
-        c.emit(f"coord{axis} = (rr // {stride}) % {shape[axis]}")
-        stride *= shape[axis]
+    emit_coords(c, shape)
     c.emit("e0 = rr * 0")
     if periodic:
         c.emit(f"e1 = tl.where(live, e0 + {len(offsets)}, e0)")
@@ -88,6 +85,38 @@ def _emit_stencil_row(c, relation: tuple) -> None:
     for off in offsets:   # readers p = r - off inside the lattice
         c.emit(f"deg = deg + ({inside_test(names, shape, [-o for o in off])}).to(tl.int64)")
     c.emit("e1 = tl.where(live, deg, e0)")
+
+
+def emit_coords(c, shape: tuple) -> None:
+    """`coord0`, `coord1`, ...: the lattice coordinates of point `rr` (C order)."""
+    stride = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        c.emit(f"coord{axis} = (rr // {stride}) % {shape[axis]}")
+        stride *= shape[axis]
+
+
+def emit_neighbours(c, shape: tuple, k: int, periodic: bool, sign: str) -> None:
+    """Per lane j of a neighbour tile (offset j of `k`): `q0`, `q1`, ... = `coord*` `sign`
+    the offset (a stencil's neighbours add it, its transpose's readers subtract it), wrapped
+    when periodic, else `valid` drops the points outside the lattice; `col` is that point
+    (C order, 0 where not valid)."""
+    rank = len(shape)
+    c.emit("j = start + nb")
+    c.emit(f"valid = (j < {k}) & live")
+    c.emit("col = (j * 0).to(tl.int64)")
+    stride = 1
+    for axis in range(rank - 1, -1, -1):
+        n, q = shape[axis], f"q{axis}"
+        c.emit(f"off = tl.load(stencil_offsets + j * {rank} + {axis}, mask=valid, other=0)")
+        if periodic:   # (x +- o) mod n for any offset: Python-style modulo on int64
+            c.emit(f"{q} = (coord{axis} {sign} off) % {n}")
+            c.emit(f"{q} = tl.where({q} < 0, {q} + {n}, {q})")
+        else:
+            c.emit(f"{q} = coord{axis} {sign} off")
+            c.emit(f"valid = valid & ({q} >= 0) & ({q} < {n})")
+        c.emit(f"col = col + {q} * {stride}")
+        stride *= n
+    c.emit("col = tl.where(valid, col, 0)")
 
 
 def inside_test(names: list, shape: tuple, off) -> str:
@@ -139,27 +168,12 @@ def emit_transposed_tile(c, relation: tuple) -> None:
 
 def _emit_stencil_tile(c, relation: tuple) -> None:
     _, shape, offsets, periodic = relation
-    rank, k = len(shape), len(offsets)
-    c.emit("j = start + nb")
-    c.emit(f"valid = (j < {k}) & live")
-    c.emit("col = (j * 0).to(tl.int64)")
-    stride = 1
-    for axis in range(rank - 1, -1, -1):
-        n = shape[axis]
-        c.emit(f"off = tl.load(stencil_offsets + j * {rank} + {axis}, mask=valid, other=0)")
-        c.emit(f"q{axis} = coord{axis} - off")
-        if periodic:   # Python-style modulo on int64
-            c.emit(f"q{axis} = q{axis} % {n}")
-            c.emit(f"q{axis} = tl.where(q{axis} < 0, q{axis} + {n}, q{axis})")
-        else:
-            c.emit(f"valid = valid & (q{axis} >= 0) & (q{axis} < {n})")
-        c.emit(f"col = col + q{axis} * {stride}")
-        stride *= n
-    c.emit("col = tl.where(valid, col, 0)")
+    k = len(offsets)
+    emit_neighbours(c, shape, k, periodic, "-")   # readers p = r - offset
     if periodic:
         c.emit(f"eid = tl.where(valid, col * {k} + j, 0)")
         return
-    names = [f"q{a}" for a in range(rank)]
+    names = [f"q{a}" for a in range(len(shape))]
     emit_edge_start(c, names, shape, offsets, "eid")
     for i, off in enumerate(offsets):   # the reader's inside neighbours before offset j
         c.emit(f"eid = eid + (({inside_test(names, shape, off)}) & (j > {i})).to(tl.int64)")
