@@ -113,13 +113,45 @@ def _scores(qt, kt, cols, lo, hi, scale, IT: tl.constexpr, CT: tl.constexpr,
 
 
 @triton.jit
+def _block(n, BLOCK: tl.constexpr):
+    # this program's head and its BLOCK ids (query rows or keys), live below n
+    h = tl.program_id(1).to(tl.int64)
+    ids = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return h, ids, ids < n
+
+
+@triton.jit
+def _ranges(lo_ptr, hi_ptr, ids, live, n):
+    # the ranges [lo, hi) of these ids (a row's keys, a key's rows); empty where not live
+    lo = tl.load(lo_ptr + ids, mask=live, other=n)
+    hi = tl.load(hi_ptr + ids, mask=live, other=0)
+    return lo, hi
+
+
+@triton.jit
 def _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT: tl.constexpr):
     # what the backward reads per query row: its key range and its saved statistics
-    lo = tl.load(lo_ptr + rows, mask=live, other=nk)
-    hi = tl.load(hi_ptr + rows, mask=live, other=0)
+    lo, hi = _ranges(lo_ptr, hi_ptr, rows, live, nk)
     stat = tl.load(lse + rows * H + h, mask=live, other=0.0).to(CT)
     dl = tl.load(delta + rows * H + h, mask=live, other=0.0).to(CT)
     return lo, hi, stat, dl
+
+
+@triton.jit
+def _probs(qt, kt, cols, lo, hi, stat, scale, IT: tl.constexpr, CT: tl.constexpr,
+           PREC: tl.constexpr):
+    # the backward's P = exp(S - lse), recomputed per tile
+    s, valid = _scores(qt, kt, cols, lo, hi, scale, IT, CT, PREC)
+    return tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT), valid
+
+
+@triton.jit
+def _dscores(p, valid, dot_, vt, dl, scale, IT: tl.constexpr, CT: tl.constexpr,
+             PREC: tl.constexpr):
+    # dS = P * (dP - delta) * scale, dP = dO V^T (a select: dP of a pair outside the
+    # relation may be NaN or inf)
+    dp = _dot(dot_, tl.trans(vt), IT, CT, PREC)
+    return tl.where(valid, p * (dp - dl[:, None]) * scale, 0.0).to(CT)
 
 
 @triton.jit
@@ -127,13 +159,10 @@ def attn_fwd(q, k, v, scale_ptr, lo_ptr, hi_ptr, o, top, mass_ptr, nq, nk, H,
              D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
              CT: tl.constexpr, IT: tl.constexpr, PREC: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    h = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = rows < nq
+    h, rows, live = _block(nq, BLOCK_M)
     scale = tl.load(scale_ptr).to(CT)
     qt = _tile(q, rows, nq, h, H, D, BD, IT)
-    lo = tl.load(lo_ptr + rows, mask=live, other=nk)
-    hi = tl.load(hi_ptr + rows, mask=live, other=0)
+    lo, hi = _ranges(lo_ptr, hi_ptr, rows, live, nk)
     m = tl.full([BLOCK_M], float("-inf"), CT)
     mass = tl.zeros([BLOCK_M], CT)
     acc = tl.zeros([BLOCK_M, BDV], CT)
@@ -164,14 +193,11 @@ def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi
                 nq, nk, H, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                 BDV: tl.constexpr, CT: tl.constexpr, IT: tl.constexpr, PREC: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    h = tl.program_id(1).to(tl.int64)
-    cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = cols < nk
+    h, cols, inside = _block(nk, BLOCK_N)
     scale = tl.load(scale_ptr).to(CT)
     kt = _tile(k, cols, nk, h, H, D, BD, IT)
     vt = _tile(v, cols, nk, h, H, DV, BDV, IT)
-    qlo = tl.load(qlo_ptr + cols, mask=inside, other=nq)
-    qhi = tl.load(qhi_ptr + cols, mask=inside, other=0)
+    qlo, qhi = _ranges(qlo_ptr, qhi_ptr, cols, inside, nq)
     dk_acc = tl.zeros([BLOCK_N, BD], CT)
     dv_acc = tl.zeros([BLOCK_N, BDV], CT)
     for start in range(tl.min(qlo, axis=0), tl.max(qhi, axis=0), BLOCK_M):
@@ -180,12 +206,9 @@ def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi
         qt = _tile(q, rows, nq, h, H, D, BD, IT)
         dot_ = _tile(do, rows, nq, h, H, DV, BDV, IT)
         lo, hi, stat, dl = _row_state(rows, live, h, H, nk, lo_ptr, hi_ptr, lse, delta, CT)
-        s, valid = _scores(qt, kt, cols, lo, hi, scale, IT, CT, PREC)
-        p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
+        p, valid = _probs(qt, kt, cols, lo, hi, stat, scale, IT, CT, PREC)
         dv_acc += _mdot(tl.trans(p), dot_, tl.trans(valid), IT, CT, PREC)
-        dp = _dot(dot_, tl.trans(vt), IT, CT, PREC)
-        # (a select: dp of a pair outside the relation may be NaN or inf)
-        ds = tl.where(valid, p * (dp - dl[:, None]) * scale, 0.0).to(CT)
+        ds = _dscores(p, valid, dot_, vt, dl, scale, IT, CT, PREC)
         dk_acc += _mdot(tl.trans(ds), qt, tl.trans(valid), IT, CT, PREC)
     _put(dk, dk_acc, cols, nk, h, H, D, BD)
     _put(dv, dv_acc, cols, nk, h, H, DV, BDV)
@@ -195,10 +218,8 @@ def attn_bwd_kv(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, qlo_ptr, qhi
 def attn_bwd_q(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, dq, nq, nk, H,
                D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                CT: tl.constexpr, IT: tl.constexpr, PREC: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    h = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = rows < nq
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    h, rows, live = _block(nq, BLOCK_M)
     scale = tl.load(scale_ptr).to(CT)
     qt = _tile(q, rows, nq, h, H, D, BD, IT)
     dot_ = _tile(do, rows, nq, h, H, DV, BDV, IT)
@@ -208,10 +229,8 @@ def attn_bwd_q(q, k, v, do, lse, delta, scale_ptr, lo_ptr, hi_ptr, dq, nq, nk, H
         cols = start + tl.arange(0, BLOCK_N)
         kt = _tile(k, cols, nk, h, H, D, BD, IT)
         vt = _tile(v, cols, nk, h, H, DV, BDV, IT)
-        s, valid = _scores(qt, kt, cols, lo, hi, scale, IT, CT, PREC)
-        p = tl.where(valid, tl.exp(s - stat[:, None]), 0.0).to(CT)
-        dp = _dot(dot_, tl.trans(vt), IT, CT, PREC)
-        ds = tl.where(valid, p * (dp - dl[:, None]) * scale, 0.0).to(CT)
+        p, valid = _probs(qt, kt, cols, lo, hi, stat, scale, IT, CT, PREC)
+        ds = _dscores(p, valid, dot_, vt, dl, scale, IT, CT, PREC)
         dq_acc += _mdot(ds, kt, valid, IT, CT, PREC)
     _put(dq, dq_acc, rows, nq, h, H, D, BD)
 '''
