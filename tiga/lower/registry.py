@@ -9,6 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.primitive import Primitive, all_primitives
+from ..core.prims.elementwise import (
+    binary_p,
+    compare_p,
+    convert_p,
+    select_p,
+    stop_gradient_p,
+    unary_p,
+)
 
 lowering_rules: dict[str, dict[Primitive, Callable]] = {"cpu-llvm": {}, "triton": {}}
 
@@ -26,6 +34,18 @@ _OTHER_BACKENDS = ("{lowered}: compiled; {missing}: no lowering yet, so the refe
 
 _LOOPS = ("cpu-llvm: the executor steps {name} itself (not compiled), so the propagates in its "
           "body compile; triton: no GPU backend yet")
+
+
+def register_elementwise(backend: str, unary: Callable, binary: Callable, compare: Callable,
+                         select: Callable, convert: Callable, stop_gradient: Callable) -> None:
+    """A backend's elementwise rules into its table: `unary(name)`, `binary(name)` and
+    `compare(name)` make the rule of every primitive of their family (core/prims/elementwise
+    names them), `select`, `convert` and `stop_gradient` are the rules themselves."""
+    rules = lowering_rules[backend]
+    for family, make in ((unary_p, unary), (binary_p, binary), (compare_p, compare)):
+        for name, p in family.items():
+            rules[p] = make(name)
+    rules[select_p], rules[convert_p], rules[stop_gradient_p] = select, convert, stop_gradient
 
 
 def register_lowered(backend: str) -> None:

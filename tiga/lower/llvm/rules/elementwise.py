@@ -9,15 +9,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ....core.prims.elementwise import (
-    binary_p,
-    compare_p,
-    convert_p,
-    select_p,
-    stop_gradient_p,
-    unary_p,
-)
-from ...registry import lowering_rules
+from ...registry import register_elementwise
 from ..values import F16, F32, CodegenUnsupported, Val, cast, const
 
 _INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
@@ -189,19 +181,7 @@ def identity_rule(ctx, in_types, out_types, x):
     return [x]
 
 
-def _register():
-    rules = lowering_rules["cpu-llvm"]
-    for name, p in unary_p.items():
-        rules[p] = _unary_rule(name)
-    for name, p in binary_p.items():
-        rules[p] = _binary_rule(name)
-    for name, p in compare_p.items():
-        rules[p] = _compare_rule(name)
-    rules[select_p] = select_rule
-    rules[convert_p] = convert_rule
-    rules[stop_gradient_p] = identity_rule
-
-
-_register()
+register_elementwise("cpu-llvm", _unary_rule, _binary_rule, _compare_rule, select_rule,
+                     convert_rule, identity_rule)
 
 __all__ = ["elementwise", "op_dtype", "const"]

@@ -6,18 +6,8 @@ two-sided form, rsqrt as 1/sqrt) so results agree to rounding.
 """
 from __future__ import annotations
 
-from ....core.prims.elementwise import (
-    binary_p,
-    compare_p,
-    convert_p,
-    select_p,
-    stop_gradient_p,
-    unary_p,
-)
-from ...registry import lowering_rules
+from ...registry import register_elementwise
 from ..emitter import TV, TritonUnsupported, tl_dtype
-
-R = lowering_rules["triton"]
 
 _UNARY = {
     "neg": "-({x})", "exp": "tl.exp({x})", "log": "tl.log({x})", "sqrt": "tl.sqrt({x})",
@@ -156,12 +146,5 @@ def stop_gradient_rule(ctx, in_types, out_types, x, **params):
     return [x]
 
 
-for _n, _p in unary_p.items():
-    R[_p] = _unary_rule(_n)
-for _n, _p in binary_p.items():
-    R[_p] = _binary_rule(_n)
-for _n, _p in compare_p.items():
-    R[_p] = _compare_rule(_n)
-R[select_p] = select_rule
-R[convert_p] = convert_rule
-R[stop_gradient_p] = stop_gradient_rule
+register_elementwise("triton", _unary_rule, _binary_rule, _compare_rule, select_rule,
+                     convert_rule, stop_gradient_rule)
