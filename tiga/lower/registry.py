@@ -9,14 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.primitive import Primitive, all_primitives
-from ..core.prims.elementwise import (
-    binary_p,
-    compare_p,
-    convert_p,
-    select_p,
-    stop_gradient_p,
-    unary_p,
-)
+from ..core.prims import elementwise as ew
 
 lowering_rules: dict[str, dict[Primitive, Callable]] = {"cpu-llvm": {}, "triton": {}}
 
@@ -42,10 +35,11 @@ def register_elementwise(backend: str, unary: Callable, binary: Callable, compar
     `compare(name)` make the rule of every primitive of their family (core/prims/elementwise
     names them), `select`, `convert` and `stop_gradient` are the rules themselves."""
     rules = lowering_rules[backend]
-    for family, make in ((unary_p, unary), (binary_p, binary), (compare_p, compare)):
+    for family, make in ((ew.unary_p, unary), (ew.binary_p, binary), (ew.compare_p, compare)):
         for name, p in family.items():
             rules[p] = make(name)
-    rules[select_p], rules[convert_p], rules[stop_gradient_p] = select, convert, stop_gradient
+    rules[ew.select_p], rules[ew.convert_p], rules[ew.stop_gradient_p] = \
+        select, convert, stop_gradient
 
 
 def register_lowered(backend: str) -> None:

@@ -33,9 +33,8 @@ from ..core.prims.graph import degrees_p, propagate_p
 from ..core.prims.linalg import dot_general_p
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import GraphType
+from ..lower import pipeline
 from ..lower.backends import selected_backend
-from ..lower.pipeline import ir_text, lower, lower_launch, quiet_dumps
-from ..lower.pipeline import module_name as ir_module_name
 from .backend_table import plan
 from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
@@ -75,7 +74,7 @@ def task_module(program: GraphProgram, name: str):
     runs the kernel `kernel_op` lowers for the relation it binds, and that is dumped there."""
     dump = ("domain", "iter", "kernel", "task") if _generic(program) else \
         ("domain", "iter", "task")
-    return lower(program, until="task", name=name, dump=dump)
+    return pipeline.lower(program, until="task", name=name, dump=dump)
 
 
 SPECIALISED_KINDS = ("radius", "knn", "paged")
@@ -108,7 +107,7 @@ def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | 
             digest = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
             name = f"propagate_{digest[:16]}"
         try:
-            found = lower_launch(eqn, gtype, name=name, target=target)
+            found = pipeline.lower_launch(eqn, gtype, name=name, target=target)
         except TigaError as exc:
             found = exc
         _KERNEL_OPS.setdefault(eqn, {})[at] = found
@@ -127,7 +126,7 @@ def page_module(eqn, name: str = "paged"):
         outs = [Var(v.type) for v in eqn.outputs]
         program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
                                              tuple(outs))], outs)
-        found = _PAGE_MODULES[eqn] = lower(program, until="task", name=name)
+        found = _PAGE_MODULES[eqn] = pipeline.lower(program, until="task", name=name)
     return found
 
 
@@ -402,7 +401,7 @@ def select_route(program: GraphProgram, args: list | None = None) -> str:
 def explain_program(program: GraphProgram, args: list) -> Explanation:
     """What a call of `program` on `args` runs, without running it (TIGA_DUMP stays quiet:
     it writes the IR of calls that run)."""
-    with quiet_dumps():
+    with pipeline.quiet_dumps():
         if distributed_call(program, args):
             from .distributed.report import explain_distributed
             return explain_distributed(program, args, CACHE, LOWERING)
@@ -419,3 +418,6 @@ __all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select
            "plan_routes", "NUMPY_NOTE",
            "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir",
            "ir_text", "ir_module_name"]
+
+# api.py prints IR through these (the executor is the runtime's one door to lower/pipeline)
+ir_text, ir_module_name = pipeline.ir_text, pipeline.module_name
