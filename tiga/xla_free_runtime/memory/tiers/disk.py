@@ -356,8 +356,9 @@ class DiskStorage:
         copies; file reads and the checksum release the GIL, so a prefetch thread overlaps.
         The range's edge chunks stay decoded for the reading thread (two chunks): a sweep of
         ranges that share a chunk with the next one (pages of a banded graph) decodes every
-        chunk once. Inside a run's chunk_checks, a partial end is read alone, its chunk's
-        check owed to the run (chunk_checks.py)."""
+        chunk once. Inside a run's chunk_checks, a partial end of at most half a chunk is
+        read alone, its chunk's check owed to the run (chunk_checks.py): a larger part (pages
+        smaller than a chunk) is read with its chunk, which is then checked at once."""
         raw = _RAW.get(as_dtype(self.dtype).name, self.dtype)
         row_shape = self.shape[1:] if self.shape else ()
         out = aligned_empty((hi - lo,) + row_shape, raw) if out is None else out.view(raw)
@@ -377,7 +378,7 @@ class DiskStorage:
                     kept[k] = self._spare(cr * row_bytes)
                     np.copyto(kept[k], dst)
                 continue
-            if chunk is None and checks is not None:
+            if chunk is None and checks is not None and 2 * (b - a) <= cr:   # a few rows
                 self._read_part(k, (a - k * cr) * row_bytes, dst)
                 checks.owe(self, k)
                 continue
