@@ -60,6 +60,11 @@ from .routes import describe_program
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
 
+# what the runtime asks of lower/pipeline, from here only (api.py prints IR through ir_text
+# and ir_module_name)
+ir_text, ir_module_name, quiet_dumps = pipeline.ir_text, pipeline.module_name, pipeline.quiet_dumps
+lower, lower_launch = pipeline.lower, pipeline.lower_launch
+
 GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
 
@@ -74,7 +79,7 @@ def task_module(program: GraphProgram, name: str):
     runs the kernel `kernel_op` lowers for the relation it binds, and that is dumped there."""
     dump = ("domain", "iter", "kernel", "task") if _generic(program) else \
         ("domain", "iter", "task")
-    return pipeline.lower(program, until="task", name=name, dump=dump)
+    return lower(program, until="task", name=name, dump=dump)
 
 
 SPECIALISED_KINDS = ("radius", "knn", "paged")
@@ -107,7 +112,7 @@ def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | 
             digest = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
             name = f"propagate_{digest[:16]}"
         try:
-            found = pipeline.lower_launch(eqn, gtype, name=name, target=target)
+            found = lower_launch(eqn, gtype, name=name, target=target)
         except TigaError as exc:
             found = exc
         _KERNEL_OPS.setdefault(eqn, {})[at] = found
@@ -126,7 +131,7 @@ def page_module(eqn, name: str = "paged"):
         outs = [Var(v.type) for v in eqn.outputs]
         program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
                                              tuple(outs))], outs)
-        found = _PAGE_MODULES[eqn] = pipeline.lower(program, until="task", name=name)
+        found = _PAGE_MODULES[eqn] = lower(program, until="task", name=name)
     return found
 
 
@@ -401,7 +406,7 @@ def select_route(program: GraphProgram, args: list | None = None) -> str:
 def explain_program(program: GraphProgram, args: list) -> Explanation:
     """What a call of `program` on `args` runs, without running it (TIGA_DUMP stays quiet:
     it writes the IR of calls that run)."""
-    with pipeline.quiet_dumps():
+    with quiet_dumps():
         if distributed_call(program, args):
             from .distributed.report import explain_distributed
             return explain_distributed(program, args, CACHE, LOWERING)
@@ -419,5 +424,3 @@ __all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select
            "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir",
            "ir_text", "ir_module_name"]
 
-# api.py prints IR through these (the executor is the runtime's one door to lower/pipeline)
-ir_text, ir_module_name = pipeline.ir_text, pipeline.module_name
