@@ -612,7 +612,7 @@ def page_buffers_over_budget_name_page_rows():
     g = tg.Graph.open("big")
     run = lambda: tg.propagate(g, lambda s, d, e: s.x, tg.sum(), src={"x": x})
     with tg.scope(budgets={"host": "256KiB"}, page_rows=65536):
-        err = raises(tg.StorageError, run, "page 0 buffers", "a smaller page_rows",
+        err = raises(tg.StorageError, run, "for page 0 ", "a smaller page_rows",
                      "now 65536", "budgets['host']")
         assert "eviction" not in str(err), err
     with tg.scope(budgets={"host": "256KiB"}, page_rows=1024):

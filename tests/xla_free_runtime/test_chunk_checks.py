@@ -17,7 +17,7 @@ import tiga as tg
 from tiga.xla_free_runtime.memory.tiers import chunk_checks
 from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
 from tiga.xla_free_runtime.memory.tiers import files as files_mod
-from tiga.xla_free_runtime.paging import handlers
+from tiga.xla_free_runtime.paging import pages as pages_mod
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -75,8 +75,11 @@ def paged_sum(path: Path):
     return got
 
 
-def test_a_paged_run_settles_its_part_reads(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mapped", [False, True], ids=["pages read", "pages mapped"])
+def test_a_paged_run_settles_its_part_reads(tmp_path, monkeypatch, mapped):
     monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 16 << 10)    # 128 rows of 32 float32
+    if not mapped:           # (mapped pages check whole chunks: test_mapped_pages.py)
+        monkeypatch.setattr(disk_mod.DiskStorage, "can_map", lambda self: False)
     n = 900         # the field's last chunk holds rows 896..899, read in part by two pages
     rp, ci, x = band_store(tmp_path / "s", n)
     want = x[ci.reshape(n, -1)].sum(axis=1)
@@ -134,7 +137,7 @@ def test_a_cold_chunk_is_read_past_the_page_cache_and_checked(stored):
 @pytest.mark.parametrize("room", [1 << 40, 1 << 10], ids=["fits the cache", "exceeds it"])
 def test_a_run_larger_than_the_page_cache_reads_past_it(tmp_path, monkeypatch, room):
     monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 16 << 10)
-    monkeypatch.setattr(handlers, "page_cache_room", lambda: room)
+    monkeypatch.setattr(pages_mod, "page_cache_room", lambda: room)
     rp, ci, x = band_store(tmp_path / "s", 900)
     field = sorted((tmp_path / "s" / "v000001" / "fields" / "x" / "c").iterdir())
     for f in field:

@@ -30,8 +30,8 @@ from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers import DiskStorage, HostStorage, chunk_checks
-from ..memory.tiers.files import page_cache_room
 from ..progress import progress_bar
+from . import mapped as paging_mapped
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack
 from .device import TritonPages
@@ -42,6 +42,7 @@ from .pages import (
     PageTask,
     Walk,
     page_threads,
+    reads_past_cache,
     result_layout,
     row_layout,
     storage_of,
@@ -122,6 +123,7 @@ class PagedRun:
         self.tickets = 0           # page buffer sets are acquired in launch order
         self.pages_loaded = 0      # pages whose loads are done (the last one settles checks)
         self.checks = None         # the run's chunk_checks ledger (execute makes it)
+        self.mapped = None         # mapped.MappedRun: pages read from the page cache in place
         self.out_row_bytes = sum(int(np.prod(v.type.shape[1:], dtype=np.int64)) *
                                  v.type.dtype.np.itemsize for v in eqn.outputs)
         self.row_bytes = [0 if r == "param" else
@@ -136,6 +138,8 @@ class PagedRun:
         n = {self.walk.gathered: distinct, self.walk.rows: rows, "edge": edges, "param": 0}
         out = (edges if self.eqn.params["reduce_by"] == "edge" else rows) * \
             self.out_row_bytes if self.stats.result_tier == "disk" else 0
+        if self.mapped is not None:      # (its kernel reads the rest where it is mapped)
+            return with_slack((rows + 1) * 8 + out)
         if self.walk.edge_perm is not None:
             edges *= 2          # the page's stored edge ids and their remap
         return with_slack((rows + 1) * 8 + edges * 2 * self.graph.index_dtype.np.itemsize +
@@ -146,7 +150,11 @@ class PagedRun:
         t_start = time.perf_counter()
         outs = self.outs = self.allocate()
         tiers = [tier for _, tier in self.fields]
-        n, self.kernel_threads = page_threads(self.walk, len(self.tasks))
+        mapped = paging_mapped.mappable(self.walk, self.fields, self.roles, self.triton)
+        n, self.kernel_threads = page_threads(self.walk, len(self.tasks), mapped)
+        self.mapped = paging_mapped.open_mapped(self.walk, self.fields, len(self.tasks)) \
+            if mapped else None
+        self.stats.mapped = self.mapped is not None
         self.module = paging_plan.page_module(
             self.walk, self.tasks, self.roles, tiers, self.stats.result_tier,
             tier_of(self.reader), threads=self.kernel_threads, loaders=n, lookahead=LOOKAHEAD,
@@ -161,7 +169,10 @@ class PagedRun:
         done = False
         try:
             # chunks the pages read in part are checked once, before the results are kept
-            with chunk_checks.checking(self.reads_past_cache()) as self.checks:
+            with chunk_checks.checking(reads_past_cache(self.walk, self.fields)) \
+                    as self.checks:
+                if self.mapped is not None:
+                    self.mapped.owe_all(self.checks)
                 interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
                                                   RELEASE: self.release, JOIN: self.join})
                 self.checks.settle()       # (a no-op once the last page loaded)
@@ -180,17 +191,6 @@ class PagedRun:
                 _discard(outs)
         self.stats.seconds["total"] = time.perf_counter() - t_start
         return [t for t, _ in outs]
-
-    def reads_past_cache(self) -> bool:
-        """Whether this run reads more from disk than the page cache could keep (half of
-        what the kernel could give it): its cold chunks are then read past the cache
-        (chunk_checks), which a next call could not have been served from anyway."""
-        disk = sum(stor.nbytes for stor, tier in self.fields if tier == "disk")
-        for rows in (self.reader, self.walk.edge_perm):
-            if rows is not None and tier_of(rows) == "disk":
-                disk += getattr(rows, "nbytes", 0)
-        room = page_cache_room()
-        return room is not None and disk > room // 2
 
     # ---- transfers ---------------------------------------------------------------------------
 
@@ -219,7 +219,8 @@ class PagedRun:
 
     def load_relation(self, op, ticket: int) -> None:
         """A page's relation rows into a free buffer set (taken in launch order), its
-        source ids made distinct and remapped: the page-local CSR."""
+        source ids made distinct and remapped: the page-local CSR (a mapped run's pages
+        keep the stored ids, mapped.py)."""
         task = self.tasks[op.page]
         bufs = self.buffers.acquire(self.estimate(task), self.stop, ticket)
         if bufs is None:
@@ -228,26 +229,31 @@ class PagedRun:
             t0 = time.perf_counter()
             a, b = op.rows
             what = f"page {task.index} buffers"
-            out = (bufs.get("row_ptr", b - a + 1, (), np.int64, what),
-                   bufs.get("col_idx", task.edges[1] - task.edges[0], (),
-                            self.graph.index_dtype.np, what))
-            rp, ci, elo = self.reader.read_rows(a, b, out)
+            rp_buf = bufs.get("row_ptr", b - a + 1, (), np.int64, what)
+            if self.mapped is not None:
+                rp, ci, elo, nbytes = self.mapped.relation(task, rp_buf)
+            else:
+                rp, ci, elo = self.reader.read_rows(a, b, (rp_buf, bufs.get(
+                    "col_idx", task.edges[1] - task.edges[0], (), self.graph.index_dtype.np,
+                    what)))
+                nbytes = rp.nbytes + ci.nbytes
             if elo != task.edges[0] or elo + len(ci) != task.edges[1]:
                 raise StorageError(f"{self.reader.path}: page {task.index} check failed: "
                                    f"edges [{elo}:{elo + len(ci)}) differ from the planned "
                                    f"[{task.edges[0]}:{task.edges[1]})")
             t1 = time.perf_counter()
-            uniq, inv = self.distinct(task.index, ci)
             # the page is valid by construction: row_ptr checked by the reader, ids
-            # remapped onto [0, len(uniq)) here
-            page = Graph(kind="csr", num_src=len(uniq), num_dst=len(rp) - 1,
-                         num_edges=len(inv), index_dtype=self.graph.index_dtype, csr=(rp, inv))
+            # remapped onto [0, len(uniq)) here, or the stored ids, checked, of a mapped run
+            uniq, inv = self.distinct(task.index, ci) if self.mapped is None else (None, ci)
+            page = Graph(kind="csr", num_dst=len(rp) - 1, num_edges=len(inv),
+                         num_src=self.reader.num_src if uniq is None else len(uniq),
+                         index_dtype=self.graph.index_dtype, csr=(rp, inv))
             self.pages[task.index] = _Page(task.index, bufs, page, uniq,
                                            len(self.writes[task.index]))
             with self.lock:        # (loaders run in parallel)
                 st = self.stats
-                st.bytes_read[tier_of(self.reader)] += rp.nbytes + ci.nbytes
-                st.distinct_sources += len(uniq)
+                st.bytes_read[tier_of(self.reader)] += nbytes
+                st.distinct_sources += 0 if uniq is None else len(uniq)
                 st.edges += len(ci)
                 st.seconds["read"] += t1 - t0
                 st.seconds["gather"] += time.perf_counter() - t1
@@ -268,6 +274,9 @@ class PagedRun:
         t0 = time.perf_counter()
         stor, tier = self.fields[i]
         name = op.value.name
+        if self.mapped is not None:
+            page.vals[name], nbytes = self.mapped.field(i, op, stor)
+            return self.field_loaded(op, tier, nbytes, t0)
         n = op.rows[1] - op.rows[0] if op.kind == "page" else len(page.uniq)
         buf = page.bufs.get(name, n, *row_layout(stor), f"page {op.page} buffers") \
             if tier == "disk" or (op.kind == "gather" and self.roles[i] != "edge") else None
@@ -275,8 +284,11 @@ class PagedRun:
             self.edge_rows(page, stor) if self.roles[i] == "edge" else \
             stor.take_rows(page.uniq, buf)
         page.vals[name] = v
+        self.field_loaded(op, tier, v.nbytes, t0)
+
+    def field_loaded(self, op, tier: str, nbytes: int, t0: float) -> None:
         with self.lock:
-            self.stats.bytes_read[tier] += v.nbytes
+            self.stats.bytes_read[tier] += nbytes
             self.stats.seconds["gather"] += time.perf_counter() - t0
         if self.last_load[op.page] == op.event.name:
             self.loaded(op.page)

@@ -13,6 +13,7 @@ import numpy as np
 from ...core.program import Var
 from ..memory import scope as sc
 from ..memory.tiers import HostStorage
+from ..memory.tiers.files import page_cache_room
 from ..store import transpose as store_transpose
 from ..threads import num_threads
 
@@ -52,6 +53,7 @@ class PageStats:
         ("read", "gather", "compute", "write", "wait", "device", "total"), 0.0))
     result_tier: str = "host"
     route: str = "cpu-llvm"           # the backend the page kernel ran on
+    mapped: bool = False              # pages read from the page cache in place (mapped.py)
     module: object = None             # the page plan's Task module that ran
 
     @property
@@ -164,12 +166,27 @@ def result_layout(eqn, walk) -> tuple:
     return shapes, types, on_disk
 
 
-def page_threads(walk: Walk, pages: int) -> tuple:
-    """(loader threads, threads of a page's kernel) of a run of `pages` pages."""
+def reads_past_cache(walk: Walk, fields: list) -> bool:
+    """Whether a run reads more from disk than the page cache could keep (half of what the
+    kernel could give it): its cold chunks are then read past the cache (chunk_checks),
+    which a next call could not have been served from anyway. `fields`: (storage, tier) of
+    each propagate field."""
+    disk = sum(stor.nbytes for stor, tier in fields if tier == "disk")
+    for rows in (walk.reader, walk.edge_perm):
+        if rows is not None and tier_of(rows) == "disk":
+            disk += getattr(rows, "nbytes", 0)
+    room = page_cache_room()
+    return room is not None and disk > room // 2
+
+
+def page_threads(walk: Walk, pages: int, mapped: bool = False) -> tuple:
+    """(loader threads, threads of a page's kernel) of a run of `pages` pages (`mapped`:
+    read from the page cache in place, mapped.py)."""
     # a sum over all edges adds pages in plan order (one loader: the same float sum on
     # every run); other results are written to disjoint rows, in any order, so each
     # loader walks its own contiguous run of pages: a chunk shared by two neighbouring
     # pages is then decoded once, by the loader that reads both
     n = max(1, min(LOADERS, pages)) if walk.lead is not None else 1
-    # the loaders keep cores busy reading, so a page's kernel takes the cores left
-    return n, max(1, num_threads() - n)
+    # the loaders keep cores busy reading, so a page's kernel takes the cores left; mapped
+    # pages' loaders only check their chunks, a small share of a core
+    return n, num_threads() if mapped else max(1, num_threads() - n)

@@ -38,6 +38,7 @@ from . import plan as paging_plan
 from .describe import describe_stats, page_kernel
 from .device import TritonPages, device_route, empty_page
 from .handlers import PagedRun, route_args
+from .mapped import mappable
 from .pages import (
     LOOKAHEAD,
     QUEUE_PAGES,
@@ -128,13 +129,20 @@ class PagedPlan:
                                 "new store version when missing)")
         kind = "source" if p["reduce_by"] == "src" else "destination"
         fallback, kernel = page_kernel(walk, self.lower, triton)
+        fields = [(None, "param") if r == "param" else (None, "host") if v is None else
+                  storage_of(v) for v, r in zip(values or [None] * len(p["roles"]),
+                                                p["roles"])]
+        mapped = walk.reader is not None and mappable(walk, fields, p["roles"], triton)
+        per_page = ("map the CSR rows and disk fields from the page cache (read in where it "
+                    f"lacks them) and check their chunks, run the {kernel} on the stored ids"
+                    if mapped else "read the CSR rows, gather distinct sources once, run "
+                    f"the {kernel} on the page-local CSR")
         # (under a Triton backend the route is that backend's: explain() reports it)
         ex.routes.append((self.backend or "paged", what, f"{pages} page(s) of "
                           f"{sc.page_rows()} {kind} rows from store {graph.params['path']} "
-                          f"(version {graph.params['version']}); per page: read the CSR "
-                          f"rows, gather distinct sources once, run the {kernel} on the "
-                          "page-local CSR, write the rows"))
-        loaders = page_threads(walk, pages)[0]
+                          f"(version {graph.params['version']}); per page: {per_page}, "
+                          "write the rows"))
+        loaders = page_threads(walk, pages, mapped)[0]
         ex.traversal.append(f"paged: {loaders} prefetch thread(s) load the next pages while "
                             f"one computes (queue of {QUEUE_PAGES} pages)")
         op = paging_plan.kernel_launch(module)
@@ -188,11 +196,13 @@ def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None,
     n = walk.reader.num_dst if walk.reader is not None else graph.num_src
     bounds = walk.reader.page_bounds(rows) if walk.reader is not None else \
         np.zeros(-(-n // rows) + 1, np.int64)
-    tiers = ["param" if r == "param" else "host" if v is None else storage_of(v)[1]
-             for v, r in zip(values, eqn.params["roles"])]
+    roles = eqn.params["roles"]
+    fields = [(None, "param") if r == "param" else (None, "host") if v is None else
+              storage_of(v) for v, r in zip(values, roles)]
+    tiers = [tier for _, tier in fields]
     on_disk = result_layout(eqn, walk)[2]
     tasks = page_tasks(n, bounds, rows)
-    loaders, threads = page_threads(walk, len(tasks))
+    loaders, threads = page_threads(walk, len(tasks), mappable(walk, fields, roles, triton))
     return paging_plan.page_module(walk, tasks, eqn.params["roles"], tiers,
                                    "disk" if on_disk else "host", threads=threads,
                                    loaders=loaders, lookahead=LOOKAHEAD, lower=lower,

@@ -259,14 +259,34 @@ class Store:
         """(row_ptr local to the range (starts at 0), col_idx, first edge) of destinations
         [start, stop), checked: a range whose offsets disagree is a StorageError, never read
         past. `out`: buffers to reuse for row_ptr and col_idx (see DiskStorage.read_rows)."""
-        rp = self._row_ptr.read_rows(start, stop + 1, out[0])
+        rp, lo = self.row_offsets(start, stop, out[0])
+        return rp, self._col.read_rows(lo, lo + int(rp[-1]), out[1]), lo
+
+    def row_offsets(self, start: int, stop: int, out=None) -> tuple:
+        """(row_ptr local to destinations [start, stop), their first edge), checked as
+        read_rows checks them (into `out` when given)."""
+        return self.local_offsets(self._row_ptr.read_rows(start, stop + 1, out), start)
+
+    def local_offsets(self, rp: np.ndarray, start: int, out=None) -> tuple:
+        """(`rp`, the row_ptr entries of destinations from `start` on, made local to them
+        (in place, or into `out`), their first edge), checked: offsets that decrease or
+        leave [0, num_edges] are a StorageError, never read past."""
         lo, hi = int(rp[0]), int(rp[-1])
         if lo > hi or hi > self.num_edges or np.any(rp[1:] < rp[:-1]):
             raise StorageError(f"{self._row_ptr.path}: row_ptr check failed in rows "
-                               f"[{start}:{stop}) (offsets not non-decreasing within "
-                               f"[0, {self.num_edges}])")
-        rp -= lo
-        return rp, self._col.read_rows(lo, hi, out[1]), lo
+                               f"[{start}:{start + len(rp) - 1}) (offsets not "
+                               f"non-decreasing within [0, {self.num_edges}])")
+        return np.subtract(rp, lo, out=rp if out is None else out[:len(rp)]), lo
+
+    @property
+    def col_idx(self) -> DiskStorage:
+        """The stored column ids (every edge's source), a disk storage."""
+        return self._col
+
+    @property
+    def row_ptr(self) -> DiskStorage:
+        """The stored row offsets (num_dst + 1 of them), a disk storage."""
+        return self._row_ptr
 
     @property
     def nbytes(self) -> int:
@@ -321,6 +341,10 @@ class Transposed:
                                      arrays["edge_perm"])
 
     read_rows = Store.read_rows
+    row_offsets = Store.row_offsets
+    local_offsets = Store.local_offsets
+    col_idx = Store.col_idx
+    row_ptr = Store.row_ptr
     page_bounds = Store.page_bounds
     nbytes = Store.nbytes
 

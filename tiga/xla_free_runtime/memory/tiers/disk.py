@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -20,7 +21,7 @@ import numpy as np
 from ....core.dtypes import as_dtype, bfloat16
 from ....core.errors import ShapeError, StorageError, UnsupportedError
 from . import chunk_checks
-from .files import aligned_empty, read_chunk_file, read_part, write_file
+from .files import aligned_empty, map_files, read_chunk_file, read_part, write_file
 
 try:
     import google_crc32c  # zarr's crc32c codec uses it; the direct reader checks with it
@@ -78,6 +79,7 @@ class DiskStorage:
                                       self.shape or (1,))
         self._written: dict = {}       # chunk -> crc32c of the bytes this storage wrote
         self._expected = None          # chunk crc32c values a store's manifest records
+        self._mapping = None           # (rows, FileMap, chunks checked, files seen), mapped()
 
     # ---- create / open ---------------------------------------------------------------------
 
@@ -315,7 +317,7 @@ class DiskStorage:
     def release(self) -> None:
         if self._array is not None and self.owned:
             shutil.rmtree(self.path, ignore_errors=True)
-        self._array = None
+        self._array = self._mapping = None
         self._generation += 1
 
     # ---- checked access --------------------------------------------------------------------
@@ -455,6 +457,78 @@ class DiskStorage:
         buf = self._spare(self.chunk_rows * row_bytes)
         self._read_chunk(k, buf, key=slice(k * self.chunk_rows, (k + 1) * self.chunk_rows))
         self._recycle((), [buf])
+
+    def mapped(self) -> tuple | None:
+        """(every row, the chunk bodies' FileMap) of a read-only array, mapped from the
+        page cache rather than read into buffers (files.map_files), or None (written here,
+        another layout, a chunk file missing, no mmap). The mapping is kept with this
+        storage while its chunk files show no change (inode, size, modification and change
+        times, looked at on every call), so a chunk an earlier run checked that stayed
+        mapped is not checked again (load_mapped); a changed file is mapped anew. Nothing
+        is read or checked here: load_mapped(k) each chunk before its rows are trusted."""
+        if not self.can_map():
+            return None
+        paths = self._chunk_files(slice(0, self.shape[0]))
+        try:
+            seen = [(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                    for st in map(os.stat, paths)]
+        except OSError:
+            return None             # (the read path says which file, and why)
+        if self._mapping is None or self._mapping[3] != seen:
+            self._mapping = None
+            fmap = map_files(paths, self._body_bytes())
+            if fmap is None:
+                return None
+            flat = np.asarray(fmap)          # (holds the mapping)
+            rows = flat[:self.nbytes].view(self.dtype).reshape(self.shape)
+            self._mapping = (rows, fmap, set(), seen)
+        rows, fmap, verified, _ = self._mapping
+        # a checked chunk whose pages all stayed mapped holds the bytes checked; one that
+        # lost a page may have been read again from the disk since: checked again
+        # (decided now, before this run's kernels fault anything back in)
+        verified.intersection_update(np.flatnonzero(fmap.resident(len(paths))).tolist())
+        return rows, fmap
+
+    def can_map(self) -> bool:
+        """Whether mapped() can map this array: rows, read-only (nothing written while a run
+        maps it), the direct layout, whole memory pages a chunk, on Linux."""
+        return self._direct and not self.writable and bool(self.shape and self.shape[0]) and \
+            self._array is not None and sys.platform == "linux" and \
+            self._body_bytes() % mmap.PAGESIZE == 0
+
+    def _body_bytes(self) -> int:
+        raw = np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype))
+        return self.chunk_rows * int(np.prod(self.shape[1:], dtype=np.int64)) * raw.itemsize
+
+    def load_mapped(self, k: int) -> None:
+        """Chunk k of mapped()'s FileMap read in (what the cache lacks) and checked as a
+        chunk read is (_check_body), unless an earlier run checked it and mapped() found all
+        its pages still mapped; recorded in the run's chunk_checks."""
+        _, fmap, verified, _ = self._mapping
+        body = fmap.nbytes // self.num_chunks
+        if k not in verified:
+            f = self._chunk_file(k)
+            try:
+                fmap.populate(k * body, (k + 1) * body)
+            except OSError as exc:
+                raise StorageError(f"{f}: read failed ({exc}); a chunk file cut short "
+                                   "while the run read it") from exc
+            self._check_body(k, np.asarray(fmap)[k * body:(k + 1) * body], f)
+            verified.add(k)
+        checks = chunk_checks.current()
+        if checks is not None:
+            checks.checked(self, k)
+
+    def _check_body(self, k: int, body: np.ndarray, f) -> None:
+        """Chunk k's body against its file's trailer, and that against the manifest, as
+        _read_chunk checks a chunk it read."""
+        crc, stored = google_crc32c.value(body), self._stored_crc(f)
+        if crc != stored:
+            raise StorageError(f"{f}: checksum check (crc32c) failed reading rows "
+                               f"[{k * self.chunk_rows}:{(k + 1) * self.chunk_rows}) (the "
+                               f"chunk's {len(body)} bytes give {crc:08x}, its trailer "
+                               f"holds {stored:08x})")
+        self._check_expected(k, stored, f)
 
     def _aligned(self, start: int, n: int) -> bool:
         """Rows [start, start + n) are whole chunks (the last one may end the array)."""

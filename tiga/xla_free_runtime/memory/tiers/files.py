@@ -8,6 +8,7 @@ import builtins
 import ctypes
 import errno
 import functools
+import mmap
 import os
 import platform
 import sys
@@ -186,6 +187,120 @@ def _read_direct(path, view: memoryview, offset: int = 0, exact: bool = False) -
         return 0
     finally:
         os.close(fd)
+
+
+class FileMap:
+    """The bodies of equal-sized files mapped read-only, back to back, into one address
+    range: the page cache's own pages, no copy (a paged run reads its chunks this way,
+    paging/mapped.py). numpy arrays over it (np.asarray) hold it; the range is unmapped
+    when the last one goes. Each body must be whole memory pages and its file at least that
+    long when mapped (map_files checks); populate() finds one cut short since."""
+
+    def __init__(self, base: int, nbytes: int, paths: list):
+        self.base, self.nbytes, self.paths = base, nbytes, paths
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (base, True), "version": 3}
+
+    def populate(self, lo: int, hi: int) -> None:
+        """Map bytes [lo, hi) in, reading what the page cache lacks, in one call rather than
+        a fault per page (MADV_POPULATE_READ, Linux 5.14+; older kernels fault as read).
+        Raises OSError where a file no longer covers its body (what a read would SIGBUS)."""
+        a, b = self._inward(lo, hi)
+        if b > a and _libc().madvise(ctypes.c_void_p(self.base + a), ctypes.c_size_t(b - a),
+                                     _MADV_POPULATE_READ) != 0:
+            err = ctypes.get_errno()
+            if err not in (errno.EINVAL, errno.ENOMEM):    # (no such advice: faults will do)
+                body = self.nbytes // len(self.paths)
+                raise OSError(err, f"{os.strerror(err)} mapping bytes [{a % body}:"
+                              f"{a % body + b - a}) of {self.paths[a // body]}")
+
+    def resident(self, parts: int) -> np.ndarray:
+        """Whether all of each of `parts` equal parts of the range is mapped in this process
+        now (/proc/self/pagemap's present bits; all False where it cannot tell). The kernel
+        unmaps a page from every process before it evicts it, so a part present since its
+        bytes were checked still holds those bytes unless its file was written."""
+        page = mmap.PAGESIZE
+        n = self.nbytes // page
+        try:
+            fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+            try:
+                got = os.pread(fd, n * 8, self.base // page * 8)
+            finally:
+                os.close(fd)
+        except OSError:
+            return np.zeros(parts, bool)
+        if len(got) != n * 8:
+            return np.zeros(parts, bool)
+        present = (np.frombuffer(got, np.uint64) >> np.uint64(63)).astype(bool)
+        return present.reshape(parts, -1).all(axis=1)
+
+    @staticmethod
+    def _inward(lo: int, hi: int) -> tuple:
+        page = mmap.PAGESIZE
+        return -(-lo // page) * page, hi // page * page
+
+    def __del__(self):
+        _libc().munmap(ctypes.c_void_p(self.base), ctypes.c_size_t(self.nbytes))
+
+
+# Linux's values on every architecture (Python 3.11's mmap module names none of them)
+_PROT_NONE, _MAP_FIXED = 0, 0x10
+_MADV_HUGEPAGE, _MADV_POPULATE_READ = 14, 22
+HUGE = 2 << 20              # a huge page (x86-64 and arm64 with 4 KiB pages)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+def map_files(paths: list, body: int) -> FileMap | None:
+    """The first `body` bytes of each file of `paths`, back to back in one read-only
+    mapping, or None where that cannot be done safely: not Linux, a body that is not whole
+    memory pages, a file shorter than body + 4 (its checksum trailer: the store's layout),
+    a failed mmap. The range asks for huge pages: what the page cache reads for it then
+    comes in 2 MiB folios, which a later run maps in a few steps (a chunk read into the
+    cache by read() comes in small folios: about 90 us a MiB to map, 1 us with huge ones)."""
+    if sys.platform != "linux" or body <= 0 or body % mmap.PAGESIZE or not paths:
+        return None
+    fds = []
+    try:
+        for p in paths:
+            fds.append(os.open(p, os.O_RDONLY))
+            if os.fstat(fds[-1]).st_size < body + 4:
+                return None
+        libc, total = _libc(), body * len(paths)
+        # the range is reserved whole first (no access), then each body mapped over its
+        # place; on a 2 MiB boundary, so that huge folios map whole (one entry each: fewer
+        # faults and TLB misses than 512 small ones)
+        held = libc.mmap(None, total + HUGE, _PROT_NONE,
+                         mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if held is None or held == ctypes.c_void_p(-1).value:
+            return None
+        base = -(-held // HUGE) * HUGE
+        if base > held:                      # (the reservation's unaligned ends go back)
+            libc.munmap(ctypes.c_void_p(held), ctypes.c_size_t(base - held))
+        if held + HUGE > base:
+            libc.munmap(ctypes.c_void_p(base + total), ctypes.c_size_t(held + HUGE - base))
+        fmap = FileMap(base, total, list(paths))
+        for k, fd in enumerate(fds):
+            at = libc.mmap(base + k * body, body, mmap.PROT_READ,
+                           mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+            if at != base + k * body:
+                return None                  # (fmap unmaps the range as it goes)
+        libc.madvise(ctypes.c_void_p(base), ctypes.c_size_t(total), _MADV_HUGEPAGE)
+        return fmap
+    except OSError:
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def replace_file(target: Path, payload: bytes) -> None:
