@@ -115,6 +115,18 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _rss_split_mib() -> dict:
+    """The resident set now, split: anonymous (what the process allocated) and file pages
+    (a mapped store's page-cache pages, shared and clean: the kernel takes them back under
+    pressure)."""
+    try:
+        with open("/proc/self/status") as f:
+            got = dict(line.split(":", 1) for line in f if line.startswith("Rss"))
+        return {k[3:].lower(): int(v.split()[0]) / 1024 for k, v in got.items()}
+    except (OSError, ValueError):
+        return {}
+
+
 def _store(root: str, edges: int) -> str:
     return os.path.join(root, f"e{edges}", "store")
 
@@ -186,7 +198,7 @@ def _stats(g, prof) -> dict:
     return {"pages": s.pages, "page_rows": s.page_rows, "stages_s": dict(s.seconds),
             "bytes_read": dict(s.bytes_read), "bytes_written": dict(s.bytes_written),
             "distinct_ratio": s.distinct_ratio, "overlapped_s": s.overlapped,
-            "result_tier": s.result_tier}
+            "result_tier": s.result_tier, "mapped": getattr(s, "mapped", False)}
 
 
 def phase_forward(tg, root: str, edges: int, budget: str, page_rows: int, reps: int,
@@ -203,10 +215,11 @@ def phase_forward(tg, root: str, edges: int, budget: str, page_rows: int, reps: 
             runs.append(dict(_stats(g, prof), block_io=_io_delta(io)))
             if i < reps - 1:
                 del y
-        rss = _rss_mib()        # (before the check, which holds a float64 oracle)
+        rss, split = _rss_mib(), _rss_split_mib()   # (before the check: a float64 oracle)
         checked = check_result(y, "y", n)
     return {"cold_s": times[0], "warm_s": times[1:], "runs": runs, "rows_checked": checked,
-            "peak_rss_mib": rss, "budget": budget, "page_rows": page_rows}
+            "peak_rss_mib": rss, "rss_now_mib": split, "budget": budget,
+            "page_rows": page_rows}
 
 
 def phase_memory(tg, root: str, edges: int, reps: int, **_) -> dict:

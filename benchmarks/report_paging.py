@@ -255,8 +255,9 @@ def _stage_lines(run: dict) -> list:
              "`gather` summed over the prefetch threads; `waited`: the computing thread "
              "waiting for a page):", "",
              "| edges | host budget | page rows | pages | read | gather | compute | write | "
-             "waited | total | bytes read (disk) | distinct ratio | result on |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "waited | total | bytes read (disk) | distinct ratio | result on | pages | "
+             "RSS anon / file after |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for edges, r in sorted(run["sizes"].items(), key=lambda kv: int(kv[0])):
         runs = [v for k, v in r.items() if k.startswith("forward")] + [
             v for _, v in sorted(r.get("sweep", {}).items())]
@@ -269,7 +270,8 @@ def _stage_lines(run: dict) -> list:
                     f"{s['read']:.3f} | {s['gather']:.3f} | {s['compute']:.3f} | "
                     f"{s['write']:.3f} | {s['wait']:.3f} | {s['total']:.3f} | "
                     f"{st['bytes_read'].get('disk', 0):,} | {st['distinct_ratio']:.3f} | "
-                    f"{st['result_tier']} |")
+                    f"{st['result_tier']} | {'mapped' if st.get('mapped') else 'read'} | "
+                    f"{_rss_split(fw.get('rss_now_mib'))} |")
     sweep = [(int(edges), p, v) for edges, r in run["sizes"].items()
              for p, v in r.get("sweep", {}).items() if "warm_s" in v]
     if sweep:
@@ -279,6 +281,13 @@ def _stage_lines(run: dict) -> list:
             lines.append(f"| {edges:,} | {p} | {_f(_med(v['warm_s']))} | {_f(v['cold_s'])} | "
                          f"{_f(v['peak_rss_mib'], 'MiB', 4)} |")
     return lines
+
+
+def _rss_split(split) -> str:
+    """RssAnon / RssFile (a mapped store's page-cache pages) after the calls, or "–"."""
+    if not split or "anon" not in split:
+        return "–"
+    return f"{split['anon']:.0f} / {split.get('file', 0):.0f} MiB"
 
 
 def plot(run: dict, path: str) -> bool:
