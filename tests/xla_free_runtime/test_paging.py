@@ -163,7 +163,7 @@ def test_explain_reports_the_page_plan_and_what_its_run_measured(tmp_path):
     assert "paged (5 page(s) of 64 destination rows" in before
     assert "run not measured: explain(..., run=True)" in before
     assert "last run" not in plain          # a call leaves nothing on the relation
-    assert "last run 5 page(s) x 64 rows, 1200 edges, read mapped from the page cache" in after
+    assert "last run 5 page(s) x 64 rows, 1200 edges, distinct-source ratio" in after
     for word in ("read host", "disk", "written host", "overlapped", "gather", "compute"):
         assert word in after
 

@@ -44,8 +44,8 @@ def describe_stats(s) -> str:
     """explain()'s line on what the last paged run measured (a run.PageStats)."""
     t = s.seconds
     return (f"paged: last run {s.pages} page(s) x {s.page_rows} rows, {s.edges} edges, "
-            + ("read mapped from the page cache" if s.mapped else
-               f"distinct-source ratio {s.distinct_ratio:.3f}") + "; read host "
+            + ("distinct-source ratio – (read mapped from the page cache: no gather)"
+               if s.mapped else f"distinct-source ratio {s.distinct_ratio:.3f}") + "; read host "
             f"{s.bytes_read['host']} B, disk {s.bytes_read['disk']} B; written host "
             f"{s.bytes_written['host']} B, disk {s.bytes_written['disk']} B (result on "
             f"{s.result_tier}); seconds read {t['read']:.3f}, gather {t['gather']:.3f}, "

@@ -139,7 +139,7 @@ class PagedRun:
         out = (edges if self.eqn.params["reduce_by"] == "edge" else rows) * \
             self.out_row_bytes if self.stats.result_tier == "disk" else 0
         if self.mapped is not None:      # (its kernel reads the rest where it is mapped)
-            return with_slack((rows + 1) * 8 + out)
+            return with_slack(out)
         if self.walk.edge_perm is not None:
             edges *= 2          # the page's stored edge ids and their remap
         return with_slack((rows + 1) * 8 + edges * 2 * self.graph.index_dtype.np.itemsize +
@@ -154,6 +154,7 @@ class PagedRun:
         n, self.kernel_threads = page_threads(self.walk, len(self.tasks), mapped)
         self.mapped = paging_mapped.open_mapped(self.walk, self.fields, len(self.tasks)) \
             if mapped else None
+        mapped_charge = self.charge_mapped()
         self.stats.mapped = self.mapped is not None
         self.module = paging_plan.page_module(
             self.walk, self.tasks, self.roles, tiers, self.stats.result_tier,
@@ -185,12 +186,27 @@ class PagedRun:
             if self.triton is not None:
                 self.triton.close()
             self.buffers.close()
+            if mapped_charge is not None:
+                mapped_charge.credit()
             if self.bar is not None:
                 self.bar.close()
             if not done:
                 _discard(outs)
         self.stats.seconds["total"] = time.perf_counter() - t_start
         return [t for t, _ in outs]
+
+    def charge_mapped(self):
+        """The host budget's charge for the mapped arrays (they are resident while the run
+        maps them), or None: nothing mapped, or the budget filled up since the plan found
+        room (the pages are then read into buffers)."""
+        if self.mapped is None:
+            return None
+        try:
+            return memory.charge("host", paging_mapped.mapped_bytes(self.walk, self.fields),
+                                 "mapped store pages")
+        except StorageError:
+            self.mapped = None
+            return None
 
     # ---- transfers ---------------------------------------------------------------------------
 
@@ -229,32 +245,34 @@ class PagedRun:
             t0 = time.perf_counter()
             a, b = op.rows
             what = f"page {task.index} buffers"
-            rp_buf = bufs.get("row_ptr", b - a + 1, (), np.int64, what)
-            if self.mapped is not None:
-                rp, ci, elo, nbytes = self.mapped.relation(task, rp_buf)
+            if self.mapped is not None:      # (the stored ids, checked: mapped.py)
+                page, elo, nbytes = self.mapped.page(task, self.graph.index_dtype)
+                uniq, ne = None, page.num_edges
             else:
-                rp, ci, elo = self.reader.read_rows(a, b, (rp_buf, bufs.get(
-                    "col_idx", task.edges[1] - task.edges[0], (), self.graph.index_dtype.np,
-                    what)))
-                nbytes = rp.nbytes + ci.nbytes
-            if elo != task.edges[0] or elo + len(ci) != task.edges[1]:
+                rp, ci, elo = self.reader.read_rows(a, b, (
+                    bufs.get("row_ptr", b - a + 1, (), np.int64, what),
+                    bufs.get("col_idx", task.edges[1] - task.edges[0], (),
+                             self.graph.index_dtype.np, what)))
+                nbytes, ne = rp.nbytes + ci.nbytes, len(ci)
+            if elo != task.edges[0] or elo + ne != task.edges[1]:
                 raise StorageError(f"{self.reader.path}: page {task.index} check failed: "
-                                   f"edges [{elo}:{elo + len(ci)}) differ from the planned "
+                                   f"edges [{elo}:{elo + ne}) differ from the planned "
                                    f"[{task.edges[0]}:{task.edges[1]})")
             t1 = time.perf_counter()
-            # the page is valid by construction: row_ptr checked by the reader, ids
-            # remapped onto [0, len(uniq)) here, or the stored ids, checked, of a mapped run
-            uniq, inv = self.distinct(task.index, ci) if self.mapped is None else (None, ci)
-            page = Graph(kind="csr", num_dst=len(rp) - 1, num_edges=len(inv),
-                         num_src=self.reader.num_src if uniq is None else len(uniq),
-                         index_dtype=self.graph.index_dtype, csr=(rp, inv))
+            if self.mapped is None:
+                # the page is valid by construction: row_ptr checked by the reader, ids
+                # remapped onto [0, len(uniq)) here
+                uniq, inv = self.distinct(task.index, ci)
+                page = Graph(kind="csr", num_src=len(uniq), num_dst=len(rp) - 1,
+                             num_edges=len(inv), index_dtype=self.graph.index_dtype,
+                             csr=(rp, inv))
             self.pages[task.index] = _Page(task.index, bufs, page, uniq,
                                            len(self.writes[task.index]))
             with self.lock:        # (loaders run in parallel)
                 st = self.stats
                 st.bytes_read[tier_of(self.reader)] += nbytes
                 st.distinct_sources += 0 if uniq is None else len(uniq)
-                st.edges += len(ci)
+                st.edges += ne
                 st.seconds["read"] += t1 - t0
                 st.seconds["gather"] += time.perf_counter() - t1
         except BaseException:

@@ -32,7 +32,9 @@ What mapping trusts that reading into buffers did not:
   Files changed or cut short between runs are mapped anew or refused (DiskStorage.mapped,
   files.map_files) and fail on the read path as before.
 The resident set counts the mapped store pages (the page cache's, shared and clean: the
-kernel takes them back under memory pressure); they are not charged to the host budget.
+kernel takes them back under memory pressure). A run charges them to the host budget while
+it runs, so a run maps only what its budget can hold; they stay mapped after it (that is
+what spares the next run its checks) until the storage goes.
 """
 from __future__ import annotations
 
@@ -40,8 +42,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...core.graph import Graph
+from ..memory import scope as sc
 from ..memory.tiers import chunk_checks
 from .pages import reads_past_cache, tier_of
+
+# mapped when the page cache holds this share of the run's arrays: a cold run reads its
+# pages into buffers, where checks and kernel work on cache-hot copies; mapped, the first
+# touch of freshly read pages by the checks and the kernel cost more CPU than the copy saves
+# (100M edges, cold, result on the host: 1.2-2.9 s mapped against 1.15-1.5 s read, a
+# spread across runs this machine's memory gives both). A proactive reclaimer (DAMON here)
+# takes a few pages of a warm store now and then: those fault back in where they are read.
+WARM = 0.9
 
 
 @dataclass
@@ -77,14 +89,24 @@ class MappedRun:
     fields: dict
     pages: int
 
-    def relation(self, task, out) -> tuple:
-        """(row_ptr local to the page (into `out`), its column ids (mapped), first edge,
-        bytes checked) of a page, both checked before its kernel may index with them."""
+    def page(self, task, index_dtype) -> tuple:
+        """(the page's CSR over the stored ids (its row_ptr local, its column ids mapped),
+        its first edge, bytes checked): row offsets and column ids checked before its
+        kernel may index with them. The page's CSR is made once per mapping of the
+        relation and kept with it (FileMap.derived): a later run checks the same chunks,
+        which hold the same bytes, and reuses it, and with it what the kernel's launch
+        derived from it (its row chunks, its bound arguments)."""
         a, b = task.rows
         nbytes = self.row_ptr.check(a, b + 1)
-        rp, lo = self.reader.local_offsets(self.row_ptr.rows[a:b + 1], a, out)
-        hi = lo + int(rp[-1])
-        return rp, self.col.rows[lo:hi], lo, nbytes + self.col.check(lo, hi)
+        kept = self.row_ptr.fmap.derived.get(("page", a, b))
+        if kept is None or kept[0] is not self.col.fmap or kept[1].index_dtype != index_dtype:
+            rp, lo = self.reader.local_offsets(np.array(self.row_ptr.rows[a:b + 1]), a)
+            ci = self.col.rows[lo:lo + int(rp[-1])]
+            kept = self.row_ptr.fmap.derived[("page", a, b)] = (self.col.fmap, Graph(
+                kind="csr", num_src=self.reader.num_src, num_dst=b - a, num_edges=len(ci),
+                index_dtype=index_dtype, csr=(rp, ci)), lo)
+        _, graph, lo = kept
+        return graph, lo, nbytes + self.col.check(lo, lo + graph.num_edges)
 
     def field(self, i: int, op, stor) -> tuple:
         """(the rows a page's kernel reads of field i, bytes checked for it): the whole
@@ -106,13 +128,15 @@ class MappedRun:
                 checks.owe(m.storage, k)
 
 
-def mappable(walk, fields: list, roles, triton=None) -> bool:
+def mappable(walk, fields: list, roles, triton=None, reserved: int = 0) -> bool:
     """Whether a run's pages read their arrays mapped (a property of its plan: its page
     kernels then take every core): the CPU route's pages over a stored relation, walked in
     stored edge order where a field has edge rows, with fields on the host or on disk, each
     disk array in a layout that maps (DiskStorage.can_map), the whole run small enough for
-    the page cache to keep (otherwise it reads past it: chunk_checks). `fields`: (storage,
-    tier) of each propagate field (storage None: on the host)."""
+    the page cache to keep (otherwise it reads past it: chunk_checks) and in it now (WARM),
+    and within what the host budget has left, `reserved` bytes the run will still charge
+    aside (a run's mapped pages are charged to it: mapped_bytes). `fields`: (storage, tier)
+    of each propagate field (storage None: on the host)."""
     reader = walk.reader
     if triton is not None or reader is None or tier_of(reader) != "disk" or \
             not hasattr(reader, "row_offsets") or \
@@ -121,7 +145,21 @@ def mappable(walk, fields: list, roles, triton=None) -> bool:
             reads_past_cache(walk, fields):
         return False
     disk = [reader.row_ptr, reader.col_idx] + [s for s, tier in fields if tier == "disk"]
-    return all(getattr(s, "can_map", lambda: False)() for s in disk)
+    if not all(getattr(s, "can_map", lambda: False)() for s in disk):
+        return False
+    owner, nbytes = sc.budget_scope("host"), sum(s.nbytes for s in disk)
+    if owner is not None and owner.used["host"] + reserved + nbytes > owner.budgets["host"]:
+        return False
+    return sum(s.cached_fraction() * s.nbytes for s in disk) >= WARM * nbytes
+
+
+def mapped_bytes(walk, fields: list) -> int:
+    """Bytes a mapped run maps (and charges to the host budget: they are resident while
+    it runs, and after, as the page cache's clean pages), with its pages' local row
+    offsets (MappedRun.page)."""
+    reader = walk.reader
+    return 2 * reader.row_ptr.nbytes + reader.col_idx.nbytes + \
+        sum(s.nbytes for s, tier in fields if tier == "disk")
 
 
 def open_mapped(walk, fields: list, pages: int) -> MappedRun | None:
@@ -140,4 +178,4 @@ def _mapped(stor) -> MappedArray | None:
     return None if got is None else MappedArray(stor, *got)
 
 
-__all__ = ["MappedRun", "mappable", "open_mapped"]
+__all__ = ["MappedRun", "mappable", "mapped_bytes", "open_mapped"]

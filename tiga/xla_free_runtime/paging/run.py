@@ -200,9 +200,12 @@ def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None,
     fields = [(None, "param") if r == "param" else (None, "host") if v is None else
               storage_of(v) for v, r in zip(values, roles)]
     tiers = [tier for _, tier in fields]
-    on_disk = result_layout(eqn, walk)[2]
+    shapes, types, on_disk = result_layout(eqn, walk)
     tasks = page_tasks(n, bounds, rows)
-    loaders, threads = page_threads(walk, len(tasks), mappable(walk, fields, roles, triton))
+    result = 0 if on_disk else sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
+                                   for s, t in zip(shapes, types))
+    loaders, threads = page_threads(walk, len(tasks),
+                                    mappable(walk, fields, roles, triton, reserved=result))
     return paging_plan.page_module(walk, tasks, eqn.params["roles"], tiers,
                                    "disk" if on_disk else "host", threads=threads,
                                    loaders=loaders, lookahead=LOOKAHEAD, lower=lower,

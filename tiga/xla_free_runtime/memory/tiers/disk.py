@@ -21,7 +21,7 @@ import numpy as np
 from ....core.dtypes import as_dtype, bfloat16
 from ....core.errors import ShapeError, StorageError, UnsupportedError
 from . import chunk_checks
-from .files import aligned_empty, map_files, read_chunk_file, read_part, write_file
+from .files import aligned_empty, cached_bytes, map_files, read_chunk_file, read_part, write_file
 
 try:
     import google_crc32c  # zarr's crc32c codec uses it; the direct reader checks with it
@@ -495,6 +495,12 @@ class DiskStorage:
         return self._direct and not self.writable and bool(self.shape and self.shape[0]) and \
             self._array is not None and sys.platform == "linux" and \
             self._body_bytes() % mmap.PAGESIZE == 0
+
+    def cached_fraction(self) -> float:
+        """The share of this array's chunk bodies the page cache holds now."""
+        body = self._body_bytes()
+        paths = self._chunk_files(slice(0, self.shape[0])) if self.shape else []
+        return cached_bytes(paths, body) / (body * len(paths)) if paths and body else 0.0
 
     def _body_bytes(self) -> int:
         raw = np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype))
