@@ -5,10 +5,11 @@ then gather each page's distinct source rows and remap its ids: at 10M edges 26 
 copies and 7 ms of crc32c on one core for a kernel of 17 ms on two (benchmarks/
 PAGING_NOTES.md). When every disk array a run reads is a read-only store or tg.load array
 in the direct layout, and the run is small enough for the cache to keep (not one that
-reads past it: chunk_checks), the run maps them instead (DiskStorage.mapped: the cache's
-own pages back to back, read in as huge folios where the cache lacks them, no copy). A
-page's kernel then reads the source field's rows where they lie, by their stored ids: no
-distinct gather, no remap, and the kernel takes every core, since the loaders only check.
+reads past it: chunk_checks), already in the cache (WARM: a cold run reads, and so brings
+the store in) and within the host budget, the run maps them instead (DiskStorage.mapped:
+the cache's own pages back to back, no copy). A page's kernel then reads the source
+field's rows where they lie, by their stored ids: no distinct gather, no remap, and the
+kernel takes every core, since the loaders only check.
 
 Every chunk a run uses is checked (crc32c against its trailer and the manifest):
 - the relation's row_ptr and column-id chunks of a page, on its loader, before its kernel

@@ -282,7 +282,10 @@ class FileMap:
         return -(-lo // page) * page, hi // page * page
 
     def __del__(self):
-        _libc().munmap(ctypes.c_void_p(self.base), ctypes.c_size_t(self.nbytes))
+        try:
+            _libc().munmap(ctypes.c_void_p(self.base), ctypes.c_size_t(self.nbytes))
+        except Exception:    # noqa: BLE001 (interpreter shutdown: the process unmaps it)
+            pass
 
 
 # Linux's values on every architecture (Python 3.11's mmap module names none of them)
