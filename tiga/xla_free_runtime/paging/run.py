@@ -129,10 +129,8 @@ class PagedPlan:
                                 "new store version when missing)")
         kind = "source" if p["reduce_by"] == "src" else "destination"
         fallback, kernel = page_kernel(walk, self.lower, triton)
-        fields = [(None, "param") if r == "param" else (None, "host") if v is None else
-                  storage_of(v) for v, r in zip(values or [None] * len(p["roles"]),
-                                                p["roles"])]
-        mapped = walk.reader is not None and mappable(walk, fields, p["roles"], triton)
+        mapped = walk.reader is not None and maps(
+            eqn, walk, _fields(values or [None] * len(p["roles"]), p["roles"]), triton)
         per_page = ("map the CSR rows and disk fields from the page cache (read in where it "
                     f"lacks them) and check their chunks, run the {kernel} on the stored ids"
                     if mapped else "read the CSR rows, gather distinct sources once, run "
@@ -196,20 +194,30 @@ def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None,
     n = walk.reader.num_dst if walk.reader is not None else graph.num_src
     bounds = walk.reader.page_bounds(rows) if walk.reader is not None else \
         np.zeros(-(-n // rows) + 1, np.int64)
-    roles = eqn.params["roles"]
-    fields = [(None, "param") if r == "param" else (None, "host") if v is None else
-              storage_of(v) for v, r in zip(values, roles)]
-    tiers = [tier for _, tier in fields]
-    shapes, types, on_disk = result_layout(eqn, walk)
+    fields = _fields(values, eqn.params["roles"])
+    on_disk = result_layout(eqn, walk)[2]
     tasks = page_tasks(n, bounds, rows)
-    result = 0 if on_disk else sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
-                                   for s, t in zip(shapes, types))
-    loaders, threads = page_threads(walk, len(tasks),
-                                    mappable(walk, fields, roles, triton, reserved=result))
-    return paging_plan.page_module(walk, tasks, eqn.params["roles"], tiers,
+    loaders, threads = page_threads(walk, len(tasks), maps(eqn, walk, fields, triton))
+    return paging_plan.page_module(walk, tasks, eqn.params["roles"],
+                                   [tier for _, tier in fields],
                                    "disk" if on_disk else "host", threads=threads,
                                    loaders=loaders, lookahead=LOOKAHEAD, lower=lower,
                                    **route_args(triton))
+
+
+def _fields(values: list, roles) -> list:
+    """(storage, tier) of each propagate field value (None: taken to be on the host)."""
+    return [(None, "param") if r == "param" else (None, "host") if v is None else
+            storage_of(v) for v, r in zip(values, roles)]
+
+
+def maps(eqn, walk: Walk, fields: list, triton=None) -> bool:
+    """Whether a call's pages would be read mapped now (mapped.mappable), its result's
+    bytes still to be charged when they go to the host."""
+    shapes, types, on_disk = result_layout(eqn, walk)
+    result = 0 if on_disk else sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
+                                   for s, t in zip(shapes, types))
+    return mappable(walk, fields, eqn.params["roles"], triton, reserved=result)
 
 
 
