@@ -497,7 +497,11 @@ class DiskStorage:
             self._body_bytes() % mmap.PAGESIZE == 0
 
     def cached_fraction(self) -> float:
-        """The share of this array's chunk bodies the page cache holds now."""
+        """The share of this array's chunk bodies the page cache holds now (all of it, as
+        far as this asks, when the last run checked every chunk through this storage's
+        mapping: mapped() finds out whether they stayed)."""
+        if self._mapping is not None and len(self._mapping[2]) == self.num_chunks:
+            return 1.0
         body = self._body_bytes()
         paths = self._chunk_files(slice(0, self.shape[0])) if self.shape else []
         return cached_bytes(paths, body) / (body * len(paths)) if paths and body else 0.0
