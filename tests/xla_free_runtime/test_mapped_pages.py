@@ -174,7 +174,7 @@ def test_checked_chunks_are_checked_again_only_when_they_may_have_changed(ring, 
     assert len(set(first)) == chunks
     assert call() == []                               # still mapped, unchanged: none
     x_storage = x._storage
-    _, fmap, _, _ = x_storage._mapping
+    _, fmap, _ = x_storage._mapping
     assert fmap.resident(x_storage.num_chunks).all()
     # a chunk's pages leave this process (as eviction would take them): checked again
     libc = files_mod._libc()

@@ -74,7 +74,7 @@ class MappedArray:
         checks, stor, done = chunk_checks.current(), self.storage, 0
         for k in range(a, min(b, stor.num_chunks)):
             if checks is None or not checks.is_checked(stor, k):
-                stor.load_mapped(k)
+                stor.load_mapped(k, self.fmap)
                 done += self.fmap.nbytes // stor.num_chunks
         return done
 

@@ -79,7 +79,7 @@ class DiskStorage:
                                       self.shape or (1,))
         self._written: dict = {}       # chunk -> crc32c of the bytes this storage wrote
         self._expected = None          # chunk crc32c values a store's manifest records
-        self._mapping = None           # (rows, FileMap, chunks checked, files seen), mapped()
+        self._mapping = None           # (rows, FileMap, files seen), mapped()
 
     # ---- create / open ---------------------------------------------------------------------
 
@@ -474,19 +474,21 @@ class DiskStorage:
                     for st in map(os.stat, paths)]
         except OSError:
             return None             # (the read path says which file, and why)
-        if self._mapping is None or self._mapping[3] != seen:
+        if self._mapping is None or self._mapping[2] != seen:
             self._mapping = None
             fmap = map_files(paths, self._body_bytes())
             if fmap is None:
                 return None
             flat = np.asarray(fmap)          # (holds the mapping)
             rows = flat[:self.nbytes].view(self.dtype).reshape(self.shape)
-            self._mapping = (rows, fmap, set(), seen)
-        rows, fmap, verified, _ = self._mapping
+            fmap.derived["checked"] = set()  # chunks checked through this mapping
+            self._mapping = (rows, fmap, seen)
+        rows, fmap, _ = self._mapping
         # a checked chunk whose pages all stayed mapped holds the bytes checked; one that
         # lost a page may have been read again from the disk since: checked again
         # (decided now, before this run's kernels fault anything back in)
-        verified.intersection_update(np.flatnonzero(fmap.resident(len(paths))).tolist())
+        fmap.derived["checked"].intersection_update(
+            np.flatnonzero(fmap.resident(len(paths))).tolist())
         return rows, fmap
 
     def can_map(self) -> bool:
@@ -500,7 +502,8 @@ class DiskStorage:
         """The share of this array's chunk bodies the page cache holds now (all of it, as
         far as this asks, when the last run checked every chunk through this storage's
         mapping: mapped() finds out whether they stayed)."""
-        if self._mapping is not None and len(self._mapping[2]) == self.num_chunks:
+        if self._mapping is not None and \
+                len(self._mapping[1].derived["checked"]) == self.num_chunks:
             return 1.0
         body = self._body_bytes()
         paths = self._chunk_files(slice(0, self.shape[0])) if self.shape else []
@@ -510,11 +513,12 @@ class DiskStorage:
         raw = np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype))
         return self.chunk_rows * int(np.prod(self.shape[1:], dtype=np.int64)) * raw.itemsize
 
-    def load_mapped(self, k: int) -> None:
-        """Chunk k of mapped()'s FileMap read in (what the cache lacks) and checked as a
-        chunk read is (_check_body), unless an earlier run checked it and mapped() found all
-        its pages still mapped; recorded in the run's chunk_checks."""
-        _, fmap, verified, _ = self._mapping
+    def load_mapped(self, k: int, fmap) -> None:
+        """Chunk k of `fmap` (mapped()'s) read in (what the cache lacks) and checked as a
+        chunk read is (_check_body), unless an earlier run checked it through the same
+        mapping and mapped() found all its pages still mapped; recorded in the run's
+        chunk_checks."""
+        verified = fmap.derived["checked"]
         body = fmap.nbytes // self.num_chunks
         if k not in verified:
             f = self._chunk_file(k)
