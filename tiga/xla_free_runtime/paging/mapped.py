@@ -148,10 +148,12 @@ def mappable(walk, fields: list, roles, triton=None, reserved: int = 0) -> bool:
     disk = [reader.row_ptr, reader.col_idx] + [s for s, tier in fields if tier == "disk"]
     if not all(getattr(s, "can_map", lambda: False)() for s in disk):
         return False
-    owner, nbytes = sc.budget_scope("host"), sum(s.nbytes for s in disk)
-    if owner is not None and owner.used["host"] + reserved + nbytes > owner.budgets["host"]:
-        return False
-    return sum(s.cached_fraction() * s.nbytes for s in disk) >= WARM * nbytes
+    owner = sc.budget_scope("host")
+    if owner is not None and owner.used["host"] + reserved + mapped_bytes(walk, fields) > \
+            owner.budgets["host"]:
+        return False        # (the charge PagedRun.charge_mapped would make)
+    return sum(s.cached_fraction() * s.nbytes for s in disk) >= \
+        WARM * sum(s.nbytes for s in disk)
 
 
 def mapped_bytes(walk, fields: list) -> int:

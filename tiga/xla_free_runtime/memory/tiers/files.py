@@ -140,20 +140,15 @@ def page_cache_room() -> int | None:
 
 def cached_bytes(paths: list, nbytes: int) -> int:
     """Bytes of the first `nbytes` of each file of `paths` that the page cache holds
-    (cachestat(2); 0 where it cannot tell or a file cannot be opened)."""
-    stat, total = _cachestat(), 0
-    if stat is None:
-        return 0
-    rng = (ctypes.c_uint64 * 2)(0, nbytes)
+    (0 where it cannot tell or a file cannot be opened)."""
+    total = 0
     for p in paths:
         try:
             fd = os.open(p, os.O_RDONLY)
         except OSError:
             continue
         try:
-            got = (ctypes.c_uint64 * 5)()
-            if stat(fd, rng, got) == 0:
-                total += min(got[0] * mmap.PAGESIZE, nbytes)
+            total += min((_cached_pages(fd, nbytes) or 0) * mmap.PAGESIZE, nbytes)
         finally:
             os.close(fd)
     return total
@@ -161,13 +156,19 @@ def cached_bytes(paths: list, nbytes: int) -> int:
 
 def _cold(fd: int, nbytes: int, offset: int = 0) -> bool:
     """Whether none of the file's bytes [offset, offset + nbytes) are in the page cache
-    (cachestat(2), Linux 6.5+; elsewhere False: the cached way, always correct). A probe by
-    reading would not do: a non-blocking read of an uncached page starts the readahead."""
+    (elsewhere than Linux 6.5+ False: the cached way, always correct). A probe by reading
+    would not do: a non-blocking read of an uncached page starts the readahead."""
+    return _cached_pages(fd, nbytes, offset) == 0
+
+
+def _cached_pages(fd: int, nbytes: int, offset: int = 0) -> int | None:
+    """Memory pages of the file's bytes [offset, offset + nbytes) the page cache holds
+    (cachestat(2)), or None where it cannot tell."""
     stat = _cachestat()
     if stat is None:
-        return False
+        return None
     rng, got = (ctypes.c_uint64 * 2)(offset, nbytes), (ctypes.c_uint64 * 5)()
-    return stat(fd, rng, got) == 0 and got[0] == 0
+    return int(got[0]) if stat(fd, rng, got) == 0 else None
 
 
 @functools.lru_cache(maxsize=1)
