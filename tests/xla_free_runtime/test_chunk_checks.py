@@ -155,3 +155,55 @@ def test_reads_where_the_platform_has_no_preadv(stored, monkeypatch):
         np.testing.assert_array_equal(d.read_rows(120, 300), x[120:300])   # parts and a whole
         checks.settle()
     np.testing.assert_array_equal(d.read_rows(1000, 1400), x[1000:1400])
+
+
+STRAY_IDS = """
+import sys, os, numpy as np, tiga as tg
+from tiga.xla_free_runtime.memory.tiers import disk
+disk.CHUNK_BYTES = 4096                        # (1024 ids a chunk: pages read them in part)
+disk.DiskStorage.can_map = lambda self: False  # (the read path: pages into buffers)
+path, at, field = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+n, k = 2000, 8
+rp = np.arange(n + 1, dtype=np.int64) * k
+ci = ((np.arange(n)[:, None] + np.arange(1, k + 1)) % n).reshape(-1).astype(np.int32)
+x = np.random.default_rng(0).random((n, 4))
+with tg.store.create(path, num_src=n, num_dst=n, index_dtype="int32") as w:
+    w.append_csr_chunk(rp, ci)
+    w.append_field("x", x, role="src")
+store, g = tg.store.open(path), tg.Graph.open(path)
+src = store["x"] if field == "store" else x
+def run():
+    for f in store.vdir.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    with tg.scope(page_rows=300):
+        return np.asarray(tg.propagate(g, lambda s, d, e: s.x, tg.sum(), src={"x": src}))
+first = run()                                  # (pages learn their source windows)
+np.testing.assert_allclose(first, x[ci].reshape(n, k, 4).sum(1))
+chunk = store.vdir / "col_idx" / "c" / "2"
+raw = bytearray(chunk.read_bytes()); raw[at] ^= 0x40; chunk.write_bytes(bytes(raw))
+try:
+    run()
+except tg.StorageError as exc:
+    print("refused:", exc)
+else:
+    print("no error")
+"""
+
+
+@pytest.mark.parametrize("field", ["host", "store"])
+@pytest.mark.parametrize("at", [3, 1003, 4003], ids=["low id", "high id", "late id"])
+def test_a_stray_column_id_read_in_part_is_refused_not_a_crash(tmp_path, at, field):
+    """A column id whose chunk a page reads in part (its check owed to the run) indexes the
+    page's rows before the run's checks settle: one damaged between two runs (its high byte
+    flipped: far outside the sources) is a StorageError naming its chunk, not a crash."""
+    import subprocess
+    import sys
+    import textwrap
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    got = subprocess.run([sys.executable, "-c", textwrap.dedent(STRAY_IDS),
+                          str(tmp_path / "s"), str(at), field],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "refused:" in got.stdout and "col_idx/c/2" in got.stdout, got.stdout

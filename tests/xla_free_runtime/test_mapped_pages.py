@@ -138,22 +138,22 @@ STORE = {"x": "store", "b": "store", "w": "store"}
     ("col_idx/c/2", 3),              # an id's high byte: out of range unless checked first
     ("row_ptr/c/1", 7)], ids=["field row", "field trailer", "edge field", "column id",
                               "row offset"])
-def test_a_damaged_chunk_fails_the_mapped_run(ring, array, at):
+@pytest.mark.parametrize("cold", [False, True], ids=["mapped", "read through the mapping"])
+def test_a_damaged_chunk_fails_the_mapped_run(ring, monkeypatch, array, at, cold):
     path, arrays, want = ring
     got, stats = run(path, 300, tg.sum(), STORE, arrays)
     assert stats.mapped
     np.testing.assert_allclose(got, want, rtol=1e-12)
     flip(path / "v000001" / array, at)
+    if cold:              # (the run finds the store out of the cache: it reads through)
+        monkeypatch.setitem(globals(), "warm", drop_cache)
     with pytest.raises(tg.StorageError, match=rf"{array}: (checksum|row_ptr|.*check)"):
         run(path, 300, tg.sum(), STORE, arrays)
 
 
 def test_checked_chunks_are_checked_again_only_when_they_may_have_changed(ring, monkeypatch):
     path, arrays, want = ring
-    checked = []
-    real = disk_mod.DiskStorage._check_body
-    monkeypatch.setattr(disk_mod.DiskStorage, "_check_body",
-                        lambda self, k, body, f: (checked.append(str(f)), real(self, k, body, f)))
+    checked = counting_checks(monkeypatch)
     store, g = tg.store.open(path), tg.Graph.open(path)
     x, b, w = store["x"], store["b"], store["w"]
     model = Weighted()
@@ -189,22 +189,75 @@ def test_checked_chunks_are_checked_again_only_when_they_may_have_changed(ring, 
     assert x_storage._mapping[1] is not fmap
 
 
-def test_a_cold_run_reads_its_pages_and_leaves_them_for_a_mapped_one(ring):
-    path, arrays, want = ring
+def drop_cache(path: Path) -> None:
     for f in path.rglob("*"):
         if f.is_file():
             fd = os.open(f, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
+
+
+def counting_checks(monkeypatch) -> list:
+    """The chunk files checked through a mapping (DiskStorage._check_body), as they are."""
+    checked = []
+    real = disk_mod.DiskStorage._check_body
+    monkeypatch.setattr(disk_mod.DiskStorage, "_check_body",
+                        lambda self, k, body, f: (checked.append(str(f)), real(self, k, body, f)))
+    return checked
+
+
+def chunk_files(path: Path) -> set:
+    return {str(path / d / f) for d, _, files in os.walk(path)
+            for f in files if not f.endswith(".json") and "c" in Path(d).parts}
+
+
+def test_a_cold_run_reads_through_the_mapping_the_next_one_maps(ring, monkeypatch):
+    """A cold run reads its pages into buffers, each chunk read in and checked through the
+    mapping its storage keeps: the next run maps them and checks none again."""
+    path, arrays, want = ring
+    checked = counting_checks(monkeypatch)
+    drop_cache(path)
     store, g = tg.store.open(path), tg.Graph.open(path)
     call = dict(graph=g, src={"x": store["x"]}, dst={"b": store["b"]}, edge={"w": store["w"]})
-    got = []
+    got, seen = [], []
     with tg.scope(page_rows=300), tg.profile() as prof:
         for _ in range(2):
+            checked.clear()
             got.append(np.asarray(Weighted()(**call)))
+            seen.append(set(checked))
     assert [s.mapped for s in prof.measured("paged")] == [False, True]
     for y in got:
         np.testing.assert_allclose(y, want, rtol=1e-12)
+    assert seen == [chunk_files(store.vdir), set()]
+
+
+@pytest.mark.parametrize("room", [0, 24 << 10, 1 << 30])
+def test_reading_through_the_mapping_stays_in_the_host_budget(ring, monkeypatch, room):
+    """A cold run reads a chunk through the kept mapping only while the host budget holds it
+    beside the largest page's buffers; the budget gets every byte back after the run, and the
+    next run checks exactly the chunks the cold one did not (`room`: budget bytes beyond the
+    result and the mapped arrays, which the warm run needs)."""
+    path, arrays, want = ring
+    checked = counting_checks(monkeypatch)
+    drop_cache(path)
+    store, g = tg.store.open(path), tg.Graph.open(path)
+    mapped = 2 * store.row_ptr.nbytes + store.col_idx.nbytes + \
+        sum(store[k]._storage.nbytes for k in ("x", "b", "w"))
+    result = want.nbytes
+    call = dict(graph=g, src={"x": store["x"]}, dst={"b": store["b"]}, edge={"w": store["w"]})
+    seen = []
+    with tg.scope(budgets={"host": result + mapped + room}, page_rows=300), \
+            tg.profile() as prof:
+        for _ in range(2):
+            checked.clear()
+            y = Weighted()(**call)
+            assert tg.memory.report()["host"]["bytes"] == result      # (charges credited)
+            np.testing.assert_allclose(np.asarray(y), want, rtol=1e-12)
+            seen.append(set(checked))
+            del y
+    assert [s.mapped for s in prof.measured("paged")] == [False, True]
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == chunk_files(store.vdir)
+    assert bool(seen[1]) == (room < 1 << 20)       # (a tight budget: some read as before)
 
 
 def test_a_run_past_the_page_cache_reads_its_pages(ring, monkeypatch):

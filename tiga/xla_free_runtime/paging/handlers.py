@@ -124,6 +124,8 @@ class PagedRun:
         self.pages_loaded = 0      # pages whose loads are done (the last one settles checks)
         self.checks = None         # the run's chunk_checks ledger (execute makes it)
         self.mapped = None         # mapped.MappedRun: pages read from the page cache in place
+        self.through_charges = []  # chunks read through kept mappings (charge_through)
+        self.page_bound = None     # the largest page's buffer estimate (charge_through)
         self.out_row_bytes = sum(int(np.prod(v.type.shape[1:], dtype=np.int64)) *
                                  v.type.dtype.np.itemsize for v in eqn.outputs)
         self.row_bytes = [0 if r == "param" else
@@ -154,6 +156,8 @@ class PagedRun:
         n, self.kernel_threads = page_threads(self.walk, len(self.tasks), mapped)
         self.mapped = paging_mapped.open_mapped(self.walk, self.fields, len(self.tasks)) \
             if mapped else None
+        through = None if self.mapped is not None else paging_mapped.reads_through(
+            self.walk, self.fields, self.roles, self.triton)
         mapped_charge = self.charge_mapped()
         self.stats.mapped = self.mapped is not None
         self.module = paging_plan.page_module(
@@ -170,8 +174,8 @@ class PagedRun:
         done = False
         try:
             # chunks the pages read in part are checked once, before the results are kept
-            with chunk_checks.checking(reads_past_cache(self.walk, self.fields)) \
-                    as self.checks:
+            with chunk_checks.checking(reads_past_cache(self.walk, self.fields), through,
+                                       self.charge_through) as self.checks:
                 if self.mapped is not None:
                     self.mapped.owe_all(self.checks)
                 interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
@@ -186,8 +190,9 @@ class PagedRun:
             if self.triton is not None:
                 self.triton.close()
             self.buffers.close()
-            if mapped_charge is not None:
-                mapped_charge.credit()
+            for ch in self.through_charges + [mapped_charge] * (mapped_charge is not None):
+                ch.credit()
+            self.checks = None          # (it holds charge_through: a cycle back to the run)
             if self.bar is not None:
                 self.bar.close()
             if not done:
@@ -207,6 +212,23 @@ class PagedRun:
         except StorageError:
             self.mapped = None
             return None
+
+    def charge_through(self, nbytes: int) -> bool:
+        """Charge a chunk a cold run reads through its storage's kept mapping
+        (mapped.reads_through) to the host budget, if that leaves room for the largest
+        page's buffers (an upper bound: those of a run that reads into buffers come first)
+        and spills nothing; whether it did."""
+        owner = sc.budget_scope("host")
+        if owner is not None:
+            if self.page_bound is None:
+                self.page_bound = max(map(self.estimate, self.tasks), default=0)
+            if owner.used["host"] + nbytes + self.page_bound > owner.budgets["host"]:
+                return False
+        try:
+            self.through_charges.append(memory.charge("host", nbytes, "mapped store pages"))
+        except StorageError:
+            return False
+        return True
 
     # ---- transfers ---------------------------------------------------------------------------
 
@@ -329,17 +351,50 @@ class PagedRun:
     def distinct(self, page: int, ci: np.ndarray) -> tuple:
         """distinct() of a page's source ids; a page whose ids filled a window [lo, hi) on
         an earlier run over this store version and page size does so again (the stored
-        relation is immutable), so its ids are only shifted."""
+        relation is immutable), so its ids are only shifted. Ids the run has not checked
+        yet (chunk_checks: read in part, their check owed) must still index inside what
+        the kernel reads (_check_ids)."""
         window = self.windows.get(page)
         if window is not None:
             lo, hi = window
+            self._check_ids(page, ci, lo, hi)
             if lo:
                 np.subtract(ci, lo, out=ci)      # (ci is this page's own buffer)
             return np.arange(lo, hi, dtype=np.int64), ci
         uniq, inv = distinct(ci, self.graph.index_dtype.np, out=ci)   # (ci: its own buffer)
+        if len(uniq) and (uniq[0] < 0 or uniq[-1] >= self.reader.num_src):
+            self._check_ids(page, uniq, 0, self.reader.num_src)
         if len(uniq) and int(uniq[-1]) - int(uniq[0]) + 1 == len(uniq):
             self.windows[page] = (int(uniq[0]), int(uniq[-1]) + 1)
         return uniq, inv
+
+    def _check_ids(self, page: int, ids: np.ndarray, lo: int, hi: int) -> None:
+        """A page's source ids (`ids`: the page's own, in stored order, or any of them) in
+        [lo, hi), or a StorageError: the chunk that holds a stray one is checked at once (a
+        damaged chunk names itself), else the ids are refused. Only ids of column-id chunks
+        the run has not checked are looked at: a stored relation's checked ids are in
+        range (its commit checked them), and a damaged one would otherwise index outside
+        the page's rows before the run's checks settle."""
+        col, (a, b) = getattr(self.reader, "col_idx", None), self.tasks[page].edges
+        if not isinstance(col, DiskStorage) or self.checks is None:
+            return          # (a relation held in memory: its ids were checked when made)
+        cr, whole = col.chunk_rows, len(ids) == b - a
+        for k in range(a // cr, -(-b // cr)):
+            if self.checks.is_checked(col, k):
+                continue
+            part = ids[max(k * cr, a) - a:min((k + 1) * cr, b) - a] if whole else ids
+            if len(part) and (part.min() < lo or part.max() >= hi):
+                col.check_chunk(k)
+                self.checks.checked(col, k)
+                if not whole:
+                    continue
+                raise StorageError(f"{col.path}: page {page} check failed: column ids "
+                                   f"[{int(part.min())}, {int(part.max())}] leave the "
+                                   f"sources [{lo}:{hi}) the page reads")
+        if not whole:
+            raise StorageError(f"{col.path}: page {page} check failed: column ids "
+                               f"[{int(ids.min())}, {int(ids.max())}] leave the sources "
+                               f"[{lo}:{hi})")
 
     def edge_rows(self, page, stor):
         """An edge field of a page walking the transpose: the page's stored edge ids (read

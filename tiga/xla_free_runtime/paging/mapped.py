@@ -131,29 +131,53 @@ class MappedRun:
 
 def mappable(walk, fields: list, roles, triton=None, reserved: int = 0) -> bool:
     """Whether a run's pages read their arrays mapped (a property of its plan: its page
-    kernels then take every core): the CPU route's pages over a stored relation, walked in
-    stored edge order where a field has edge rows, with fields on the host or on disk, each
-    disk array in a layout that maps (DiskStorage.can_map), the whole run small enough for
-    the page cache to keep (otherwise it reads past it: chunk_checks) and in it now (WARM),
-    and within what the host budget has left, `reserved` bytes the run will still charge
-    aside (a run's mapped pages are charged to it: mapped_bytes). `fields`: (storage, tier)
-    of each propagate field (storage None: on the host)."""
+    kernels then take every core): a run that could map (_could_map) whose arrays the page
+    cache holds now (WARM)."""
+    disk = _could_map(walk, fields, roles, triton, reserved)
+    return disk is not None and sum(s.cached_fraction() * s.nbytes for s in disk) >= \
+        WARM * sum(s.nbytes for s in disk)
+
+
+def reads_through(walk, fields: list, roles, triton=None) -> dict | None:
+    """The kept mappings a run that does not map (not mappable: a cold one) reads its
+    chunks through (chunk_checks: id(storage) -> its FileMap), or None: one that could not
+    map (_could_map). Its pages are read into buffers as before, but each chunk read whole
+    is read in and checked through the mapping its storage keeps (DiskStorage.mapped)
+    rather than a temporary one (files.read_chunk_file), where the host budget has room for
+    it (PagedRun.charge_through): the next call maps the chunks this one checked, still
+    mapped, and checks none of them again."""
+    disk = _could_map(walk, fields, roles, triton)
+    if disk is None:
+        return None
+    got = {id(s): s.mapped() for s in disk}
+    return None if any(m is None for m in got.values()) else \
+        {k: fmap for k, (_, fmap) in got.items()}
+
+
+def _could_map(walk, fields: list, roles, triton=None, reserved: int = 0) -> list | None:
+    """The disk arrays of a run that could read them mapped, or None: the CPU route's pages
+    over a stored relation, walked in stored edge order where a field has edge rows, with
+    fields on the host or on disk, each disk array in a layout that maps
+    (DiskStorage.can_map), the whole run small enough for the page cache to keep (otherwise
+    it reads past it: chunk_checks), and within what the host budget has left, `reserved`
+    bytes the run will still charge aside (a run's mapped pages are charged to it:
+    mapped_bytes). `fields`: (storage, tier) of each propagate field (storage None: on the
+    host)."""
     reader = walk.reader
     if triton is not None or reader is None or tier_of(reader) != "disk" or \
             not hasattr(reader, "row_offsets") or \
             (walk.edge_perm is not None and "edge" in roles) or \
             any(tier not in ("host", "disk", "param") for _, tier in fields) or \
             reads_past_cache(walk, fields):
-        return False
+        return None
     disk = [reader.row_ptr, reader.col_idx] + [s for s, tier in fields if tier == "disk"]
     if not all(getattr(s, "can_map", lambda: False)() for s in disk):
-        return False
+        return None
     owner = sc.budget_scope("host")
     if owner is not None and owner.used["host"] + reserved + mapped_bytes(walk, fields) > \
             owner.budgets["host"]:
-        return False        # (the charge PagedRun.charge_mapped would make)
-    return sum(s.cached_fraction() * s.nbytes for s in disk) >= \
-        WARM * sum(s.nbytes for s in disk)
+        return None         # (the charge PagedRun.charge_mapped would make)
+    return disk
 
 
 def mapped_bytes(walk, fields: list) -> int:
@@ -181,4 +205,4 @@ def _mapped(stor) -> MappedArray | None:
     return None if got is None else MappedArray(stor, *got)
 
 
-__all__ = ["MappedRun", "mappable", "mapped_bytes", "open_mapped"]
+__all__ = ["MappedRun", "mappable", "mapped_bytes", "open_mapped", "reads_through"]

@@ -14,7 +14,9 @@ with a copy of its context) share it and nothing outlives the run.
 The run also says how its chunks are read: `direct` runs (those reading more than the page
 cache could keep, see paging) read a chunk the cache does not hold past it (O_DIRECT);
 caching it would only evict what the next call needs. Other reads go through the cache,
-so a second call over a store that fits in memory is served from it.
+so a second call over a store that fits in memory is served from it; a run that could map
+its arrays reads their whole chunks `through` the mappings their storages keep, so that the
+next call finds them mapped and checked (paging/mapped.py).
 """
 from __future__ import annotations
 
@@ -26,8 +28,11 @@ from contextvars import ContextVar
 class ChunkChecks:
     """One run's ledger: (storage, chunk) pairs checked whole, and those read in part."""
 
-    def __init__(self, direct: bool = False):
+    def __init__(self, direct: bool = False, through: dict | None = None, charge=None):
         self.direct = direct               # cold chunks read past the page cache
+        self.through = through or {}       # id(storage) -> the kept FileMap it reads through
+        self._charge = charge              # nbytes -> whether the budget took them
+        self._charged: set = set()
         self._lock = threading.Lock()     # (the run's loader threads record concurrently)
         self._checked: set = set()
         self._owed: dict = {}             # (id(storage), chunk) -> storage
@@ -36,6 +41,24 @@ class ChunkChecks:
         with self._lock:
             self._checked.add((id(storage), k))
             self._owed.pop((id(storage), k), None)
+
+    def mapping(self, storage, k: int, nbytes: int):
+        """The kept mapping (files.FileMap) the run reads chunk k of `storage` through
+        (paging/mapped.reads_through), or None: none, `nbytes` are not the whole chunk, or
+        the budget has no room for them (charged once a run: they stay resident while the
+        run maps them)."""
+        fmap = self.through.get(id(storage))
+        if fmap is None or fmap.nbytes != nbytes * storage.num_chunks:
+            return None
+        if self._charge is None:
+            return fmap
+        with self._lock:
+            if (id(storage), k) in self._charged:
+                return fmap
+            if not self._charge(nbytes):
+                return None
+            self._charged.add((id(storage), k))
+        return fmap
 
     def is_checked(self, storage, k: int) -> bool:
         return (id(storage), k) in self._checked
@@ -63,9 +86,9 @@ def current() -> ChunkChecks | None:
 
 
 @contextmanager
-def checking(direct: bool = False):
+def checking(direct: bool = False, through: dict | None = None, charge=None):
     """A run's ledger for its reads; settle() it before the run's results are kept."""
-    checks = ChunkChecks(direct)
+    checks = ChunkChecks(direct, through, charge)
     token = _CHECKS.set(checks)
     try:
         yield checks

@@ -417,6 +417,12 @@ class DiskStorage:
 
     def _read_chunk(self, k: int, target: np.ndarray, key) -> None:
         f, checks = self._chunk_file(k), chunk_checks.current()
+        fmap = checks.mapping(self, k, target.nbytes) if checks is not None else None
+        if fmap is not None:
+            self.load_mapped(k, fmap)          # (read in, checked and recorded through it)
+            np.copyto(target.reshape(-1).view(np.uint8),
+                      np.asarray(fmap)[k * target.nbytes:(k + 1) * target.nbytes])
+            return
         try:
             got, crc = read_chunk_file(f, target, checks is not None and checks.direct)
         except FileNotFoundError as exc:
