@@ -22,7 +22,8 @@ A storage keeps its mapping from run to run (DiskStorage.mapped), and a chunk an
 checked is not checked again when all its pages are still mapped at the start of the next
 run (the kernel unmaps a page before evicting it) and its file shows no change. So a warm
 call costs the kernel and little more, where it used to cost a copy and a crc32c of every
-byte.
+byte. A cold run that could map (reads_through) reads its pages into buffers, but through
+those same kept mappings, so the warm run after it finds its chunks mapped and checked.
 
 What mapping trusts that reading into buffers did not:
 - that a page evicted while a run maps it and read in again during that run (by the kernel
