@@ -123,6 +123,12 @@ class MappedRun:
         n = m.storage.num_chunks
         return m.rows, m.check_chunks(op.page * n // self.pages, (op.page + 1) * n // self.pages)
 
+    def checked(self) -> bool:
+        """Whether every chunk of the run's arrays was checked through their mappings
+        before (and stayed mapped): its pages then have nothing to read or check."""
+        return all(len(m.fmap.derived["checked"]) == m.storage.num_chunks
+                   for m in (self.row_ptr, self.col, *self.fields.values()))
+
     def owe_all(self, checks) -> None:
         """Owe every mapped field chunk to the run: settle() checks what no page did."""
         for m in self.fields.values():
