@@ -462,6 +462,32 @@ def test_disk_inputs_stay_lazy_through_programs_and_vjp(tmp_path, monkeypatch):
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("page_rows,writers", [(500, 2), (300, 1)],
+                         ids=["whole chunks: two writers", "chunks split: one writer"])
+def test_result_pages_written_at_once_only_where_they_write_whole_chunks(
+        tmp_path, monkeypatch, page_rows, writers):
+    """Pages whose result rows are whole chunks are written by two threads at once; pages
+    that split a chunk (each rewrites it whole) by one, in order. Both equal the in-memory
+    result, row for row."""
+    from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
+    from tiga.xla_free_runtime.paging import writer as writer_mod
+    n = 4000
+    rp, ci = ring(n)
+    x = np.arange(n * 8, dtype=np.float32).reshape(n, 8) % 97
+    store = store_of(tmp_path / "s", rp, ci, n, [("x", x, "src")])
+    g = tg.Graph.open(tmp_path / "s")
+    want = np.asarray(Gather().reference(graph=tg.Graph.from_csr(rp, ci), src={"x": x}))
+    monkeypatch.setattr(disk_mod, "CHUNK_BYTES", 500 * 8 * 4)     # result chunks: 500 rows
+    made, real = [], writer_mod.PageWriter.__init__
+    monkeypatch.setattr(writer_mod.PageWriter, "__init__", lambda self, *a, **k: (
+        real(self, *a, **k), made.append(len(self.threads)))[0])
+    with tg.scope(budgets={"host": "100KB"}, page_rows=page_rows, spill_dir=tmp_path / "sp"):
+        y = Gather()(graph=g, src={"x": store["x"]})
+        assert y.tier == "disk" and y._storage.chunk_rows == 500
+        np.testing.assert_array_equal(y.numpy(), want)
+    assert made == [writers]
+
+
 def test_a_failed_result_write_is_raised_and_leaves_nothing(tmp_path, monkeypatch):
     """The writer thread's error reaches the caller; the spill dir and budget are clean."""
     from tiga.xla_free_runtime.memory.tiers import DiskStorage

@@ -48,7 +48,7 @@ from .pages import (
     storage_of,
     tier_of,
 )
-from .writer import WRITE_QUEUE, PageWriter
+from .writer import WRITE_QUEUE, WRITERS, PageWriter
 
 
 @dataclass(eq=False)
@@ -113,7 +113,7 @@ class PagedRun:
                                route=triton.backend if triton is not None else "cpu-llvm")
         self.stop = threading.Event()
         # loading or loaded ahead, computing, queued for the writer, being written
-        self.buffers = PageBuffers(LOOKAHEAD + 1 + WRITE_QUEUE + 1)
+        self.buffers = PageBuffers(LOOKAHEAD + 1 + WRITE_QUEUE + WRITERS)
         self.writer = self.loaders = self.bar = None
         self.lock = threading.Lock()
         self.events: dict = {}     # event name -> the future of the loader job making it
@@ -176,7 +176,8 @@ class PagedRun:
         self.bar = progress_bar(len(self.tasks), "tg paged run", "pages")
         self.loaders = Loaders(n)
         if self.stats.result_tier == "disk":
-            self.writer = PageWriter(self.buffers, self.stats)
+            self.writer = PageWriter(self.buffers, self.stats,
+                                     WRITERS if self.whole_chunk_writes() else 1)
         done = False
         try:
             # chunks the pages read in part are checked once, before the results are kept
@@ -205,6 +206,12 @@ class PagedRun:
                 _discard(outs)
         self.stats.seconds["total"] = time.perf_counter() - t_start
         return [t for t, _ in outs]
+
+    def whole_chunk_writes(self) -> bool:
+        """Whether every page writes whole chunks of the disk results (then no two pages
+        write one chunk: PageWriter may write pages at once)."""
+        return all(stor.tier != "disk" or stor._aligned(op.rows[0], op.rows[1] - op.rows[0])
+                   for ops in self.writes.values() for op, (_, stor) in zip(ops, self.outs))
 
     def charge_mapped(self):
         """The host budget's charge for the mapped arrays (they are resident while the run

@@ -1,11 +1,15 @@
-"""runtime: the writer thread of a paged run whose result lives on disk.
+"""runtime: the writer threads of a paged run whose result lives on disk.
 
 A page's output rows go to disk while the next page computes: the computing thread hands
-each page's rows (with the page's buffer set, which holds them) to this thread through a
-bounded queue and goes on; the writer writes them and gives the buffer set back. Disk
+each page's rows (with the page's buffer set, which holds them) to the writers through a
+bounded queue and goes on; a writer writes them and gives the buffer set back. Disk
 writes bypass the page cache (storage/disk), so they cost the disk's time, not the CPU's,
-and that time overlaps compute. An error in a write is raised on the computing thread at
-its next hand-over or at close(), never lost.
+and that time overlaps compute. Pages that write whole chunks only are written by WRITERS
+threads at once (a disk keeps two requests in flight faster than one: 800 MB in 4 MiB
+chunk files took 0.70-0.82 s from one thread, 0.61-0.69 s from two, on this machine); a
+page that writes part of a chunk rewrites it whole, so such runs keep one writer, and the
+pages' order. An error in a write is raised on the computing thread at its next hand-over
+or at close(), never lost.
 """
 from __future__ import annotations
 
@@ -14,18 +18,22 @@ import queue
 import threading
 import time
 
-WRITE_QUEUE = 2      # pages written behind the computing thread at most
+WRITE_QUEUE = 2      # pages queued behind the computing thread at most
+WRITERS = 2          # pages being written at once, at most
 
 
 class PageWriter:
-    def __init__(self, buffers, stats):
+    def __init__(self, buffers, stats, threads: int = 1):
         self.buffers, self.stats = buffers, stats
         self.q: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=contextvars.copy_context().run,
-                                       args=(self._loop,), daemon=True,
-                                       name="tiga-page-writer")
-        self.thread.start()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=contextvars.copy_context().run,
+                                         args=(self._loop,), daemon=True,
+                                         name=f"tiga-page-writer-{i}")
+                        for i in range(threads)]
+        for t in self.threads:
+            t.start()
 
     def put(self, pending: list, bufs) -> None:
         """Write `pending` [(storage, first row, rows)] and then release `bufs`."""
@@ -43,9 +51,10 @@ class PageWriter:
                     t0 = time.perf_counter()
                     for stor, row, rows in pending:
                         stor.write_rows(row, rows)
-                    self.stats.seconds["write"] += time.perf_counter() - t0
+                    with self.lock:
+                        self.stats.seconds["write"] += time.perf_counter() - t0
             except BaseException as exc:       # raised on the computing thread
-                self.error = exc
+                self.error = self.error or exc
             finally:
                 self.buffers.release(bufs)
 
@@ -55,7 +64,9 @@ class PageWriter:
 
     def close(self, check: bool = True) -> None:
         """Wait for every queued write (check: raise a write's error here)."""
-        self.q.put(None)
-        self.thread.join()
+        for _ in self.threads:
+            self.q.put(None)
+        for t in self.threads:
+            t.join()
         if check:
             self.raise_error()
