@@ -267,3 +267,35 @@ def test_direct_chunk_reads_match_zarr_across_ranges_and_writes(spill, small_chu
             d.write_rows(a, x[a:a + n])
     d._direct = False                                       # zarr's own decode agrees
     np.testing.assert_array_equal(d.read_rows(0, 100), x)
+
+
+@pytest.mark.parametrize("shape,dtype,align", [((3, 5), np.float64, 64),
+                                               ((1 << 18, 3), np.float32, 4096),
+                                               ((1 << 21,), np.uint8, 64)])
+def test_aligned_buffers_and_large_ones_given_back_when_dropped(shape, dtype, align):
+    """aligned_empty: the shape, dtype and alignment asked for, writable; a buffer of
+    MAPPED_MIN bytes or more has a mapping of its own, unmapped when it goes (malloc's
+    arenas would keep it resident)."""
+    import gc
+    import mmap
+    buf = files_mod.aligned_empty(shape, dtype, align)
+    assert buf.shape == shape and buf.dtype == dtype and buf.ctypes.data % align == 0
+    buf[...] = 7
+    assert buf.flags.writeable and (buf == 7).all()
+    base = buf
+    while base.base is not None and isinstance(base.base, np.ndarray):
+        base = base.base
+    owner = base.base.obj if isinstance(base.base, memoryview) else base.base
+    large = buf.nbytes >= files_mod.MAPPED_MIN
+    assert isinstance(owner, mmap.mmap) == large
+    if large:
+        start = buf.ctypes.data
+
+        def mapped() -> bool:
+            with open("/proc/self/maps") as f:
+                return any(int(line.split("-")[0], 16) <= start <
+                           int(line.split()[0].split("-")[1], 16) for line in f)
+        assert mapped()
+        del buf, base, owner
+        gc.collect()
+        assert not mapped(), "the buffer's mapping outlived it"

@@ -112,8 +112,8 @@ class PagedRun:
         self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows(),
                                route=triton.backend if triton is not None else "cpu-llvm")
         self.stop = threading.Event()
-        # loading or loaded ahead, computing, queued for the writer, being written
-        self.buffers = PageBuffers(LOOKAHEAD + 1 + WRITE_QUEUE + WRITERS)
+        # loading or loaded ahead, computing, queued for the writers or being written
+        self.buffers = PageBuffers(LOOKAHEAD + 1 + WRITE_QUEUE)
         self.writer = self.loaders = self.bar = None
         self.lock = threading.Lock()
         self.events: dict = {}     # event name -> the future of the loader job making it
@@ -379,35 +379,36 @@ class PagedRun:
             return np.arange(lo, hi, dtype=np.int64), ci
         uniq, inv = distinct(ci, self.graph.index_dtype.np, out=ci)   # (ci: its own buffer)
         if len(uniq) and (uniq[0] < 0 or uniq[-1] >= self.reader.num_src):
-            self._check_ids(page, uniq, 0, self.reader.num_src)
+            self._check_ids(page, uniq, 0, self.reader.num_src, stored=False)
         if len(uniq) and int(uniq[-1]) - int(uniq[0]) + 1 == len(uniq):
             self.windows[page] = (int(uniq[0]), int(uniq[-1]) + 1)
         return uniq, inv
 
-    def _check_ids(self, page: int, ids: np.ndarray, lo: int, hi: int) -> None:
-        """A page's source ids (`ids`: the page's own, in stored order, or any of them) in
-        [lo, hi), or a StorageError: the chunk that holds a stray one is checked at once (a
-        damaged chunk names itself), else the ids are refused. Only ids of column-id chunks
-        the run has not checked are looked at: a stored relation's checked ids are in
-        range (its commit checked them), and a damaged one would otherwise index outside
-        the page's rows before the run's checks settle."""
+    def _check_ids(self, page: int, ids: np.ndarray, lo: int, hi: int,
+                   stored: bool = True) -> None:
+        """A page's source ids in [lo, hi), or a StorageError: the chunk that holds a stray
+        one is checked at once (a damaged chunk names itself), else the ids are refused.
+        `stored`: `ids` are the page's own, in stored order, and only those of column-id
+        chunks the run has not checked are looked at (a stored relation's checked ids are
+        in range: its commit checked them; an unchecked one would otherwise index outside
+        the page's rows before the run's checks settle); else `ids` hold a stray one and
+        every unchecked chunk of the page is checked."""
         col, (a, b) = getattr(self.reader, "col_idx", None), self.tasks[page].edges
         if not isinstance(col, DiskStorage) or self.checks is None:
             return          # (a relation held in memory: its ids were checked when made)
-        cr, whole = col.chunk_rows, len(ids) == b - a
+        cr = col.chunk_rows
         for k in range(a // cr, -(-b // cr)):
             if self.checks.is_checked(col, k):
                 continue
-            part = ids[max(k * cr, a) - a:min((k + 1) * cr, b) - a] if whole else ids
+            part = ids[max(k * cr, a) - a:min((k + 1) * cr, b) - a] if stored else ids
             if len(part) and (part.min() < lo or part.max() >= hi):
                 col.check_chunk(k)
                 self.checks.checked(col, k)
-                if not whole:
-                    continue
-                raise StorageError(f"{col.path}: page {page} check failed: column ids "
-                                   f"[{int(part.min())}, {int(part.max())}] leave the "
-                                   f"sources [{lo}:{hi}) the page reads")
-        if not whole:
+                if stored:
+                    raise StorageError(f"{col.path}: page {page} check failed: column ids "
+                                       f"[{int(part.min())}, {int(part.max())}] leave the "
+                                       f"sources [{lo}:{hi}) the page reads")
+        if not stored:
             raise StorageError(f"{col.path}: page {page} check failed: column ids "
                                f"[{int(ids.min())}, {int(ids.max())}] leave the sources "
                                f"[{lo}:{hi})")

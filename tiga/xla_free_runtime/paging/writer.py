@@ -18,14 +18,16 @@ import queue
 import threading
 import time
 
-WRITE_QUEUE = 2      # pages queued behind the computing thread at most
+WRITE_QUEUE = 3      # pages handed to the writers and not yet written, at most
 WRITERS = 2          # pages being written at once, at most
 
 
 class PageWriter:
     def __init__(self, buffers, stats, threads: int = 1):
         self.buffers, self.stats = buffers, stats
-        self.q: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
+        # (queued or being written: one depth for any number of writers, so a run holds no
+        # more page buffers for two than it did for one)
+        self.q: queue.Queue = queue.Queue(maxsize=max(1, WRITE_QUEUE - threads))
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=contextvars.copy_context().run,
