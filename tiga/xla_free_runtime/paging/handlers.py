@@ -181,7 +181,8 @@ class PagedRun:
         done = False
         try:
             # chunks the pages read in part are checked once, before the results are kept
-            with chunk_checks.checking(reads_past_cache(self.walk, self.fields), through,
+            with chunk_checks.checking(reads_past_cache(self.walk, self.fields),
+                                       {id(s): fmap for s, fmap in through or ()},
                                        self.charge_through) as self.checks:
                 if self.mapped is not None:
                     self.mapped.owe_all(self.checks)
@@ -204,6 +205,8 @@ class PagedRun:
                 self.bar.close()
             if not done:
                 _discard(outs)
+        if through:
+            paging_mapped.map_rest(through)
         self.stats.seconds["total"] = time.perf_counter() - t_start
         return [t for t, _ in outs]
 

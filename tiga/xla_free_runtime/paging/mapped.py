@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...core.errors import StorageError
 from ...core.graph import Graph
 from ..memory import scope as sc
 from ..memory.tiers import chunk_checks
@@ -145,20 +146,35 @@ def mappable(walk, fields: list, roles, triton=None, reserved: int = 0) -> bool:
         WARM * sum(s.nbytes for s in disk)
 
 
-def reads_through(walk, fields: list, roles, triton=None) -> dict | None:
+def reads_through(walk, fields: list, roles, triton=None) -> list | None:
     """The kept mappings a run that does not map (not mappable: a cold one) reads its
-    chunks through (chunk_checks: id(storage) -> its FileMap), or None: one that could not
-    map (_could_map). Its pages are read into buffers as before, but each chunk read whole
-    is read in and checked through the mapping its storage keeps (DiskStorage.mapped)
-    rather than a temporary one (files.read_chunk_file), where the host budget has room for
-    it (PagedRun.charge_through): the next call maps the chunks this one checked, still
-    mapped, and checks none of them again."""
+    chunks through ([(storage, its FileMap)], for chunk_checks), or None: one that could
+    not map (_could_map). Its pages are read into buffers as before, but each chunk read
+    whole is read in and checked through the mapping its storage keeps
+    (DiskStorage.mapped) rather than a temporary one (files.read_chunk_file), where the
+    host budget has room for it beside the run's page buffers (PagedRun.charge_through);
+    map_rest() maps the rest once the buffers are gone. The next call then maps every chunk,
+    checked, and checks none of them again."""
     disk = _could_map(walk, fields, roles, triton)
     if disk is None:
         return None
-    got = {id(s): s.mapped() for s in disk}
-    return None if any(m is None for m in got.values()) else \
-        {k: fmap for k, (_, fmap) in got.items()}
+    got = [(s, s.mapped()) for s in disk]
+    return None if any(m is None for _, m in got) else [(s, fmap) for s, (_, fmap) in got]
+
+
+def map_rest(through: list) -> None:
+    """After a run read through `through` (reads_through) and gave its page buffers back:
+    the chunks it did not read through, read in (the page cache holds them: the run just
+    read them) and checked through their kept mappings, for the next call. A chunk that
+    fails is left unmapped: the run's own reads were checked, and the next call checks it
+    again."""
+    for stor, fmap in through:
+        for k in range(stor.num_chunks):
+            if k not in fmap.derived["checked"]:
+                try:
+                    stor.load_mapped(k, fmap)
+                except StorageError:
+                    continue
 
 
 def _could_map(walk, fields: list, roles, triton=None, reserved: int = 0) -> list | None:
@@ -212,4 +228,5 @@ def _mapped(stor) -> MappedArray | None:
     return None if got is None else MappedArray(stor, *got)
 
 
-__all__ = ["MappedRun", "mappable", "mapped_bytes", "open_mapped", "reads_through"]
+__all__ = ["MappedRun", "map_rest", "mappable", "mapped_bytes", "open_mapped",
+           "reads_through"]
