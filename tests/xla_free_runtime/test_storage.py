@@ -130,19 +130,22 @@ def test_budget_that_cannot_be_met_names_tier_budget_and_request(spill):
         assert tg.memory.report()["host"]["bytes"] == 0
 
 
-def test_lru_spills_the_least_recently_used_idle_tensor(spill):
-    d = tg.asarray(np.arange(4000.0).reshape(1000, 4)).to("disk")   # 32000 bytes each
-    with tg.scope(budgets={"host": "70000"}, eviction="lru"):
+@pytest.mark.parametrize("rows", [1000, 40000], ids=["small", "large"])
+def test_lru_spills_the_least_recently_used_idle_tensor(spill, rows):
+    # (32000 bytes each, or 1.28 MB)
+    d = tg.asarray(np.arange(rows * 4.0).reshape(rows, 4)).to("disk")
+    budget = 70 * rows
+    with tg.scope(budgets={"host": budget}, eviction="lru"):
         a, b = d.to("host"), d.to("host")
         a.numpy()                                     # a is now more recent than b
         c = d.to("host")
         assert (a.tier, b.tier, c.tier) == ("host", "disk", "host")
-        assert tg.memory.report()["host"]["bytes"] == 64000
+        assert tg.memory.report()["host"]["bytes"] == 64 * rows
         held = c.numpy()                              # a view is out: c is not idle
         a.numpy()
         np.testing.assert_array_equal(b.numpy(), d.numpy())   # restores b: c is the least
         assert (a.tier, b.tier, c.tier) == ("disk", "host", "host")   # recent, but held
-        assert tg.memory.report()["host"]["peak"] <= 70000
+        assert tg.memory.report()["host"]["peak"] <= budget
         del held
 
 
@@ -269,16 +272,17 @@ def test_direct_chunk_reads_match_zarr_across_ranges_and_writes(spill, small_chu
     np.testing.assert_array_equal(d.read_rows(0, 100), x)
 
 
-@pytest.mark.parametrize("shape,dtype,align", [((3, 5), np.float64, 64),
-                                               ((1 << 18, 3), np.float32, 4096),
-                                               ((1 << 21,), np.uint8, 64)])
-def test_aligned_buffers_and_large_ones_given_back_when_dropped(shape, dtype, align):
-    """aligned_empty: the shape, dtype and alignment asked for, writable; a buffer of
-    MAPPED_MIN bytes or more has a mapping of its own, unmapped when it goes (malloc's
-    arenas would keep it resident)."""
+@pytest.mark.parametrize("shape,dtype,align,mapped", [
+    ((3, 5), np.float64, 64, False), ((1 << 18, 3), np.float32, 4096, False),
+    ((3, 5), np.float64, 64, True), ((1 << 18, 3), np.float32, 4096, True),
+    ((1 << 21,), np.uint8, 64, True)])
+def test_aligned_buffers_and_mapped_ones_given_back_when_dropped(shape, dtype, align, mapped):
+    """aligned_empty: the shape, dtype and alignment asked for, writable; one asked
+    `mapped` of MAPPED_MIN bytes or more has a mapping of its own, unmapped when it goes
+    (malloc's arenas would keep it resident)."""
     import gc
     import mmap
-    buf = files_mod.aligned_empty(shape, dtype, align)
+    buf = files_mod.aligned_empty(shape, dtype, align, mapped=mapped)
     assert buf.shape == shape and buf.dtype == dtype and buf.ctypes.data % align == 0
     buf[...] = 7
     assert buf.flags.writeable and (buf == 7).all()
@@ -286,16 +290,16 @@ def test_aligned_buffers_and_large_ones_given_back_when_dropped(shape, dtype, al
     while base.base is not None and isinstance(base.base, np.ndarray):
         base = base.base
     owner = base.base.obj if isinstance(base.base, memoryview) else base.base
-    large = buf.nbytes >= files_mod.MAPPED_MIN
-    assert isinstance(owner, mmap.mmap) == large
-    if large:
+    own = mapped and buf.nbytes >= files_mod.MAPPED_MIN
+    assert isinstance(owner, mmap.mmap) == own
+    if own:
         start = buf.ctypes.data
 
-        def mapped() -> bool:
+        def mapped_now() -> bool:
             with open("/proc/self/maps") as f:
                 return any(int(line.split("-")[0], 16) <= start <
                            int(line.split()[0].split("-")[1], 16) for line in f)
-        assert mapped()
+        assert mapped_now()
         del buf, base, owner
         gc.collect()
-        assert not mapped(), "the buffer's mapping outlived it"
+        assert not mapped_now(), "the buffer's mapping outlived it"

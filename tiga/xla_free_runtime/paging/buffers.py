@@ -51,7 +51,8 @@ class PageSet:
         row = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
         ch = memory.charge("host", cap * row, what, knob="page_rows") if self.reserved is None \
             else memory.draw(self.reserved, cap * row, what, knob="page_rows")
-        arr = aligned_empty((cap,) + tuple(row_shape), dtype, 4096)   # (O_DIRECT writes)
+        # (page-aligned for O_DIRECT writes; a mapping of its own, unmapped with the set)
+        arr = aligned_empty((cap,) + tuple(row_shape), dtype, 4096, mapped=True)
         self.bufs[name] = (arr, ch)
         return arr[:n]
 

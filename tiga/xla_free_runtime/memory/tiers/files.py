@@ -366,21 +366,21 @@ def replace_file(target: Path, payload: bytes) -> None:
         raise
 
 
-# buffers this large get a mapping of their own, given back to the system when they go:
-# malloc serves blocks below its mmap threshold (which it raises up to 32 MiB as large
-# blocks are freed) from per-thread arenas that keep what is freed, so a paged run's loader
-# and writer threads, which make and drop page buffers of a few MiB, left 150-250 MiB
-# resident after 100M edges (benchmarks/PAGING_NOTES.md)
-MAPPED_MIN = 1 << 20
+MAPPED_MIN = 1 << 20       # aligned_empty(mapped=True): smaller buffers come from malloc
 
 
-def aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
+def aligned_empty(shape: tuple, dtype, align: int = 64, mapped: bool = False) -> np.ndarray:
     """np.empty on an `align`-byte boundary (64: kernels read these rows in place, an
-    unaligned gathered field would be staged into an aligned copy first); from a mapping of
-    its own at MAPPED_MIN bytes and more (page-aligned)."""
+    unaligned gathered field would be staged into an aligned copy first). `mapped`: from a
+    mapping of its own (page-aligned), given back to the system when it goes, for buffers
+    made and dropped by worker threads: malloc serves blocks below its mmap threshold
+    (which it raises up to 32 MiB as large blocks are freed) from per-thread arenas that
+    keep what is freed, and a paged run's page buffers (a few MiB each, made by its loader
+    threads) left 150-250 MiB resident after 100M edges (benchmarks/PAGING_NOTES.md)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if n >= MAPPED_MIN and align <= mmap.PAGESIZE:
+    if mapped and n >= MAPPED_MIN and align <= mmap.PAGESIZE and \
+            hasattr(mmap, "MAP_ANONYMOUS"):
         m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if n >= HUGE and hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             m.madvise(mmap.MADV_HUGEPAGE)     # (fewer faults on first touch, as numpy asks)
