@@ -362,7 +362,10 @@ def main(argv=None) -> int:
     ap.add_argument("--large", action="store_true", help="add 1B edges")
     ap.add_argument("--quick", action="store_true", help="1M edges only")
     ap.add_argument("--sizes", type=int, nargs="*", help="edge counts (overrides the above)")
-    ap.add_argument("--reps", type=int, default=5, help="warm forward calls per size")
+    ap.add_argument("--reps", type=int, default=9,
+                    help="forward calls per size: a cold one, then warm ones (reported: their "
+                         "median; single warm calls vary by up to 3x on this VM, "
+                         "PAGING_NOTES.md)")
     ap.add_argument("--floor-mib", type=int, default=2048,
                     help="MiB written and read back to measure the disk's bandwidth")
     ap.add_argument("--no-sweep", action="store_true", help="skip the 10M page-size sweep")
