@@ -187,11 +187,16 @@ def test_grad_through_a_paged_program_matches_in_memory(tmp_path):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12)
 
 
-def test_ctrl_c_stops_cleanly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("result_chunk_rows", [None, 100],
+                         ids=["one writer", "two writers (whole chunks)"])
+def test_ctrl_c_stops_cleanly(tmp_path, monkeypatch, result_chunk_rows):
+    from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
     rp, ci = ring(2000)
     x = np.ones((2000, 2))
     store_of(tmp_path / "s", rp, ci, 2000)
     g = tg.Graph.open(tmp_path / "s")
+    if result_chunk_rows:           # (the result's chunks: one a page)
+        monkeypatch.setattr(disk_mod, "CHUNK_BYTES", result_chunk_rows * 2 * 8)
     calls = []
     real = handlers.run_propagate
 
