@@ -153,12 +153,13 @@ class PagedRun:
         t_start = time.perf_counter()
         outs = self.outs = self.allocate()
         tiers = [tier for _, tier in self.fields]
-        mapped = paging_mapped.mappable(self.walk, self.fields, self.roles, self.triton)
+        disk = paging_mapped.could_map(self.walk, self.fields, self.roles, self.triton)
+        mapped = disk is not None and paging_mapped.warm(disk)
         n, self.kernel_threads = page_threads(self.walk, len(self.tasks), mapped)
         self.mapped = paging_mapped.open_mapped(self.walk, self.fields, len(self.tasks)) \
             if mapped else None
-        through = None if self.mapped is not None else paging_mapped.reads_through(
-            self.walk, self.fields, self.roles, self.triton)
+        through = paging_mapped.reads_through(disk) \
+            if disk is not None and self.mapped is None else None
         mapped_charge = self.charge_mapped()
         # nothing to read or check (a mapped run over chunks checked before, its result on
         # the host: no page buffers to wait for): each page's transfers run here, in plan

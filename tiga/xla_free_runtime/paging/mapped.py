@@ -139,25 +139,27 @@ class MappedRun:
 
 def mappable(walk, fields: list, roles, triton=None, reserved: int = 0) -> bool:
     """Whether a run's pages read their arrays mapped (a property of its plan: its page
-    kernels then take every core): a run that could map (_could_map) whose arrays the page
-    cache holds now (WARM)."""
-    disk = _could_map(walk, fields, roles, triton, reserved)
-    return disk is not None and sum(s.cached_fraction() * s.nbytes for s in disk) >= \
+    kernels then take every core): a run that could map (could_map) whose arrays the page
+    cache holds now (warm)."""
+    disk = could_map(walk, fields, roles, triton, reserved)
+    return disk is not None and warm(disk)
+
+
+def warm(disk: list) -> bool:
+    """Whether the page cache holds WARM of these disk arrays' bytes now."""
+    return sum(s.cached_fraction() * s.nbytes for s in disk) >= \
         WARM * sum(s.nbytes for s in disk)
 
 
-def reads_through(walk, fields: list, roles, triton=None) -> list | None:
-    """The kept mappings a run that does not map (not mappable: a cold one) reads its
-    chunks through ([(storage, its FileMap)], for chunk_checks), or None: one that could
-    not map (_could_map). Its pages are read into buffers as before, but each chunk read
-    whole is read in and checked through the mapping its storage keeps
+def reads_through(disk: list) -> list | None:
+    """The kept mappings a run that could map (could_map: its disk arrays `disk`) but does
+    not (a cold one) reads its chunks through ([(storage, its FileMap)], for chunk_checks),
+    or None where one cannot be mapped. Its pages are read into buffers as before, but each
+    chunk read whole is read in and checked through the mapping its storage keeps
     (DiskStorage.mapped) rather than a temporary one (files.read_chunk_file), where the
     host budget has room for it beside the run's page buffers (PagedRun.charge_through);
     map_rest() maps the rest once the buffers are gone. The next call then maps every chunk,
     checked, and checks none of them again."""
-    disk = _could_map(walk, fields, roles, triton)
-    if disk is None:
-        return None
     got = [(s, s.mapped()) for s in disk]
     return None if any(m is None for _, m in got) else [(s, fmap) for s, (_, fmap) in got]
 
@@ -177,7 +179,7 @@ def map_rest(through: list) -> None:
                     continue
 
 
-def _could_map(walk, fields: list, roles, triton=None, reserved: int = 0) -> list | None:
+def could_map(walk, fields: list, roles, triton=None, reserved: int = 0) -> list | None:
     """The disk arrays of a run that could read them mapped, or None: the CPU route's pages
     over a stored relation, walked in stored edge order where a field has edge rows, with
     fields on the host or on disk, each disk array in a layout that maps
@@ -228,5 +230,5 @@ def _mapped(stor) -> MappedArray | None:
     return None if got is None else MappedArray(stor, *got)
 
 
-__all__ = ["MappedRun", "map_rest", "mappable", "mapped_bytes", "open_mapped",
-           "reads_through"]
+__all__ = ["MappedRun", "could_map", "map_rest", "mappable", "mapped_bytes", "open_mapped",
+           "reads_through", "warm"]
