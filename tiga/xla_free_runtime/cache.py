@@ -63,6 +63,9 @@ class Executable:
     native: jit.NativeFunction
     origin: str
     ir_text: str | None = None
+    # the Kernel op it was rendered from (a gf_kernel.launch or a backends.FixedKernel), set
+    # by the plan that asked for it: what backends.launch dispatches on and names
+    kernel: object = None
 
 
 class LLVMArtifact:

@@ -8,7 +8,9 @@ when the kernel loops over neighbour tiles of any length).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import hashlib
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import ClassVar
 
 from ...core.errors import CompilationError
@@ -24,6 +26,7 @@ from .base import (
 from .domain import Computation, ComputationOp, declare_level
 from .iter import check_traversal
 from .syntax import AttrDict, format_attr
+from .text import print_op
 
 TRAVERSAL_OF = {"compressed-row": "csr-row", "dense": "dense-row",
                 "triangular": "triangular-row", "cu-seqlens": "segment-row",
@@ -138,8 +141,8 @@ class Schedule:
                                    f"found {self.target!r}")
         want = TARGET_KEYS[self.target]
         for key in SCHEDULE_KEYS:
-            if key not in want and key not in ("target", "tiles") and \
-                    getattr(self, key) is not None:
+            if (key not in want and key not in ("target", "tiles") and
+                    getattr(self, key) is not None):
                 raise CompilationError(f"{where}: {key} is not a {self.target} schedule "
                                        f"attribute, found {getattr(self, key)!r}")
         for key in want:
@@ -195,6 +198,20 @@ class LaunchOp(ComputationOp):
     schedule: Schedule | None = None
     op_name: ClassVar[str] = "gf_kernel.launch"
     terminator: ClassVar[str] = "gf_kernel.yield"
+
+    @property
+    def target(self) -> str:
+        """The backend target the op is scheduled for (its renderer and launcher)."""
+        return self.schedule.target if self.schedule is not None else "cpu-llvm"
+
+    @cached_property
+    def name(self) -> str:
+        """`k` + a digest of the printed op with the pool size printed as 0 (the pool splits
+        rows at launch, never changes the code): equal ops share a name, so the name of a
+        kernel that ran finds its op in a printed Task module."""
+        plain = self.schedule is None or self.schedule.threads is None
+        op = self if plain else replace(self, schedule=replace(self.schedule, threads=0))
+        return "k" + hashlib.sha256(print_op(op).encode()).hexdigest()[:16]
 
     def own_attrs(self) -> list:
         out = [("coordinate_hierarchy", self.coordinate_hierarchy),

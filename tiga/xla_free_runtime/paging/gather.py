@@ -19,11 +19,12 @@ import numpy as np
 
 from ...core.errors import CompilationError
 from ...lower.abi import KernelSignature
+from ..backends import FixedKernel, KernelArgs, launch
 from ..cache import CACHE, full_key
 
 KEY = ("paging.page_distinct", 1)     # the kernel's own part of the cache key
 KEEP_ENTRIES = 1 << 24                # larger scratch is made per call, not kept by a thread
-_KERNELS: dict = {}                   # id bits -> native function, or None (not buildable)
+_KERNELS: dict = {}                   # id bits -> Executable, or None (not buildable)
 _LOCK = threading.Lock()
 _SCRATCH = threading.local()
 
@@ -35,8 +36,14 @@ def _signature(symbol: str, bits: int) -> KernelSignature:
                            parallel="single")
 
 
+def kernel_name(bits: int) -> str:
+    """The name of the page gather kernel for ids of `bits` bits (the Task module lists it on
+    the page tasks that run it)."""
+    return f"page_distinct_i{bits}"
+
+
 def kernel(bits: int):
-    """The native page_distinct for ids of `bits` bits, built (or read from disk) once;
+    """The compiled page_distinct for ids of `bits` bits, built (or read from disk) once;
     None where it cannot be (no LLVM, a failed build): numpy's way then."""
     if bits in _KERNELS:
         return _KERNELS[bits]
@@ -46,7 +53,9 @@ def kernel(bits: int):
                 from ...lower.llvm import page_distinct
                 exe = CACHE.get(full_key(KEY + (bits,)), lambda symbol: (
                     page_distinct.emit(symbol, bits), _signature(symbol, bits)))
-                _KERNELS[bits] = exe.native
+                if exe.kernel is None:
+                    exe.kernel = FixedKernel(kernel_name(bits))
+                _KERNELS[bits] = exe
             except (ImportError, CompilationError, OSError):
                 _KERNELS[bits] = None
     return _KERNELS[bits]
@@ -73,16 +82,17 @@ def marked(ids: np.ndarray, lo: int, span: int, index_dtype, out=None) -> tuple 
             not ids.flags.c_contiguous or (out is not None and (
                 out.dtype != dt or len(out) < len(ids) or not out.flags.c_contiguous)):
         return None
-    fn = kernel(dt.itemsize * 8)
-    if fn is None:
+    exe = kernel(dt.itemsize * 8)
+    if exe is None:
         return None
     mark = _scratch(span, dt)
     uniq = np.empty(min(span, len(ids)), np.int64)   # (untouched pages cost nothing)
     inv = np.empty(len(ids), dt) if out is None else out[:len(ids)]
     count = np.zeros(1, np.int64)
-    fn(0, 0, (ctypes.c_void_p * 8)(ids.ctypes.data, len(ids), lo, span, mark.ctypes.data,
-                                   uniq.ctypes.data, inv.ctypes.data, count.ctypes.data))
+    argv = (ctypes.c_void_p * 8)(ids.ctypes.data, len(ids), lo, span, mark.ctypes.data,
+                                 uniq.ctypes.data, inv.ctypes.data, count.ctypes.data)
+    launch(exe, exe.kernel, KernelArgs(argv))
     return uniq[:int(count[0])], inv
 
 
-__all__ = ["marked", "kernel"]
+__all__ = ["marked", "kernel", "kernel_name"]

@@ -37,6 +37,8 @@ from ....lower.schedule import CHUNKS_PER_THREAD, attention_tiles
 from ...explain import launch_facts, schedule_line
 from ...run_report import NOT_RUN, measured, record
 from ...threads import num_threads, run_jobs
+from .. import KernelArgs
+from .. import launch as launch_kernel
 from . import attention_tiles as tiles
 
 KINDS = STREAMING_KINDS
@@ -420,7 +422,10 @@ def _rendered(launch, width: int, key: str):
         source = BACKENDS["cpu-llvm"].render(launch, symbol, CallData(head_width=width))
         return source.text, source.signature
 
-    return CACHE.get(key, build)
+    exe = CACHE.get(key, build)
+    if exe.kernel is None:
+        exe.kernel = launch
+    return exe
 
 
 def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> bool:
@@ -475,10 +480,10 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> bool:
         argvs.append((ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
                                                        for a in arrays]))
     step = max(1, -(-jobs // (4 * threads)))
-    run_jobs(exe.native, [(a, min(a + step, jobs), argvs[0]) for a in range(0, jobs, step)],
-             threads)
-    run_jobs(exe.native, [(a, b, argvs[1]) for a, b in _cost_chunks(blo, bhi, nh, threads, ks)],
-             threads)
+    launch_kernel(exe, launch, KernelArgs(threads=threads, jobs=[
+        (a, min(a + step, jobs), argvs[0]) for a in range(0, jobs, step)]))
+    launch_kernel(exe, launch, KernelArgs(threads=threads, jobs=[
+        (a, b, argvs[1]) for a, b in _cost_chunks(blo, bhi, nh, threads, ks)]))
     if op is not out:
         out[...] = op
     _give_scratch(scratch)
@@ -723,7 +728,8 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, launch)
     argv = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
                                               for a in arrays])
     if kblocks:
-        run_jobs(exe.native, [(j, j + 1, argv) for j in range(len(jobs))], threads)
+        launch_kernel(exe, launch, KernelArgs(threads=threads, jobs=[
+            (j, j + 1, argv) for j in range(len(jobs))]))
     else:       # no query rows or no keys: the kernel, which writes dk and dv, does not run
         outs[1][...] = 0
         outs[2][...] = 0

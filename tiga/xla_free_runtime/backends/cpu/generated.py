@@ -51,7 +51,8 @@ from ....trace import math as tm
 from ....trace.message_passing import propagate
 from ...cache import CACHE, full_key, llvm_key
 from ...explain import launch_facts, schedule_line
-from ...threads import num_threads, row_chunks, run_chunks
+from ...threads import num_threads, row_chunks
+from .. import FixedKernel, KernelArgs, launch
 from .propagate import Fallback, _address, _check_field, _np_dtype, kernel_text
 
 if CPU_LLVM_AVAILABLE:
@@ -326,14 +327,22 @@ def build_directory(points: np.ndarray, geo_f: np.ndarray, geo_i: np.ndarray) ->
     key = full_key(("generated-directory", d, points.dtype.name))
     exe = CACHE.get(key, lambda symbol: _source(render_directory(d, points.dtype.name,
                                                                  symbol=symbol)))
+    if exe.kernel is None:
+        exe.kernel = FixedKernel(directory_kernel(d, points.dtype.name))
     arrays = {"points": points, "geo_f": geo_f, "geo_i": geo_i,
               "cell_of": np.empty(n, np.int64), "cell_start": np.zeros(cells + 1, np.int64),
               "cursor": np.empty(cells, np.int64), "sorted_idx": np.empty(n, np.int64),
               "sorted_pos": np.empty_like(points)}
     argv = (ctypes.c_void_p * len(DIRECTORY_SLOTS))(*[_address(arrays[s])
                                                       for s in DIRECTORY_SLOTS])
-    exe.native(n, 0, argv)
+    launch(exe, exe.kernel, KernelArgs(argv, rows=(n, 0)))
     return arrays
+
+
+def directory_kernel(dims: int, dtype: str) -> str:
+    """The name of the cell-directory build kernel (a counting sort of points by cell) for
+    `dims`-D points of `dtype`; a generated relation's task lists it."""
+    return f"cell_directory_{dims}d_{dtype}"
 
 
 def _source(source) -> tuple:
@@ -378,7 +387,7 @@ class GeneratedPlan:
             s = self.schedule
             chunks = row_chunks(np.arange(n + 1, dtype=np.int64) * cost, s.threads,
                                 s.row_partition, s.chunks_per_thread)
-            run_chunks(self.exe.native, chunks, argv, s.threads)
+            launch(self.exe, self.launch, KernelArgs(argv, chunks, s.threads))
         if self.spec.kind == "radius" and self.spec.k:
             graph.params["_truncated"] = int(stats[0])
         if self.spec.mode == "tiled" and not isinstance(graph, GeneratedType):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...cache import CACHE, Executable
+from .. import BACKENDS, KernelArgs
 from . import propagate as P
 
 
@@ -62,10 +63,12 @@ class PreparedLaunch:
             o = np.empty(shape, dtype)
             argv[at] = _addressof(_from_buffer(o)) if o.size else P._address(o)
             outs.append(o)
+        op = self.exe.kernel
         if self.single is not None:
-            self.exe.native(0, self.single, argv)
+            BACKENDS[op.target].launch(self.exe, op, KernelArgs(argv, rows=(0, self.single)))
         else:
-            P.run_chunks(self.exe.native, self.chunks, argv, self.threads)
+            BACKENDS[op.target].launch(self.exe, op,
+                                       KernelArgs(argv, self.chunks, self.threads))
         return outs
 
 

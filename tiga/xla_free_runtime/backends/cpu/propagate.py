@@ -27,7 +27,8 @@ from ....lower import schedule as knobs
 from ....lower.ir.kernel import Schedule
 from ....lower.ir.text import print_op
 from ...cache import CACHE, Executable, llvm_key
-from ...threads import num_threads, run_chunks, run_jobs
+from ...threads import num_threads
+from .. import KernelArgs, launch
 from .native.pool import parallel_copy
 from .walk_tables import chunks_of, implicit_tables
 
@@ -149,7 +150,10 @@ def plan_propagate(eqn, graph, *, lower, compile: bool = True, held=None):
             if CACHE.status(key) == "miss":
                 build("probe")  # raises when unsupported; compiling waits for the call
             return key
-        return CACHE.get(key, build)
+        exe = CACHE.get(key, build)
+        if exe.kernel is None:      # (ops of one key print alike: any of them names it)
+            exe.kernel = op
+        return exe
     except CodegenUnsupported as exc:
         with _UNSUPPORTED_LOCK:
             _UNSUPPORTED[key] = str(exc)
@@ -375,19 +379,19 @@ def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None,
         addrs[at] = _address(o)
     argv = bound.argv_t(*addrs)
     if sig.parallel == "single":
-        exe.native(0, bound.rows, argv)
+        launch(exe, exe.kernel, KernelArgs(argv, rows=(0, bound.rows)))
         return outs
-    launch = _run_schedule(exe, eqn, sig)
-    if cap is not None and cap < launch.threads:
-        launch = replace(launch, threads=max(1, cap))
-    threads = launch.threads
-    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
+    schedule = _run_schedule(exe, eqn, sig)
+    if cap is not None and cap < schedule.threads:
+        schedule = replace(schedule, threads=max(1, cap))
+    threads = schedule.threads
+    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, schedule)
     if sig.parallel == "partial_sums":
         arrays = dict(bound.arrays)
         for i, f in enumerate(fields):
             arrays[f"field:{i}"] = f
         return _partial_sums(exe, sig, arrays, outs, chunks, threads, bound.rows)
-    run_chunks(exe.native, chunks, argv, threads)
+    launch(exe, exe.kernel, KernelArgs(argv, chunks, threads))
     return outs
 
 
@@ -570,11 +574,11 @@ def _argv(sig, arrays: dict, outs: list):
 def _partial_sums(exe, sig, arrays, outs, chunks, threads, rows) -> list:
     """reduce_by='all' with sum: every chunk folds into its own output row; add them up."""
     if len(chunks) <= 1:
-        exe.native(0, rows, _argv(sig, arrays, outs))
+        launch(exe, exe.kernel, KernelArgs(_argv(sig, arrays, outs), rows=(0, rows)))
         return outs
     parts = [[np.empty_like(o) for o in outs] for _ in chunks]
-    run_jobs(exe.native, [(a, b, _argv(sig, arrays, p)) for (a, b), p in zip(chunks, parts)],
-             threads)
+    jobs = [(a, b, _argv(sig, arrays, p)) for (a, b), p in zip(chunks, parts)]
+    launch(exe, exe.kernel, KernelArgs(threads=threads, jobs=jobs))
     for k, o in enumerate(outs):
         np.sum([p[k] for p in parts], axis=0, out=o)
     return outs
