@@ -3,17 +3,29 @@
 Scopes live on a context-variable stack (threads and asyncio tasks see their own); each
 option resolves to the innermost scope that sets it. The stack's root holds the process-wide
 accounting of allocations made outside any scope and sets no option.
+
+Spill files hold tensor data, so where they go is checked: with no spill_dir set they go to
+a fresh private directory from tempfile.mkdtemp (mode 0700, an unpredictable name, removed
+when the process exits); a named spill_dir must be a real directory (not a symbolic link)
+owned by this user and writable by nobody else, or a shared sticky directory such as /tmp,
+in which a private mkdtemp directory is made for the spills. Anything else is a
+StorageError naming the directory, what was found and the fix.
 """
 from __future__ import annotations
 
+import atexit
 import contextvars
 import os
 import re
+import shutil
+import stat
 import tempfile
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
 from ...core.errors import StorageError
+from .tiers.files import mode_problem
 
 TIERS = ("host", "device", "disk")
 EVICTIONS = ("none", "lru")
@@ -63,7 +75,7 @@ class Scope:
         if self._token is not None:
             raise StorageError("tg.scope: this scope is already active; make a new one")
         if self.spill_dir is not None:
-            _make_dir(self.spill_dir, "spill_dir")
+            _private_dir(self.spill_dir)
         self._token = _STACK.set(_STACK.get() + (self,))
         return self
 
@@ -93,9 +105,15 @@ def _read_spill_dir(value) -> Path:
 
 
 def _make_dir(path: Path, what: str) -> None:
-    """Create the directory `path` (and its parents), or a StorageError naming it."""
+    """Create the directory `path` (its parents as usual, itself 0700), or a StorageError
+    naming it."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
     except (FileExistsError, NotADirectoryError) as exc:
         raise StorageError(f"{what}: {path} is (or lies under) a file, not a directory; "
                            "spill files need a directory") from exc
@@ -162,13 +180,77 @@ def eviction() -> str:
 
 
 def spill_dir() -> Path:
-    """The innermost spill_dir, else a per-process directory under the system temp dir."""
+    """Where spill files go: the innermost spill_dir (checked by _private_dir: the
+    directory itself, or a private one made inside a shared sticky one), else this
+    process's private temporary directory."""
     for s in reversed(_STACK.get()):
         if s.spill_dir is not None:
-            return s.spill_dir
-    path = Path(tempfile.gettempdir()) / f"tiga-spill-{os.getpid()}"
-    _make_dir(path, "spill_dir (the default, under the system temp dir)")
-    return path
+            return _private_dir(s.spill_dir)
+    return _default_dir()
+
+
+_MADE: dict = {}     # (pid, path) -> a private directory made for it (defaults, sticky dirs)
+_MADE_LOCK = threading.Lock()
+
+
+def _default_dir() -> Path:
+    """This process's spill directory under the system temp dir: tempfile.mkdtemp's (mode
+    0700, a name nobody can predict), made on first use, removed at exit. (Never a fixed
+    name: one a neighbour can guess is one they can plant a symbolic link at first.)"""
+    try:
+        return _made((os.getpid(), None), None)
+    except OSError as exc:
+        raise StorageError(f"spill_dir (the default): cannot create a private directory "
+                           f"under {tempfile.gettempdir()} ({exc}); set one with "
+                           "tg.scope(spill_dir=...)") from exc
+
+
+def _made(key: tuple, parent) -> Path:
+    """The private directory made for `key` (made now, in `parent`, when there is none)."""
+    found = _MADE.get(key)
+    if found is not None and found.is_dir():
+        return found
+    with _MADE_LOCK:
+        found = _MADE.get(key)
+        if found is None or not found.is_dir():
+            found = _MADE[key] = Path(tempfile.mkdtemp(prefix="tiga-spill-", dir=parent))
+        return found
+
+
+def _private_dir(path: Path) -> Path:
+    """The directory spill files go to for a named spill_dir `path` (created 0700 when
+    missing): `path` itself when this user owns it, it is no symbolic link and nobody else
+    can write it; a private directory made inside it when it is a sticky directory that
+    others may write (/tmp: the sticky bit keeps them from renaming or removing what is
+    not theirs); otherwise a StorageError naming it, what was found and the fix."""
+    _make_dir(path, "spill_dir")
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise StorageError(f"spill_dir: cannot examine {path} ({exc})") from exc
+    problem = mode_problem(st, directory=True)
+    if problem is None:
+        return path
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid in (0, uid):
+        try:
+            return _made((os.getpid(), str(path)), path)
+        except OSError as exc:
+            raise StorageError(f"spill_dir: cannot create a private directory in {path} "
+                               f"({exc})") from exc
+    raise StorageError(
+        f"spill_dir: {path} {problem}; spill files hold tensor data, which another user "
+        "could then read, replace or redirect. Use a directory of your own (mkdir -m 700, "
+        f"or chmod go-w {path}), a sticky shared one such as /tmp, or leave spill_dir unset "
+        "(a private temporary directory)")
+
+
+@atexit.register
+def _remove_made() -> None:
+    """The private directories this process made (not a forked child's parent's)."""
+    for (pid, _), made in list(_MADE.items()):
+        if pid == os.getpid():
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def spill_path(stem: str) -> Path:

@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from ...core.errors import StorageError
+from ..memory.tiers.files import read_small
 from .versions import is_store, store_of
 
 
@@ -87,7 +88,7 @@ def _describe(path: Path, st) -> tuple:
         return "an empty directory", True
     if set(names) <= {"zarr.json", "c"} and _chunks_only(path / "c"):
         try:
-            attrs = json.loads((path / "zarr.json").read_bytes().decode("utf-8"))
+            attrs = json.loads(read_small(path / "zarr.json", 1 << 20).decode("utf-8"))
         except (OSError, ValueError):
             attrs = None
         if isinstance(attrs, dict) and attrs.get("node_type") == "array":

@@ -19,6 +19,7 @@ chunk against the crc32c its version's manifest records.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import zlib
@@ -30,7 +31,7 @@ from ...core.dtypes import as_dtype
 from ...core.errors import GraphValidationError, StorageError
 from ...core.graph import store_hooks
 from ..memory.tiers.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for
-from ..memory.tiers.files import fsync_tree
+from ..memory.tiers.files import fsync_tree, read_small
 from ..progress import progress_bar
 from . import versions as sv
 from .ingest import Appender, check_csr_chunk, check_field_rows
@@ -237,7 +238,9 @@ class Store:
     def _open(self, rel: str, shape: tuple, entry: dict) -> DiskStorage:
         """Array `rel` of this version, checked against its manifest `entry`: the shape
         now, every chunk's crc32c when it is read."""
-        st = DiskStorage.open(self.vdir / rel)
+        where = self.vdir / rel
+        inside(where, self.vdir)
+        st = DiskStorage.open(where)
         if st.shape != tuple(shape):
             raise StorageError(f"{st.path}: count check failed: shape {st.shape}, the "
                                f"manifest says {tuple(shape)}")
@@ -349,11 +352,21 @@ class Transposed:
     nbytes = Store.nbytes
 
 
+def inside(where: Path, root: Path) -> None:
+    """`where` resolves inside `root` (no symbolic link on its way leads out of the store)."""
+    real, top = os.path.realpath(where), os.path.realpath(root)
+    if os.path.commonpath([real, top]) != top:
+        raise StorageError(f"{where}: location check failed: resolves to {real}, outside the "
+                           f"store version {root}; a store's arrays must lie inside it")
+
+
 def _read_manifest(path: Path) -> dict:
     try:
-        m = json.loads(path.read_text())
+        m = json.loads(read_small(path, sv.SMALL_BYTES, "manifest").decode("utf-8"))
     except FileNotFoundError as exc:
         raise StorageError(f"{path}: not found (the version was never committed)") from exc
+    except StorageError:
+        raise
     except OSError as exc:
         raise StorageError(f"{path}: cannot be read ({exc})") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 
 from ...core.errors import StorageError
-from ..memory.tiers.files import fsync_dir, replace_file
+from ..memory.tiers.files import fsync_dir, read_small, replace_file
 
 try:
     import fcntl
@@ -30,6 +30,7 @@ except ImportError:        # pragma: no cover (no flock: numbers are still claim
 POINTER = "CURRENT"
 MANIFEST = "manifest.json"
 VERSION = re.compile(r"^v(\d{6})$")
+SMALL_BYTES = 64 << 20     # a pointer or manifest larger than this is not the store's
 
 
 def store_path(path, op: str) -> Path:
@@ -53,9 +54,11 @@ def current(path: Path) -> str | None:
     directories (never `../other/v000001` or an absolute path); None when no CURRENT."""
     pointer = path / POINTER
     try:
-        raw = pointer.read_bytes()
+        raw = read_small(pointer, SMALL_BYTES, "pointer")
     except FileNotFoundError:
         return None
+    except StorageError:
+        raise
     except OSError as exc:
         raise StorageError(f"{pointer}: cannot be read ({exc})") from exc
     try:

@@ -7,11 +7,11 @@ the file and the check, never a value.
 """
 from __future__ import annotations
 
-import builtins
 import json
 import mmap
 import os
 import shutil
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -21,7 +21,16 @@ import numpy as np
 from ....core.dtypes import as_dtype, bfloat16
 from ....core.errors import ShapeError, StorageError, UnsupportedError
 from . import chunk_checks
-from .files import aligned_empty, cached_bytes, map_files, read_chunk_file, read_part, write_file
+from .files import (
+    aligned_empty,
+    cached_bytes,
+    map_files,
+    open_regular,
+    read_chunk_file,
+    read_part,
+    read_small,
+    write_file,
+)
 
 try:
     import google_crc32c  # zarr's crc32c codec uses it; the direct reader checks with it
@@ -29,6 +38,7 @@ except ImportError:          # pragma: no cover (installed with zarr 3)
     google_crc32c = None
 
 CHUNK_BYTES = 4 << 20          # target bytes per chunk: large sequential reads, small waste
+META_BYTES = 1 << 20           # a zarr.json larger than this is not an array's metadata
 RUN_CHUNKS = 4                 # chunks per zarr request of a gather (bounds its buffer)
 SPARE_CHUNKS = 3               # chunk buffers a reading thread keeps for reuse (_spare)
 _RAW = {bfloat16.name: np.dtype(np.uint16)}   # dtypes zarr lacks are stored as their bits
@@ -125,8 +135,51 @@ class DiskStorage:
         if np.dtype(_RAW.get(as_dtype(dtype).name, dtype)) != arr.dtype:
             raise StorageError(f"{meta}: metadata check failed: attribute tiga_dtype is "
                                f"{name!r} but the chunks hold {arr.dtype}")
-        return cls(path, arr, dtype, owned=False, writable=writable,
-                   scalar=bool(attrs.get("tiga_scalar")))
+        st = cls(path, arr, dtype, owned=False, writable=writable,
+                 scalar=bool(attrs.get("tiga_scalar")))
+        st._check_chunk_files(meta)
+        return st
+
+    def _check_chunk_files(self, meta: Path) -> None:
+        """Before anything is read or allocated: every chunk the metadata declares is a
+        regular file inside the array, reached through real directories (no symbolic link
+        leads a read out of it), and in Tiga's layout holds exactly a chunk's bytes and its
+        checksum. The count is checked against a listing first, so a shape of 2**62 rows
+        is refused at once (never a loop over its chunks, never an allocation of it)."""
+        n = self.num_chunks
+        if n == 0:
+            return
+        c = self.path / "c"
+        _real_dir(c, self.path)
+        try:
+            names = set(os.listdir(c))
+        except OSError as exc:
+            raise StorageError(f"{c}: cannot list the chunk files ({exc})") from exc
+        declared = (f"{meta} declares shape {self.shape or ()} in {n} chunks of "
+                    f"{self.chunk_rows} rows")
+        if n > len(names):
+            k = next(k for k in range(len(names) + 1) if str(k) not in names)
+            raise StorageError(f"{self._chunk_file(k)}: chunk file missing (existence "
+                               f"check); {declared}, {c} holds {len(names)}")
+        body = self._body_bytes() + 4 if self._direct else None
+        for k in range(n):
+            f = self._chunk_file(k)
+            for d in list(f.relative_to(c).parents)[-2::-1]:   # (c/k, c/k/0, ...)
+                _real_dir(c / d, self.path)
+            try:
+                st = os.lstat(f)
+            except FileNotFoundError as exc:
+                raise StorageError(f"{f}: chunk file missing (existence check); the array "
+                                   f"at {self.path} is incomplete") from exc
+            except OSError as exc:
+                raise StorageError(f"{f}: cannot be examined ({exc})") from exc
+            if not stat.S_ISREG(st.st_mode):
+                raise StorageError(f"{f}: chunk check failed: is {_kind(f, st)}; a chunk "
+                                   f"must be a regular file inside {self.path}")
+            if body is not None and st.st_size != body:
+                raise StorageError(f"{f}: size check failed: {st.st_size} bytes, but "
+                                   f"{declared} of {body - 4} bytes each (+4 for the "
+                                   "checksum)")
 
     # ---- the tier protocol -----------------------------------------------------------------
 
@@ -171,9 +224,11 @@ class DiskStorage:
 
     def _stored_crc(self, f) -> int:
         try:
-            with builtins.open(f, "rb") as fh:
+            with os.fdopen(open_regular(f, what="chunk file"), "rb") as fh:
                 fh.seek(-4, os.SEEK_END)
                 return int.from_bytes(fh.read(4), "little")
+        except StorageError:
+            raise
         except FileNotFoundError as exc:
             raise StorageError(f"{f}: chunk file missing (existence check); the array at "
                                f"{self.path} is incomplete") from exc
@@ -620,8 +675,10 @@ def _direct_layout(path: Path, chunks: tuple, shape: tuple) -> bool:
     if sys.byteorder != "little" or google_crc32c is None or chunks[1:] != shape[1:]:
         return False
     try:
-        meta = json.loads((path / "zarr.json").read_text())
+        meta = json.loads(read_small(path / "zarr.json", META_BYTES, "metadata"))
     except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict):
         return False
     enc = meta.get("chunk_key_encoding", {})
     return meta.get("codecs") == _DIRECT_CODECS and enc.get("name") == "default" and \
@@ -632,11 +689,41 @@ def _fmt(key) -> str:
     return f"[{key.start}:{key.stop})"
 
 
+def _real_dir(d: Path, root: Path) -> None:
+    """`d` is a real directory (lstat: not a symbolic link) of the array at `root`."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError as exc:
+        raise StorageError(f"{d}: chunk file missing (existence check); the array at "
+                           f"{root} is incomplete") from exc
+    except OSError as exc:
+        raise StorageError(f"{d}: cannot be examined ({exc})") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise StorageError(f"{d}: chunk check failed: is {_kind(d, st)}, not a directory; "
+                           f"the chunks must lie inside {root}")
+
+
+def _kind(p: Path, st) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"a symbolic link to {os.readlink(p)!r}"
+        except OSError:
+            return "a symbolic link"
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a file")):
+        if test(st.st_mode):
+            return name
+    return f"a special file (mode {st.st_mode:o})"
+
+
 def _read_attributes(path: Path, meta: Path) -> dict:
     """The attributes of the zarr array at `path` (any file-system error a StorageError
     naming the file: a missing array, a regular file where the array should be)."""
     try:
-        doc = json.loads(meta.read_bytes().decode("utf-8"))
+        doc = json.loads(read_small(meta, META_BYTES, "metadata").decode("utf-8"))
+    except StorageError:
+        raise
     except FileNotFoundError as exc:
         what = "is a file, not a directory" if path.is_file() else "not found"
         raise StorageError(f"{meta}: {what}; expected a zarr v3 array written by "

@@ -1,7 +1,13 @@
 """runtime: file primitives of the disk tier: chunk files written past the page cache, and
 read past it when a run asks (a chunk the cache does not hold, cachestat(2) tells); a small
 file replaced atomically; block-aligned buffers; fsync of a tree (what makes a rename
-durable)."""
+durable).
+
+Every file a reader opens goes through `open_regular`: non-blocking (a FIFO in place of a
+chunk or a manifest must not hang the process), without following a symbolic link in the
+last component, and refused with a StorageError naming it when it is not a regular file.
+`private_problem` says why a directory or file is not private to this user (the artifact
+cache, a spill directory and the cache's key are checked with it)."""
 from __future__ import annotations
 
 import builtins
@@ -11,6 +17,7 @@ import functools
 import mmap
 import os
 import platform
+import stat
 import sys
 import tempfile
 import threading
@@ -23,6 +30,106 @@ from ....core.errors import StorageError
 BLOCK = 4096                   # O_DIRECT transfers: address, offset and length in blocks
 DIRECT_ALIGN = 512             # O_DIRECT reads: the buffer's address, in sectors
 _STAGING = threading.local()     # per thread: block-aligned chunk buffers (_staging)
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) |
+               getattr(os, "O_CLOEXEC", 0))
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# (a chunk file is written where a symbolic link planted in its place is never followed)
+_WRITE_FLAGS = (os.O_WRONLY | os.O_CREAT | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) |
+                getattr(os, "O_CLOEXEC", 0))
+
+
+def open_regular(path, flags: int = 0, what: str = "file") -> int:
+    """A descriptor of the regular file at `path`, opened read-only (plus `flags`), never
+    blocking and never through a symbolic link in its last component. Anything else there
+    (a FIFO, socket, device, directory, symbolic link) is a StorageError naming it; a
+    missing file is FileNotFoundError, other failures OSError (the caller words them)."""
+    try:
+        fd = os.open(path, _READ_FLAGS | NOFOLLOW | flags)
+    except OSError as exc:
+        # (O_NOFOLLOW on a link: ELOOP on Linux and macOS, EMLINK on the BSDs)
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise StorageError(f"{path}: {what} check failed: is a symbolic link (to "
+                               f"{_link(path)!r}); Tiga reads only regular files "
+                               "here") from None
+        if exc.errno == errno.ENXIO:     # (a socket)
+            raise StorageError(f"{path}: {what} check failed: is a socket, not a regular "
+                               "file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise StorageError(f"{path}: {what} check failed: is {_kind(st.st_mode)}, not a "
+                           "regular file")
+    return fd
+
+
+def read_small(path, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file at `path` (open_regular's checks), at most `limit`:
+    a larger file is a StorageError (a manifest or metadata file is never that big)."""
+    fd = open_regular(path, what=what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise StorageError(f"{path}: {what} check failed: {size} bytes, more than the "
+                               f"{limit} such a file can hold")
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return f"a special file (mode {mode:o})"
+
+
+def _link(path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def private_problem(path, directory: bool = True) -> str | None:
+    """Why `path` is not private storage of this user, or None when it is: it must be a
+    real directory (`directory`) or regular file, not a symbolic link (lstat), owned by
+    the effective user and writable by nobody else (no group or world write bit)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be examined ({exc.strerror or exc})"
+    return mode_problem(st, directory)
+
+
+def mode_problem(st: os.stat_result, directory: bool) -> str | None:
+    """private_problem's rules on a stat result (an lstat, or an fstat of an open file)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if directory and not stat.S_ISDIR(st.st_mode):
+        kind = "a file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+        return f"is {kind}, not a directory"
+    if not directory and not stat.S_ISREG(st.st_mode):
+        return f"is {_kind(st.st_mode)}, not a regular file"
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    if uid is not None and st.st_uid != uid:
+        return f"is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
@@ -35,7 +142,7 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
     direct = getattr(os, "O_DIRECT", 0)
     if n and direct:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+            fd = os.open(path, _WRITE_FLAGS | os.O_TRUNC | direct, 0o644)
         except OSError:           # (tmpfs and some others refuse O_DIRECT)
             fd = None
         if fd is not None:
@@ -50,11 +157,12 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
                     done += os.write(fd, memoryview(src[done:]))
             finally:
                 os.close(fd)
-            with builtins.open(path, "ab", buffering=0) as fh:
+            with os.fdopen(os.open(path, _WRITE_FLAGS | os.O_APPEND, 0o644), "ab",
+                           buffering=0) as fh:
                 fh.write(memoryview(body[n:]))
                 fh.write(trailer)
             return
-    with builtins.open(path, "wb", buffering=0) as fh:
+    with os.fdopen(os.open(path, _WRITE_FLAGS | os.O_TRUNC, 0o644), "wb", buffering=0) as fh:
         fh.write(memoryview(body))
         fh.write(trailer)
 
@@ -75,8 +183,9 @@ def read_chunk_file(path, target: np.ndarray, direct: bool = False) -> tuple:
     cache with O_DIRECT with `direct`, where `target`'s address and size allow (no kernel
     copy through cache pages a run larger than the cache will not read again), else into
     the cache through a huge-page mapping (_read_mapped). A body the cache holds, even in
-    part, is copied from the cache. Raises OSError (FileNotFoundError for a missing file)."""
-    fd = os.open(path, os.O_RDONLY)
+    part, is copied from the cache. Raises OSError (FileNotFoundError for a missing file,
+    StorageError for anything but a regular file: open_regular)."""
+    fd = open_regular(path, what="chunk file")
     try:
         view, n = memoryview(target).cast("B"), target.nbytes
         body = n // BLOCK * BLOCK
@@ -144,7 +253,7 @@ def cached_bytes(paths: list, nbytes: int) -> int:
     total = 0
     for p in paths:
         try:
-            fd = os.open(p, os.O_RDONLY)
+            fd = open_regular(p)
         except OSError:
             continue
         try:
@@ -193,7 +302,7 @@ def read_part(path, offset: int, dst: np.ndarray, direct: bool = False) -> int:
     n = dst.nbytes
     view = memoryview(dst).cast("B")
     lo, hi = offset // BLOCK * BLOCK, -(-(offset + n) // BLOCK) * BLOCK
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path, what="chunk file")
     try:
         if direct and _cold(fd, hi - lo, lo):
             stage = _staging("part", hi - lo)
@@ -211,7 +320,7 @@ def _read_direct(path, view: memoryview, offset: int = 0, exact: bool = False) -
     or with `exact` every byte up to the file's end."""
     direct = getattr(os, "O_DIRECT", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | direct) if direct else None
+        fd = open_regular(path, direct) if direct else None
     except OSError:
         return 0
     if fd is None:
@@ -318,7 +427,7 @@ def map_files(paths: list, body: int) -> FileMap | None:
     fds = []
     try:
         for p in paths:
-            fds.append(os.open(p, os.O_RDONLY))
+            fds.append(open_regular(p))
             if os.fstat(fds[-1]).st_size < body + 4:
                 return None
         libc, total = _libc(), body * len(paths)
@@ -411,7 +520,7 @@ def fsync_dir(path) -> None:
 
 def _fsync(name: str) -> None:
     try:
-        fd = os.open(name, os.O_RDONLY)
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
             os.fsync(fd)
         finally:
