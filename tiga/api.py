@@ -483,9 +483,9 @@ def _check_argnums(nums, args):
 # ---- message-passing calls with concrete inputs -----------------------------------------
 
 def _has_torch(call) -> bool:
-    return _is_torch(call.graph) or any(_is_torch(v) for f in call.fields.values()
-                                        for v in f.values()) or \
-        any(_is_torch(v) for v in call.params.values())
+    return (_is_torch(call.graph) or any(_is_torch(v) for f in call.fields.values()
+                                         for v in f.values()) or
+        any(_is_torch(v) for v in call.params.values()))
 
 
 _HOST_LEAVES = frozenset({np.ndarray, float, int, bool})
@@ -520,8 +520,8 @@ def _execute_call(call):
     except NeedsTorchBridge:  # the edge function captured a torch Parameter
         return _torch_call(call, "auto")
     outs = run_program(program, args)
-    if call.layer is not None and call.cached is not None and \
-            current_builder() is None and prepared_for(program, args):
+    if (call.layer is not None and call.cached is not None and
+            current_builder() is None and prepared_for(program, args)):
         warm_calls.remember(call, program)    # its next call: straight to the launch list
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -106,8 +106,8 @@ def num_threads() -> tuple[int, str]:
     if value < 1:
         return default, f"os.cpu_count(); ignoring TIGA_NUM_THREADS={raw!r} (must be >= 1)"
     if value > thread_cap():   # the runtime caps it too (core/config.py)
-        return thread_cap(), f"TIGA_NUM_THREADS={raw} capped at {THREADS_PER_CORE} x " \
-            "os.cpu_count()"
+        return (thread_cap(), f"TIGA_NUM_THREADS={raw} capped at {THREADS_PER_CORE} x "
+            "os.cpu_count()")
     return value, "TIGA_NUM_THREADS"
 
 

@@ -72,8 +72,8 @@ def env(name: str) -> str | None:
 
 
 _ENVIRON = os.environ
-_DATA = _ENVIRON._data if type(getattr(_ENVIRON, "_data", None)) is dict and \
-    hasattr(_ENVIRON, "encodekey") and hasattr(_ENVIRON, "decodevalue") else None
+_DATA = (_ENVIRON._data if type(getattr(_ENVIRON, "_data", None)) is dict and
+    hasattr(_ENVIRON, "encodekey") and hasattr(_ENVIRON, "decodevalue") else None)
 _KEYS: dict = {}   # name -> its encoded form (a memo of the encoding, never of a value)
 _SEEN: dict = {}   # name -> (the encoded value last read, decoded): replaced as one tuple
 

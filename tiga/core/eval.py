@@ -85,8 +85,8 @@ def host_array(x):
 
 def on_device(x) -> bool:
     """A torch tensor on an accelerator (core never imports torch: read by duck typing)."""
-    return getattr(getattr(x, "device", None), "type", "cpu") not in ("cpu", "meta") and \
-        hasattr(x, "detach")
+    return (getattr(getattr(x, "device", None), "type", "cpu") not in ("cpu", "meta") and
+        hasattr(x, "detach"))
 
 
 def host_value(binder, x, lazy_disk: bool):

@@ -508,8 +508,8 @@ def _private(arr: np.ndarray) -> np.ndarray:
 def _differentiable(given: Any, checked: np.ndarray) -> Any:
     """What the hidden position field of a propagate reads: the caller's own object when it
     can carry gradients (torch tensor, tg.Tensor), else the checked numpy array."""
-    if hasattr(given, "requires_grad") and getattr(given, "dtype", None) is not None and \
-            str(given.dtype).endswith(str(checked.dtype)):
+    if (hasattr(given, "requires_grad") and getattr(given, "dtype", None) is not None and
+            str(given.dtype).endswith(str(checked.dtype))):
         return given
     if type(given).__name__ == "Tensor" and type(given).__module__.startswith("tiga"):
         return given

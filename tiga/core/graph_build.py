@@ -67,13 +67,13 @@ def implicit_degrees(kind: str, params: dict, by: str) -> np.ndarray:
     """int64 degrees of an implicit relation from its formula (no CSR): per destination
     (by='dst') or per source (by='src'); the output is the only array of its size."""
     if kind == "dense":
-        rows, other = (params["num_dst"], params["num_src"]) if by == "dst" else \
-            (params["num_src"], params["num_dst"])
+        rows, other = ((params["num_dst"], params["num_src"]) if by == "dst" else
+            (params["num_src"], params["num_dst"]))
         return np.full(rows, other, dtype=_I64)
     if kind == "triangular":   # destination i reads 0..i; source s is read by s..n-1
         n = params["n"]
-        return np.arange(1, n + 1, dtype=_I64) if by == "dst" else \
-            np.arange(n, 0, -1, dtype=_I64)
+        return (np.arange(1, n + 1, dtype=_I64) if by == "dst" else
+            np.arange(n, 0, -1, dtype=_I64))
     if kind == "cu_seqlens":
         cu = np.asarray(params["cu_seqlens"], dtype=_I64)
         lens = np.diff(cu)

@@ -52,8 +52,8 @@ def layout_problem(obj: Any) -> tuple[str, str] | None:
                 "pass the rows as one flat tensor with a tg.Graph.cu_seqlens relation over "
                 "them, or pad them (torch.nested.to_padded_tensor)")
     layout = getattr(obj, "layout", None)
-    if layout is not None and str(layout).startswith("torch.") and \
-            str(layout) != "torch.strided":
+    if (layout is not None and str(layout).startswith("torch.") and
+            str(layout) != "torch.strided"):
         return (f"torch tensor has layout {layout}, expected torch.strided (dense)",
                 "call .to_dense(), or pass a sparse matrix as the relation "
                 "(tg.Graph.from_csr / tg.Graph.from_coo / tg.Graph.from_scipy)")

@@ -123,11 +123,11 @@ class Reducer:
         """How the program printer shows this reducer (`sum`, `max[empty=-inf]`, ...)."""
         if self.builtin and (self.prune_threshold is not None or self.stats
                              or self.empty is not None or self.of is not None):
-            opts = ([f"prune_threshold={self.prune_threshold}"]
-                    if self.prune_threshold is not None else []) + \
-                (["stats"] if self.stats else []) + \
-                ([f"empty={self.empty!r}"] if self.empty is not None else []) + \
-                ([f"of={self.of}"] if self.of is not None else [])
+            opts = (([f"prune_threshold={self.prune_threshold}"]
+                     if self.prune_threshold is not None else []) +
+                (["stats"] if self.stats else []) +
+                ([f"empty={self.empty!r}"] if self.empty is not None else []) +
+                ([f"of={self.of}"] if self.of is not None else []))
             return f"{self.name}({', '.join(opts)})"
         return self.name if self.builtin else f"user:{self.name}"
 
@@ -162,8 +162,8 @@ def _check_user_reducer(name: Any, identity: Any, fns: tuple, flags: tuple) -> N
             raise TigaError(f"Reducer {name!r}: {arg} is {fn!r} ({type(fn).__name__}), "
                             f"expected a callable{'' if arg == 'combine' else ' or None'}, "
                             f"e.g. {arg}=lambda a{', b' if arg == 'combine' else ''}: ...")
-    if identity is None or callable(identity) or \
-            isinstance(identity, (str, bytes, complex, dict, set)):
+    if (identity is None or callable(identity) or
+            isinstance(identity, (str, bytes, complex, dict, set))):
         raise TigaError(f"Reducer {name!r}: identity is {identity!r}, expected a real number "
                         "(the state of an empty row, e.g. 0.0 for a sum)")
     for arg, flag in zip(("commutative", "associative"), flags):
@@ -179,8 +179,8 @@ def _checked_empty(name: str, empty: Any) -> float | None:
     """`empty=` as a float (inf, -inf and nan allowed), or None for the default."""
     if empty is None:
         return None
-    if isinstance(empty, bool) or not isinstance(empty, (int, float)) and \
-            not (hasattr(empty, "dtype") and getattr(empty, "shape", None) == ()):
+    if (isinstance(empty, bool) or not isinstance(empty, (int, float)) and
+            not (hasattr(empty, "dtype") and getattr(empty, "shape", None) == ())):
         raise TigaError(f"tg.{name}(empty=...): the value of a row without edges must be a "
                         f"real scalar (e.g. math.inf), found {empty!r} "
                         f"({type(empty).__name__})")

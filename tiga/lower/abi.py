@@ -146,8 +146,8 @@ def _radius(params: dict, walk: str) -> tuple:
     order: no max_neighbors (nearest-first truncation), at most RADIUS_MAX_DIMS dims, and by
     source only over one point set (symmetric)."""
     dims = int(params["dims"])
-    if params.get("max_neighbors") is not None or not 1 <= dims <= RADIUS_MAX_DIMS or \
-            (walk != "dst" and params.get("query") is not None):
+    if (params.get("max_neighbors") is not None or not 1 <= dims <= RADIUS_MAX_DIMS or
+            (walk != "dst" and params.get("query") is not None)):
         return ("csr",)
     return ("radius", dims)
 
@@ -156,8 +156,8 @@ def radius_descriptor_of_launch(coord_dims, reduce_by: str, roles: tuple) -> tup
     """The walk of a cell-directory launch from its Kernel IR alone (program.ir): the cell
     walk where the runtime takes it for some radius relation of that shape (max_neighbors,
     which the IR does not carry, walks the resolved CSR)."""
-    if type(coord_dims) is not int or not 1 <= coord_dims <= RADIUS_MAX_DIMS or \
-            reduce_by == "edge" or "edge" in roles:
+    if (type(coord_dims) is not int or not 1 <= coord_dims <= RADIUS_MAX_DIMS or
+             reduce_by == "edge" or "edge" in roles):
         return ("csr",)
     return ("radius", coord_dims)
 

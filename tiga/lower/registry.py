@@ -38,8 +38,9 @@ def register_elementwise(backend: str, unary: Callable, binary: Callable, compar
     for family, make in ((ew.unary_p, unary), (ew.binary_p, binary), (ew.compare_p, compare)):
         for name, p in family.items():
             rules[p] = make(name)
-    rules[ew.select_p], rules[ew.convert_p], rules[ew.stop_gradient_p] = \
-        select, convert, stop_gradient
+    rules[ew.select_p] = select
+    rules[ew.convert_p] = convert
+    rules[ew.stop_gradient_p] = stop_gradient
 
 
 def register_lowered(backend: str) -> None:

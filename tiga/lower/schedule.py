@@ -83,8 +83,8 @@ def prefetch_distance(traversal: str) -> int:
 def parallel_mode(reduce_by: str, reducer_name: str, builtin: bool, has_update: bool) -> str:
     if reduce_by != "all":
         return "rows"
-    return "partial_sums" if builtin and reducer_name == "sum" and not has_update \
-        else "single"
+    return ("partial_sums" if builtin and reducer_name == "sum" and not has_update
+        else "single")
 
 
 def traversal_of_walk(relation: tuple, walk: str) -> str:
@@ -110,8 +110,8 @@ def triton_split_tiles(block_neighbors: int, traversal: str, reduce_by: str,
     none where the walk has no stored edge ranges, no reducer state, or a static degree
     bound no row exceeds."""
     split = SPLIT_TILES * block_neighbors
-    if traversal not in SPLIT_TRAVERSALS or reduce_by not in ("dst", "src") or \
-            (type(max_degree) is int and max_degree <= split):
+    if (traversal not in SPLIT_TRAVERSALS or reduce_by not in ("dst", "src") or
+            (type(max_degree) is int and max_degree <= split)):
         return ()
     return (("split_degree", split),)
 
@@ -151,8 +151,8 @@ SPARSE_ROWS_MIN = 1 << 16
 
 def sparse_sources(num_src, num_edges) -> bool:
     """Whether a walk by source stores its transpose over the sources with edges only."""
-    return type(num_src) is int and type(num_edges) is int and \
-        num_src > SPARSE_ROWS_RATIO * num_edges + SPARSE_ROWS_MIN
+    return (type(num_src) is int and type(num_edges) is int and
+        num_src > SPARSE_ROWS_RATIO * num_edges + SPARSE_ROWS_MIN)
 
 
 def row_partition(traversal: str) -> str:
@@ -259,8 +259,8 @@ MATMUL_GPU_BLOCKS = {2: (64, 64, 32, 4, 3), 4: (64, 64, 32, 4, 2), 8: (32, 32, 1
 def triton_matmul_blocks(m: int, n: int, k: int, itemsize: int, interpreter: bool) -> tuple:
     """(block_m, block_n, block_k, num_warps, num_stages) of tile_matmul for an (m, k) x
     (k, n) product of `itemsize`-byte operands."""
-    bm, bn, bk, warps, stages = (128, 64, 64, 4, 1) if interpreter else \
-        MATMUL_GPU_BLOCKS[itemsize]
+    bm, bn, bk, warps, stages = ((128, 64, 64, 4, 1) if interpreter else
+        MATMUL_GPU_BLOCKS[itemsize])
 
     def fit(block: int, extent: int) -> int:
         return max(16, min(block, 1 << max(0, int(extent) - 1).bit_length()))

@@ -57,8 +57,8 @@ def _attention(eqn):
         return None
     p = eqn.params
     red = p["reducer"]
-    if p["reduce_by"] != "dst" or p["update"] is not None or red.stats or \
-            getattr(eqn.inputs[0].type, "kind", None) not in STREAMING_KINDS:
+    if (p["reduce_by"] != "dst" or p["update"] is not None or red.stats or
+            getattr(eqn.inputs[0].type, "kind", None) not in STREAMING_KINDS):
         return None
     # (16-bit fields where the selected route's VJP takes them, as the VJP rule decides)
     return match_attention(p["edge_fn"], p["roles"], red, vjp_dtypes())
@@ -103,8 +103,8 @@ def _constant(atom, producer: dict):
     if isinstance(atom, Lit):
         return float(np.asarray(atom.value))
     e = producer.get(id(atom))
-    if e is None or not all(isinstance(a, Lit) for a in e.inputs) or \
-            e.primitive not in impl_rules or len(e.outputs) != 1:
+    if (e is None or not all(isinstance(a, Lit) for a in e.inputs) or
+            e.primitive not in impl_rules or len(e.outputs) != 1):
         return None
     out = impl_rules[e.primitive](*(a.value for a in e.inputs), **e.params)
     return float(np.asarray(out[0] if e.primitive.multiple_results else out))
@@ -158,9 +158,9 @@ def _types_match(eqn, top, mass) -> bool:
 def _pair_backward(program: GraphProgram) -> GraphProgram:
     """A `dkdv` and a `dq` canonical propagate over the same operands as one `dkdvq`."""
     def canonical(e, kind):
-        return e.primitive is propagate_p and kind_of(e.params["names"]) == kind and \
-            e.params["reduce_by"] == CANONICAL[kind][3] and \
-            getattr(e.inputs[0].type, "kind", None) in STREAMING_KINDS
+        return (e.primitive is propagate_p and kind_of(e.params["names"]) == kind and
+            e.params["reduce_by"] == CANONICAL[kind][3] and
+            getattr(e.inputs[0].type, "kind", None) in STREAMING_KINDS)
 
     dqs = [e for e in program.eqns if canonical(e, "dq")]
     pos = {id(e): i for i, e in enumerate(program.eqns)}

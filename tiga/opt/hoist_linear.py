@@ -92,8 +92,8 @@ class _FirstLayer:
 def _find_first(edge: GraphProgram, roles):
     forms = {}
     for i, (v, r) in enumerate(zip(edge.in_binders, roles)):
-        if r in ("src", "dst") and isinstance(v.type, TensorType) and v.type.ndim == 1 \
-                and v.type.dtype.is_float:
+        if (r in ("src", "dst") and isinstance(v.type, TensorType) and v.type.ndim == 1
+                and v.type.dtype.is_float):
             forms[id(v)] = _Form((_Term(i, 1, 0),), int(v.type.shape[0]))
 
     def form(a):
@@ -154,8 +154,8 @@ def _with_bias(edge, roles, k, hit: _FirstLayer) -> _FirstLayer:
         if eqn.primitive.name == "add" and alias in eqn.inputs:
             other = eqn.inputs[1] if eqn.inputs[0] is alias else eqn.inputs[0]
             bi = None if isinstance(other, Lit) else _param_index(edge, roles, other)
-            if bi is not None and tuple(other.type.shape) == tuple(alias.type.shape) == \
-                    tuple(eqn.outputs[0].type.shape) and other.type.ndim == 1:
+            if (bi is not None and tuple(other.type.shape) == tuple(alias.type.shape) ==
+                    tuple(eqn.outputs[0].type.shape) and other.type.ndim == 1):
                 return _FirstLayer(hit.dot, hit.form, hit.weight, hit.axis, eqn, bi)
         if alias in eqn.inputs:
             return hit
@@ -252,8 +252,8 @@ def _find_last(edge: GraphProgram, roles):
     if e is not None and e.primitive.name == "add":
         for a, b in (e.inputs, e.inputs[::-1]):
             bi = None if isinstance(b, Lit) else _param_index(edge, roles, b)
-            if bi is not None and tuple(b.type.shape) == tuple(v.type.shape) and \
-                    not isinstance(a, Lit) and uses.get(id(a)) == 1:
+            if (bi is not None and tuple(b.type.shape) == tuple(v.type.shape) and
+                    not isinstance(a, Lit) and uses.get(id(a)) == 1):
                 v, bias = a, bi
                 break
     e = producer.get(id(v))
@@ -423,8 +423,8 @@ def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False,
     for eqn in program.eqns:
         p = eqn.params if eqn.primitive is propagate_p else None
         # an update function's binders follow the operand list: leave such calls alone
-        if p is None or p["update"] is not None or p["edge_fn"].consts or \
-                (p["reduce_by"] not in ("dst", "src") and not any_axis):
+        if (p is None or p["update"] is not None or p["edge_fn"].consts or
+                (p["reduce_by"] not in ("dst", "src") and not any_axis)):
             continue
         if sum_only and not (p["reducer"].builtin and p["reducer"].name == "sum"):
             continue
@@ -443,8 +443,8 @@ def _rewrite(program: GraphProgram, find, apply, notes: list, sum_only=False,
         for eqn in program.eqns:
             ins = [read(a) for a in eqn.inputs]
             plan = plans.get(id(eqn))
-            outs = bind(eqn.primitive, *ins, **eqn.params) if plan is None else \
-                apply(eqn, plan, ins, notes)
+            outs = (bind(eqn.primitive, *ins, **eqn.params) if plan is None else
+                apply(eqn, plan, ins, notes))
             outs = outs if isinstance(outs, (list, tuple)) else [outs]
             for v, o in zip(eqn.outputs, outs):
                 env[id(v)] = o

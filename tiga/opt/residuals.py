@@ -116,8 +116,8 @@ def _read_residuals(forward: GraphProgram, vjp: GraphProgram) -> GraphProgram | 
     needed, order = set(), []
     reads = [a for e in vjp.eqns if id(e) not in repeated for a in e.inputs] + list(vjp.outs)
     for a in reads:
-        if isinstance(a, Var) and id(a) in same and same[id(a)][0] == "eqn" and \
-                id(a) not in needed:
+        if (isinstance(a, Var) and id(a) in same and same[id(a)][0] == "eqn" and
+                id(a) not in needed):
             needed.add(id(a))
             order.append(a)
     if not order:

@@ -116,8 +116,8 @@ def _prepare(call, keep_device: bool = False) -> tuple:
 
 def _names(n_caps: int, call) -> list:
     """Operand names in binder order (captured values, graph, fields, params), for errors."""
-    return [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
-        [f"{r}.{n}" for r, n, _ in call.field_items()] + [k for k, _ in call.param_items()]
+    return ([f"captured value {i}" for i in range(n_caps)] + ["graph"] +
+        [f"{r}.{n}" for r, n, _ in call.field_items()] + [k for k, _ in call.param_items()])
 
 
 def _aliasing(values) -> tuple:
@@ -171,14 +171,14 @@ def explain_call_torch(call):
             "key on its edge count; searched once per relation), so its propagates walk "
             "that CSR with the stored-CSR kernel instead of the cell directory: no "
             "candidate distance tests per call")
-    names = [f"captured value {i}" for i in range(len(originals) - len(call.values()))] + \
-        ["graph"] + [f"{r}.{n}" for r, n, _ in call.field_items()] + \
-        [k for k, _ in call.param_items()]
+    names = ([f"captured value {i}" for i in range(len(originals) - len(call.values()))] +
+        ["graph"] + [f"{r}.{n}" for r, n, _ in call.field_items()] +
+        [k for k, _ in call.param_items()])
     read_by_kernels = {id(a) for e in program.eqns if e.primitive is propagate_p
                        for a in e.inputs}
     for name, obj, binder in zip(names, originals, program.in_binders):
-        if is_torch(obj) and not obj.is_contiguous() and id(binder) in read_by_kernels \
-                and id(binder) not in explanation.strided_reads:
+        if (is_torch(obj) and not obj.is_contiguous() and id(binder) in read_by_kernels
+                and id(binder) not in explanation.strided_reads):
             # imported zero-copy with its strides; the compiled kernels read C-order rows
             explanation.materialized.append(
                 (f"contiguous copy of {name} (torch strides {tuple(obj.stride())})",
@@ -230,8 +230,8 @@ def stage_call_torch(call) -> tuple:
     program = _share_repeated_tensors(program, originals)
     # hoisted linear layers; the forward runs as staged, so `b - p W` is folded here
     program, notes = opt.optimize_program(program, opt.ProgramFacts("staged", bridge=True))
-    names = [f"captured value {i}" for i in range(n_caps)] + ["graph"] + \
-        [f"{r}.{n}" for r, n, _ in call.field_items()] + [f"{k}" for k, _ in call.param_items()]
+    names = ([f"captured value {i}" for i in range(n_caps)] + ["graph"] +
+        [f"{r}.{n}" for r, n, _ in call.field_items()] + [f"{k}" for k, _ in call.param_items()])
     np_args = [to_numpy(a, n) if is_torch(a) else a for a, n in zip(args, names)]
     return program, np_args, originals, notes
 
@@ -439,8 +439,8 @@ def _np_dtype(t):
 def _shares(a, b) -> bool:
     """Whether two host arrays share memory (device tensors: never with a host array; the
     triton route allocates each output afresh)."""
-    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and \
-        np.may_share_memory(a, b)
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and
+        np.may_share_memory(a, b))
 
 
 def _own_copy(r):
@@ -465,8 +465,8 @@ def _unread_operands(eqn) -> set:
     binders = fn.program.in_binders[len(fn.consts):]
     if len(binders) != len(eqn.inputs) - 1:     # operands after the relation, one each
         return set()
-    read = {id(a) for x in fn.program.eqns for a in x.inputs} | \
-        {id(a) for a in fn.program.outs}
+    read = ({id(a) for x in fn.program.eqns for a in x.inputs} |
+        {id(a) for a in fn.program.outs})
     return {k + 1 for k, b in enumerate(binders) if id(b) not in read}
 
 

@@ -350,5 +350,5 @@ _call_op.register_autograd(_backward, setup_context=_setup)
 
 
 def _aliases(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return is_torch(b) and a.device == b.device and a.numel() > 0 and b.numel() > 0 and \
-        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return (is_torch(b) and a.device == b.device and a.numel() > 0 and b.numel() > 0 and
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())

@@ -53,8 +53,8 @@ def _linear_parts(layer, path: str) -> tuple:
     n_in = _read(layer, path, "in_channels" if pyg else "in_features")
     n_out = _read(layer, path, "out_channels" if pyg else "out_features")
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (n_out, n_in):
-        found = tuple(weight.shape) if isinstance(weight, torch.Tensor) else \
-            type(weight).__name__
+        found = (tuple(weight.shape) if isinstance(weight, torch.Tensor) else
+            type(weight).__name__)
         raise UnsupportedError(
             f"tg.nn.trace: module {path} ({type(layer).__name__}): attribute 'weight' is "
             f"{found}, expected a tensor of shape ({n_out}, {n_in})", hint=_HINT)
@@ -207,8 +207,8 @@ class TracedModule:
             try:
                 x = capture(x, layer, path)
             except ShapeError as exc:
-                raise ShapeError(f"tg.nn.trace: {path} ({type(layer).__name__}): {exc}") \
-                    from exc
+                raise ShapeError(
+                    f"tg.nn.trace: {path} ({type(layer).__name__}): {exc}") from exc
         return x
 
     def __repr__(self) -> str:

@@ -64,8 +64,8 @@ def cell_directory(pos: torch.Tensor, lo, inv_w: float, dims) -> tuple:
 
 def to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
     if t.dtype == torch.bfloat16:   # numpy has no bfloat16 of torch's: ml_dtypes' bits
-        return t.cpu().view(torch.int16).numpy().view(np.dtype("bfloat16")) \
-            .astype(dtype, copy=False)
+        return (t.cpu().view(torch.int16).numpy().view(np.dtype("bfloat16"))
+            .astype(dtype, copy=False))
     return t.cpu().numpy().astype(dtype, copy=False)
 
 

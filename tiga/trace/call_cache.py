@@ -246,8 +246,8 @@ def staged_program(call, optimize: Callable[[GraphProgram], GraphProgram]) -> tu
         if not _sizes_ok(call, items):
             call.check_sizes(call.graph.type())   # raises the ShapeError naming the field
         call.cached = (entry[1], generation)
-        return entry[2], [call.graph] + [leaf_value(v) for _, _, v in items] + \
-            [leaf_value(v) for _, v in call.param_items()]
+        return (entry[2], [call.graph] + [leaf_value(v) for _, _, v in items] +
+            [leaf_value(v) for _, v in call.param_items()])
     guards = guards_mod.collect(_guarded_fns(call))   # the values the trace will read
     program, args = _staged_and_rewritten(call, optimize)
     STATS["misses"] += 1

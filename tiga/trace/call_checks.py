@@ -166,8 +166,8 @@ def checked_region(fn: Callable, reducer: str, what: str, same_as=None) -> Calla
             found = "None" if out is None else f"a {type(out).__name__} of {len(out)}"
             raise TraceError(f"reducer {reducer!r}: {what} returned {found}, expected one "
                              f"array{'' if same_as is None else f' of type {same_as}'}")
-        if same_as is not None and isinstance(out, Tracer) and \
-                tuple(out.aval.shape) != tuple(same_as.shape):
+        if (same_as is not None and isinstance(out, Tracer) and
+                tuple(out.aval.shape) != tuple(same_as.shape)):
             raise TraceError(f"reducer {reducer!r}: {what} returned shape "
                              f"{tuple(out.aval.shape)}, expected the message shape "
                              f"{tuple(same_as.shape)}")

@@ -86,8 +86,8 @@ def _checked_bound(max_iterations):
         if int(max_iterations) < 0:
             raise TigaError(f"while_loop: max_iterations must be >= 0, found "
                             f"{int(max_iterations)}")
-        return int(max_iterations) if current_builder() is None else \
-            np.int64(max_iterations)
+        return (int(max_iterations) if current_builder() is None else
+            np.int64(max_iterations))
     return max_iterations
 
 

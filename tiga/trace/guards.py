@@ -209,8 +209,8 @@ def _chains(code) -> list:
         if chain is not None and op in ("LOAD_ATTR", "LOAD_METHOD") and const is _NO_CONST:
             chain[2].append((_ATTR, ins.argval))
             continue
-        if chain is not None and op in ("LOAD_CONST", "LOAD_SMALL_INT") \
-                and const is _NO_CONST and _constant_key(ins.argval):
+        if (chain is not None and op in ("LOAD_CONST", "LOAD_SMALL_INT")
+                and const is _NO_CONST and _constant_key(ins.argval)):
             const = ins.argval
             continue
         if chain is not None and const is not _NO_CONST and (

@@ -360,8 +360,8 @@ def expand_dims(x, axis):
 
 def squeeze(x, axis=None):
     t = _typeof(asvalue(x))
-    axes = [a for a in range(t.ndim) if t.shape[a] == 1] if axis is None else \
-        list(normalize_axes(axis, t.ndim))
+    axes = ([a for a in range(t.ndim) if t.shape[a] == 1] if axis is None else
+        list(normalize_axes(axis, t.ndim)))
     return reshape(x, tuple(d for i, d in enumerate(t.shape) if i not in axes))
 
 

@@ -181,8 +181,8 @@ class PropagateCall:
             update_prog = _pad_binders(update_prog, n_dst + n_out + len(ptypes), edge_caps)
         caps = edge_caps + upd_caps
         roles = tuple(r for r, _, _ in items) + ("param",) * (len(ptypes) + len(caps))
-        names = tuple(n for _, n, _ in items) + tuple(k for k, _ in self.param_items()) + \
-            tuple(f"captured{i}" for i in range(len(caps)))
+        names = (tuple(n for _, n, _ in items) + tuple(k for k, _ in self.param_items()) +
+            tuple(f"captured{i}" for i in range(len(caps))))
         operands = [leaf_value(v) for v in list(fields) + list(params) + list(caps)]
         outs = bind(propagate_p, graph, *operands,
                     edge_fn=ClosedProgram(edge_prog), reducer=reducer, roles=roles,
@@ -301,8 +301,8 @@ class PropagateCall:
 def _arg_ids(graph, reducer: Reducer) -> np.ndarray:
     """0..n-1 for the sources (of="src") or the edges (of="edge", in the relation's edge
     order: an edge field is read through the stored permutation, so row k holds edge k)."""
-    t = graph.aval if isinstance(graph, Tracer) else graph.type() \
-        if hasattr(graph, "type") else None
+    t = (graph.aval if isinstance(graph, Tracer) else graph.type()
+         if hasattr(graph, "type") else None)
     n = None if t is None else (t.num_src if reducer.of == "src" else t.num_edges)
     if not isinstance(n, (int, np.integer)) and isinstance(graph, Graph):
         n = int(graph.resolve_csr()[0][-1])   # a generated relation's edges, listed once
@@ -442,8 +442,8 @@ class MessagePassing:
             return hooks["compiled"](graph, self.edge, self.reducer, update, src, dst, edge,
                                      params)
         warm = hooks["warm"]    # the signature this layer last ran, prepared: its launch list
-        out = None if warm is None else \
-            warm(self, graph, self.edge, update, self.reducer, src, dst, edge, params)
+        out = (None if warm is None else
+            warm(self, graph, self.edge, update, self.reducer, src, dst, edge, params))
         if out is not None:
             return out
         call = self._call(graph, src, dst, edge, params)

@@ -45,8 +45,8 @@ def trace_flat(fn: Callable, in_avals: list, *, top: bool = True, lift: bool = F
         out = fn(*args)
         leaves, out_tree = tree_flatten(out)
         for leaf in leaves:
-            if not isinstance(leaf, (Tracer, np.ndarray, np.generic, int, float, bool)) \
-                    and not hasattr(leaf, "__array__"):
+            if (not isinstance(leaf, (Tracer, np.ndarray, np.generic, int, float, bool))
+                    and not hasattr(leaf, "__array__")):
                 raise TraceError(f"a traced function returned {type(leaf).__name__}; "
                                  "outputs must be arrays (or pytrees of arrays)")
         program = builder.program([leaf_value(x) for x in leaves])

@@ -67,8 +67,8 @@ class Tracer:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         # numpy hands us `ndarray <op> tracer` (and numpy scalars) as a ufunc call: serve the
         # operators; any other numpy function cannot run on a value that has no data yet
-        op = _OPERATOR_UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs \
-            else None
+        op = (_OPERATOR_UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs
+            else None)
         if op is not None:
             from . import math as m  # tg.math imports this module
             return getattr(m, op)(*inputs)
@@ -168,8 +168,8 @@ def lifted(x) -> bool:
     """A concrete value a lifting trace takes as an input of the program rather than as a
     literal: a tensor on the disk tier (the runtime reads a literal whole, an input page by
     page, as it would the same tensor passed as an argument)."""
-    return not isinstance(x, Tracer) and getattr(x, "tier", None) == "disk" and \
-        hasattr(x, "__tiga_type__")
+    return (not isinstance(x, Tracer) and getattr(x, "tier", None) == "disk" and
+        hasattr(x, "__tiga_type__"))
 
 
 class GraphLit(Lit):

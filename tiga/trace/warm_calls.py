@@ -64,12 +64,12 @@ def remember(call, program) -> None:
     """After `call` ran `program` on a prepared launch list: memo its signature for its layer
     (nothing when the call is not a plain layer call of a cached entry, see the docstring)."""
     layer, cached = call.layer, call.cached
-    if layer is None or cached is None or not call.plain or call.lattice is not None or \
-            type(call.graph) is not Graph or not call.reducer.builtin:
+    if (layer is None or cached is None or not call.plain or call.lattice is not None or
+            type(call.graph) is not Graph or not call.reducer.builtin):
         return
     edge, update = call.edge_fn, call.update
-    if type(edge) is not MethodType or edge.__self__ is not layer or update is not None and \
-            (type(update) is not MethodType or update.__self__ is not layer):
+    if (type(edge) is not MethodType or edge.__self__ is not layer or update is not None and
+             (type(update) is not MethodType or update.__self__ is not layer)):
         return
     attrs = getattr(layer, "__dict__", None)
     if type(attrs) is not dict:
@@ -144,10 +144,10 @@ def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, *,
     None when it has none for these arguments) when the layer's memo matches (one call
     cache hit counted), else None: take the full path."""
     memo = _MEMOS.get(id(layer))
-    if memo is None or memo.generation != GENERATION[0] or \
-            memo.graph() is not graph or memo.layer() is not layer or \
-            memo.reducer is not reducer or type(edge_fn) is not MethodType or \
-            edge_fn.__func__ is not memo.edge:
+    if (memo is None or memo.generation != GENERATION[0] or
+            memo.graph() is not graph or memo.layer() is not layer or
+            memo.reducer is not reducer or type(edge_fn) is not MethodType or
+            edge_fn.__func__ is not memo.edge):
         return None
     if update is None:
         if memo.update is not None:
@@ -155,8 +155,8 @@ def run(layer, graph, edge_fn, update, reducer, src, dst, edge, params: dict, *,
     elif type(update) is not MethodType or update.__func__ is not memo.update:
         return None
     args = _args(memo, graph, src, dst, edge, params)
-    if args is None or not _same_owner(memo, layer) or reducer._key() != memo.reducer_key or \
-            memo.guards and not guards_mod.check(memo.guards):
+    if (args is None or not _same_owner(memo, layer) or reducer._key() != memo.reducer_key or
+            memo.guards and not guards_mod.check(memo.guards)):
         return None
     outs = runner(memo.program, args)
     if outs is not None:
@@ -174,8 +174,8 @@ def _same_owner(memo: _Memo, layer) -> bool:
     if attrs and (not all(map(operator.is_, attrs.values(), memo.values)) or
                   tuple(attrs) != memo.keys):
         return False
-    return all(memo.values[i]._key() == key for i, key in memo.reducers) \
-        if memo.reducers else True
+    return (all(memo.values[i]._key() == key for i, key in memo.reducers)
+        if memo.reducers else True)
 
 
 def _args(memo: _Memo, graph, src, dst, edge, params: dict) -> list | None:
@@ -184,9 +184,9 @@ def _args(memo: _Memo, graph, src, dst, edge, params: dict) -> list | None:
     # each role a dict of the memo's number of fields, or None for none (anything else, a
     # Mapping that is not a dict included, takes the full path)
     n_src, n_dst, n_edge = memo.counts
-    if (len(src) != n_src if type(src) is dict else src is not None or n_src) or \
-            (len(dst) != n_dst if type(dst) is dict else dst is not None or n_dst) or \
-            (len(edge) != n_edge if type(edge) is dict else edge is not None or n_edge):
+    if ((len(src) != n_src if type(src) is dict else src is not None or n_src) or
+             (len(dst) != n_dst if type(dst) is dict else dst is not None or n_dst) or
+             (len(edge) != n_edge if type(edge) is dict else edge is not None or n_edge)):
         return None
     given = (src, dst, edge)
     args = [graph]

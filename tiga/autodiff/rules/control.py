@@ -68,8 +68,8 @@ def repeat_vjp_rule(ct_outs, outs, *operands, body, length, num_consts, num_carr
 def _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry):
     x_rows = [TensorType(t.shape[1:], t.dtype) for t in _strong(xs)]
     y_rows = [TensorType(t.shape[1:], t.dtype) for t in _strong(ct_ys)]
-    avals = [_type_of(c) for c in consts] + _strong(carry) + _acc_types(consts) + \
-        _strong(carry) + x_rows + y_rows
+    avals = ([_type_of(c) for c in consts] + _strong(carry) + _acc_types(consts) +
+        _strong(carry) + x_rows + y_rows)
     nc, nk, nx = num_consts, num_carry, len(xs)
 
     def fn(*a):

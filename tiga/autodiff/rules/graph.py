@@ -208,8 +208,8 @@ def propagate_vjp_rule(ct_outs, outs, graph, *fields, edge_fn, reducer, roles, n
         ct_outs, extra = _update_vjp(update, fields, roles, outs, ct_outs)
     # (16-bit fields: the canonical propagates only where the selected route's kernels take
     # them, attention.vjp_dtypes; the trace is cached per function and input types)
-    pattern = match_attention(edge_fn, roles, reducer, vjp_dtypes()) \
-        if reduce_by == "dst" else None
+    pattern = (match_attention(edge_fn, roles, reducer, vjp_dtypes())
+        if reduce_by == "dst" else None)
     if pattern is not None:
         # dot-product attention: the FlashAttention-2-style canonical propagates (lse saved
         # by the streaming forward, probabilities recomputed blockwise, no per-edge array)

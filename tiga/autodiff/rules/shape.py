@@ -19,8 +19,8 @@ def broadcast_in_dim_vjp_rule(ct, out, x, *, shape, broadcast_dimensions):
     new = [d for d in range(len(shape)) if d not in broadcast_dimensions]
     stretched = [d for i, d in enumerate(broadcast_dimensions)
                  if tx.shape[i] == 1 and shape[d] != 1]
-    summed = m.sum(ct, axis=tuple(sorted(new + stretched)), keepdims=True) \
-        if new or stretched else ct
+    summed = (m.sum(ct, axis=tuple(sorted(new + stretched)), keepdims=True)
+        if new or stretched else ct)
     return (m.reshape(summed, tx.shape) if tx.dtype.is_float else None,)
 
 

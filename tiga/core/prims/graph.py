@@ -105,8 +105,8 @@ def _per_output_types(g, fields, edge_fn, reducer, roles, names, reduce_by, upda
     """A multi-output propagate grouping each output by its own side (`reduce_by`: one of
     "dst"/"src" per output), e.g. attention's dk, dv (by source) and dq (by destination)
     from one walk."""
-    if update is not None or not reducer.builtin or reducer.arity != 1 or reducer.stats or \
-            any(r not in ("dst", "src") for r in reduce_by):
+    if (update is not None or not reducer.builtin or reducer.arity != 1 or reducer.stats or
+            any(r not in ("dst", "src") for r in reduce_by)):
         raise ShapeError(f"propagate: per-output reduce_by {reduce_by} needs a one-part built-in "
                          f"reducer, no update and 'dst'/'src' entries, found "
                          f"{reducer.pp_param()}, update {update is not None}")

@@ -78,8 +78,8 @@ def format_dim(d) -> str:
 def format_type(t) -> str:
     if isinstance(t, TensorType):
         name = DTYPE_NAMES[t.dtype]
-        inner = name if not t.shape else \
-            "tensor<" + "x".join([format_dim(d) for d in t.shape] + [name]) + ">"
+        inner = (name if not t.shape else
+            "tensor<" + "x".join([format_dim(d) for d in t.shape] + [name]) + ">")
         return f"weak<{inner}>" if t.weak else inner
     if isinstance(t, GraphType):
         edges = "?" if t.num_edges is None else format_dim(t.num_edges)

@@ -323,8 +323,8 @@ class TaskModule(Module):
             for v in op.operands:
                 # (a value held on two tiers, a page's host and device copies, is released
                 # once on each)
-                again = isinstance(op, ReleaseOp) and v.name == op.value.name and \
-                    op.tier not in tiers.get(v.name, ())
+                again = (isinstance(op, ReleaseOp) and v.name == op.value.name and
+                    op.tier not in tiers.get(v.name, ()))
                 if v.name in released and not again:
                     raise CompilationError(
                         f"@{self.name}, op {i} ({op_label(op)}): %{v.name} is used after "

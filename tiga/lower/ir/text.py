@@ -95,8 +95,8 @@ def _print_custom(op: TensorOp) -> str:
     out_types = [v.type for v in op.results]
     if op.prim == "constant":
         return f"{lhs}{op.name} {format_attr(op.params[0][1])} : {format_type(out_types[0])}"
-    attrs = "" if not op.params else \
-        " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in op.params) + "}"
+    attrs = ("" if not op.params else
+        " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in op.params) + "}")
     operands = f" {_names(op.operands)}" if op.operands else ""
     types = in_types + out_types
     if len(out_types) == 1 and in_types and all(t == types[0] for t in types):
@@ -132,8 +132,8 @@ def _print_generic(g: GenericOp, indent: int) -> list:
         items = [f"{pad}  {k} = {format_attr(v)}" for k, v in g.attrs]
         lines += [s + "," for s in items[:-1]] + items[-1:]
         lines.append(f"{pad}}}")
-    sig = _func_sig([v.type for v in g.operands], [v.type for v in g.results]) \
-        if g.results else f"({', '.join(format_type(v.type) for v in g.operands)}) -> ()"
+    sig = (_func_sig([v.type for v in g.operands], [v.type for v in g.results])
+        if g.results else f"({', '.join(format_type(v.type) for v in g.operands)}) -> ()")
     lines[-1] += f" : {sig}"
     return lines
 

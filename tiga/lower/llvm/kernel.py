@@ -154,8 +154,8 @@ def _signature(params, in_types, index_dtype, schedule, symbol) -> KernelSignatu
     walk = walk_of(reduce_by)
     relation = _walk_relation(walk, tuple(schedule.relation))
     # a walk by source over stored rows reaches edge ids through the transpose's permutation
-    has_perm = relation in (("csr",), ("csr_rows",)) if walk == "src" else \
-        schedule.has_edge_perm
+    has_perm = (relation in (("csr",), ("csr_rows",)) if walk == "src" else
+        schedule.has_edge_perm)
     if relation != ("csr",) and has_perm and walk == "dst":
         raise CodegenUnsupported("an implicit relation walk with an edge permutation")
     slots = operand_slots(walk_for(relation).slots, has_perm, len(fields),
@@ -354,8 +354,8 @@ class _KernelBuilder:
             # prefetches compete with the loads for the load ports
             nbytes = numel(self.sig.field_shapes[i]) * dtype.itemsize
             offsets = _prefetch_offsets(nbytes, dtype.itemsize)
-            whole_lines = nbytes % CACHE_LINE == 0 and len(offsets) > 1 and \
-                offsets[-1] == nbytes - 1
+            whole_lines = (nbytes % CACHE_LINE == 0 and len(offsets) > 1 and
+                offsets[-1] == nbytes - 1)
             for off in offsets[:-1] if whole_lines else offsets:
                 self._prefetch_at(row.ptr, off)
             if whole_lines:

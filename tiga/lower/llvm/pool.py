@@ -58,8 +58,8 @@ class _Pool:
                                  ir.FunctionType(ir.VoidType(), []))
 
     def word(self, b, state, k, ty=I64):
-        return b.gep(state, [i64(k)], source_etype=I64) if ty is I64 else \
-            b.gep(state, [i64(2 * k)], source_etype=I32)
+        return (b.gep(state, [i64(k)], source_etype=I64) if ty is I64 else
+            b.gep(state, [i64(2 * k)], source_etype=I32))
 
     def pause(self, b):
         b.call(self.pause_fn, [])

@@ -43,8 +43,8 @@ class SimpleState:
         self.shape, self.out_dtype = tuple(msg_type.shape), msg_type.dtype
         # float16 sums and products accumulate in float32 and round once in finalize (the
         # rule of core/reducers.py); max/min are exact and keep the message dtype
-        self.dtype = compute_dtype(self.out_dtype) if self.kind in ("sum", "prod") \
-            else self.out_dtype
+        self.dtype = (compute_dtype(self.out_dtype) if self.kind in ("sum", "prod")
+            else self.out_dtype)
         # sums may be split over several accumulators and merged (the kernel's unrolled edge
         # loop): exact for integers, a different rounding order for float32/float64, as
         # numpy's pairwise sums

@@ -53,8 +53,8 @@ class _Block:
         else:
             v = self.define(atom, "cst")
             # (a constant's value attribute is flat, row-major: what the text prints)
-            value = np.asarray(atom.value).reshape(-1) if np.ndim(atom.value) > 1 \
-                else atom.value
+            value = (np.asarray(atom.value).reshape(-1) if np.ndim(atom.value) > 1
+                else atom.value)
             self.ops.append(TensorOp("constant", (), (v,), (("value", to_attr(value)),)))
         return v
 

@@ -109,9 +109,9 @@ class _Planner:
             if role == "param":
                 loads.append((v, None, self.ready[v.name]))
                 continue
-            kind, at = ("page", rows) if role == self.walked else \
-                ("page", edges) if role == "edge" and self.edges_in_order else \
-                ("gather", rows)
+            kind, at = (("page", rows) if role == self.walked else
+                ("page", edges) if role == "edge" and self.edges_in_order else
+                ("gather", rows))
             loads.append((v, at, Value(f"p{k}_{v.name}", EVENT)))
             self.ops.append(TransferOp(loads[-1][2], v, (), kind, tier, "host", k, at,
                                        stream=s))
@@ -175,8 +175,8 @@ def _with_schedule(task: TaskLaunchOp, threads: int | None, schedule) -> TaskLau
     threads (where the schedule has a thread count: cpu-llvm)."""
     def scheduled(s):
         s = schedule if schedule is not None else s
-        return dataclasses.replace(s, threads=threads) \
-            if threads is not None and s.threads is not None else s
+        return (dataclasses.replace(s, threads=threads)
+            if threads is not None and s.threads is not None else s)
 
     ops = tuple(dataclasses.replace(op, schedule=scheduled(op.schedule))
                 if isinstance(op, LaunchOp) else op for op in task.body.ops)

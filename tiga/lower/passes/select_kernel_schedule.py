@@ -187,8 +187,8 @@ def _cpu_schedule(op: LaunchOp, threads: int, rows, edges) -> Schedule:
     if op.traversal == ATTENTION_TILES:
         return _attention_schedule(op, threads)
     states = [group[0] for group in red.state if group]
-    tiles = AttrDict(knn_tiles(host_wide_vectors())) if op.traversal == "knn-tile-row" \
-        else AttrDict()
+    tiles = (AttrDict(knn_tiles(host_wide_vectors())) if op.traversal == "knn-tile-row"
+        else AttrDict())
     return Schedule(target="cpu-llvm", threads=cpu_threads(threads, rows, edges),
                     row_partition=row_partition(op.traversal),
                     chunks_per_thread=CHUNKS_PER_THREAD,
@@ -212,8 +212,8 @@ def select_kernel_schedule(module: KernelModule, *, threads: int | None = None,
     n = default_threads() if threads is None else threads
 
     def schedule(op):
-        return replace(op, schedule=choose_schedule(op, n, target)) \
-            if isinstance(op, LaunchOp) else op
+        return (replace(op, schedule=choose_schedule(op, n, target))
+            if isinstance(op, LaunchOp) else op)
 
     out = KernelModule(module.name, map_ops(module.body, schedule))
     out.verify()

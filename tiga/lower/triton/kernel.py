@@ -92,8 +92,8 @@ def signature_of(params: dict, in_types: list, index_dtype, has_perm: bool,
         walked += ("row_order",)    # (rows in cell order: cell_tiles.py)
     slots = operand_slots(walked, perm, len(fields), len(operands["out_dtypes"]))
     # the split path needs a row's edges as one id range of a stored CSR and a reducer state
-    split = schedule.split_degree if relation == ("csr",) and reduce_by in ("dst", "src") \
-        else 0
+    split = (schedule.split_degree if relation == ("csr",) and reduce_by in ("dst", "src")
+        else 0)
     return KernelSignature(target="triton", symbol=symbol, walk=walk, reduce_by=reduce_by,
                            slots=slots, index_dtype=index.name, relation=tuple(relation),
                            block_rows=schedule.block_rows,
@@ -107,8 +107,8 @@ def _combine(params: dict) -> str:
     if params["reduce_by"] != "all":
         return ""
     r = params["reducer"]
-    if params["update"] is not None or r is None or not r.builtin or \
-            r.name not in ("sum", "mean"):
+    if (params["update"] is not None or r is None or not r.builtin or
+            r.name not in ("sum", "mean")):
         raise TritonUnsupported("reduce_by='all' with a reducer other than sum/mean or "
                                 "with an update (per-row partials are added)")
     return r.name
@@ -334,8 +334,8 @@ class _Body:
         if edge:
             expr = tile(self.ctx, val, shape)
         elif val.lead == "const":
-            expr = f"tl.full([1{''.join(f', {pow2(d)}' for d in shape)}], {val.expr}, " \
-                   f"{tl_dtype(dtype)})"
+            expr = (f"tl.full([1{''.join(f', {pow2(d)}' for d in shape)}], {val.expr}, "
+                    f"{tl_dtype(dtype)})")
         else:
             expr = self.ctx.expand(val, len(shape))
         expr = f"({expr}).to({tl_dtype(dtype)})"

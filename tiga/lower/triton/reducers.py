@@ -106,8 +106,8 @@ class Fold:
     def fold(self, ctx: Emitter, state: list, msgs: list) -> None:
         op, rule = self._op(), self._rule(ctx)
         (acc,), (m,) = state, msgs
-        x = f"tl.where({valid_mask(len(self.shape))}, ({tile(ctx, m, self.shape)})" \
-            f".to({tl_dtype(self.dtype)}), {identity(op, self.dtype)})"
+        x = (f"tl.where({valid_mask(len(self.shape))}, ({tile(ctx, m, self.shape)})"
+             f".to({tl_dtype(self.dtype)}), {identity(op, self.dtype)})")
         part = nbr_fold(ctx, _FOLD[rule], grouped(ctx, x, self.shape))
         ctx.emit(f"{acc} = ({_COMBINE[rule].format(a=acc, b=part)}).to({tl_dtype(self.dtype)})")
 
@@ -126,8 +126,8 @@ class Fold:
         if self.name == "mean":
             expr = f"{acc} / tl.maximum({cnt}, 1).to({tl_dtype(self.dtype)})"
         elif self.name in ("max", "min") or self.empty is not None:
-            expr = f"tl.where({cnt} > 0, {acc}, " \
-                   f"{_literal(0 if self.empty is None else self.empty)})"
+            expr = (f"tl.where({cnt} > 0, {acc}, "
+                    f"{_literal(0 if self.empty is None else self.empty)})")
         else:
             expr = acc
         return [ctx.value(f"({expr}).to({tl_dtype(self.out_dtype)})", self.shape,

@@ -119,8 +119,8 @@ class TiledBody(_Body):
             numel *= d
         offs, fmask = _lead_offsets(shape)
         if len(shape) == 1 and fmask is None:   # an unpadded row: contiguous from its start
-            offs = f"tl.max_contiguous(tl.multiple_of(tl.arange(0, {numel}), {numel}), " \
-                   f"{numel})[None, :]"
+            offs = (f"tl.max_contiguous(tl.multiple_of(tl.arange(0, {numel}), {numel}), "
+                    f"{numel})[None, :]")
         align = numel & -numel   # (the largest power of two dividing the row's elements)
         base = self.ctx.let(f"{ptr} + tl.multiple_of({index}.to(tl.int64) * {numel}, {align})",
                             "rowp")

@@ -267,8 +267,8 @@ def knn_relation(x_src, x_dst, k: int, b_src, b_dst) -> Graph:
 
 def _segments(name: str, batch, n: int) -> np.ndarray:
     """Row offsets of the graphs of a sorted batch vector (graph ids 0..B-1)."""
-    ids = np.zeros(n, dtype=np.int64) if batch is None else \
-        np.asarray(torch.as_tensor(batch).detach().cpu(), dtype=np.int64)
+    ids = (np.zeros(n, dtype=np.int64) if batch is None else
+        np.asarray(torch.as_tensor(batch).detach().cpu(), dtype=np.int64))
     if ids.shape != (n,) or (n and (ids[0] < 0 or np.any(np.diff(ids) < 0))):
         raise LayerArgumentError(f"DynamicEdgeConv: {name} has shape {ids.shape}, expected "
                                  f"a sorted non-negative graph id per row ({n} rows)")

@@ -95,8 +95,8 @@ def self_loops(layer: str, graph: Graph, edge_attr, fill_value) -> tuple:
     if edge_attr is None:
         return looped, None
     if not isinstance(edge_attr, torch.Tensor) or edge_attr.size(0) != graph.num_edges:
-        found = tuple(edge_attr.shape) if isinstance(edge_attr, torch.Tensor) else \
-            type(edge_attr).__name__
+        found = (tuple(edge_attr.shape) if isinstance(edge_attr, torch.Tensor) else
+            type(edge_attr).__name__)
         raise ShapeError(f"{layer}: edge_attr is {found}, expected a tensor with "
                          f"{graph.num_edges} rows (one per edge)")
     kept = edge_attr[torch.tensor(keep, device=edge_attr.device)]

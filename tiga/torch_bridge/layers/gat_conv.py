@@ -155,11 +155,11 @@ class GATv2Conv(_AttentionBase):
         self.share_weights = share_weights
         width = heads * out_channels
         self.lin_l = linear(n_src, width, bias=bias, glorot=True)
-        self.lin_r = self.lin_l if share_weights else \
-            linear(n_dst, width, bias=bias, glorot=True)
+        self.lin_r = (self.lin_l if share_weights else
+            linear(n_dst, width, bias=bias, glorot=True))
         self.att = _glorot_parameter(1, heads, out_channels)
-        self.lin_edge = None if edge_dim is None else \
-            linear(edge_dim, width, bias=False, glorot=True)
+        self.lin_edge = (None if edge_dim is None else
+            linear(edge_dim, width, bias=False, glorot=True))
         total = out_channels * (heads if concat else 1)
         self.res = linear(n_dst, total, bias=False, glorot=True) if residual else None
         self.bias = torch.nn.Parameter(torch.zeros(total)) if bias else None

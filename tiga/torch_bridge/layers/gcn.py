@@ -170,8 +170,8 @@ def _same(held, now) -> bool:
     tensor, version, copy = held
     if now is tensor and now._version == version:
         return True
-    return now.shape == copy.shape and \
-        torch.equal(now.detach().to(device=copy.device, dtype=copy.dtype), copy)
+    return (now.shape == copy.shape and
+        torch.equal(now.detach().to(device=copy.device, dtype=copy.dtype), copy))
 
 
 def _normalized(edge_index, settings, edge_weight, x) -> tuple:

@@ -52,8 +52,8 @@ def region(fn, edge_index, settings: tuple, tensors: tuple, outs: tuple, live=No
     Settings: Python constants (part of the key; another value, e.g. a tensor fill_value,
     runs fn eagerly, behind relation()'s graph break). live: a function of the settings
     giving the tensors fn reads instead of the last len(live(settings)) tensors."""
-    if not compiling() or not isinstance(edge_index, (Graph, torch.Tensor, type(None))) or \
-            not all(isinstance(s, _CONSTANTS) for s in settings):   # e.g. a tensor fill
+    if (not compiling() or not isinstance(edge_index, (Graph, torch.Tensor, type(None))) or
+            not all(isinstance(s, _CONSTANTS) for s in settings)):   # e.g. a tensor fill
         return fn(edge_index, settings, *tensors)
     if not isinstance(edge_index, torch.Tensor):
         static, args, shift = edge_index, tuple(tensors), 0

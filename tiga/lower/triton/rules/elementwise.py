@@ -55,11 +55,11 @@ def _out(ctx, expr: str, out, *vals: TV, hint="e") -> list:
 def _unary_rule(name):
     def rule(ctx, in_types, out_types, x, **params):
         if name == "sign" and not x.dtype.is_float:
-            expr = f"(tl.where({x.expr} > 0, 1, 0) - tl.where({x.expr} < 0, 1, 0))" \
-                   f".to({tl_dtype(x.dtype)})"
+            expr = (f"(tl.where({x.expr} > 0, 1, 0) - tl.where({x.expr} < 0, 1, 0))"
+                    f".to({tl_dtype(x.dtype)})")
         elif name == "sign":
-            expr = f"tl.where({x.expr} > 0, 1.0, tl.where({x.expr} < 0, -1.0, {x.expr}))" \
-                   f".to({tl_dtype(x.dtype)})"
+            expr = (f"tl.where({x.expr} > 0, 1.0, tl.where({x.expr} < 0, -1.0, {x.expr}))"
+                    f".to({tl_dtype(x.dtype)})")
         elif name == "abs" and not x.dtype.is_float:
             expr = f"tl.where({x.expr} < 0, -{x.expr}, {x.expr})"
         else:

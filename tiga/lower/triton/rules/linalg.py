@@ -29,8 +29,8 @@ def _masked(ctx, v: TV, expr: str, axis: int) -> str:
 
 
 def _index(n_lead_free: int, middle: int, n_tail: int, keep_middle: bool = True) -> str:
-    parts = [":"] + [":"] * n_lead_free + ([":"] * middle if keep_middle else []) + \
-        ["None"] * n_tail
+    parts = ([":"] + [":"] * n_lead_free + ([":"] * middle if keep_middle else []) +
+        ["None"] * n_tail)
     return "[" + ", ".join(parts) + "]"
 
 

@@ -41,8 +41,8 @@ def reduce_rule(name):
             return [x]
         if x.dtype.name == "bool":
             raise TritonUnsupported(f"{name} over bool")
-        fn = f"nan_{name}" if name in ("reduce_max", "reduce_min") and x.dtype.is_float \
-            else name
+        fn = (f"nan_{name}" if name in ("reduce_max", "reduce_min") and x.dtype.is_float
+            else name)
         if fn in _HELPER:
             ctx.helpers.add(_HELPER[fn])
         expr = x.expr

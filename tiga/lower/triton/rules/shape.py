@@ -15,9 +15,9 @@ R = lowering_rules["triton"]
 def broadcast_in_dim_rule(ctx, in_types, out_types, x: TV, *, shape, broadcast_dimensions):
     out = out_types[0]
     if x.lead == "const":
-        expr = f"tl.full([1, {', '.join(str(pow2(d)) for d in shape)}], {x.expr}, " \
-               f"{tl_dtype(out.dtype)})" if shape else f"tl.full([1], {x.expr}, " \
-               f"{tl_dtype(out.dtype)})"
+        expr = (f"tl.full([1, {', '.join(str(pow2(d)) for d in shape)}], {x.expr}, "
+                f"{tl_dtype(out.dtype)})" if shape else f"tl.full([1], {x.expr}, "
+                f"{tl_dtype(out.dtype)})")
         return [ctx.value(expr, out.shape, out.dtype, "row", "b")]
     if list(broadcast_dimensions) != sorted(broadcast_dimensions):
         raise TritonUnsupported("broadcast_in_dim that reorders axes")
