@@ -1,0 +1,2 @@
+"""autodiff: JVP rules, one module per primitive family; importing registers them."""
+from . import array, control, graph  # noqa: F401
