@@ -13,28 +13,45 @@ Everything else is here, once:
   many threads at once is built once and no thread sees a half-built entry, while different
   kernels build in parallel;
 - the disk layer, `$TIGA_CACHE_DIR/<key[:2]>/<key>.tga` (default ~/.cache/tiga), one entry
-  format for every kind: the line `# tiga-artifact 2 <JSON header>` (key, kind, payload size
-  and SHA-256, the kind's metadata such as the kernel signature), then the payload. The first
-  line is a Python comment, so a Triton entry is the very source file Triton reads back.
-  Writes are atomic (temporary file, fsync, rename). An entry that is not a regular file
-  (FIFO, socket, device, directory), has another format (an older Tiga's), another key or
-  kind, or a size or checksum that does not match is discarded, counted and rebuilt, never
-  handed to a loader; reading never blocks.
+  format for every kind: the line `# tiga-artifact 3 <HMAC> <JSON header>` (key, kind,
+  payload size and SHA-256, the kind's metadata such as the kernel signature), then the
+  payload. The first line is a Python comment, so a Triton entry is the very source file
+  Triton reads back. Writes are atomic (temporary file, fsync, rename). An entry that is not
+  a regular file (FIFO, socket, device, directory, symbolic link), has another format (an
+  older Tiga's), another key or kind, a size or checksum that does not match, or an HMAC
+  this user's key did not make is discarded, counted and rebuilt, never handed to a loader;
+  reading never blocks.
+- trust: a loaded entry is code this process runs (a Triton module is exec'd, a library
+  dlopen'd), so only this user's Tiga may have written it. The cache directory and its
+  shard directories are made 0700; before an entry is read or written, lstat checks that
+  they are real directories (no symbolic links) owned by this user and writable by nobody
+  else, and the entry (fstat of the open file) that it is a regular file owned by this user
+  and not group- or world-writable. A directory that fails is refused with a
+  `CacheTrustWarning` naming it and the fix, and the process runs without the disk cache
+  (as pip, ssh and numba do). Every entry's header carries an HMAC-SHA256 under a per-user
+  secret key (32 random bytes in `cache_key_path()`, a 0600 file in a 0700 directory,
+  checked the same way), so an entry another user or program planted is never loaded even
+  where the checks above cannot see it (a copied or restored cache).
 - statistics that count what really happened (`CacheStats`).
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import stat
+import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .memory.tiers.files import replace_file
+from .memory.tiers.files import mode_problem, replace_file
 
-FORMAT = b"# tiga-artifact 2 "
+FORMAT = b"# tiga-artifact 3 "
+KEY_BYTES = 32              # the per-user HMAC key
+_HMAC_HEX = 64
 SUFFIX = ".tga"
 # no kernel artifact comes near this; a larger "entry" is not ours and is never read in
 MAX_ENTRY_BYTES = 1 << 30
@@ -58,6 +75,162 @@ def tiga_key() -> str:
 def cache_dir() -> Path:
     """Read per call, so TIGA_CACHE_DIR can change within a process (tests do)."""
     return Path(os.environ.get("TIGA_CACHE_DIR") or Path.home() / ".cache" / "tiga")
+
+
+class CacheTrustWarning(UserWarning):
+    """The disk cache or its key failed a trust check: the process runs without the disk
+    cache (compiled kernels are kept in memory only)."""
+
+
+def cache_key_path() -> Path:
+    """The per-user HMAC key of the disk cache: $XDG_CONFIG_HOME/tiga/cache-key (default
+    ~/.config/tiga/cache-key), outside the cache, so a cache copied or restored from
+    elsewhere brings no key its entries would pass."""
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".config"
+    return root / "tiga" / "cache-key"
+
+
+_WARNED: set = set()     # warnings given (each once per process)
+_KEYS: dict = {}         # key file path -> its key, read once it passed the checks
+_KEY_LOCK = threading.Lock()
+
+
+def _warn(path, problem: str, fix: str) -> None:
+    msg = (f"tiga: running without the disk cache: {path} {problem}; a cache entry is code "
+           f"Tiga runs, so only you may be able to write it. {fix}")
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, CacheTrustWarning, stacklevel=5)
+
+
+def _dir_fix(path) -> str:
+    return (f"Fix: make it a directory of your own that nobody else can write (chmod 700 "
+            f"{path}; Tiga creates it so), or set TIGA_CACHE_DIR to one")
+
+
+def trusted_dir(path) -> bool:
+    """Whether the cache directory `path` may be used: a real directory (lstat, no symbolic
+    link) owned by this user that nobody else can write. A missing one is False quietly;
+    any other failure warns once (naming it and the fix) and is False."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        _warn(path, f"cannot be examined ({exc.strerror})", _dir_fix(path))
+        return False
+    problem = mode_problem(st, directory=True)
+    if problem is not None:
+        _warn(path, problem, _dir_fix(path))
+    return problem is None
+
+
+def _make_private_dir(path: Path) -> bool:
+    """Create the directory `path` 0700 when missing (its parents as usual); then
+    trusted_dir(path). False (quietly) where it cannot be created."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    return trusted_dir(path)
+
+
+def cache_secret(create: bool = False) -> bytes | None:
+    """This user's HMAC key (cache_key_path()), made on first need with `create` (32
+    random bytes, a 0600 file in a 0700 directory, linked in whole so two processes agree
+    on one). None where there is none yet (without `create`) or it fails a check (a
+    warning names the file and the fix): the process then runs without the disk cache."""
+    path = cache_key_path()
+    found = _KEYS.get(str(path))
+    if found is not None:
+        return found
+    with _KEY_LOCK:
+        found = _KEYS.get(str(path))
+        if found is None:
+            found = _read_secret(path, create)
+            if found is not None:
+                _KEYS[str(path)] = found
+        return found
+
+
+def _read_secret(path: Path, create: bool) -> bytes | None:
+    fix = (f"Fix: remove {path} (Tiga makes a new key; entries made under the old one are "
+           "rebuilt), or make it a 0600 file of your own in a 0700 directory")
+    d = path.parent
+    if create and not _make_private_dir(d):
+        if os.path.lexists(d):
+            return None                     # (trusted_dir warned)
+        _warn(d, "cannot be created", "Fix: set XDG_CONFIG_HOME (or HOME) to a writable "
+              "directory of your own")
+        return None
+    if not create and not trusted_dir(d):
+        return None
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        if not create or not _new_secret(path):
+            return None
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            _warn(path, f"cannot be opened ({exc.strerror})", fix)
+            return None
+    except OSError as exc:
+        _warn(path, "is not a regular file of this user's" if os.path.islink(path) else
+              f"cannot be opened ({exc.strerror})", fix)
+        return None
+    try:
+        st = os.fstat(fd)
+        problem = mode_problem(st, directory=False)
+        if problem is None and st.st_mode & 0o077:
+            problem = (f"can be read by its group or others (mode "
+                       f"{stat.S_IMODE(st.st_mode):04o}, expected 0600)")
+        if problem is None and st.st_size != KEY_BYTES:
+            problem = f"holds {st.st_size} bytes, not a {KEY_BYTES}-byte key"
+        if problem is not None:
+            _warn(path, problem, fix)
+            return None
+        secret = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(secret) != KEY_BYTES:
+        _warn(path, f"holds {len(secret)} bytes, not a {KEY_BYTES}-byte key", fix)
+        return None
+    return secret
+
+
+def _new_secret(path: Path) -> bool:
+    """Write a fresh key to a private temporary file and link it in at `path` (a
+    concurrent process's key, linked first, wins: both then read that one)."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cache-key.")
+    except OSError as exc:
+        _warn(path.parent, f"cannot hold the cache key ({exc.strerror})",
+              "Fix: make it a writable directory of your own")
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(KEY_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:               # (a file system without hard links)
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                return False
+        return True
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def artifact_key(kernel_op_text: str, target: str, toolchain: tuple, extra: tuple = ()) -> str:
@@ -175,16 +348,20 @@ class ArtifactCache:
         built = kind.build(key)
         self._count("misses")
         if built.kind is not None:
-            data = encode_entry(key, built.kind, built.payload, built.meta)
-            self._count("writes" if write_atomic(entry_path(key), data) else
-                        "disk_write_errors")
+            self._count("writes" if _store(key, built) else "disk_write_errors")
         return built.value
 
     def _from_disk(self, key: str, kind):
         path = entry_path(key)
-        if not path.exists():
+        # (trust first: nothing under a directory someone else can write is even looked at)
+        if not (trusted_dir(path.parent.parent) and trusted_dir(path.parent)):
             return None
-        entry = read_entry(path, key, kind.kinds)
+        if not os.path.lexists(path):
+            return None
+        secret = cache_secret()
+        if secret is None:
+            return None          # no key yet: no entry of this user's Tiga to find
+        entry = read_entry(path, key, kind.kinds, secret)
         value = None
         if entry is not None:
             try:
@@ -202,46 +379,88 @@ class ArtifactCache:
         return value
 
 
-def encode_entry(key: str, kind: str, payload: bytes, meta: dict) -> bytes:
+def _store(key: str, built: Built) -> bool:
+    """Write `built`'s entry, in private directories under this user's key; False (the
+    entry not written) where the directories cannot be made or fail their checks (a
+    warning names them) or there is no key."""
+    path = entry_path(key)
+    if not _make_private_dir(path.parent.parent) or not _make_private_dir(path.parent):
+        return False
+    secret = cache_secret(create=True)
+    if secret is None:
+        return False
+    return write_atomic(path, encode_entry(key, built.kind, built.payload, built.meta, secret))
+
+
+def _mac(secret: bytes, header: bytes) -> bytes:
+    return hmac.new(secret, FORMAT + header, hashlib.sha256).hexdigest().encode()
+
+
+def encode_entry(key: str, kind: str, payload: bytes, meta: dict,
+                 secret: bytes | None = None) -> bytes:
+    """An entry's bytes: the header line (format, HMAC under `secret`, default this user's
+    key, of the JSON header, which holds the payload's SHA-256), then the payload."""
+    secret = secret if secret is not None else cache_secret(create=True)
+    if secret is None:
+        raise OSError(f"no usable cache key at {cache_key_path()}")
     header = json.dumps({"key": key, "kind": kind, "size": len(payload),
                          "sha256": hashlib.sha256(payload).hexdigest(), "meta": meta},
                         sort_keys=True).encode()
-    return FORMAT + header + b"\n" + payload
+    return FORMAT + _mac(secret, header) + b" " + header + b"\n" + payload
 
 
-def read_entry(path: Path, key: str, kinds: tuple):
+def read_entry(path: Path, key: str, kinds: tuple, secret: bytes | None = None):
     """(kind, payload, meta) of the entry at `path`, or None when anything about it is off:
-    not a regular file, another format, key or kind, a size or checksum mismatch."""
+    not a regular file of this user's that nobody else can write, another format, an HMAC
+    that `secret` (default this user's key) did not make, another key or kind, a size or
+    checksum mismatch."""
+    secret = secret if secret is not None else cache_secret()
+    if secret is None:
+        return None
     try:
-        data = read_regular(path)
+        data = read_regular(path, private=True)
         if data is None or not data.startswith(FORMAT):
             return None
-        end = data.index(b"\n", len(FORMAT), len(FORMAT) + MAX_HEADER_BYTES)
-        header = json.loads(data[len(FORMAT):end].decode())
+        at = len(FORMAT) + _HMAC_HEX
+        mac = data[len(FORMAT):at]
+        end = data.index(b"\n", at, at + MAX_HEADER_BYTES)
+        header_bytes = data[at + 1:end]
+        if data[at:at + 1] != b" " or not hmac.compare_digest(mac, _mac(secret, header_bytes)):
+            return None
+        header = json.loads(header_bytes.decode())
         payload = data[end + 1:]
         if header.get("key") != key or header.get("kind") not in kinds:
             return None
-        if header.get("size") != len(payload) or \
-                header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        if header.get("size") != len(payload):
+            return None
+        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
             return None
         meta = header.get("meta")
         return (header["kind"], payload, meta) if isinstance(meta, dict) else None
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
         return None
 
 
-def read_regular(path: Path) -> bytes | None:
+def read_regular(path: Path, private: bool = False) -> bytes | None:
     """The bytes of a regular file at `path`; None for anything else in its place.
 
-    Opened non-blocking and checked with fstat before reading: a FIFO, socket, device or
-    directory in the cache must not block or crash the process that finds it (a FIFO with
-    no writer would block a plain open() forever).
+    Opened non-blocking and without following a symbolic link, and checked with fstat
+    before reading: a FIFO, socket, device, directory or link in the cache must not block
+    or crash the process that finds it (a FIFO with no writer would block a plain open()
+    forever). With `private`, a file another user owns or others can write is refused too
+    (a warning names it).
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    flags = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) |
+             getattr(os, "O_NOFOLLOW", 0))
     fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
+            return None
+        problem = mode_problem(st, directory=False) if private else None
+        if problem is not None:
+            _warn(path, f"{problem} (the entry is discarded)",
+                  f"Fix: check who else can write {path.parent}")
             return None
         chunks, left = [], st.st_size
         while left > 0:
@@ -256,9 +475,10 @@ def read_regular(path: Path) -> bytes | None:
 
 
 def write_atomic(path: Path, payload: bytes) -> bool:
-    """Atomic write: a crash leaves either no entry or a complete one. False on failure."""
+    """Atomic write (a private temporary file, fsynced, renamed): a crash leaves either no
+    entry or a complete one. False on failure."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         replace_file(path, payload)
         return True
     except OSError:
@@ -272,6 +492,6 @@ def _discard(path: Path) -> None:
         pass       # (a directory in its place: the rebuilt entry cannot be written either)
 
 
-__all__ = ["ArtifactCache", "Built", "CacheStats", "CorruptEntry", "artifact_key",
-           "cache_dir", "entry_path", "encode_entry", "read_entry", "tiga_key",
-           "write_atomic"]
+__all__ = ["ArtifactCache", "Built", "CacheStats", "CacheTrustWarning", "CorruptEntry",
+           "artifact_key", "cache_dir", "cache_key_path", "cache_secret", "entry_path",
+           "encode_entry", "read_entry", "tiga_key", "trusted_dir", "write_atomic"]

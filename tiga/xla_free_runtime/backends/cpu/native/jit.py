@@ -16,6 +16,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -199,26 +200,24 @@ def link_shared(obj: bytes) -> bytes | None:
             return f.read()
 
 
-_LOADS = [0]
-
-
 def load_shared(data: bytes, symbol: str, workdir=None) -> NativeFunction:
     """dlopen these shared-library bytes (no LLVM involved) and return the named kernel.
 
-    The bytes (already checked by the caller) go to a fresh file with a process-unique name,
-    which is unlinked once loaded: the loader never maps a cache entry that another process
-    may replace or damage later, and never mistakes a new library for one it loaded before
-    under the same name. Raises OSError when the library cannot be loaded or lacks the kernel.
+    The bytes (already checked by the caller) go to a fresh file (mkstemp: an unpredictable
+    name, mode 0600, created exclusively), which is unlinked once loaded: the loader never
+    maps a cache entry that another process may replace or damage later, and never mistakes
+    a new library for one it loaded before under the same name. Only a directory nobody else
+    can swap that file in is used: `workdir` (the cache directory) when it is this user's
+    and nobody else can write it, else the system temp dir when it is private or sticky
+    (/tmp: others cannot rename or remove what is not theirs). Raises OSError when no such
+    directory can hold the library, or it cannot be loaded or lacks the kernel.
     """
-    with _LOCK:
-        _LOADS[0] += 1
-        n = _LOADS[0]
-    dirs = [d for d in (workdir, tempfile.gettempdir()) if d is not None]
+    dirs = [d for d in (workdir, tempfile.gettempdir()) if d is not None and _safe_dir(d)]
     last = None
     for d in dirs:
-        path = os.path.join(os.fspath(d), f".tiga-{os.getpid()}-{n}-{symbol[-16:]}.so")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+            fd, path = tempfile.mkstemp(dir=os.fspath(d), prefix=f".tiga-{symbol[-16:]}-",
+                                        suffix=".so")
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
@@ -230,7 +229,23 @@ def load_shared(data: bytes, symbol: str, workdir=None) -> NativeFunction:
                     pass
         except OSError as exc:   # unwritable or noexec directory: try the next one
             last = exc
-    raise OSError(f"could not load the kernel library: {last}")
+    raise OSError(f"could not load the kernel library: {last or 'no private directory'}")
+
+
+def _safe_dir(d) -> bool:
+    """Whether a library written to `d` stays the one written until it is loaded: `d` is a
+    real directory owned by this user (or root, if sticky) that nobody else can write, or
+    a sticky one."""
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if st.st_mode & stat.S_ISVTX and st.st_uid in (0, uid):
+        return True
+    return st.st_uid == uid and not st.st_mode & 0o022
 
 
 def _dlopen(path: str, symbol: str) -> NativeFunction:
