@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import warnings
 
+from .errors import TigaError
+
 # Kernel worker threads beyond this many per core only add switching and memory; a larger
 # TIGA_NUM_THREADS is capped (with a warning) instead of starting hundreds of threads.
 THREADS_PER_CORE = 4
@@ -78,23 +80,103 @@ _KEYS: dict = {}   # name -> its encoded form (a memo of the encoding, never of 
 _SEEN: dict = {}   # name -> (the encoded value last read, decoded): replaced as one tuple
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+class ConfigError(TigaError, ValueError, TypeError):
+    """A setting has a value outside its documented set: a tg.config field given a value of
+    the wrong type, or a TIGA_* environment variable with an unknown value. The message
+    names the setting, the accepted values and what was found."""
+
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+# the IR stages TIGA_DUMP names (lower/pipeline.py's STAGES; a test keeps them equal)
+DUMP_STAGES = ("domain", "iter", "kernel", "task")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """A yes/no environment variable: 1/true/yes/on or 0/false/no/off (any case, spaces
+    ignored); unset or empty: `default`. Anything else raises ConfigError naming the
+    variable, the accepted values and the value found."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in TRUE or value in FALSE:
+        return value in TRUE
+    raise ConfigError(f"{name}={_shown(raw)} is not a yes/no value; accepted: "
+                      f"{', '.join(TRUE)} (enable), {', '.join(FALSE)} (disable), or unset "
+                      f"(default: {'enabled' if default else 'disabled'})")
+
+
+def env_dump_stages(name: str = "TIGA_DUMP") -> set:
+    """The IR stages TIGA_DUMP names: a comma-separated list of DUMP_STAGES, or `all`;
+    unset or empty: none. An unknown stage raises ConfigError naming the variable."""
+    raw = os.environ.get(name, "")
+    stages = {s.strip() for s in raw.split(",") if s.strip()}
+    if "all" in stages:
+        return set(DUMP_STAGES)
+    unknown = stages - set(DUMP_STAGES)
+    if unknown:
+        raise ConfigError(f"{name}={_shown(raw)} names unknown stage(s) "
+                          f"{', '.join(map(repr, sorted(unknown)))}; expected a "
+                          f"comma-separated list of {', '.join(DUMP_STAGES)}, or all")
+    return stages
+
+
+def _shown(raw: str) -> str:
+    return repr(raw) if len(raw) <= 40 else repr(raw[:32] + "...")
+
+
+def _bool_setting(name: str, value) -> bool:
+    if type(value) is not bool:
+        raise ConfigError(f"tg.config.{name} must be a bool (True or False), got "
+                          f"{type(value).__name__} {_shown(repr(value))[1:-1]}")
+    return value
 
 
 class Config:
     """`tg.config.strict = True` (or TIGA_STRICT=1) turns any reference fallback into
     tg.UnsupportedError; `check` (TIGA_CHECK=1) runs check_program after every pass;
     `backend` (TIGA_BACKEND) picks where propagates run: "auto" (cpu-llvm for host inputs),
-    "cpu-llvm", "triton" or "triton-interpreter" (lower/backends.py lists them)."""
+    "cpu-llvm", "triton" or "triton-interpreter" (lower/backends.py lists them); `progress`
+    (TIGA_PROGRESS, default on) shows tqdm bars for long store ingests and paged runs.
+
+    Every field is validated: `strict`, `check` and `progress` take a bool only (the string
+    "false" is truthy, so it is refused, never stored), `backend` a str or None. The
+    environment is read when Tiga is imported: a TIGA_STRICT, TIGA_CHECK, TIGA_PROGRESS or
+    TIGA_DUMP value outside its documented set raises ConfigError naming the variable."""
+
+    __slots__ = ("_strict", "_check", "_progress", "_backend")
 
     def __init__(self):
-        self.strict = _flag("TIGA_STRICT")
-        self.check = _flag("TIGA_CHECK")
+        self._strict = env_flag("TIGA_STRICT")
+        self._check = env_flag("TIGA_CHECK")
+        self._progress = env_flag("TIGA_PROGRESS", True)
+        env_dump_stages()       # (checked now: lowering reads it again as it dumps)
         self._backend = None    # None: follow TIGA_BACKEND (read per call, like a test sets it)
-        # tqdm bars for long store ingests and paged runs (TIGA_PROGRESS=0 silences them)
-        self.progress = os.environ.get("TIGA_PROGRESS", "1").strip().lower() not in (
-            "0", "false", "no", "off")
+
+    @property
+    def strict(self) -> bool:
+        return self._strict
+
+    @strict.setter
+    def strict(self, value) -> None:
+        self._strict = _bool_setting("strict", value)
+
+    @property
+    def check(self) -> bool:
+        return self._check
+
+    @check.setter
+    def check(self, value) -> None:
+        self._check = _bool_setting("check", value)
+
+    @property
+    def progress(self) -> bool:
+        return self._progress
+
+    @progress.setter
+    def progress(self, value) -> None:
+        self._progress = _bool_setting("progress", value)
 
     @property
     def backend(self) -> str:
@@ -105,7 +187,11 @@ class Config:
 
     @backend.setter
     def backend(self, name) -> None:
-        self._backend = None if name is None else str(name)
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"tg.config.backend must be a backend name (a str such as "
+                              f"'auto', 'cpu-llvm', 'triton', 'triton-interpreter') or None "
+                              f"(follow TIGA_BACKEND), got {type(name).__name__}")
+        self._backend = name
 
     @property
     def backend_set(self) -> bool:
