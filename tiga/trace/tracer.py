@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import as_dtype
-from ..core.errors import TraceError, UnsupportedError
+from ..core.errors import TraceError
 from ..core.primitive import Primitive, abstract_eval_rules, impl_rules
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import Dim, GraphType, TensorType
@@ -64,54 +64,9 @@ class Tracer:
     def __hash__(self):
         return id(self)
 
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        # numpy hands us `ndarray <op> tracer` (and numpy scalars) as a ufunc call: serve the
-        # operators; any other numpy function cannot run on a value that has no data yet
-        op = (_OPERATOR_UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs
-            else None)
-        if op is not None:
-            from . import math as m  # tg.math imports this module
-            return getattr(m, op)(*inputs)
-        suffix = "" if method == "__call__" else f".{method}"
-        raise _foreign_call("numpy", f"np.{ufunc.__name__}{suffix}", ufunc.__name__)
-
-    def __array_function__(self, func, types, args, kwargs):
-        module = getattr(func, "__module__", None) or "numpy"
-        where = "np" + module[len("numpy"):] if module.startswith("numpy") else module
-        raise _foreign_call("numpy", f"{where}.{func.__name__}", func.__name__)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func))
-        owner = getattr(func, "__qualname__", "").split(".")[0]
-        if owner in ("Tensor", "TensorBase") and args and not isinstance(args[0], Tracer):
-            # `torch_tensor * tracer` arrives as TensorBase.mul: decline, so that torch turns
-            # the operator into NotImplemented and Python calls the tracer's reflected one
-            return NotImplemented
-        raise _foreign_call("torch", f"torch.{name}", name)
-
-
-# ufuncs numpy calls for its operators with a tracer on the right, and the tg.math spelling
-_OPERATOR_UFUNCS = {
-    "add": "add", "subtract": "subtract", "multiply": "multiply", "divide": "divide",
-    "true_divide": "divide", "power": "power", "matmul": "matmul", "less": "less",
-    "less_equal": "less_equal", "greater": "greater", "greater_equal": "greater_equal",
-    "equal": "equal", "not_equal": "not_equal", "bitwise_and": "logical_and",
-    "bitwise_or": "logical_or",
-}
-
-
-def _foreign_call(library: str, what: str, short: str) -> UnsupportedError:
-    from . import math as m  # tg.math imports this module
-    fn = getattr(m, short, None)
-    if callable(fn) and getattr(fn, "__module__", None) == m.__name__:
-        hint = f"use tg.math.{short}(...) or the array methods (x.sum(), x.exp(), ...)"
-    else:
-        hint = ("use the tg.math functions (tg.math.exp, tg.math.sum, tg.math.where, ...) or "
-                "the array methods (x.sum(axis=...), x.exp(), ...)")
-    return UnsupportedError(f"{what}: {library} functions cannot run on a traced value (edge "
-                            "and update functions, tg.jit, tg.grad and tg.vjp see symbolic "
-                            "values, not data)", hint)
+    # the operators, the array methods and numpy's and torch's protocols (__array_ufunc__,
+    # __array_function__, __torch_function__) come from array_ops.py: they call tg.math,
+    # which imports this module
 
 
 class Builder:
