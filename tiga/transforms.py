@@ -197,7 +197,7 @@ def jacrev(fn: Callable, argnums=0):
             return fn(*full)
 
         xs = [_single_input(args, i)[0] for i in nums]
-        y, pull = api.vjp(g, *xs)
+        y, pull = _pullback(g, xs)
         t_y = leaf_aval(y)
         size = int(np.prod(t_y.shape))
         rows = vmap(pull)(_basis(size, t_y.shape, t_y.dtype.np))
@@ -205,6 +205,24 @@ def jacrev(fn: Callable, argnums=0):
         return tuple(jacs) if isinstance(argnums, (tuple, list)) else jacs[0]
 
     return jac
+
+
+def _pullback(fn, xs):
+    """(fn(*xs), ct -> cotangents of xs) for one array output, as tg.vjp, except that the
+    cotangent may be traced (a vmap over the basis traces it)."""
+    nums = tuple(range(len(xs)))
+    traced, program, memo_fwd, memo = api._traced_for(fn, "vjp", nums, False, xs,
+                                                      api._vjp_programs)
+    outs = api.run_staged(traced.program, traced.args(), memo_fwd)
+    if traced.n_out != 1:
+        raise TigaError("jacrev: the function must return one array")
+    extra = api._cotangent_seeds(traced, traced.program.out_types, False)[traced.n_out:]
+
+    def pull(ct):
+        res = api.run_staged(program, traced.args() + [ct] + extra, memo)
+        return traced.grads_tree(res, True)
+
+    return traced.split(outs)[0], pull
 
 
 def hessian(fn: Callable, argnums=0):

@@ -55,8 +55,8 @@ def partial_eval(program: GraphProgram, unknown_in, n_known_outs: int):
                  and id(a) not in unknown}
     replayed = _relation_producers(known_eqns, graph_ids)
     reads += [a for e in replayed for a in e.inputs]
-    skip = unknown | {id(v) for e in replayed for v in e.outputs} | \
-        {id(v) for v in program.in_binders}
+    skip = (unknown | {id(v) for e in replayed for v in e.outputs}
+            | {id(v) for v in program.in_binders})
     residuals, seen = [], set()
     for a in reads:
         if isinstance(a, Var) and id(a) not in skip and id(a) not in seen:

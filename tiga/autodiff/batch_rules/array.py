@@ -78,9 +78,10 @@ batch_rules[dot_general_p] = dot_general_batch_rule
 
 
 def broadcast_batch_rule(ins, batched, size, *, shape, broadcast_dimensions):
-    return bind_list(broadcast_in_dim_p, ins[0], shape=(size,) + tuple(shape),
-                     broadcast_dimensions=(0,) + tuple(d + 1 for d in broadcast_dimensions)), \
-        [True]
+    dims = (0,) + tuple(d + 1 for d in broadcast_dimensions)
+    out = bind_list(broadcast_in_dim_p, ins[0], shape=(size,) + tuple(shape),
+                    broadcast_dimensions=dims)
+    return out, [True]
 
 
 def reshape_batch_rule(ins, batched, size, *, new_sizes):
@@ -99,8 +100,8 @@ def slice_batch_rule(ins, batched, size, *, start_indices, limit_indices, stride
 
 
 def pad_batch_rule(ins, batched, size, *, padding_config):
-    return bind_list(pad_p, ins[0], padding_config=((0, 0, 0),) + tuple(padding_config)), \
-        [True]
+    out = bind_list(pad_p, ins[0], padding_config=((0, 0, 0),) + tuple(padding_config))
+    return out, [True]
 
 
 def concatenate_batch_rule(ins, batched, size, *, dimension):

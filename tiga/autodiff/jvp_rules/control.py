@@ -50,8 +50,8 @@ def repeat_jvp_rule(primals, tangents, *, body, length, num_consts, num_carry, r
                num_consts=nc + len(c_idx), num_carry=nk + len(k_idx), reverse=reverse)
     ny = len(y_types)
     outs = list(res[:nk]) + list(res[nk + len(k_idx):nk + len(k_idx) + ny])
-    touts = _scatter(nk, k_idx, res[nk:nk + len(k_idx)]) + \
-        _scatter(ny, y_idx, res[nk + len(k_idx) + ny:])
+    touts = (_scatter(nk, k_idx, res[nk:nk + len(k_idx)])
+             + _scatter(ny, y_idx, res[nk + len(k_idx) + ny:]))
     return outs, touts
 
 

@@ -6,8 +6,7 @@ the edge function's JVP (primal and tangent messages from one evaluation of the 
 - sum, mean and per-edge results are linear: one propagate returns the primal and the
   tangent aggregates together (the doubled edge function, one walk);
 - max / min: the tangent of the first extremal edge in edge order (the edge the VJP sends
-  the cotangent to), found by a min-propagate of the edge order key over the edges whose
-  message equals the result;
+  the cotangent to), found by an argmax / argmin propagate over the edge ids;
 - prod: sum_i t_i prod_{j != i} m_j, exact with zeros (zero count and nonzero product);
 - online_softmax: y = sum p_i v_i gives dy = sum p_i (dv_i + ds_i (v_i - y)), itself an
   online_softmax of the same scores over the value dv + ds (v - y);
@@ -22,6 +21,8 @@ from ...core.prims.graph import degrees_p, edge_ids_p, map_rows_p, propagate_p
 from ...core.primitive import abstract_eval_rules
 from ...core.program import ClosedProgram
 from ...core.types import TensorType
+from ...core.reducers import argmax as argmax_reducer
+from ...core.reducers import argmin as argmin_reducer
 from ...core.reducers import min as min_reducer
 from ...core.reducers import online_softmax as softmax_reducer
 from ...core.reducers import prod as prod_reducer
@@ -31,7 +32,7 @@ from ...trace.math import _typeof
 from ...trace.tracer import aval_of, bind
 from ..jvp import differentiable, forward_pass, instantiate, jvp_program, jvp_rules
 from ..registry import NONDIFF
-from ..rules.edge_order import edge_key
+from ..rules.edge_order import EdgeKey, edge_key
 from ..rules.graph import SEG_ROLE, _edge_program, _lift
 
 
@@ -71,8 +72,8 @@ class _Tangents:
         extra_roles = [] if key is None else list(key.roles)
         values = self.values + extra + list(aux)
         roles = self.roles + extra_roles + [self.seg] * len(aux)
-        names = self.names + [f"key{i}" for i in range(len(extra))] + \
-            [f"aux{i}" for i in range(len(aux))]
+        names = (self.names + [f"key{i}" for i in range(len(extra))]
+                 + [f"aux{i}" for i in range(len(aux))])
         first = len(self.values)
 
         def edge(*rows):
@@ -115,21 +116,14 @@ def _linear(ctx, reducer):
     return list(res[:n]), touts
 
 
-def _first_extremal(ctx, outs, pick):
-    """Tangents through the first extremal edge (smallest order key) of each segment.
-    `pick(msgs, tmsgs) -> (messages, tangent messages)`, one per output in `outs`."""
-    key = edge_key(ctx.graph)
+def _first_extremal(ctx, outs, pick, name):
+    """Tangents through the first extremal edge (smallest edge id, the edge the VJP picks)
+    of each segment. `pick(msgs, tmsgs) -> (messages, tangent messages)`, one per output in
+    `outs`; `name`: "max" or "min"."""
     wanted = _floats(outs)
-
-    def first_hit(msgs, tmsgs, aux, eid):
-        sel, _ = pick(msgs, tmsgs)
-        return [m.where(m.equal(sel[k], aux[j]), _lift(eid, sel[k], key.dtype),
-                        m.full(_typeof(sel[k]).shape, key.none, key.dtype))
-                for j, k in enumerate(wanted)]
-
     if not wanted:
         return [None] * len(outs)
-    firsts = ctx.propagate(first_hit, min_reducer(), [outs[k] for k in wanted], key=key)
+    key, firsts = _winners(ctx, outs, pick, name, wanted)
 
     def through(msgs, tmsgs, aux, eid):
         _, tsel = pick(msgs, tmsgs)
@@ -141,6 +135,30 @@ def _first_extremal(ctx, outs, pick):
     for j, k in enumerate(wanted):
         touts[k] = res[j]
     return touts
+
+
+def _winners(ctx, outs, pick, name, wanted):
+    """(edge key, per segment the key of the first extremal edge). By destination, an
+    arg-reducer over the edge ids finds it in one walk, comparing messages within that walk
+    only; other groupings take the smallest order key among the edges whose message equals
+    the result (as the VJP does)."""
+    if ctx.params["reduce_by"] == "dst":
+        key = EdgeKey([bind(edge_ids_p, ctx.graph)], ["edge"], lambda rows: rows[0])
+        arg = argmax_reducer(of="edge") if name == "max" else argmin_reducer(of="edge")
+
+        def parts(msgs, tmsgs, aux, eid):
+            sel, _ = pick(msgs, tmsgs)
+            return [p for k in wanted for p in (sel[k], eid)]
+        return key, ctx.propagate(parts, arg, key=key)
+    key = edge_key(ctx.graph)
+
+    def first_hit(msgs, tmsgs, aux, eid):
+        sel, _ = pick(msgs, tmsgs)
+        return [m.where(m.equal(sel[k], aux[j]), _lift(eid, sel[k], key.dtype),
+                        m.full(_typeof(sel[k]).shape, key.none, key.dtype))
+                for j, k in enumerate(wanted)]
+
+    return key, ctx.propagate(first_hit, min_reducer(), [outs[k] for k in wanted], key=key)
 
 
 def _prod(ctx, outs):
@@ -190,7 +208,7 @@ def _softmax(ctx, outs, reducer):
     if not reducer.stats:
         return list(tys)
     top, mass = outs[pairs], outs[pairs + 1]
-    (dtop,) = _first_extremal(ctx, [top], lambda msgs, tmsgs: ([msgs[0]], [tmsgs[0]]))
+    (dtop,) = _first_extremal(ctx, [top], lambda msgs, tmsgs: ([msgs[0]], [tmsgs[0]]), "max")
     dmass = ctx.propagate(lambda msgs, tmsgs, aux, eid: [m.multiply(
         m.exp(m.subtract(msgs[0], aux[0])), m.subtract(tmsgs[0], aux[1]))], sum_reducer(),
         [top, dtop])[0]
@@ -209,7 +227,8 @@ def _aggregate_jvp(ctx, reducer):
     if reducer.is_arg:
         return outs, [None] * len(outs)
     if reducer.builtin and reducer.name in ("max", "min"):
-        return outs, _first_extremal(ctx, outs, lambda msgs, tmsgs: (msgs, tmsgs))
+        return outs, _first_extremal(ctx, outs, lambda msgs, tmsgs: (msgs, tmsgs),
+                                     reducer.name)
     if reducer.builtin and reducer.name == "prod":
         return outs, _prod(ctx, outs)
     if reducer.builtin and reducer.name == "online_softmax":
