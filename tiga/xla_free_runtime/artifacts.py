@@ -181,7 +181,7 @@ def _read_secret(path: Path, create: bool) -> bytes | None:
             _warn(path, f"cannot be opened ({exc.strerror})", fix)
             return None
     except OSError as exc:
-        _warn(path, "is not a regular file of this user's" if os.path.islink(path) else
+        _warn(path, "is a symbolic link, not a regular file" if os.path.islink(path) else
               f"cannot be opened ({exc.strerror})", fix)
         return None
     try:
