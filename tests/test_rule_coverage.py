@@ -1,6 +1,7 @@
 """Every primitive carries every rule kind DESIGN.md requires (one test id per primitive).
 
-Rules: abstract eval, numpy impl, a VJP rule or NONDIFF, and for each lowering backend either
+Rules: abstract eval, numpy impl, a VJP rule or NONDIFF, a JVP rule or NONDIFF, a batching
+rule (vmap), and for each lowering backend either
 a lowering or an explained REFERENCE_ONLY marker. Primitives that are neither graph nor
 control primitives can appear inside edge and update functions, so they also need a
 row-batching rule for the reference interpreter's row-batched evaluation.
@@ -14,6 +15,8 @@ import pytest
 
 import tiga as tg  # noqa: F401  (importing tiga registers every primitive and rule)
 from tiga.autodiff import NONDIFF, vjp_rules
+from tiga.autodiff.batching import batch_rules
+from tiga.autodiff.jvp import jvp_rules
 from tiga.core.eval import eval_rows
 from tiga.core.primitive import (
     Primitive,
@@ -58,6 +61,27 @@ def test_vjp_rule_or_nondiff(p: Primitive):
         # frozen signature (ct_outs, outs, *ins, **params)
         params = list(inspect.signature(rule).parameters.values())
         assert len(params) >= 2, f"{p.name}: VJP rule does not take (ct_outs, outs, *ins)"
+
+
+@pytest.mark.parametrize("p", PRIMS, ids=IDS)
+def test_jvp_rule_or_nondiff(p: Primitive):
+    rule = jvp_rules.get(p)
+    assert rule is NONDIFF or callable(rule), f"{p.name}: neither a JVP rule nor NONDIFF"
+    if rule is not NONDIFF:
+        # frozen signature (primals, tangents, **params)
+        params = list(inspect.signature(rule).parameters.values())
+        assert len(params) >= 2, f"{p.name}: JVP rule does not take (primals, tangents)"
+    # a primitive whose inputs get no cotangent passes no tangent on either
+    if vjp_rules.get(p) is NONDIFF:
+        assert rule is NONDIFF, f"{p.name}: NONDIFF in reverse mode only"
+
+
+@pytest.mark.parametrize("p", PRIMS, ids=IDS)
+def test_batching_rule(p: Primitive):
+    rule = batch_rules.get(p)
+    assert callable(rule), f"{p.name}: no batching rule (vmap)"
+    params = list(inspect.signature(rule).parameters.values())
+    assert len(params) >= 3, f"{p.name}: batching rule does not take (args, batched, size)"
 
 
 @pytest.mark.parametrize("backend", sorted(lowering_rules))

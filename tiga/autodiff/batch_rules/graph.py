@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core.errors import UnsupportedError
 from ...core.prims.generated import knn_p, radius_p
-from ...core.prims.graph import map_rows_p, propagate_p
+from ...core.prims.graph import degrees_p, edge_ids_p, map_rows_p, propagate_p
 from ...trace.tracer import bind
 from ..batching import batch_closed, batch_rules, move_axis
 
@@ -68,7 +68,16 @@ def _generated_batch_rule(prim):
     return rule
 
 
+def _relation_only_rule(prim):
+    def rule(ins, batched, size, **params):
+        raise UnsupportedError(f"vmap over the relation of {prim.name}",
+                               hint="relations are never batched")
+    return rule
+
+
 batch_rules[propagate_p] = propagate_batch_rule
+batch_rules[edge_ids_p] = _relation_only_rule(edge_ids_p)
+batch_rules[degrees_p] = _relation_only_rule(degrees_p)
 batch_rules[map_rows_p] = map_rows_batch_rule
 batch_rules[radius_p] = _generated_batch_rule(radius_p)
 batch_rules[knn_p] = _generated_batch_rule(knn_p)
