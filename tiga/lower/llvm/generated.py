@@ -86,22 +86,21 @@ class _NoWalk(Walk):
 
 
 def codegen_generated(params: dict, in_types: list, spec: GeoSpec, *,
-                      symbol: str = "tiga_generated") -> tuple:
+                      symbol: str = "tiga_generated", builder: type | None = None,
+                      slots: tuple = GEO_SLOTS) -> tuple:
     """LLVM IR text and signature of the fused kernel of a propagate (reduce_by='dst') over
-    a radius/knn relation."""
+    a radius/knn relation. The tiled kNN scan's kernel is knn_tiled.codegen_tiled (its
+    builder extends this module's)."""
     if params["reduce_by"] != "dst":
         raise CodegenUnsupported("a generated-relation walk grouped by anything but dst")
     if spec.k > MAX_TOPK:
         raise CodegenUnsupported(f"a bounded neighbour state of {spec.k} > {MAX_TOPK}")
     if spec.pos_dtype not in ("float32", "float64"):
         raise CodegenUnsupported(f"coordinates of dtype {spec.pos_dtype}")
+    if spec.mode == "tiled" and builder is None:
+        raise CodegenUnsupported("the tiled kNN scan: knn_tiled.codegen_tiled renders it")
     base = _signature(params, list(in_types), int64, KernelSchedule(), symbol)
-    builder = _GeoBuilder
-    slots = GEO_SLOTS
-    if spec.mode == "tiled":
-        from .knn_tiled import TILED_SLOTS, TiledBuilder
-
-        builder, slots = TiledBuilder, TILED_SLOTS
+    builder = builder or _GeoBuilder
     sig = dataclasses.replace(base, slots=slots + base.slots[2:], relation=spec.descriptor())
     module = ir.Module(name=symbol)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR]), name=symbol)

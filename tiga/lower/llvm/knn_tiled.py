@@ -37,12 +37,20 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .generated import _GeoBuilder
+from .generated import GeoSpec, _GeoBuilder, codegen_generated
 from .values import F64, I64, i64
 
 TILED_SLOTS = ("geo_f", "geo_i", "panel", "pnorm", "qpos", "qnorm", "tile_d", "tile_i",
                "tile_thr", "tile_n", "stats")
 I32 = ir.IntType(32)
+
+
+def codegen_tiled(params: dict, in_types: list, spec: GeoSpec, *,
+                  symbol: str = "tiga_generated") -> tuple:
+    """The kernel of a kNN walk of mode "tiled": generated.codegen_generated building it
+    with TiledBuilder."""
+    return codegen_generated(params, in_types, spec, symbol=symbol, builder=TiledBuilder,
+                             slots=TILED_SLOTS)
 
 
 def block_shape(pos_dtype: str, tiles: dict) -> tuple:

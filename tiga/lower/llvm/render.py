@@ -88,12 +88,13 @@ def _render_generated(op: LaunchOp, symbol: str, call: CallData) -> KernelSource
     """A radius/kNN walk over coordinates (cell directory, kNN shells, tiled kNN scan): the
     walk's spec (mode, dims, k, block) is call data."""
     from .generated import codegen_generated
+    from .knn_tiled import codegen_tiled
 
     if call.walk_spec is None:
         raise _call_data_needed(op, "the generated walk's spec")
     in_types = [op.comp.relation.type] + [v.type for v in op.comp.inputs]
-    text, sig = codegen_generated(propagate_params(op.comp), in_types, call.walk_spec,
-                                  symbol=symbol)
+    codegen = codegen_tiled if call.walk_spec.mode == "tiled" else codegen_generated
+    text, sig = codegen(propagate_params(op.comp), in_types, call.walk_spec, symbol=symbol)
     return KernelSource(text, sig)
 
 
