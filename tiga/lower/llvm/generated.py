@@ -46,7 +46,7 @@ from ..abi import KernelSignature
 from .emitter import Emitter
 from .kernel import KernelSchedule, _KernelBuilder, _signature, emit_chunk_driver
 from .values import F64, I8, I64, PTR, CodegenUnsupported, i64, storage_type
-from .walks import Walk
+from .walk_base import Walk
 
 # geo_f (float64): cutoff, inv_width, width, squared cutoff, lo[d];
 # geo_i (int64): num_src, dims[d], number of cells, reach (cells walked each side, radius)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from .values import I1, I64, i64
-from .walks import CuSeqlensWalk, Walk, _coords, _strides, stencil_edge_start
+from .walk_base import CuSeqlensWalk, Walk, _coords, _strides, stencil_edge_start
 
 
 def transposed_walk(descriptor: tuple) -> Walk:
