@@ -15,7 +15,7 @@ import numpy as np
 
 from . import api, opt
 from .autodiff.batching import batch_program
-from .autodiff.custom import custom_jvp, custom_vjp, inline_custom_calls
+from .autodiff.custom import custom_jvp, custom_vjp
 from .autodiff.jvp import jvp_program
 from .autodiff.linearize import partial_eval
 from .core.errors import ShapeError, TigaError
@@ -316,28 +316,6 @@ def _out_axes(out_axes, program) -> list:
         raise TigaError(f"vmap: out_axes names {len(per)} outputs, the function returns {n}")
     return [a % (t.ndim + 1) for a, t in zip(per, program.out_types)]
 
-
-# ---- custom rules: inlined before lowering -------------------------------------------------
-
-def _inline_custom_pass(program, facts):
-    """opt pass (stage "execute"): custom_vjp / custom_jvp calls become their primal
-    function, so what runs compiles like the function; autodiff read the rules before."""
-    return inline_custom_calls(program), []
-
-
-def _register_inline_pass() -> None:
-    # first, so that cse, dce and walk fusion see the inlined function. (Registered from
-    # the facade, as api.py registers the runtime's hooks; it belongs in opt/ as a pass of
-    # its own once opt's owner takes it.)
-    if "inline_custom_calls" in opt.PROGRAM_PASSES:
-        return
-    rest = list(opt.PROGRAM_PASSES.items())
-    opt.PROGRAM_PASSES.clear()
-    opt.PROGRAM_PASSES.update([("inline_custom_calls", _inline_custom_pass)] + rest)
-    opt._RUNS_WHEN["inline_custom_calls"] = lambda facts: facts.stage == "execute"
-
-
-_register_inline_pass()
 
 __all__ = ["jvp", "linearize", "jacfwd", "jacrev", "hessian", "vmap", "custom_vjp",
            "custom_jvp"]

@@ -437,6 +437,30 @@ case("repeat-xs", ["repeat"], _repeat_xs(False), several(normal(2), normal(2), n
 case("repeat-xs-reverse", ["repeat"], _repeat_xs(True), several(normal(2), normal(2), normal(3, 2)))
 
 
+# ---- custom rules (tg.custom_vjp / tg.custom_jvp): here each rule is the true derivative ------
+
+
+@tg.custom_vjp
+def _custom_sin(x, y):
+    return m.sin(x) * y
+
+
+_custom_sin.defvjp(lambda x, y: (_custom_sin(x, y), (x, y)),
+                   lambda res, ct: (ct * m.cos(res[0]) * res[1], ct * m.sin(res[0])))
+
+
+@tg.custom_jvp
+def _custom_tanh(x):
+    return m.tanh(x)
+
+
+_custom_tanh.defjvp(lambda p, t: (_custom_tanh(p[0]), t[0] * (1 - m.tanh(p[0]) ** 2)))
+
+case("custom_vjp_call", ["custom_vjp_call"], _custom_sin, several(normal(2, 3), normal(2, 3)))
+case("custom_jvp_call", ["custom_jvp_call"], lambda x: _custom_tanh(x) * x,
+     several(normal(2, 3)))
+
+
 # ---- the tests -------------------------------------------------------------------------------
 
 

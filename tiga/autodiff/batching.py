@@ -17,7 +17,7 @@ from ..core.types import TensorType
 from ..trace import math as m
 from ..trace.staging import trace_flat
 from ..trace.tracer import aval_of, bind
-from .jvp import bind_list
+from .inlining import bind_inlined, inline_custom_calls
 
 batch_rules: dict[Primitive, Callable] = {}
 
@@ -56,7 +56,7 @@ def batch_replay(program: GraphProgram, args, batched, size):
     for eqn in program.eqns:
         ins, bs = zip(*[read(a) for a in eqn.inputs]) if eqn.inputs else ((), ())
         if not any(bs):
-            outs, obs = bind_list(eqn.primitive, *ins, **eqn.params), None
+            outs, obs = bind_inlined(eqn.primitive, list(ins), eqn.params), None
         else:
             rule = batch_rules.get(eqn.primitive)
             if rule is None:
@@ -117,7 +117,7 @@ def batch_program(program: GraphProgram, batched, size, in_axes, out_axes) -> Gr
     prog, caps, _ = trace_flat(fn, avals)
     if caps:
         raise TigaError("vmap: the program closes over outer values")
-    return prog
+    return inline_custom_calls(prog)
 
 
 def unbatched_types(ins, batched) -> list:

@@ -4,8 +4,8 @@ Called outside any trace, a decorated function just runs. Traced (tg.jit, tg.gra
 function, a loop body), it stages one custom_vjp_call / custom_jvp_call holding the primal
 function and the rule as sub-programs: tg.grad / tg.vjp run the user's backward, tg.jvp the
 user's JVP (a custom_vjp function is differentiated forward through its primal, a
-custom_jvp one backward by transposing its linear JVP). `inline_custom_calls` replaces
-every call by its primal function before lowering, so it compiles like the function.
+custom_jvp one backward by transposing its linear JVP). Every derived program (VJP, JVP,
+batched) holds the primal function inlined, never the call (autodiff/inlining.py).
 """
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from collections.abc import Callable
 
 from ..core.errors import TigaError
 from ..core.prims.custom import custom_jvp_call_p, custom_vjp_call_p, fun_operands
-from ..core.program import ClosedProgram, GraphProgram, Lit
+from ..core.program import ClosedProgram
 from ..core.types import TensorType
 from ..trace import math as m
 from ..trace.pytree import tree_flatten, tree_unflatten
 from ..trace.staging import inline_program, leaf_aval, leaf_value, trace_flat
 from ..trace.tracer import Tracer, aval_of, bind, current_builder
 from .batching import batch_closed, batch_rules
+from .inlining import inline_custom_calls  # noqa: F401  (re-exported)
 from .jvp import forward_pass, instantiate, jvp_rules
 from .registry import vjp_rules
 from .vjp import backward_pass, differentiable
@@ -222,56 +223,3 @@ jvp_rules[custom_vjp_call_p] = custom_vjp_call_jvp_rule
 jvp_rules[custom_jvp_call_p] = custom_jvp_call_jvp_rule
 batch_rules[custom_vjp_call_p] = custom_call_batch_rule
 batch_rules[custom_jvp_call_p] = custom_call_batch_rule
-
-
-# ---- inlining before lowering --------------------------------------------------------------
-
-_CUSTOM = (custom_vjp_call_p, custom_jvp_call_p)
-
-
-def has_custom_calls(program: GraphProgram) -> bool:
-    for e in program.eqns:
-        if e.primitive in _CUSTOM:
-            return True
-        if any(isinstance(p, ClosedProgram) and has_custom_calls(p.program)
-               for p in e.params.values()):
-            return True
-    return False
-
-
-def inline_custom_calls(program: GraphProgram) -> GraphProgram:
-    """`program` with every custom call (also inside edge, update and loop bodies)
-    replaced by its primal function; the program itself when it has none."""
-    if not has_custom_calls(program):
-        return program
-
-    def replay(*args):
-        env = {id(v): a for v, a in zip(program.in_binders, args)}
-
-        def read(a):
-            return a.value if isinstance(a, Lit) else env[id(a)]
-
-        for e in program.eqns:
-            ins = [read(a) for a in e.inputs]
-            if e.primitive in _CUSTOM:
-                fun = e.params["fun"]
-                outs = inline_program(inline_custom_calls(fun.program), *fun.consts,
-                                      *fun_operands(ins, e.params["counts"]))
-            else:
-                params = {k: _inlined(v) for k, v in e.params.items()}
-                outs = bind(e.primitive, *ins, **params)
-                outs = outs if e.primitive.multiple_results else [outs]
-            for v, o in zip(e.outputs, outs):
-                env[id(v)] = o
-        return [read(a) for a in program.outs]
-
-    prog, caps, _ = trace_flat(replay, [_strong(t) for t in program.in_types])
-    if caps:
-        raise TigaError("inline_custom_calls: the program closes over outer values")
-    return prog
-
-
-def _inlined(param):
-    if isinstance(param, ClosedProgram) and has_custom_calls(param.program):
-        return ClosedProgram(inline_custom_calls(param.program), param.consts)
-    return param

@@ -20,6 +20,7 @@ from ..core.types import TensorType
 from ..trace import math as m
 from ..trace.staging import trace_flat
 from ..trace.tracer import aval_of, bind
+from .inlining import bind_inlined, inline_custom_calls
 from .registry import NONDIFF
 
 jvp_rules: dict[Primitive, Callable | object] = {}
@@ -83,7 +84,7 @@ def apply_jvp(prim: Primitive, ins: list, tins: list, params: dict):
     """(outs, tangent outs) of one application; no rule runs when every tangent is zero."""
     rule = jvp_rules.get(prim)
     if rule is NONDIFF or all(t is None for t in tins):
-        outs = bind_list(prim, *ins, **params)
+        outs = bind_inlined(prim, ins, params)
         return outs, [None] * len(outs)
     if rule is None:
         raise TigaError(f"{prim.name} has no JVP rule")
@@ -109,7 +110,7 @@ def jvp_program(program: GraphProgram, wrt) -> GraphProgram:
     prog, caps, _ = trace_flat(fn, in_types + t_types)
     if caps:
         raise TigaError("jvp_program: the program closes over outer values")
-    prog = dce(prog)
+    prog = dce(inline_custom_calls(prog))   # (an untouched custom call: its function)
     if config.check:
         check_program(prog)
     return prog

@@ -8,7 +8,8 @@ from ..core.passes import dce
 from ..core.program import GraphProgram, Lit
 from ..core.types import TensorType
 from ..trace import math as m
-from ..trace.staging import replay, trace_flat
+from ..trace.staging import trace_flat
+from .inlining import inline_custom_calls, replay_inlined
 from .registry import NONDIFF, vjp_rules
 
 
@@ -34,7 +35,7 @@ def vjp_program(program: GraphProgram, wrt) -> GraphProgram:
                                     for t in program.in_types] + out_types)
     if caps:
         raise TigaError("vjp_program: the program closes over outer values")
-    prog = dce(prog)
+    prog = dce(inline_custom_calls(prog))   # (what derived programs bind: no custom call)
     if config.check:
         check_program(prog)
     return prog
@@ -43,7 +44,7 @@ def vjp_program(program: GraphProgram, wrt) -> GraphProgram:
 def backward_pass(program: GraphProgram, primals, cts):
     """Replay `program` on `primals` (binding into the current trace), then pull `cts` back.
     Returns (outputs, cotangent per input or None)."""
-    read = replay(program, primals)
+    read = replay_inlined(program, primals)   # (custom calls: their function, inlined)
     ct_env: dict[int, object] = {}
 
     def add_ct(a, ct):
