@@ -6,7 +6,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..core.errors import ShapeError, TigaError
-from ..core.prims.control import repeat_p, while_loop_p
+from ..core.prims.control import UNBOUNDED, repeat_p, while_loop_p
 from ..core.program import ClosedProgram
 from .math import less, logical_and
 from .pytree import tree_flatten, tree_unflatten
@@ -67,8 +67,6 @@ def repeat(n: int, body: Callable, init):
     return tree_unflatten(in_tree, outs)
 
 
-# The primitive's own bound when the loop counts its steps against a runtime bound.
-UNBOUNDED = 2 ** 62
 
 
 def _checked_bound(max_iterations):

@@ -61,6 +61,23 @@ class Tracer:
         raise TraceError(f"cannot convert the traced value {self.aval} to a numpy array "
                          "inside a traced function")
 
+    def _no_value(self, what: str):
+        raise TraceError(
+            f"{what} of the traced value {self.aval}: inside tg.jit, tg.grad or another "
+            "transformation the function is traced once for every input of this type, so "
+            "its values are not known yet. Keep it an array (tg.math, x.astype(...)); use "
+            "tg.math.where for a data-dependent choice and tg.while_loop for a data-dependent "
+            f"loop; or return it and call {what} on the result, outside the traced function")
+
+    def item(self, *args):
+        self._no_value(".item()")
+
+    def tolist(self):
+        self._no_value(".tolist()")
+
+    def numpy(self, *args, **kwargs):
+        self._no_value(".numpy()")
+
     def __hash__(self):
         return id(self)
 

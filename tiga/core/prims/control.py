@@ -4,13 +4,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import bool_
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, TigaError
 from ..eval import eval_closed
 from ..primitive import abstract_eval_rules, impl_rules, primitive
 from ..types import TensorType
 
 repeat_p = primitive("repeat", "control", multiple_results=True)
 while_loop_p = primitive("while_loop", "control", multiple_results=True)
+
+# The primitive's own bound of a loop that counts its steps against a runtime bound
+# (tg.while_loop with a numpy or traced bound, trace/control.py `_counted`): its carried
+# state starts (step counter, bound, ...), so the run checks that bound before the first step.
+UNBOUNDED = 2 ** 62
 
 
 def _same(a, b) -> bool:
@@ -63,11 +68,29 @@ def run_while(call, operands, *, cond, body, cond_nconsts, body_nconsts, max_ite
     cond_consts = list(operands[:cond_nconsts])
     body_consts = list(operands[cond_nconsts:cond_nconsts + body_nconsts])
     carry = list(operands[cond_nconsts + body_nconsts:])
+    if max_iterations == UNBOUNDED and len(carry) >= 2 and _starts_counting(carry[0]):
+        _check_runtime_bound(carry[1])
     for _ in range(max_iterations):
         if not bool(call(cond, cond_consts + carry)[0]):
             break
         carry = call(body, body_consts + carry)
     return [np.asarray(c) for c in carry]
+
+
+def _starts_counting(counter) -> bool:
+    c = np.asarray(counter)
+    return c.dtype.kind in "iu" and not c.any()
+
+
+def _check_runtime_bound(bound) -> None:
+    """A runtime while_loop bound must be >= 0, as a static one is when traced (an eager call
+    checks it too): a negative one is an error, never a loop that silently runs 0 steps."""
+    b = np.asarray(bound)
+    if b.dtype.kind in "iu" and b.size and (b < 0).any():
+        shown = int(b.min()) if b.ndim == 0 else f"{int(b.min())} (in a batch of bounds)"
+        raise TigaError(f"while_loop: max_iterations must be >= 0, found {shown}: the bound "
+                        "is a runtime value of this call (a traced or numpy integer); pass "
+                        "a non-negative bound")
 
 
 def _eval_call(closed, args):
