@@ -33,7 +33,7 @@ from .trace import math
 from .trace.control import repeat, while_loop
 from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
-from .transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
+from ._transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
 from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.explain import Explanation
 from .xla_free_runtime.memory import budgets as memory

@@ -1,4 +1,4 @@
-"""api: composes forward mode (jvp, linearize, jacfwd, jacrev, hessian) and vmap.
+"""api: composes forward mode (jvp, linearize, jacfwd, jacrev, hessian), vmap and custom rules.
 
 Each entry point traces the function once per input types (the cache tg.grad uses),
 transforms the program with autodiff's rules (jvp_program, batch_program, partial
@@ -105,12 +105,13 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
 def linearize(fn: Callable, *primals):
     """`y, f_jvp = tg.linearize(f, *primals)`: `f_jvp(*tangents)` is the JVP at `primals`;
     what does not depend on the tangents (the forward, residuals) runs once, here."""
-    traced, program, memo, wrt = api._traced_for(fn, "jvp", (), False, primals, _jvp_programs)
+    traced, program, _, wrt = api._traced_for(fn, "jvp", (), False, primals, _jvp_programs)
     n = len(traced.program.out_types)
-    known, unknown = _linearized(program, len(program.in_binders) - sum(wrt), n)
-    res = api.run_staged(known, traced.args(), {})
-    value, _ = traced.split(res[:n])
-    residuals = list(res[n:]) + traced.args()
+    # (a linear propagate's primal and tangent come from one walk: the unknown part
+    # computes every output, the primal is the function's own forward)
+    known, unknown = _linearized(program, len(program.in_binders) - sum(wrt))
+    value, _ = traced.split(api.run_staged(traced.program, traced.args(), {}))
+    residuals = list(api.run_staged(known, traced.args(), {})) + traced.args()
     leaves = traced.args()[len(traced.caps):]
     memo_t: dict = {}
 
@@ -120,15 +121,15 @@ def linearize(fn: Callable, *primals):
                  else _as_value(t, x)
                  for w, x, t in zip(wrt[len(traced.caps):], leaves, t_leaves) if w]
         outs = api.run_staged(unknown, residuals + seeds, memo_t)
-        return traced.split(outs)[0]
+        return traced.split(outs[n:])[0]
 
     return value, f_jvp
 
 
 @functools.lru_cache(maxsize=64)
-def _linearized(program, n_in, n_out):
+def _linearized(program, n_in):
     unknown = [False] * n_in + [True] * (len(program.in_binders) - n_in)
-    return partial_eval(program, unknown, n_out)
+    return partial_eval(program, unknown, 0)
 
 
 # ---- Jacobians -----------------------------------------------------------------------------
