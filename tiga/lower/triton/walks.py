@@ -39,6 +39,7 @@ from .walks_transposed import (
     emit_coords,
     emit_edge_start,
     emit_neighbours,
+    emit_sequence,
     emit_transposed_row,
     emit_transposed_tile,
     inside_test,
@@ -92,20 +93,6 @@ def emit_row(c, relation: tuple) -> None:
     else:
         _emit_stencil_row(c, relation)
     c.emit("cnt = e1 - e0")
-
-
-def emit_sequence(c) -> None:
-    """`lo`: the sequence of row rr, `s0` its first index."""
-    # the last sequence k with cu[k] <= r (empty sequences repeat an offset: the last one
-    # holding r is the one it belongs to)
-    c.emit("lo = rr * 0")
-    c.emit("hi = lo + tl.load(walk_params) - 1")
-    c.emit("while lo < hi:")
-    c.emit("    mid = (lo + hi + 1) // 2")
-    c.emit("    go = tl.load(cu_ext + mid) <= rr")
-    c.emit("    lo = tl.where(go, mid, lo)")
-    c.emit("    hi = tl.where(go, hi, mid - 1)")
-    c.emit("s0 = tl.load(cu_ext + lo)")
 
 
 def _emit_sequence_row(c, causal: bool) -> None:

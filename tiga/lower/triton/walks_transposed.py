@@ -46,7 +46,6 @@ def emit_transposed_row(c, relation: tuple) -> None:
     elif kind == "csr_rows":
         _emit_rows_row(c)
     elif kind == "cu_seqlens_t":
-        from .walks import emit_sequence  # (walks.py imports this module)
         emit_sequence(c)
         c.emit("s1 = tl.load(cu_ext + lo + 1)")
         c.emit("seq0 = tl.load(seq_edges + lo)")
@@ -85,6 +84,21 @@ def _emit_stencil_row(c, relation: tuple) -> None:
     for off in offsets:   # readers p = r - off inside the lattice
         c.emit(f"deg = deg + ({inside_test(names, shape, [-o for o in off])}).to(tl.int64)")
     c.emit("e1 = tl.where(live, deg, e0)")
+
+
+def emit_sequence(c) -> None:
+    """`lo`: the sequence of row rr, `s0` its first index (the cu_seqlens walks of both
+    directions)."""
+    # the last sequence k with cu[k] <= r (empty sequences repeat an offset: the last one
+    # holding r is the one it belongs to)
+    c.emit("lo = rr * 0")
+    c.emit("hi = lo + tl.load(walk_params) - 1")
+    c.emit("while lo < hi:")
+    c.emit("    mid = (lo + hi + 1) // 2")
+    c.emit("    go = tl.load(cu_ext + mid) <= rr")
+    c.emit("    lo = tl.where(go, mid, lo)")
+    c.emit("    hi = tl.where(go, hi, mid - 1)")
+    c.emit("s0 = tl.load(cu_ext + lo)")
 
 
 def emit_coords(c, shape: tuple) -> None:
