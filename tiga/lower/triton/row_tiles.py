@@ -1,6 +1,6 @@
 """lower/triton: the row-tiled gather body of a stored-CSR propagate (schedule tile row_tile).
 
-The row loop (kernel._Body) walks one row at a time: BLOCK_N column ids, then BLOCK_N
+The row loop (row_loop._Body) walks one row at a time: BLOCK_N column ids, then BLOCK_N
 neighbour rows, each tile waiting on the one before. Here a program owns BLOCK_R rows as one
 tile of BLOCK_R x BLOCK_N lanes (lane l: row l // BLOCK_N, neighbour slot l % BLOCK_N):
 
@@ -24,24 +24,13 @@ from __future__ import annotations
 
 from ...core.dtypes import as_dtype
 from .emitter import TV
-from .kernel import _Body, _lead_offsets
+from .row_loop import _Body, _lead_offsets
 
 TILED_RELATIONS = (("csr",),)
 
 
-def main_body(params: dict, sig, row_tile: bool) -> _Body:
-    """The main kernel's body: row-tiled where the schedule says so (tile row_tile) and the
-    walk is a stored CSR's rows folded into reducer states; else the row loop."""
-    if row_tile and tuple(sig.relation) in TILED_RELATIONS and sig.reduce_by in ("dst", "src"):
-        return TiledBody(params, sig)
-    if row_tile and sig.relation[0] == "radius" and "row_order" in sig.slots:
-        from .cell_tiles import CellTiledBody  # (cell_tiles extends TiledBody, below)
-        return CellTiledBody(params, sig)
-    return _Body(params, sig)
-
-
 class TiledBody(_Body):
-    """kernel._Body with a [BLOCK_R, BLOCK_N] tile of edges per trip instead of a row loop."""
+    """row_loop._Body with a [BLOCK_R, BLOCK_N] tile of edges per trip instead of a row loop."""
 
     def __init__(self, params: dict, sig):
         super().__init__(params, sig, "main")
