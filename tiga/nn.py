@@ -1,16 +1,27 @@
-"""tg.nn: torch.nn capture (`trace`) and the layer zoo (GCNConv, SAGEConv, GATConv, GATv2Conv,
-GINConv, EdgeConv, DynamicEdgeConv: API.md section 12).
+"""tg.nn: torch.nn capture (`trace`), the layer zoo (GCNConv, SAGEConv, GATConv, GATv2Conv,
+GINConv, GINEConv, EdgeConv, DynamicEdgeConv: API.md section 12) and the aggregations
+(`tg.nn.aggr`, also importable from here as PyG's torch_geometric.nn exports them).
 
 Torch-free on import: `trace` reaches the torch bridge (the only layer that imports torch)
-when it is called, and the layer classes are looked up in tiga.torch_bridge.layers on first
-access (module __getattr__), so `import tiga` keeps working without torch.
+when it is called, and the layer and aggregation classes are looked up in
+tiga.torch_bridge.layers on first access (module __getattr__), so `import tiga` keeps
+working without torch.
 """
 from __future__ import annotations
 
+import sys
+import types
+
 from .core.errors import UnsupportedError
 
-LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "EdgeConv",
+LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", "EdgeConv",
           "DynamicEdgeConv")
+# PyG's torch_geometric.nn exports these too (from torch_geometric.nn import MLPAggregation)
+AGGREGATIONS = ("Aggregation", "SumAggregation", "MeanAggregation", "MaxAggregation",
+                "MinAggregation", "MulAggregation", "VarAggregation", "StdAggregation",
+                "SoftmaxAggregation", "PowerMeanAggregation", "MultiAggregation",
+                "LSTMAggregation", "MLPAggregation")
+FUNCTIONS = ("gcn_norm",)
 
 
 def _needs_torch(what: str, exc: ImportError) -> UnsupportedError:
@@ -37,8 +48,8 @@ def trace(module):
 
 
 def __getattr__(name: str):
-    """The layer classes, imported with torch on first use."""
-    if name not in LAYERS:
+    """The layer and aggregation classes, imported with torch on first use."""
+    if name not in LAYERS + AGGREGATIONS + FUNCTIONS:
         raise AttributeError(f"module 'tiga.nn' has no attribute {name!r}")
     try:
         from .torch_bridge import layers
@@ -48,7 +59,43 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted(__all__ + ["aggr"])
 
 
-__all__ = ["trace", *LAYERS]
+AGGR_DOC = """tg.nn.aggr: PyG's aggregations (`from tiga.nn.aggr import SoftmaxAggregation`), the
+modules the layers' `aggr=` takes by name, as a list or as a module (API.md section 12).
+
+Sum, Mean, Max, Min, Mul, Var, Std, Softmax (learnable temperature), PowerMean: each one
+Tiga propagate (forward and backward compiled); MultiAggregation combines several;
+LSTMAggregation and MLPAggregation (order-dependent, as PyG's) run densely in torch.
+`resolve(name_or_list_or_module, **kwargs)` gives the module a layer's `aggr=` means.
+Torch-free on import, as tg.nn: the classes load with torch on first access.
+"""
+
+
+def _aggr_module() -> types.ModuleType:
+    """tg.nn.aggr: a module object registered as `tiga.nn.aggr` (tg.nn is a module, and
+    DESIGN.md's layering has no tiga/nn package), so that `import tiga.nn.aggr` and
+    `from tiga.nn.aggr import ...` work as PyG users write them."""
+    module = types.ModuleType("tiga.nn.aggr", AGGR_DOC)
+    names = list(AGGREGATIONS) + ["resolve"]
+
+    def getattr_(name: str):
+        if name not in names:
+            raise AttributeError(f"module 'tiga.nn.aggr' has no attribute {name!r}")
+        try:
+            from .torch_bridge.layers import aggr
+        except ImportError as exc:  # torch is not installed
+            raise _needs_torch(f"tg.nn.aggr.{name}", exc) from exc
+        return getattr(aggr, name)
+
+    module.__getattr__ = getattr_
+    module.__dir__ = lambda: sorted(names)
+    module.__all__ = names
+    return module
+
+
+aggr = sys.modules.setdefault("tiga.nn.aggr", _aggr_module())
+
+
+__all__ = ["trace", *LAYERS, *AGGREGATIONS, *FUNCTIONS]

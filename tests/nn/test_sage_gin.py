@@ -67,16 +67,16 @@ def test_gin_bipartite_and_reset():
 
 
 def test_argument_errors_name_the_argument():
-    with pytest.raises(tg.TigaError, match="SAGEConv: aggr is 'lstm', expected one of"):
-        tg.nn.SAGEConv(4, 2, aggr="lstm")
-    with pytest.raises(tg.TigaError, match="in_channels is -1, expected a positive int"):
-        tg.nn.SAGEConv(-1, 2)
+    with pytest.raises(tg.TigaError, match="SAGEConv: aggr is 'median', expected one of"):
+        tg.nn.SAGEConv(4, 2, aggr="median")
+    with pytest.raises(tg.TigaError, match="in_channels is -2, expected a positive int"):
+        tg.nn.SAGEConv(-2, 2)
     conv = tg.nn.SAGEConv(4, 2)
     ei, _ = case("pyg")
     with pytest.raises(tg.TigaError, match="x is list, expected a 2-D torch tensor or a pair"):
         conv([torch.randn(4, 4)], ei)
-    with pytest.raises(tg.ShapeError, match="x_dst is \\(4, 4, 1\\), expected a 2-D tensor"):
-        conv((torch.randn(4, 4), torch.randn(4, 4, 1)), ei)
+    with pytest.raises(tg.ShapeError, match="x_dst is \\(4, 4, 1, 1\\), expected a 2-D tensor"):
+        conv((torch.randn(4, 4), torch.randn(4, 4, 1, 1)), ei)
     with pytest.raises(tg.ShapeError, match="edge_index has shape \\(3, 2\\)"):
         conv((torch.randn(4, 4), torch.randn(3, 4)), torch.zeros(3, 2, dtype=torch.int64))
 

@@ -1,12 +1,31 @@
 """torch_bridge: the tg.nn layer zoo (API.md section 12): PyG's message-passing layers as
-torch modules whose aggregations run in Tiga, loading PyG's state dicts as they are."""
+torch modules whose aggregations run in Tiga, loading PyG's state dicts as they are, and
+tg.nn.aggr's aggregations."""
 from __future__ import annotations
 
+from .aggr import (
+    Aggregation,
+    LSTMAggregation,
+    MaxAggregation,
+    MeanAggregation,
+    MinAggregation,
+    MLPAggregation,
+    MulAggregation,
+    MultiAggregation,
+    PowerMeanAggregation,
+    SoftmaxAggregation,
+    StdAggregation,
+    SumAggregation,
+    VarAggregation,
+)
 from .common import LayerArgumentError
 from .edge_conv import DynamicEdgeConv, EdgeConv
 from .gat_conv import GATConv, GATv2Conv
-from .gcn import GCNConv
-from .sage_gin import GINConv, SAGEConv
+from .gcn import GCNConv, gcn_norm
+from .sage_gin import GINConv, GINEConv, SAGEConv
 
-__all__ = ["DynamicEdgeConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv", "GINConv",
-           "LayerArgumentError", "SAGEConv"]
+__all__ = ["Aggregation", "DynamicEdgeConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv",
+           "GINConv", "GINEConv", "LSTMAggregation", "LayerArgumentError", "MLPAggregation",
+           "MaxAggregation", "MeanAggregation", "MinAggregation", "MulAggregation",
+           "MultiAggregation", "PowerMeanAggregation", "SAGEConv", "SoftmaxAggregation",
+           "StdAggregation", "SumAggregation", "VarAggregation", "gcn_norm"]

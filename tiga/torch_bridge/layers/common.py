@@ -45,16 +45,6 @@ def check_positive(layer: str, name: str, value) -> int:
     return value
 
 
-def check_channels(layer: str, value, pair: bool = True) -> tuple:
-    """(source, destination) input widths from an int or, where allowed, a pair of ints.
-    PyG's lazy -1 is not supported: the weights must exist to be loaded and traced."""
-    if pair and isinstance(value, (tuple, list)) and len(value) == 2:
-        return (check_positive(layer, "in_channels[0]", value[0]),
-                check_positive(layer, "in_channels[1]", value[1]))
-    n = check_positive(layer, "in_channels", value)
-    return n, n
-
-
 def node_pair(layer: str, x) -> tuple:
     """(x_src, x_dst) from a 2-D tensor or a pair of them (bipartite, PyG's convention)."""
     if isinstance(x, torch.Tensor):
@@ -70,13 +60,6 @@ def node_pair(layer: str, x) -> tuple:
             raise ShapeError(f"{layer}: {name} is {found}, expected a 2-D tensor "
                              "(nodes, features)")
     return pair
-
-
-def check_size(layer: str, size, n_src: int, n_dst: int) -> None:
-    """PyG's optional size=(sources, destinations): here it must agree with x."""
-    if size is not None and tuple(size) != (n_src, n_dst):
-        raise ShapeError(f"{layer}: size is {tuple(size)}, but x has {n_src} source and "
-                         f"{n_dst} destination rows")
 
 
 # Building a relation reads edge_index's values and memoises by object (Dynamo cannot trace

@@ -33,6 +33,7 @@ from .common import (
     relation,
     reset_children,
 )
+from .inputs import adjacency, check_flow
 from .opaque import region
 
 _AGGRS = ("add", "sum", "mean", "max", "min")
@@ -82,13 +83,16 @@ class EdgeConv(Keyed):
     nn maps 2 F features to the output width; its parameters keep their names (`nn.*`).
     aggr: "max" (default), "mean", "add"/"sum" or "min"; an empty neighbourhood gives 0.
     forward(x, edge_index): x (N, F) or a pair (x_src (S, F), x_dst (N, F)); edge_index a
-    tg.Graph or a (2, E) integer tensor [sources; targets]. Returns (N, out).
+    tg.Graph, a (2, E) integer tensor [sources; targets] (flow="target_to_source":
+    [targets; sources]) or a torch.sparse adj_t (N, S). Returns (N, out).
     """
 
-    def __init__(self, nn: torch.nn.Module, aggr: str = "max"):
+    def __init__(self, nn: torch.nn.Module, aggr: str = "max",
+                 flow: str = "source_to_target"):
         super().__init__()
         self.nn = nn
         self.aggr = check_aggr(aggr, "EdgeConv", _AGGRS)
+        self.flow = check_flow("EdgeConv", flow)
         self._network = None    # the traced edge network, or False: torch evaluates it
         self._new_key()
 
@@ -97,6 +101,7 @@ class EdgeConv(Keyed):
 
     def forward(self, x, edge_index):
         x_src, x_dst = node_pair("EdgeConv", x)
+        edge_index = adjacency("EdgeConv", edge_index, self.flow).relation
         if compiling():
             return _compiled(self, edge_index, x_src, None if x_dst is x_src else x_dst,
                              None, None)

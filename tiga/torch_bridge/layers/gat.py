@@ -30,6 +30,7 @@ from ...core.graph import Graph
 from ...core.reducers import online_softmax
 from ...trace import math as tm
 from ...trace.message_passing import MessagePassing
+from ..compiled import compiling
 from .common import (
     REDUCERS,
     WEIGHTED_SUM,
@@ -39,6 +40,7 @@ from .common import (
     loop_edit,
     relation,
 )
+from .inputs import check_flow, sparse_like
 from .opaque import region
 
 
@@ -197,7 +199,7 @@ class _AttentionBase(torch.nn.Module):
     kind = "v1"
 
     def _common_args(self, in_channels, out_channels, heads, concat, negative_slope,
-                     dropout, add_self_loops, edge_dim, fill_value, residual):
+                     dropout, add_self_loops, edge_dim, fill_value, residual, flow):
         name = type(self).__name__
         for arg, value in (("out_channels", out_channels), ("heads", heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -209,6 +211,49 @@ class _AttentionBase(torch.nn.Module):
         self.concat, self.negative_slope = concat, float(negative_slope)
         self.dropout, self.add_self_loops = float(dropout), add_self_loops
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
+        self.flow = check_flow(name, flow)
+
+    def _heads(self, h):
+        """A projection (N, H * C) as (N, H, C) (N may be 0)."""
+        return h.view(h.size(0), self.heads, self.out_channels)
+
+    def _attend(self, adj, fns, tensors, rows, heads, res, want, parts):
+        """The layer's output, with (relation, alpha) when `want`. fns: the fused region
+        and the per-edge-weights region; parts: (projected sources, a destination-rows
+        tensor, edge_attr, scores(edge_index, lin_edge features) -> (E, H)). Whatever is
+        returned, `out` comes from the fused region unless attention dropout applies, so
+        it is the plain forward's output bit for bit."""
+        fused, weighted = fns
+        dropping = self.training and self.dropout > 0.0
+        if not want and not dropping:
+            out = region(fused, adj.relation, self._settings(), tensors, (rows,))
+            return self._finish(out, res, None, None)
+        if compiling():
+            out, where, alpha = self._compiled_weights(weighted, adj.relation, tensors, rows,
+                                                       heads, want)
+            if not dropping:
+                out = region(fused, adj.relation, self._settings(), tensors, (rows,))
+            if want and adj.sparse is not None:
+                where = sparse_like(adj.sparse, where, alpha)
+            return self._finish(out, res, where, alpha)
+        h, h_dst, edge_attr, scores = parts
+        graph, edge_attr = self._relation(adj.relation, h.size(0), h_dst.size(0), edge_attr)
+        ei = edge_index_like(graph, h)
+        score = scores(ei, self._edge_features(edge_attr))
+        if dropping:
+            out, alpha = self._weighted(graph, score, h)
+        else:
+            out = region(fused, adj.relation, self._settings(), tensors, (rows,))
+            alpha = edge_softmax(graph, score, ei[1])
+        if not want:
+            return self._finish(out, res, None, None)
+        if adj.sparse is not None:
+            where = sparse_like(adj.sparse, ei, alpha)
+        elif isinstance(adj.relation, Graph):
+            where = graph
+        else:
+            where = ei.flip(0) if self.flow == "target_to_source" else ei
+        return self._finish(out, res, where, alpha)
 
     def _relation(self, edge_index, n_src: int, n_dst: int, edge_attr) -> tuple:
         name = type(self).__name__
@@ -228,9 +273,6 @@ class _AttentionBase(torch.nn.Module):
     def _settings(self) -> tuple:
         return (type(self).__name__, self.negative_slope, self.add_self_loops,
                 self.fill_value)
-
-    def _weights_route(self, want_weights: bool) -> bool:
-        return bool(want_weights) or (self.training and self.dropout > 0.0)
 
     def _compiled_weights(self, fn, edge_index, tensors: tuple, rows: tuple, heads: int,
                           want: bool) -> tuple:
@@ -269,18 +311,15 @@ class _AttentionBase(torch.nn.Module):
 
     def _finish(self, out, res, where, alpha):
         """The layer's output, with (where, alpha) when alpha is given."""
-        out = out.reshape(out.size(0), -1) if self.concat else out.mean(dim=1)
+        if self.concat:
+            out = out.reshape(out.size(0), self.heads * self.out_channels)
+        else:
+            out = out.mean(dim=1)
         if res is not None:
             out = out + res
         if self.bias is not None:
             out = out + self.bias
         return out if alpha is None else (out, (where, alpha))
-
-    @staticmethod
-    def _where(graph, edge_index, like):
-        """The looped relation as returned with alpha: a tg.Graph for a tg.Graph given,
-        else its edge_index."""
-        return graph if isinstance(edge_index, Graph) else edge_index_like(graph, like)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "

@@ -12,13 +12,22 @@ from .common import (
     Keyed,
     LayerArgumentError,
     check_positive,
+    edge_index_like,
     edge_reduce,
     follow,
     keyed,
-    linear,
     loop_edit,
     relation,
     reset_glorot,
+)
+from .inputs import (
+    adjacency,
+    batch_first,
+    check_flow,
+    check_in_channels,
+    make_linear,
+    nodes_first,
+    sparse_like,
 )
 from .opaque import region
 
@@ -46,11 +55,14 @@ class GCNConv(Keyed):
     in-degree over that relation (0 where it is 0). normalize=False sums w(j -> i) x_j W^T
     with no loops.
 
-    forward(x, edge_index, edge_weight=None): x (N, in_channels); edge_index a tg.Graph
-    over N nodes or a (2, E) integer tensor [sources; targets]; edge_weight (E,) in that
-    relation's edge order, differentiable (where a node has several self loops, only the
-    last one's weight is used, as in PyG, so the others' gradient is 0; PyG's backward hands
-    them the kept loop's gradient too). Returns (N, out_channels).
+    forward(x, edge_index, edge_weight=None): x (N, in_channels), or (B, N, in_channels)
+    (PyG's static graph: one relation for B feature sets); edge_index a tg.Graph over N
+    nodes, a (2, E) integer tensor [sources; targets] (flow="target_to_source": [targets;
+    sources]) or a torch.sparse adj_t (N, N) whose values are the edge weights;
+    in_channels=-1: lazy, as PyG. edge_weight (E,) in that relation's edge order,
+    differentiable (where a node has several self loops, only the last one's weight is
+    used, as in PyG, so the others' gradient is 0; PyG's backward hands them the kept
+    loop's gradient too). Returns (N, out_channels).
 
     cached=True (as PyG: for a fixed graph, transductive learning) computes the relation
     with its loops and the normalisation on the first call and reuses them: a constant, so
@@ -58,27 +70,30 @@ class GCNConv(Keyed):
     through a later one). Unlike PyG, which silently reuses the first graph's
     normalisation for any later graph, a call whose relation or edge_weight differs from
     the cached one (another tg.Graph object, or an edge_index / edge_weight of other
-    values; the same tensors, or equal copies, are the cached graph) raises a
+    values; the same tensors, equal copies, or the same weighted edges in another order
+    or as a sparse adjacency are the cached graph) raises a
     LayerArgumentError; reset_parameters() or cached=False start over.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False,
                  cached: bool = False, add_self_loops: bool | None = None,
-                 normalize: bool = True, bias: bool = True):
+                 normalize: bool = True, bias: bool = True,
+                 flow: str = "source_to_target"):
         super().__init__()
         if add_self_loops is None:
             add_self_loops = normalize
         if add_self_loops and not normalize:
             raise LayerArgumentError(
-                "GCNConv: add_self_loops=True needs normalize=True (as PyG: loops are added "
-                "by the on-the-fly normalisation)")
-        self.in_channels = check_positive("GCNConv", "in_channels", in_channels)
+                "'GCNConv' does not support adding self-loops to the graph when no "
+                "on-the-fly normalization is applied")
+        self.in_channels = check_in_channels("GCNConv", in_channels, pair=False)[0]
         self.out_channels = check_positive("GCNConv", "out_channels", out_channels)
         self.improved, self.cached = improved, cached
         self.add_self_loops, self.normalize = add_self_loops, normalize
+        self.flow = check_flow("GCNConv", flow)
         self._cache = None
         self._new_key()
-        self.lin = linear(in_channels, out_channels, bias=False, glorot=True)
+        self.lin = make_linear(in_channels, out_channels, bias=False, glorot=True)
         if bias:
             self.bias = torch.nn.Parameter(torch.zeros(out_channels))
         else:
@@ -90,19 +105,29 @@ class GCNConv(Keyed):
             torch.nn.init.zeros_(self.bias)
         self._cache = None
 
+    @property
+    def _cached_edge_index(self):
+        """PyG's name for the cached normalisation: (relation, weights), or None."""
+        return None if self._cache is None else self._cache.norm[:2]
+
     def forward(self, x, edge_index, edge_weight=None):
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
             found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ShapeError(f"GCNConv: x is {found}, expected a 2-D tensor (nodes, "
+                             "features) or a 3-D static-graph tensor (batch, nodes, "
                              "features); GCNConv has no bipartite form (as PyG)")
-        h = self.lin(x)
+        h = nodes_first(self.lin(x))
+        adj = adjacency("GCNConv", edge_index, self.flow)
+        if edge_weight is None and adj.values is not None:
+            edge_weight = adj.values.to(h.dtype)
         settings = (self.improved, self.add_self_loops, self.normalize)
         # one opaque op inside torch.compile (opaque.py); the cache stays on the layer
         if self.cached:
-            out = region(_cached_region, edge_index, settings + (self._key,),
+            out = region(_cached_region, adj.relation, settings + (self._key,),
                          (edge_weight, h), ((1, 1),))
         else:
-            out = region(_region, edge_index, settings, (edge_weight, h), ((1, 1),))
+            out = region(_region, adj.relation, settings, (edge_weight, h), ((1, 1),))
+        out = batch_first(out, x)
         return out if self.bias is None else out + self.bias
 
     def __repr__(self) -> str:
@@ -135,16 +160,21 @@ def _cached_region(edge_index, settings, edge_weight, h):
 
 class _Cache:
     """A cached normalisation and what it was computed from: the relation (a tg.Graph by
-    identity; an edge_index by identity and version, else by value) and edge_weight."""
+    identity; an edge_index by identity and version, else as its set of weighted edges,
+    so the same edges in another order or read from a sparse adjacency match) and
+    edge_weight."""
 
     def __init__(self, edge_index, edge_weight, n: int, norm: tuple):
         self.norm, self.n = norm, n
         self.relation, self.edge_weight = _held(edge_index), _held(edge_weight)
+        self.edges = None
+        if isinstance(edge_index, torch.Tensor):
+            self.edges = _weighted_edges(edge_index, edge_weight, n)
 
     def check(self, edge_index, edge_weight, n: int) -> None:
         for name, held, now in (("edge_index", self.relation, edge_index),
                                 ("edge_weight", self.edge_weight, edge_weight)):
-            if not _same(held, now):
+            if not _same(held, now) and not self._same_edges(edge_index, edge_weight, n):
                 raise LayerArgumentError(
                     f"GCNConv: cached=True holds the normalisation of the first call's "
                     f"graph, and this call's {name} differs from that call's (PyG would "
@@ -153,6 +183,24 @@ class _Cache:
         if n != self.n:
             raise ShapeError(f"GCNConv: cached=True holds a graph of {self.n} nodes, but x "
                              f"has {n} rows")
+
+    def _same_edges(self, edge_index, edge_weight, n: int) -> bool:
+        if self.edges is None or not isinstance(edge_index, torch.Tensor):
+            return False
+        keys, w = _weighted_edges(edge_index, edge_weight, n)
+        return torch.equal(keys, self.edges[0]) and torch.equal(w, self.edges[1])
+
+
+def _weighted_edges(edge_index, edge_weight, n: int) -> tuple:
+    """(sorted edge keys target * n + source, their weights, 1 where none are given)."""
+    ei = edge_index.detach().to(device="cpu", dtype=torch.int64)
+    if ei.dim() != 2 or ei.size(0) != 2:
+        return ei.flatten(), ei.flatten()
+    keys, perm = torch.sort(ei[1] * max(n, 1) + ei[0], stable=True)
+    if edge_weight is None:
+        return keys, torch.ones(len(keys), dtype=torch.float64)
+    w = edge_weight.detach().to(device="cpu", dtype=torch.float64)
+    return keys, (w[perm] if w.shape == perm.shape else w)
 
 
 def _held(value):
@@ -171,7 +219,7 @@ def _same(held, now) -> bool:
     if now is tensor and now._version == version:
         return True
     return (now.shape == copy.shape and
-        torch.equal(now.detach().to(device=copy.device, dtype=copy.dtype), copy))
+            torch.equal(now.detach().to(device=copy.device, dtype=copy.dtype), copy))
 
 
 def _normalized(edge_index, settings, edge_weight, x) -> tuple:
@@ -199,3 +247,33 @@ def _normalized(edge_index, settings, edge_weight, x) -> tuple:
         deg = edge_reduce(graph, w, "sum")
     dis = deg.pow(-0.5)
     return graph, w, dis.masked_fill(dis == float("inf"), 0.0)
+
+
+def gcn_norm(edge_index, edge_weight=None, num_nodes=None, improved: bool = False,
+             add_self_loops: bool = True, flow: str = "source_to_target", dtype=None):
+    """PyG's gcn_norm: the relation with PyG's remaining self loops (weight 2 if improved,
+    else 1) and the weights D^-1/2 w D^-1/2 (D: weighted in-degree). edge_index (2, E)
+    gives (edge_index, weights) in the looped relation's edge order (PyG's: the edges,
+    then the new loops); a torch.sparse adj_t gives (adj_t of the normalised weights in
+    its layout, None). Differentiable in the weights (or the adjacency's values)."""
+    check_flow("gcn_norm", flow)
+    adj = adjacency("gcn_norm", edge_index, flow)
+    ei = torch.as_tensor(adj.relation)
+    if num_nodes is None:
+        num_nodes = adj.sparse.size(0) if adj.sparse is not None else (
+            int(ei.max()) + 1 if ei.numel() else 0)
+    w = edge_weight if edge_weight is not None else adj.values
+    if w is None:
+        w = torch.ones(ei.size(1), dtype=dtype or torch.float32, device=ei.device)
+    graph = relation("gcn_norm", ei, num_nodes, num_nodes)
+    if add_self_loops:
+        graph, ids = loop_edit(graph, "remaining")
+        w = follow(w, ids, torch.tensor(2.0 if improved else 1.0))
+    looped = edge_index_like(graph, w)
+    deg = w.new_zeros(num_nodes).index_add(0, looped[1], w)
+    dis = deg.pow(-0.5)
+    dis = dis.masked_fill(dis == float("inf"), 0.0)
+    w = dis[looped[0]] * w * dis[looped[1]]
+    if adj.sparse is not None:
+        return sparse_like(adj.sparse, looped, w), None
+    return (looped.flip(0) if flow == "target_to_source" else looped), w
