@@ -54,6 +54,8 @@ class Aggregation(torch.nn.Module):
 
 
 class _Basic(Aggregation):
+    """One Tiga reducer over the source rows."""
+
     name = "sum"
 
     def over(self, graph, x):
@@ -61,22 +63,32 @@ class _Basic(Aggregation):
 
 
 class SumAggregation(_Basic):
+    """sum_j x_j per destination (PyG's "sum" / "add")."""
+
     name = "sum"
 
 
 class MeanAggregation(_Basic):
+    """mean_j x_j per destination (0 without edges)."""
+
     name = "mean"
 
 
 class MaxAggregation(_Basic):
+    """max_j x_j per feature (0 without edges, as PyG)."""
+
     name = "max"
 
 
 class MinAggregation(_Basic):
+    """min_j x_j per feature (0 without edges, as PyG)."""
+
     name = "min"
 
 
 class MulAggregation(_Basic):
+    """prod_j x_j per feature (PyG's "mul")."""
+
     name = "mul"
 
 
