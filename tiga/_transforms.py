@@ -283,31 +283,40 @@ def vmap(fn: Callable, in_axes=0, out_axes=0):
         leaves, in_tree = tree_flatten(list(args))
         axes = _leaf_axes(in_axes, args)
         size = _batch_size(leaves, axes)
-        program, caps, out_tree = _per_instance(fn, leaves, in_tree, axes)
-        flags = [False] * len(caps) + [a is not None for a in axes]
-        bprog = batch_program(program, flags, size, [None] * len(caps) + axes,
-                              _out_axes(out_axes, program))
-        if current_builder() is None:
-            bprog = api._staged_passes(bprog)
-        outs = api.run_staged(bprog, list(caps) + leaves)
-        return tree_unflatten(out_tree, outs)
+        specs = tree_unflatten(in_tree, [x if k is None else _Instance(x, k)
+                                         for x, k in zip(leaves, axes)])
+
+        def derive(traced):
+            n_caps = len(traced.caps)
+            program = traced.program
+            bprog = batch_program(program, [False] * n_caps + [a is not None for a in axes],
+                                  size, [None] * n_caps + axes, _out_axes(out_axes, program))
+            return bprog, {}
+
+        # traced once per (fn, per-instance types, axes), as tg.grad's function is
+        what = ("vmap", tuple(axes), size, _axes_key(out_axes))
+        traced, bprog, memo = api._traced_for(fn, what, (), False, tuple(specs), derive)
+        if current_builder() is not None:
+            memo = None
+        outs = api.run_staged(bprog, list(traced.caps) + leaves, memo)
+        return traced.split(outs)[0]
 
     return batched
 
 
-def _per_instance(fn, leaves, in_tree, axes):
-    """fn traced on one instance (the mapped axes removed)."""
-    avals = []
-    for x, k in zip(leaves, axes):
+class _Instance:
+    """An argument leaf seen by one instance: its type without the mapped axis (what the
+    per-instance trace and its cache key read)."""
+
+    __slots__ = ("__tiga_type__",)
+
+    def __init__(self, x, axis: int):
         t = leaf_aval(x)
-        if k is not None:
-            t = TensorType(t.shape[:k] + t.shape[k + 1:], t.dtype)
-        avals.append(t)
+        self.__tiga_type__ = TensorType(t.shape[:axis] + t.shape[axis + 1:], t.dtype)
 
-    def flat(*xs):
-        return fn(*tree_unflatten(in_tree, list(xs)))
 
-    return trace_flat(flat, avals)
+def _axes_key(out_axes):
+    return tuple(out_axes) if isinstance(out_axes, (tuple, list)) else out_axes
 
 
 def _out_axes(out_axes, program) -> list:
