@@ -23,6 +23,7 @@ from .trace.tracer import NeedsTorchBridge, Tracer, current_builder, lifted
 from .xla_free_runtime.backends.triton import compile as triton_compile
 from .xla_free_runtime.backends.triton import launch as triton_launch
 from .xla_free_runtime.executor import (
+    call_task_ir,
     execute,
     explain_program,
     ir_module_name,
@@ -122,9 +123,9 @@ class Jitted:
         return tree_unflatten(out_tree, run_staged(program, [*caps, *leaves], memo))
 
     def lower(self, *args) -> Lowered:
-        program, out_tree, _, caps, _ = self._program(args)
+        program, out_tree, _, caps, leaves = self._program(args)
         return Lowered(program, out_tree, ir_module_name(getattr(self.fn, "__name__", "main")),
-                       caps)
+                       caps, leaves)
 
     def cache_info(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "entries": len(self._cache)}
@@ -136,16 +137,23 @@ class Lowered:
     runs it after the program passes of stage "execute" (`run_staged`), which `Compiled.explain()`
     describes: there, independent propagates over one radius/knn relation are one walk."""
 
-    def __init__(self, program, out_tree, name: str = "main", caps=()):
+    def __init__(self, program, out_tree, name: str = "main", caps=(), leaves=None):
         self.program = program
         self._out_tree = out_tree
         self.name = name
         self.caps = tuple(caps)     # lifted disk tensors: the program's first inputs
+        self._leaves = leaves       # the arguments it was lowered for (None: types only)
 
     def ir(self, stage: str = "program") -> str:
-        """"program" (the GraphProgram) or an IR level: "domain", "iter", "kernel", "task"."""
+        """"program" (the GraphProgram) or an IR level: "domain", "iter", "kernel", "task".
+        With the arguments it was lowered for, "task" is the Task module a call on them runs:
+        the program after the passes of stage "execute", bound to the call's relations."""
         if stage == "program":
             return str(self.program)
+        if stage == "task" and self._leaves is not None:
+            values = [leaf_value(a) for a in [*self.caps, *self._leaves]]
+            program = _executed_passes(self.program, opt.relation_kinds(self.program, values))
+            return call_task_ir(program, values, name=self.name)
         return ir_text(self.program, stage, name=self.name)
 
     def compile(self) -> Compiled:
@@ -612,11 +620,9 @@ def _ir_call(call, stage):
         return str(program)
     owner = getattr(call.edge_fn, "__self__", None)
     name = type(owner).__name__ if owner is not None else getattr(call.edge_fn, "__name__", "")
-    if stage == "task":     # over a stored relation: the page plan the call runs
-        from .xla_free_runtime.executor import paged_task_ir
-        text = paged_task_ir(program, args)
-        if text is not None:
-            return text
+    if stage == "task":     # the bound Task module (a stored relation's page plan) it runs
+        program, args = call_cache.staged_program(call, _staged_passes)
+        return call_task_ir(program, [leaf_value(a) for a in args], name=ir_module_name(name))
     return ir_text(program, stage, name=ir_module_name(name))
 
 

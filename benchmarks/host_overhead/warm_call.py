@@ -2,7 +2,9 @@
 
     python benchmarks/host_overhead/warm_call.py [--calls 20000]
 
-For cpu-llvm the compiled kernel's chunk runner is replaced by a no-op; for triton (its
+For cpu-llvm a backend whose launch does nothing is registered in place of cpu-llvm's (the
+backend table, tiga.xla_free_runtime.backends: every kernel is launched through it); for
+triton (its
 interpreter backend, so it runs on this machine) the launched kernel is a no-op callable.
 Everything else a warm call does runs as usual: call-cache lookup and guards, executor entry,
 Task-IR walk, route lookup, operand checks, output allocation, result wrapping. What is
@@ -23,7 +25,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import numpy as np  # noqa: E402
 
 import tiga as tg  # noqa: E402
-from tiga.xla_free_runtime.backends.cpu import propagate
+from tiga.xla_free_runtime import backends  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch  # noqa: E402
 
 
@@ -46,6 +48,17 @@ def _noop(*args, **meta) -> None:
 
 
 NOOP_KERNEL = _NoopKernel()   # (one object: building a class per launch timed the stub)
+
+
+class _NoopLaunch:
+    """cpu-llvm's backend with a launch that does nothing (render and compile delegate)."""
+
+    def __init__(self, inner):
+        self.inner, self.target = inner, inner.target
+        self.render, self.compile = inner.render, inner.compile
+
+    def launch(self, exe, op, args, stream=None) -> None:
+        return None
 
 
 def per_call_us(fn, calls: int, rounds: int = 5) -> tuple[float, float]:
@@ -77,11 +90,12 @@ def main(argv=None):
               edge={"w": rng.standard_normal((4 * n, 1)).astype(np.float32)})
     layer = WeightedSum()
     real = per_call_us(lambda: layer(**kw), args.calls // 4)
-    propagate.run_chunks, saved = (lambda *a, **k: None), propagate.run_chunks
+    saved = backends.BACKENDS["cpu-llvm"]
+    backends.register(_NoopLaunch(saved))
     try:
         stub = per_call_us(lambda: layer(**kw), args.calls)
     finally:
-        propagate.run_chunks = saved
+        backends.register(saved)
     print(f"cpu-llvm  warm call {_us(real)} with its kernel, {_us(stub)} with a stub "
           "kernel (host overhead)")
     try:

@@ -134,3 +134,26 @@ def test_source_grouped_plan_sends_ghost_cotangents_home():
         assert sorted(op.peer for op in back) == sorted(dg.plan.peers() * len(results))
         assert {op.peer: op.ghosts for op in back if op.ghosts} == \
             {q: b - a for q, a, b in dg.plan.recv}
+
+
+@pytest.mark.parametrize("reducer", ["sum", "max"])
+def test_every_halo_launch_runs_through_the_backend_table_and_is_printed(reducer):
+    """Issue 37: a recording backend in place of cpu-llvm sees every kernel this rank's halo
+    plan launches (interior and boundary), and each is a kernel of the Task IR ir("task")
+    prints for the call."""
+    from tiga.testing import printed_kernels, recording
+
+    g, d = _problem(n=60, seed=5)
+    dg = _dist(g, d, "rows")
+    layer = _layer(reducer)
+    args = (dg.local(d["x"]), dg.local(d["h"]), dg.local_edges(d["w"]))
+    with recording() as rec:
+        y = _call(layer, dg, *args)
+    np.testing.assert_allclose(dg.gather(np.asarray(y)),
+                               np.asarray(_call(layer, g, d["x"], d["h"], d["w"])),
+                               rtol=1e-12, atol=1e-12)
+    text = layer.ir("task", graph=dg, src={"x": args[0]}, dst={"h": args[1]},
+                    edge={"w": args[2]}, scale=1.5)
+    assert '"gf_task.launch"' in text and 'kind = "halo"' in text
+    assert rec.launched, "no kernel was launched through the backend table"
+    assert rec.names() <= printed_kernels(text), sorted(rec.names() - printed_kernels(text))

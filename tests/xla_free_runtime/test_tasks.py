@@ -196,7 +196,7 @@ def test_loop_bodies_are_walked_too():
     built = []
     real = tasks._build
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(tasks, "_build", lambda p, of: built.append(p) or real(p, of))
+        m.setattr(tasks, "_build", lambda p, of, b: built.append(p) or real(p, of, b))
         got = execute(program, [g, x])
     assert len(built) == 2 and all(
         isinstance(tasks.task_walk(p, executor.task_module), tasks.TaskWalk)
@@ -212,7 +212,7 @@ def test_a_program_the_ir_does_not_express_runs_under_eval_program(monkeypatch):
     def refuse(*a, **k):
         raise UnsupportedError("no stage for this")
 
-    monkeypatch.setattr(executor, "lower", refuse)   # (the executor lowers)
+    monkeypatch.setattr(executor.pipeline, "lower_call", refuse)   # (the executor lowers)
     walk = tasks.task_walk(program, executor.task_module)
     assert isinstance(walk, tasks.NoWalk) and "no stage for this" in walk.reason
     np.testing.assert_allclose(execute(program, [g, x, np.float32(1.5)])[0],
@@ -244,7 +244,8 @@ def f(g, x):
     return tg.propagate(g, lambda s, d, e: s.h, tg.max(), src={"h": h * 2.0})
 jf = tg.jit(f)
 jf(g, x)
-walked = [str(w.module) for _, w in tasks._WALKS.values() if isinstance(w, tasks.TaskWalk)]
+walked = [str(w.module) for _, per in tasks._WALKS.values() for w in per.values()
+          if isinstance(w, tasks.TaskWalk)]
 json.dump(walked, open(sys.argv[1], "w"))
 """
 

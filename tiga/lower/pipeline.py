@@ -11,6 +11,7 @@ from contextvars import ContextVar
 
 from ..core.errors import TigaError, UnsupportedError
 from . import ir
+from .binding import bind_program, bind_tasks, page_program, paged_propagates
 from .passes import (
     lower_domain_to_iter,
     lower_iter_to_kernel,
@@ -35,12 +36,17 @@ def _check_stage(stage: str) -> None:
 
 
 def lower(program, until: str = "task", *, name: str = "main",
-          target: str = "cpu-llvm", dump: tuple | None = None) -> ir.Module:
+          target: str = "cpu-llvm", dump: tuple | None = None,
+          binding: tuple | None = None) -> ir.Module:
     """Run the stages up to `until`. `program` is a GraphProgram/ClosedProgram, or a module
     of an earlier level (its later stages run). `target` is the backend the Kernel stage
     schedules for (ir/kernel.TARGET_KEYS). `dump`: the stages TIGA_DUMP may write from this
-    lowering (None: all), so that a caller dumps only the IR that runs."""
+    lowering (None: all), so that a caller dumps only the IR that runs. `binding`: the call's
+    binding (binding.RelationBinding per propagate, in program order): the stages lower the
+    walks it binds, and the Task module lists the fixed kernels each task runs."""
     _check_stage(until)
+    if binding:
+        program = bind_program(program, binding)
     module = program
     start = 0
     if isinstance(program, ir.Module):
@@ -56,11 +62,24 @@ def lower(program, until: str = "task", *, name: str = "main",
                 module = step(module, target=target)
             else:
                 module = step(module)
+        if stage == "task" and binding:
+            module = bind_tasks(module, binding)
         if dump is None or stage in dump:
             _dump(stage, module)
         if stage == until:
             break
     return module
+
+
+def lower_call(program, *, name: str = "main", binding: tuple = (),
+               page_name: str = "paged") -> tuple:
+    """What a call signature lowers, in one go: (the Task module of `program` bound by
+    `binding`, {k: the one-page Task module of the k-th propagate} for every propagate the
+    binding runs by pages, the module its page plans unroll)."""
+    module = lower(program, until="task", name=name, binding=binding)
+    pages = {k: lower(page_program(e, b), until="task", name=page_name)
+             for k, e, b in paged_propagates(program, binding)}
+    return module, pages
 
 
 def lower_launch(eqn, relation_type=None, *, name: str = "propagate",

@@ -33,7 +33,7 @@ from .paging import run as paging
 from .threads import num_threads
 
 
-def _paged(eqn, graph, compile: bool, lower):
+def _paged(eqn, graph, compile: bool, lower, held=None):
     return paging.plan_paged(eqn, graph, lower)   # (reads rows per page; nothing compiles ahead)
 
 
@@ -47,7 +47,7 @@ def plan_cpu(eqn, graph, *, lower, compile: bool = True, held=None):
     generic fused kernel (an Executable, its key when compile=False, or a Fallback)."""
     if graph is not None and CPU_LLVM_AVAILABLE:
         for planner in PLANNERS:
-            found = planner(eqn, graph, compile, lower)
+            found = planner(eqn, graph, compile, lower, held)
             if found is not None:
                 return found
     return plan_propagate(eqn, graph, compile=compile, held=held, lower=lower)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -31,9 +31,10 @@ from ..core.graph import Graph
 from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.prims.linalg import dot_general_p
-from ..core.program import Eqn, GraphProgram, Lit, Var
+from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower import pipeline
+from ..lower.binding import page_program
 from ..lower.backends import selected_backend
 from .backend_table import plan
 from .backends.cpu.generated import fused_degrees, generated_relations
@@ -42,18 +43,21 @@ from .backends.cpu.prepared import prepare
 from .backends.cpu.propagate import Fallback, equation_text, run_propagate
 from .backends.triton.linear import dot_rule
 from .backends.triton.prepared import prepare as prepare_triton
+from .binding import call_binding
 from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
 from .interpreter import (
     NoWalk,
     TaskWalk,
+    lifted,
     module_name,
     prepare_walk,
     run_walk,
     task_walk,
 )
 from .paging.degrees import paged_degrees
+from .paging.pages import walked_eqn
 from .paging.resident import plan_resident
 from .paging.run import task_ir
 from .routes import describe_program
@@ -61,9 +65,9 @@ from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
 
 # what the runtime asks of lower/pipeline, from here only (api.py prints IR through ir_text
-# and ir_module_name)
+# and ir_module_name); lowering itself is asked as `pipeline.<function>` at the call, so a
+# test counting the calls into the pipeline sees every one
 ir_text, ir_module_name, quiet_dumps = pipeline.ir_text, pipeline.module_name, pipeline.quiet_dumps
-lower, lower_launch = pipeline.lower, pipeline.lower_launch
 
 GENERATED = ("radius", "knn")
 NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled yet)"
@@ -71,30 +75,18 @@ NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled ye
 
 # ---- lowering: the runtime asks lower/pipeline here only -----------------------------------
 
-def task_module(program: GraphProgram, name: str):
-    """The Task module of `program` (the interpreter's lifted program) through every stage;
-    raises what the pipeline raises (the interpreter records it as a NoWalk). Its Kernel IR is
-    dumped here when its launches are the kernels that run: the generic propagate kernel
-    renders the op the Task module holds; a specialised walk (paged, radius/knn, attention)
-    runs the kernel `kernel_op` lowers for the relation it binds, and that is dumped there."""
-    dump = ("domain", "iter", "kernel", "task") if _generic(program) else \
-        ("domain", "iter", "task")
-    return lower(program, until="task", name=name, dump=dump)
-
-
-SPECIALISED_KINDS = ("radius", "knn", "paged")
-
-
-def _generic(program: GraphProgram) -> bool:
-    """Every propagate of `program` runs the generic fused kernel (no specialised walk)."""
-    from ..lower.attention_walk import claim_attention
-    for e in program.eqns:
-        if e.primitive is propagate_p:
-            kind = e.inputs[0].type.kind
-            if kind in SPECIALISED_KINDS or claim_attention(
-                    kind, e.params, [a.type for a in e.inputs[1:]]) is not None:
-                return False
-    return True
+def task_module(program: GraphProgram, name: str, binding: tuple = (), source=None):
+    """The Task module of `program` (the interpreter's lifted program of `source`) through
+    every stage, bound by the call's `binding` (binding.call_binding): its launches hold the
+    Kernel ops that run, so every stage is dumped from here. The one-page modules of the
+    propagates it runs by pages come from the same lowering (page_module finds them). Raises
+    what the pipeline raises (the interpreter records it as a NoWalk)."""
+    module, pages = pipeline.lower_call(program, name=name, binding=binding)
+    if pages:
+        eqns = [e for e in (source or program).eqns if e.primitive is propagate_p]
+        for k, page in pages.items():
+            _PAGE_MODULES[walked_eqn(eqns[k])] = page
+    return module
 
 
 def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | None = None):
@@ -112,7 +104,7 @@ def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | 
             digest = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
             name = f"propagate_{digest[:16]}"
         try:
-            found = lower_launch(eqn, gtype, name=name, target=target)
+            found = pipeline.lower_launch(eqn, gtype, name=name, target=target)
         except TigaError as exc:
             found = exc
         _KERNEL_OPS.setdefault(eqn, {})[at] = found
@@ -126,12 +118,7 @@ def page_module(eqn, name: str = "paged"):
     launches of a distributed run execute (their plans unroll it), memoised per equation."""
     found = _PAGE_MODULES.get(eqn)
     if found is None:
-        binders = [Var(a.type) for a in eqn.inputs]
-        binders[0] = Var(replace(eqn.inputs[0].type, kind="csr"))
-        outs = [Var(v.type) for v in eqn.outputs]
-        program = GraphProgram(binders, [Eqn(eqn.primitive, tuple(binders), eqn.params,
-                                             tuple(outs))], outs)
-        found = _PAGE_MODULES[eqn] = lower(program, until="task", name=name)
+        found = _PAGE_MODULES[eqn] = pipeline.lower(page_program(eqn), until="task", name=name)
     return found
 
 
@@ -161,8 +148,9 @@ def _graph_of(eqn, env_or_args):
     return env_or_args.get(id(src))
 
 
-def plan_routes(program: GraphProgram, args: list) -> dict:
-    """{id(eqn): Executable | Fallback} for every top-level propagate."""
+def plan_routes(program: GraphProgram, args: list, launches: dict | None = None) -> dict:
+    """{id(eqn): Executable | Fallback} for every top-level propagate (`launches`: the Kernel
+    op the call's bound Task module holds per equation)."""
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
     # radius/knn generated inside the program: planned from their static parameters (the
     # fused kernel depends on them only), so strict mode sees the route that will run
@@ -170,7 +158,8 @@ def plan_routes(program: GraphProgram, args: list) -> dict:
     routes = {}
     for eqn in program.eqns:
         if eqn.primitive is propagate_p:
-            routes[id(eqn)] = plan(eqn, _graph_of(eqn, known), lower=LOWERING)
+            routes[id(eqn)] = plan(eqn, _graph_of(eqn, known), lower=LOWERING,
+                                   held=(launches or {}).get(id(eqn)))
     return routes
 
 
@@ -217,14 +206,15 @@ def _run(program: GraphProgram, args: list) -> list:
     """The program's Task IR interpreted with this runtime's rules for compiled propagates
     and loops (eval_program with the same rules when the IR does not express it)."""
     overrides = OVERRIDES
-    walk = task_walk(program, task_module)
+    walk = task_walk(program, partial(task_module, source=program), _binding(program, args))
     generates = walk.generates if isinstance(walk, TaskWalk) else \
         bool(generated_relations(program))
     if config.strict or generates:
         # planned before anything runs: strict mode refuses a fallback up front, and a
         # relation generated in the program takes the route planned from its parameters
         # (its fused walk), not one chosen after a propagate materialised its CSR
-        routes = plan_routes(program, args)
+        routes = plan_routes(program, args,
+                             walk.launches if isinstance(walk, TaskWalk) else None)
         _strict_check(routes)
         overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes, {})}
     if isinstance(walk, NoWalk):
@@ -238,6 +228,11 @@ def _run(program: GraphProgram, args: list) -> list:
         rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
         overrides = {**overrides, propagate_p: rule}
     return run_walk(walk, program, args, overrides)
+
+
+def _binding(program: GraphProgram, args: list) -> tuple:
+    """The call's binding on cpu-llvm (a Triton backend plans its own kernels)."""
+    return call_binding(program, args) if selected_backend() in ("auto", "cpu-llvm") else ()
 
 
 def run_prepared(program: GraphProgram, args: list, *, host_args: bool = False) -> list | None:
@@ -419,8 +414,25 @@ def paged_task_ir(program: GraphProgram, args: list) -> str | None:
     return task_ir(program, args, LOWERING)
 
 
+def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
+    """What `ir("task")` prints for a call of `program` on `args`: the page plan of one paged
+    propagate, else the program's Task module bound to the call's relations (the module the
+    interpreter walks: launches hold the Kernel ops that run, tasks name the fixed kernels
+    beside them). Nothing runs."""
+    if distributed_call(program, args):
+        from .distributed.report import distributed_task_ir
+        return distributed_task_ir(program, args, LOWERING)
+    text = task_ir(program, args, LOWERING)
+    if text is not None:
+        return text
+    # (TIGA_DUMP writes the stages of what is printed, as for any ir() of a program)
+    return str(pipeline.lower(lifted(program), until="task", name=name,
+                              binding=_binding(program, args)))
+
+
 __all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select_route",
            "plan_routes", "NUMPY_NOTE",
            "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir",
+           "call_task_ir",
            "ir_text", "ir_module_name"]
 

@@ -64,22 +64,28 @@ class NoWalk:
     reason: str
 
 
-def task_walk(program: GraphProgram, module_of) -> TaskWalk | NoWalk:
-    """The walk of `program`, built once per program object (programs come from the call
-    cache, so a warm call finds its walk here); `module_of(program, name)`: the Task module
-    of a program, the executor's lowering, asked only when the walk is built."""
+def task_walk(program: GraphProgram, module_of, binding: tuple = ()) -> TaskWalk | NoWalk:
+    """The walk of `program` under the call's `binding` (binding.call_binding), built once
+    per program object and binding (programs come from the call cache, so a warm call finds
+    its walk here); `module_of(program, name, binding)`: the bound Task module of a program,
+    the executor's lowering, asked only when the walk is built."""
     entry = _WALKS.get(id(program))
     if entry is not None and entry[0]() is program:
-        return entry[1]
-    found = _build(program, module_of)
-    key = id(program)
-    # (keyed by identity: equal programs hold different Vars, and the steps hold this one's)
-    _WALKS[key] = (weakref.ref(program, lambda _, key=key: _WALKS.pop(key, None)), found)
+        found = entry[1].get(binding)
+        if found is not None:
+            return found
+    else:
+        key = id(program)
+        # (keyed by identity: equal programs hold different Vars, and the steps hold this
+        # one's)
+        entry = _WALKS[key] = (weakref.ref(program, lambda _, key=key: _WALKS.pop(key, None)),
+                               {})
+    found = entry[1][binding] = _build(program, module_of, binding)
     return found
 
 
-# id(program) -> (weak program, its TaskWalk or NoWalk): derived from the program's structure
-# alone (no value of any call), dropped with the program
+# id(program) -> (weak program, {binding: its TaskWalk or NoWalk}): derived from the
+# program's structure and the call's binding (no value of any call), dropped with the program
 _WALKS: dict = {}
 
 
@@ -87,10 +93,10 @@ def module_name(program: GraphProgram) -> str:
     return "program_" + hashlib.sha256(str(program).encode()).hexdigest()[:16]
 
 
-def _build(program: GraphProgram, module_of) -> TaskWalk | NoWalk:
+def _build(program: GraphProgram, module_of, binding: tuple) -> TaskWalk | NoWalk:
     threads = num_threads()      # (what the schedule pass reads: read before it runs)
     try:
-        module = module_of(_lifted(program), module_name(program))
+        module = module_of(lifted(program), module_name(program), binding)
     except TigaError as exc:
         return NoWalk(f"the IR stages do not express this program ({exc})")
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
@@ -117,7 +123,7 @@ def _build(program: GraphProgram, module_of) -> TaskWalk | NoWalk:
 LIFT_ELEMENTS = 64
 
 
-def _lifted(program: GraphProgram) -> GraphProgram:
+def lifted(program: GraphProgram) -> GraphProgram:
     """`program` with its large array literals as extra trailing binders, equations in the
     same order (what the walk's Task IR is lowered from)."""
     lifted: dict = {}
@@ -168,14 +174,39 @@ def _pair(module: TaskModule, program: GraphProgram) -> tuple:
                                        f"{None if eqn is None else eqn.primitive.name}")
             var.update((v.name, o) for v, o in zip(values, eqn.outputs))
             steps.append((RUN, eqn))
-            held = [k for k in getattr(op, "body", None).ops if isinstance(k, LaunchOp)] \
-                if isinstance(op, TaskLaunchOp) else []
-            if len(held) == 1:
-                launches[id(eqn)] = held[0]
+            held = held_kernel(op) if isinstance(op, TaskLaunchOp) else None
+            if held is not None:
+                launches[id(eqn)] = held
     if next(eqns, None) is not None:
         raise CompilationError("task walk: the Task IR has fewer ops than the program has "
                                "equations")
-    return tuple(steps), launches
+    return _relations_after_readers(steps), launches
+
+
+def _relations_after_readers(steps: list) -> tuple:
+    """`steps` with each relation's release after its last reader in the program: a bound
+    module's propagates may read a relation through a binder of their bound type, so the
+    module releases the relation itself after its other readers only."""
+    last = {}
+    for i, (code, x) in enumerate(steps):
+        if code is RUN:
+            for a in x.inputs:
+                if isinstance(a.type, GraphType):
+                    last[id(a)] = i
+    out = list(steps)
+    for code, x in steps:
+        if code is RELEASE and isinstance(x.type, GraphType):
+            at = out.index((code, x))
+            if last.get(id(x), -1) > at:
+                del out[at]
+                out.insert(out.index(steps[last[id(x)]]) + 1, (code, x))
+    return tuple(out)
+
+
+def held_kernel(op):
+    """The gf_kernel.launch a gf_task.launch holds (its one kernel), or None."""
+    held = [k for k in op.body.ops if isinstance(k, LaunchOp)]
+    return held[0] if len(held) == 1 else None
 
 
 def _has_dim(param) -> bool:
@@ -329,5 +360,5 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
     return text + f", {count[RELEASE]} release(s), then a join"
 
 
-__all__ = ["interpret", "op_steps", "task_walk", "run_walk", "describe_walk", "TaskWalk",
+__all__ = ["lifted", "held_kernel", "interpret", "op_steps", "task_walk", "run_walk", "describe_walk", "TaskWalk",
            "NoWalk", "PreparedWalk", "prepare_walk", "warm_steps"]

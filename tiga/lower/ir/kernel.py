@@ -207,11 +207,17 @@ class LaunchOp(ComputationOp):
     @cached_property
     def name(self) -> str:
         """`k` + a digest of the printed op with the pool size printed as 0 (the pool splits
-        rows at launch, never changes the code): equal ops share a name, so the name of a
-        kernel that ran finds its op in a printed Task module."""
+        rows at launch, never changes the code) and without the names of its operands and
+        results (the module's, not the kernel's: a page's module and the program's name them
+        differently): equal kernels share a name, so the name of a kernel that ran finds its
+        op in a printed Task module."""
         plain = self.schedule is None or self.schedule.threads is None
         op = self if plain else replace(self, schedule=replace(self.schedule, threads=0))
-        return "k" + hashlib.sha256(print_op(op).encode()).hexdigest()[:16]
+        # (the first line is `%results = "gf_kernel.launch"(%operands) ({`; the region is
+        # isolated from above, so no other line names them)
+        body = print_op(op).split("\n", 1)[1]
+        head = f"{len(self.results)} = {self.op_name}({len(self.operands)})\n"
+        return "k" + hashlib.sha256((head + body).encode()).hexdigest()[:16]
 
     def own_attrs(self) -> list:
         out = [("coordinate_hierarchy", self.coordinate_hierarchy),

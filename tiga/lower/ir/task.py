@@ -241,6 +241,10 @@ class TaskLaunchOp:
     halo_ghosts: tuple = ()
     reads: tuple = ()
     writes: tuple = ()
+    # the kernels the task runs beside its region's launches, by name: those no propagate
+    # lowers to (a generated relation's cell directory build, a page's gather), bound to the
+    # call's relations (printed only when there are some)
+    kernels: tuple = ()
     op_name: ClassVar[str] = "gf_task.launch"
     terminator: ClassVar[str] = "gf_task.yield"
 
@@ -254,6 +258,8 @@ class TaskLaunchOp:
 
     def to_generic(self) -> GenericOp:
         attrs = tuple((k, getattr(self, k)) for k in TASK_ATTRS)
+        if self.kernels:
+            attrs += (("kernels", self.kernels),)
         return GenericOp(self.op_name, self.results, self.operands, (self.body,), attrs)
 
     @classmethod
@@ -262,16 +268,17 @@ class TaskLaunchOp:
             raise CompilationError(f"{g.name}: needs exactly one region")
         r = AttrReader(g.name, g.attrs)
         own = [r.take(k) for k in TASK_ATTRS]
+        kernels = r.take("kernels", ())
         r.done()
         deps, inputs = _split_events(g.operands)
-        return cls(g.results, deps, inputs, g.regions[0], *own)
+        return cls(g.results, deps, inputs, g.regions[0], *own, kernels=kernels)
 
     def verify(self, where: str, level: str) -> None:
         _check_events(self.deps, "task dependency", where)
         if any(v.type == EVENT for v in self.inputs):
             raise CompilationError(f"{where}: event operands must come before the values")
         self._verify_placement(where)
-        for key in ("reads", "writes"):
+        for key in ("reads", "writes", "kernels"):
             v = getattr(self, key)
             if not isinstance(v, tuple) or not all(isinstance(s, str) for s in v):
                 raise CompilationError(f"{where}: {key} must be a list of strings")

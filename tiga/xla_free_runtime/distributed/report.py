@@ -75,4 +75,22 @@ def explain_distributed(program, args: list, cache, lower) -> Explanation:
     return ex
 
 
-__all__ = ["explain_distributed"]
+def distributed_task_ir(program, args: list, lower) -> str:
+    """What ir("task") prints for a call over DistributedGraph(s): the halo plan of each
+    propagate over one, on this rank (the modules its halo handlers walk), in program
+    order."""
+    from .plan import halo_plan
+
+    known = {id(v): a for v, a in zip(program.in_binders, args)}
+    texts = []
+    for e in program.eqns:
+        if e.primitive is not propagate_p:
+            continue
+        rel = e.inputs[0]
+        dg = known.get(id(rel), getattr(rel, "value", None))
+        if is_distributed(dg):
+            texts.append(str(halo_plan(e, dg, lower)[0]))
+    return "".join(texts)
+
+
+__all__ = ["explain_distributed", "distributed_task_ir"]

@@ -29,7 +29,7 @@ from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...core.types import GraphType
 from ..backend_table import plan_cpu as plan_propagate  # (the cpu-llvm route table)
 from ..backends.cpu.propagate import Fallback, run_propagate
-from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret
+from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, held_kernel, interpret
 from ..run_report import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
@@ -198,16 +198,17 @@ def _refuse(eqn, vals: list):
     return None
 
 
-def launch(eqn, graph, values: list, lower, outs: list | None = None) -> list:
-    """The equation on one (local, concrete) relation: the compiled kernel, else the
-    reference interpreter (strict mode refuses that). The kernel writes into `outs` (row
-    ranges of the whole result) when given and they fit; the caller copies otherwise."""
+def launch(eqn, graph, values: list, lower, outs: list | None = None, held=None) -> list:
+    """The equation on one (local, concrete) relation: the compiled kernel (`held`: the
+    Kernel op the plan's launch op holds), else the reference interpreter (strict mode
+    refuses that). The kernel writes into `outs` (row ranges of the whole result) when given
+    and they fit; the caller copies otherwise."""
     if graph.num_dst == 0 and eqn.params["reduce_by"] in ("dst", "edge") or \
             graph.num_src == 0 and eqn.params["reduce_by"] == "src":
         lead = 0
         return [np.zeros((lead,) + tuple(v.type.shape[1:]), v.type.dtype.np)
                 for v in eqn.outputs]
-    route = plan_propagate(eqn, graph, lower=lower)
+    route = plan_propagate(eqn, graph, lower=lower, held=held)
     if isinstance(route, Fallback):
         if config.strict:
             raise UnsupportedError(f"strict mode: a distributed propagate would fall back to "
@@ -341,7 +342,7 @@ class _HaloHandlers:
         else:
             graph, fields, into = self.dg.full, self._sources(True), None
         t0 = time.perf_counter()
-        got = launch(self.eqn, graph, fields, self.lower, into)
+        got = launch(self.eqn, graph, fields, self.lower, into, held_kernel(op))
         self.seconds["boundary" if op.task_kind == "boundary" else "interior"] += \
             time.perf_counter() - t0
         for j, (v, g) in enumerate(zip(op.results[:-1], got)):

@@ -26,11 +26,12 @@ from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...core.types import TensorType
 from ..backends.cpu.propagate import Fallback, plan_propagate, run_propagate
-from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, interpret, op_steps
+from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, held_kernel, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers import DiskStorage, HostStorage, chunk_checks
 from ..progress import progress_bar
+from ..relation_cache import memo
 from . import mapped as paging_mapped
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack
@@ -108,7 +109,7 @@ class PagedRun:
         self.outs = None                     # [(result tensor, its storage)] (execute)
         self.kernel_threads = None
         key = (str(walk.reader.vdir), walk.rows, sc.page_rows())
-        self.windows = graph.params.setdefault("page_windows", {}).setdefault(key, {})
+        self.windows = memo(graph).setdefault("page_windows", {}).setdefault(key, {})
         self.stats = PageStats(pages=len(tasks), page_rows=sc.page_rows(),
                                route=triton.backend if triton is not None else "cpu-llvm")
         self.stop = threading.Event()
@@ -455,7 +456,7 @@ class PagedRun:
         if self.triton is not None:
             res = self.triton.compute(op, self, page, vals)
         else:
-            route = plan_propagate(eqn, page.graph, lower=self.lower)
+            route = plan_propagate(eqn, page.graph, lower=self.lower, held=held_kernel(op))
             res = impl_rules[propagate_p](page.graph, *vals, **eqn.params) \
                 if isinstance(route, Fallback) else \
                 run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads)

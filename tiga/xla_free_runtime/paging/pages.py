@@ -134,10 +134,19 @@ def walk_of(eqn, graph, build: bool = True, reader=None):
         reader = store_transpose.build(reader)
         graph.params.update(reader=reader, version=reader.version)
     t = reader.transposed
+    return Walk(t, "src", "dst", walked_eqn(eqn), getattr(t, "edge_perm", None), graph.num_src)
+
+
+def walked_eqn(eqn):
+    """The equation a page walk runs: `eqn`, or a source-grouped one as the destination-
+    grouped equation over the transposed relation (one object per equation: its one-page
+    Task module is looked up by it)."""
+    if eqn.params["reduce_by"] != "src":
+        return eqn
     swapped = _SWAPPED.get(eqn)
     if swapped is None:
         swapped = _SWAPPED[eqn] = _swapped(eqn)
-    return Walk(t, "src", "dst", swapped, getattr(t, "edge_perm", None), graph.num_src)
+    return swapped
 
 
 def _swapped(eqn):

@@ -14,9 +14,12 @@ written from the device; the kernel region carries the Triton schedule that was 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...lower.ir.kernel import LaunchOp
 from ...lower.ir.task import ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
 from ...lower.passes.plan_paged_tasks import plan_paged_tasks
+from .gather import kernel_name as gather_kernel
 
 
 def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
@@ -31,12 +34,27 @@ def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
     module, memoised there); `device` the tier the kernel reads its page buffers from (None:
     the host), `schedule` the kernel schedule of the backend the pages run on (None: the
     one-page module's, cpu-llvm)."""
-    return plan_paged_tasks(
+    module = plan_paged_tasks(
         lower.page(walk.eqn, name), [(t.index, t.rows, t.edges) for t in tasks], roles,
         tuple(tiers), walked=walk.rows, edges_in_order=walk.edge_perm is None,
         reduce_by=walk.eqn.params["reduce_by"], result_tier=result_tier,
         relation_tier=relation_tier, name=name, threads=threads, loaders=loaders,
         lookahead=lookahead, device=device, schedule=schedule)
+    bits = 8 * walk.eqn.inputs[0].type.index_dtype.np.itemsize
+    return _with_gathers(module, gather_kernel(bits))
+
+
+def _with_gathers(module: TaskModule, kernel: str) -> TaskModule:
+    """The plan with each page task naming the gather kernel its page's gathers run (the
+    distinct-row remap of its column ids, paging/gather.py), where the page gathers."""
+    gathered = {op.page for op in module.body.ops
+                if isinstance(op, TransferOp) and op.kind == "gather"}
+    if not gathered:
+        return module
+    ops = tuple(replace(op, kernels=(kernel,))
+                if isinstance(op, TaskLaunchOp) and op.page in gathered else op
+                for op in module.body.ops)
+    return replace(module, body=replace(module.body, ops=ops))
 
 
 def page_ops(module: TaskModule) -> tuple:

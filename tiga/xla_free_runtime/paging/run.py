@@ -33,6 +33,7 @@ from ..backends.cpu.propagate import Fallback, plan_propagate, run_propagate
 from ..backends.triton.compile import tensors
 from ..explain import launch_facts, schedule_line
 from ..memory import scope as sc
+from ..relation_cache import memo
 from ..run_report import NOT_RUN, measured, record
 from . import plan as paging_plan
 from .describe import describe_stats, page_kernel
@@ -93,9 +94,9 @@ class PagedPlan:
         _check_lengths(eqn, graph, values)
         rows = sc.page_rows()
         key = (str(walk.reader.vdir), walk.rows, rows)     # the stored relation is immutable
-        tasks = graph.params.setdefault("page_tasks", {}).get(key)
+        tasks = memo(graph).setdefault("page_tasks", {}).get(key)
         if tasks is None:
-            tasks = graph.params["page_tasks"][key] = page_tasks(
+            tasks = memo(graph)["page_tasks"][key] = page_tasks(
                 walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
         triton = self.triton_pages(walk, graph)
         if config.strict:

@@ -69,14 +69,19 @@ def row_ranges(graph) -> tuple:
     return found
 
 
-def plan_attention(eqn, graph, compile: bool, lower):
+def plan_attention(eqn, graph, compile: bool, lower, held=None):
     """The tiled attention route (a backend_table.PLANNERS entry), or None: not attention;
-    `lower`: the executor's Lowering, asked for the launch the plan keeps."""
+    `held`: the launch the call's bound Task module holds for it (else asked of `lower`, the
+    executor's Lowering: explain() before a call)."""
     # the Iter stage's predicate (lower/attention_walk.py): what it claims lowers to an
     # attention-tiles launch (attention_launch), and that is what runs here
     found = claim_attention(getattr(graph, "kind", None), eqn.params,
                             [a.type for a in eqn.inputs[1:]])
-    return None if found is None else AttentionPlan(*found, attention_launch(eqn, lower))
+    if found is None:
+        return None
+    if held is not None and held.coordinate_hierarchy == "attention-tiles":
+        return AttentionPlan(*found, held)
+    return AttentionPlan(*found, attention_launch(eqn, lower))
 
 
 # The scheduled `gf_kernel.launch` of each claimed equation (TIGA_DUMP writes it when it is

@@ -51,6 +51,8 @@ from ....trace import math as tm
 from ....trace.message_passing import propagate
 from ...cache import CACHE, full_key, llvm_key
 from ...explain import launch_facts, schedule_line
+from ....lower.binding import RelationBinding, swapped_params
+from ...relation_cache import memo
 from ...threads import num_threads, row_chunks
 from .. import FixedKernel, KernelArgs, launch
 from .propagate import Fallback, _address, _check_field, _np_dtype, kernel_text
@@ -96,12 +98,16 @@ def _gtype(graph):
     return graph.type if isinstance(graph, GeneratedType) else graph.type()
 
 
-def _launch(eqn, graph, swap: bool, lower):
+def _launch(eqn, graph, swap: bool, lower, held=None):
     """The scheduled `gf_kernel.launch` of the walk this planner runs (a source-grouped
     propagate over a symmetric relation is lowered as the destination-grouped one with the
-    roles swapped, which is what runs), or None when the IR does not express it; `lower`:
-    the executor's Lowering."""
+    roles swapped, which is what runs), or None when the IR does not express it: `held`, the
+    op the call's bound Task module holds for it, else asked of `lower`, the executor's
+    Lowering (explain() before a call)."""
     gtype = eqn.inputs[0].type      # (its sizes are the ones the field types use)
+    if (held is not None and held.comp.relation.type.kind == gtype.kind
+            and held.ordering != "source-major"):
+        return held
     per_eqn = _KEYS.get(eqn)
     if per_eqn is None:
         per_eqn = _KEYS.setdefault(eqn, {})
@@ -136,12 +142,7 @@ def symmetric(graph) -> bool:
     return graph.kind == "radius" and p["query"] is None and not p["max_neighbors"]
 
 
-def swapped(params: dict) -> dict:
-    """A reduce_by='src' propagate over a symmetric relation as a destination-grouped one
-    with the roles exchanged: rows are the sources, their neighbours the destinations. The
-    edge function takes its operands by position, so only the labels change."""
-    flip = {"src": "dst", "dst": "src"}
-    return dict(params, roles=tuple(flip.get(r, r) for r in params["roles"]), reduce_by="dst")
+swapped = swapped_params     # (the binding's rewrite: what the swapped walk runs)
 
 
 class GeneratedType:
@@ -204,7 +205,32 @@ def resolved(graph) -> bool:
     return not isinstance(graph, GeneratedType) and getattr(graph, "_csr", None) is not None
 
 
-def plan_generated(eqn, graph, compile: bool, lower):
+def generated_binding(eqn, graph):
+    """How a propagate over this radius/knn relation is bound: its cell walk (by source over a
+    symmetric relation, the destination-grouped walk with the roles swapped) and the
+    directory builds it runs, or None where it walks the materialised CSR (plan_generated
+    declines it: resolved already, kNN or truncated radius by source, edge fields)."""
+    if not CPU_LLVM_AVAILABLE or resolved(graph):
+        return None
+    p = eqn.params
+    swap = p["reduce_by"] == "src" and symmetric(graph)
+    if (p["reduce_by"] != "dst" and not swap) or "edge" in p["roles"]:
+        return None
+    return RelationBinding(eqn.inputs[0].type, swapped=swap, kernels=directory_kernels(graph))
+
+
+def directory_kernels(graph) -> tuple:
+    """The fixed kernels a walk of this relation runs: the cell directory build (points
+    sorted by cell) where it walks cells (not a plain or tiled scan)."""
+    p = graph.params
+    d = int(p["dims"])
+    scan = d > geo.FAST_DIMS or (graph.kind == "radius" and p.get("cutoff") == float("inf"))
+    if scan or hierarchy_for(_gtype(graph)) == KNN_TILED:
+        return ()
+    return (directory_kernel(d, np.dtype(p["positions"].dtype).name),)
+
+
+def plan_generated(eqn, graph, compile: bool, lower, held=None):
     if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if resolved(graph):
@@ -214,7 +240,7 @@ def plan_generated(eqn, graph, compile: bool, lower):
     if (p["reduce_by"] != "dst" and not swap) or "edge" in p["roles"]:
         _materialise(graph)     # kNN / truncated radius / query: transposed where needed
         return None
-    launch = _launch(eqn, graph, swap, lower)
+    launch = _launch(eqn, graph, swap, lower, held)
     if launch is None:
         _materialise(graph)     # no launch to render: the stored-CSR kernel's route
         return None
@@ -242,7 +268,7 @@ def plan_generated(eqn, graph, compile: bool, lower):
 
 def directory_arrays(graph, spec: GeoSpec, tiles: dict) -> dict:
     """The per-call walk arrays (cached on the relation: its coordinates are frozen)."""
-    cached = graph.params.get("_directory")
+    cached = memo(graph).get("directory")
     if cached is not None and cached[0] == (spec, tuple(tiles.items())):
         return cached[1]
     p = graph.params
@@ -253,7 +279,7 @@ def directory_arrays(graph, spec: GeoSpec, tiles: dict) -> dict:
     sq = geo.squared_cutoff(cutoff, pos.dtype) if spec.kind == "radius" else 0.0
     if spec.mode == "tiled":
         arrays = knn_tiled.tiled_arrays(pos, q, spec, tiles)
-        p["_directory"] = ((spec, tuple(tiles.items())), arrays)
+        memo(graph)["directory"] = ((spec, tuple(tiles.items())), arrays)
         return arrays
     if spec.mode == "scan" or n == 0:
         width, reach, lo = 1.0, 1, np.zeros(d)
@@ -289,7 +315,7 @@ def directory_arrays(graph, spec: GeoSpec, tiles: dict) -> dict:
         "sorted_pos": cells["sorted_pos"], "row_order": row_order,
         "qpos": np.ascontiguousarray(q),
     }
-    p["_directory"] = ((spec, tuple(tiles.items())), arrays)
+    memo(graph)["directory"] = ((spec, tuple(tiles.items())), arrays)
     return arrays
 
 
@@ -521,7 +547,7 @@ def fused_degrees(graph, by: str, lower) -> np.ndarray | None:
         return np.full(n, int(graph.params["k"]), np.int64)
     # the relation's coordinates are frozen (like its directory): count once per relation;
     # a forward and its VJP (and every step on the same positions) ask for the same counts
-    cached = graph.params.get("_degrees")
+    cached = memo(graph).get("degrees")
     if cached is not None:
         return cached.copy()
     if resolved(graph):   # symmetric when by='src': out-degrees are the in-degrees
@@ -533,7 +559,7 @@ def fused_degrees(graph, by: str, lower) -> np.ndarray | None:
         return None
     counts = plan.run(eqn, graph, [pos, np.ascontiguousarray(graph.query_positions)])[0]
     degrees = np.rint(counts).astype(np.int64)
-    graph.params["_degrees"] = degrees
+    memo(graph)["degrees"] = degrees
     return degrees.copy()
 
 

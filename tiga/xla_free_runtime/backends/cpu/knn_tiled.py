@@ -16,6 +16,7 @@ import numpy as np
 
 from ....core import graph_build as gb
 from ....lower.llvm.knn_tiled import filter_constants
+from ...relation_cache import memo
 
 # (rows per query tile and source chunk bytes are the launch's schedule tiles:
 # lower/schedule.knn_tiles)
@@ -78,16 +79,17 @@ def keep_csr(graph, arrays: dict, spec) -> None:
     """Keep the ids a call over every row selected (its scratch state: no copy) with the
     relation, for adopt_csr."""
     n, k = graph.num_dst, spec.k
-    if getattr(graph, "_csr", None) is None and "_knn_cols" not in graph.params and \
-            bool((arrays["tile_n"][:n] == k).all()):
-        graph.params["_knn_cols"] = arrays["tile_i"][:n * k]
+    kept = memo(graph)
+    if (getattr(graph, "_csr", None) is None and "knn_cols" not in kept
+            and bool((arrays["tile_n"][:n] == k).all())):
+        kept["knn_cols"] = arrays["tile_i"][:n * k]
 
 
 def adopt_csr(graph) -> None:
     """A propagate that needs the relation's CSR (grouped by source: the VJP's source and
     coordinate cotangents) takes the ids a knn-tiled-scan call selected (they equal
     core/graph_generated.knn_csr's) instead of re-running the selection in numpy."""
-    cols = graph.params.pop("_knn_cols", None) if graph.kind == "knn" else None
+    cols = memo(graph).pop("knn_cols", None) if graph.kind == "knn" else None
     if cols is None or getattr(graph, "_csr", None) is not None:
         return
     graph._csr = gb.freeze(np.arange(graph.num_dst + 1, dtype=np.int64) * graph.params["k"],

@@ -185,10 +185,11 @@ def _launch_op(eqn, relation: tuple, lower, held=None):
     with the whole program at this pool size); it is the launch whenever the relation is
     bound as it was lowered, so nothing is lowered again."""
     gtype = eqn.inputs[0].type
-    if relation == ("csr",) and gtype.kind != "csr":
-        return _lowered(lower, eqn, replace(gtype, kind="csr", coord_dims=None))
-    if held is not None:
+    bound = "csr" if relation == ("csr",) and gtype.kind != "csr" else gtype.kind
+    if held is not None and held.comp.relation.type.kind == bound:
         return held
+    if bound != gtype.kind:
+        return _lowered(lower, eqn, replace(gtype, kind="csr", coord_dims=None))
     return _lowered(lower, eqn, gtype)
 
 

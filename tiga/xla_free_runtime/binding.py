@@ -1,0 +1,84 @@
+"""runtime: a call's binding: how each propagate walks the relation value it is given.
+
+`call_binding(program, args)` is one `lower.binding.RelationBinding` (or None: as typed) per
+propagate, in program order, decided from the call's relation values by the same questions the
+launch handlers ask (the relation's kernel-ABI walk, a generated relation's state, a stored
+relation's pages). The executor lowers the program *with* it, once per binding, so the Task
+module it interprets, and `ir("task")` prints, holds the Kernel op every launch runs and names
+the fixed kernels beside them.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..core.prims.graph import propagate_p
+from ..core.program import Lit
+from ..core.types import GraphType
+from ..lower import CPU_LLVM_AVAILABLE
+from ..lower.abi import relation_descriptor
+from ..lower.attention_walk import claim_attention
+from ..lower.binding import RelationBinding
+from .backends.cpu.generated import GENERATED_KINDS, generated_binding, generated_relations
+from .paging.gather import kernel_name as gather_kernel
+from .paging.pages import pageable
+
+
+def call_binding(program, args: list) -> tuple:
+    """The binding of a cpu-llvm call of `program` on `args` (() when every propagate walks
+    its relation as typed)."""
+    if not CPU_LLVM_AVAILABLE:
+        return ()
+    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    generated = None
+    out = []
+    for eqn in program.eqns:
+        if eqn.primitive is not propagate_p:
+            continue
+        rel = eqn.inputs[0]
+        graph = rel.value if isinstance(rel, Lit) else known.get(id(rel))
+        if graph is None and rel.type.kind in GENERATED_KINDS:
+            if generated is None:     # (a radius/knn generated inside the program)
+                generated = generated_relations(program)
+            graph = generated.get(id(rel))
+        out.append(None if graph is None else relation_binding(eqn, graph))
+    return tuple(out) if any(b is not None for b in out) else ()
+
+
+def relation_binding(eqn, graph) -> RelationBinding | None:
+    """How `eqn` walks `graph` on cpu-llvm (None: as its type says)."""
+    gtype = eqn.inputs[0].type
+    kind = getattr(graph, "kind", None)
+    if kind == "paged":
+        return paged_binding(eqn, graph)
+    if kind in GENERATED_KINDS:
+        found = generated_binding(eqn, graph)
+        if found is not None:
+            return found
+    elif claim_attention(gtype.kind, eqn.params,
+                         [a.type for a in eqn.inputs[1:]]) is not None:
+        return None            # attention walks its pairing as typed
+    walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
+    if gtype.kind != "csr" and relation_descriptor(graph, walk, target="cpu-llvm") == ("csr",):
+        return RelationBinding(_csr(gtype))
+    return None
+
+
+def paged_binding(eqn, graph) -> RelationBinding:
+    """Every page runs the kernel over the page's CSR (a walk by source: over the transposed
+    store's, roles swapped) and gathers its distinct rows; a grouping pages cannot complete
+    reads the CSR whole."""
+    gtype = eqn.inputs[0].type
+    if not pageable(eqn.params):
+        return RelationBinding(_csr(gtype))
+    bits = 8 * graph.index_dtype.np.itemsize
+    if eqn.params["reduce_by"] == "src":
+        csr = replace(_csr(gtype), num_src=gtype.num_dst, num_dst=gtype.num_src)
+        return RelationBinding(csr, swapped=True, kernels=(gather_kernel(bits),), pages=True)
+    return RelationBinding(_csr(gtype), kernels=(gather_kernel(bits),), pages=True)
+
+
+def _csr(gtype: GraphType) -> GraphType:
+    return replace(gtype, kind="csr", coord_dims=None)
+
+
+__all__ = ["call_binding", "relation_binding"]
