@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import types
 
+from .core import graph_batch  # noqa: F401  (attaches tg.Graph.batch: batches of small graphs)
 from .core.errors import UnsupportedError
 
 LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", "EdgeConv",
@@ -21,7 +22,8 @@ AGGREGATIONS = ("Aggregation", "SumAggregation", "MeanAggregation", "MaxAggregat
                 "MinAggregation", "MulAggregation", "VarAggregation", "StdAggregation",
                 "SoftmaxAggregation", "PowerMeanAggregation", "MultiAggregation",
                 "LSTMAggregation", "MLPAggregation")
-FUNCTIONS = ("gcn_norm",)
+FUNCTIONS = ("gcn_norm", "global_add_pool", "global_mean_pool", "global_max_pool",
+             "global_softmax_pool")
 
 
 def _needs_torch(what: str, exc: ImportError) -> UnsupportedError:
