@@ -59,7 +59,7 @@ def claim_computation(comp) -> tuple | None:
         return None
     if kind_of(comp.input_names) is None and comp.reducer.name != "online_softmax":
         return None      # (cheap filters first: the regions convert only for candidates)
-    from .ir.convert import propagate_params
+    from .ir.base import propagate_params
 
     return claim_attention(kind, propagate_params(comp), [v.type for v in comp.inputs])
 

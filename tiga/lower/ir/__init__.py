@@ -2,8 +2,16 @@
 
 Importing this package registers every level, so `parse_module` reads text of any level.
 """
-from .base import Module, Region, RelationOp, TensorOp, Value  # noqa: F401
-from .convert import program_from_module, program_from_region  # noqa: F401
+from .base import (  # noqa: F401
+    Module,
+    Region,
+    RelationOp,
+    TensorOp,
+    Value,
+    program_from_module,
+    program_from_region,
+    walk_ops,
+)
 from .domain import ApplyOp, Computation, DomainModule, ReducerSpec  # noqa: F401
 from .iter import IterModule, TraverseOp  # noqa: F401
 from .kernel import KernelModule, LaunchOp, Schedule  # noqa: F401

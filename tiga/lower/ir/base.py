@@ -1,5 +1,6 @@
 """lower/ir: what every IR level shares: values, regions, gf_tensor ops, relations, modules,
-the op registry and the SSA verifier.
+the op registry, the SSA verifier, the printer (text.py parses its output back) and the
+conversion of regions back to GraphPrograms (which the verifier type-checks with).
 
 Regions are isolated from above (everything they read arrives as a block argument), so a
 value name is unique within its region and a nested region starts a fresh scope.
@@ -10,10 +11,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...core.errors import CompilationError
+import numpy as np
+
+from ...core import reducers
+from ...core.errors import CompilationError, UnsupportedError
 from ...core.primitive import abstract_eval_rules, get_primitive
+from ...core.prims.graph import propagate_p
+from ...core.program import ClosedProgram, Eqn, GraphProgram, Lit, Var
 from ...core.types import GraphType, TensorType
-from .syntax import VALUE_NAME_RE, AttrDict, format_type, to_attr
+from .syntax import VALUE_NAME_RE, AttrDict, RegionRef, format_attr, format_type, to_attr
 
 
 @dataclass(frozen=True)
@@ -155,8 +161,6 @@ class TensorOp:
             prim = get_primitive(self.prim)
         except KeyError:
             raise CompilationError(f"{where}: unknown primitive {self.prim!r}") from None
-        from .convert import closed_from_region
-
         params = {}
         for k, v in self.params:
             if isinstance(v, Region):
@@ -251,6 +255,15 @@ def tensor_params(params: dict) -> tuple:
     return tuple((k, v if isinstance(v, Region) else to_attr(v)) for k, v in params.items())
 
 
+def walk_ops(region):
+    """Every op of a region, each followed by the ops of its own regions (depth first)."""
+    for op in region.ops:
+        yield op
+        for r in getattr(op, "regions", ()) or ():
+            if hasattr(r, "ops"):
+                yield from walk_ops(r)
+
+
 # ---- modules and verification ------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -262,8 +275,6 @@ class Module:
     level: ClassVar[str] = ""
 
     def __str__(self) -> str:
-        from .text import print_module
-
         return print_module(self)
 
     def verify(self) -> None:
@@ -317,13 +328,203 @@ def dict_attr(pairs) -> AttrDict:
     return AttrDict(tuple(pairs))
 
 
-def parse_checked(text: str, cls: type) -> Module:
-    """Parse IR text, require the level of `cls`, and verify it."""
-    from .text import parse_module
+# ---- printing (text.py parses it back) -------------------------------------------------------
 
-    module = parse_module(text)
-    if not isinstance(module, cls):
-        raise CompilationError(f"expected the {cls.level} level, found a {module.level} "
-                               "module")
-    module.verify()
-    return module
+
+def print_module(module: Module) -> str:
+    body = module.body
+    args = ", ".join(f"%{a.name}: {format_type(a.type)}" for a in body.args)
+    lines = [f'module @{module.name} attributes {{gf.level = "{module.level}"}} {{',
+             f"  func.func @main({args}) -> {_result_sig(body.results)} {{"]
+    lines += _print_ops(body.ops, 4)
+    lines.append(_terminator("func.return", body.results, 4))
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def print_op(op) -> str:
+    """One op as it prints inside a module (regions included): the compile cache's key."""
+    return "\n".join(_print_ops([op], 0)) + "\n"
+
+
+def _result_sig(values) -> str:
+    types = [format_type(v.type) for v in values]
+    return types[0] if len(types) == 1 else f"({', '.join(types)})"
+
+
+def _names(values) -> str:
+    return ", ".join(f"%{v.name}" for v in values)
+
+
+def _terminator(name: str, values, indent: int) -> str:
+    types = ", ".join(format_type(v.type) for v in values)
+    return f'{" " * indent}"{name}"({_names(values)}) : ({types}) -> ()'
+
+
+def _print_ops(ops, indent: int) -> list:
+    lines = []
+    for op in ops:
+        if isinstance(op, TensorOp) and not op.regions:
+            lines.append(" " * indent + _print_custom(op))
+        else:
+            lines += _print_generic(_to_generic(op), indent)
+    return lines
+
+
+def _to_generic(op) -> GenericOp:
+    if not isinstance(op, TensorOp):
+        return op.to_generic()
+    regions, attrs = [], []
+    for k, v in op.params:
+        if isinstance(v, Region):
+            attrs.append((k, RegionRef(len(regions))))
+            regions.append(v)
+        else:
+            attrs.append((k, v))
+    return GenericOp(f"gf_tensor.{op.prim}", op.results, op.operands, tuple(regions),
+                     tuple(attrs))
+
+
+def _print_custom(op: TensorOp) -> str:
+    lhs = f"{_names(op.results)} = " if op.results else ""
+    in_types = [v.type for v in op.operands]
+    out_types = [v.type for v in op.results]
+    if op.prim == "constant":
+        return f"{lhs}{op.name} {format_attr(op.params[0][1])} : {format_type(out_types[0])}"
+    attrs = ("" if not op.params else
+        " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in op.params) + "}")
+    operands = f" {_names(op.operands)}" if op.operands else ""
+    types = in_types + out_types
+    if len(out_types) == 1 and in_types and all(t == types[0] for t in types):
+        sig = format_type(types[0])
+    else:
+        sig = _func_sig(in_types, out_types)
+    return f"{lhs}{op.name}{operands}{attrs} : {sig}"
+
+
+def _func_sig(in_types, out_types) -> str:
+    ins = ", ".join(format_type(t) for t in in_types)
+    outs = [format_type(t) for t in out_types]
+    return f"({ins}) -> {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}"
+
+
+def _print_generic(g: GenericOp, indent: int) -> list:
+    pad = " " * indent
+    lhs = f"{_names(g.results)} = " if g.results else ""
+    lines = [f'{pad}{lhs}"{g.name}"({_names(g.operands)})']
+    term = terminator_for(g.name)
+    for i, region in enumerate(g.regions):
+        lines[-1] += " ({" if i == 0 else ", {"
+        args = ", ".join(f"%{a.name}: {format_type(a.type)}" for a in region.args)
+        lines.append(f"{pad}^bb0({args}):")
+        lines += _print_ops(region.ops, indent + 2)
+        lines.append(_terminator(term, region.results, indent + 2))
+        lines.append(f"{pad}}}" + (")" if i == len(g.regions) - 1 else ""))
+    inline = ", ".join(f"{k} = {format_attr(v)}" for k, v in g.attrs)
+    if g.attrs and len(inline) <= 48:
+        lines[-1] += f" {{{inline}}}"
+    elif g.attrs:
+        lines[-1] += " {"
+        items = [f"{pad}  {k} = {format_attr(v)}" for k, v in g.attrs]
+        lines += [s + "," for s in items[:-1]] + items[-1:]
+        lines.append(f"{pad}}}")
+    sig = (_func_sig([v.type for v in g.operands], [v.type for v in g.results])
+        if g.results else f"({', '.join(format_type(v.type) for v in g.operands)}) -> ()")
+    lines[-1] += f" : {sig}"
+    return lines
+
+
+# ---- back to GraphPrograms: primitives' abstract-eval rules type-check IR ops (the verifier
+# above) and the reference interpreter runs any level (the oracle for lowering) -------------
+
+def closed_from_region(region: Region) -> ClosedProgram:
+    return ClosedProgram(program_from_region(region))
+
+
+def program_from_module(module: Module) -> GraphProgram:
+    """The module's function as a GraphProgram (every level keeps the computation)."""
+    return program_from_region(module.body)
+
+
+def program_from_region(region: Region) -> GraphProgram:
+    env: dict[str, object] = {}
+    binders = []
+    for a in region.args:
+        env[a.name] = Var(a.type)
+        binders.append(env[a.name])
+    eqns: list = []
+    for op in region.ops:
+        _convert_op(op, env, eqns)
+    try:
+        outs = tuple(env[v.name] for v in region.results)
+    except KeyError as exc:
+        raise CompilationError(f"%{exc.args[0]} is yielded but never defined") from None
+    return GraphProgram(tuple(binders), tuple(eqns), outs)
+
+
+def _convert_op(op, env: dict, eqns: list) -> None:
+    if getattr(op, "op_name", "").startswith("gf_storage."):
+        return  # transfers, releases and joins order work; they compute no values
+    if getattr(op, "op_name", "") == "gf_task.launch":
+        return _inline_task(op, env, eqns)
+    if isinstance(op, TensorOp) and op.prim == "constant":
+        (res,) = op.results
+        t = res.type
+        env[res.name] = Lit(np.reshape(np.asarray(op.params[0][1], t.dtype.np), t.shape), t)
+        return
+    try:
+        inputs = tuple(env[v.name] for v in op.operands)
+    except KeyError as exc:
+        raise CompilationError(f"{op_label(op)}: %{exc.args[0]} is used before it is "
+                               "defined") from None
+    outs = tuple(Var(v.type) for v in op.results)
+    if isinstance(op, TensorOp):
+        params = {k: closed_from_region(v) if isinstance(v, Region) else v for k, v in op.params}
+        eqns.append(Eqn(get_primitive(op.prim), inputs, params, outs))
+    elif hasattr(op, "comp"):
+        eqns.append(Eqn(propagate_p, inputs, propagate_params(op.comp), outs))
+    else:
+        raise UnsupportedError(f"{op_label(op)} has no GraphProgram form",
+                               hint="a constant relation is kept by digest only: lower a "
+                                    "program that takes the relation as an argument")
+    for v, var in zip(op.results, outs):
+        env[v.name] = var
+
+
+def _inline_task(op, env: dict, eqns: list) -> None:
+    """A task computes what its region computes, once its events fired."""
+    inner = {a.name: env[v.name] for a, v in zip(op.body.args, op.inputs)}
+    for inner_op in op.body.ops:
+        _convert_op(inner_op, inner, eqns)
+    for v, r in zip(op.results, op.body.results):
+        env[v.name] = inner[r.name]
+
+
+def propagate_params(comp) -> dict:
+    """The propagate parameters a Domain/Iter/Kernel computation stands for."""
+    return dict(edge_fn=closed_from_region(comp.edge), reducer=reducer_from_spec(comp.reducer),
+                roles=comp.input_roles, names=comp.input_names, reduce_by=comp.reduce_by,
+                update=None if comp.update is None else closed_from_region(comp.update))
+
+
+def _region_only(*_args):
+    raise UnsupportedError("this reducer was rebuilt from IR and exists only as regions",
+                           hint="trace the original Python reducer to call its functions")
+
+
+def reducer_from_spec(spec) -> reducers.Reducer:
+    if spec.builtin:
+        if spec.name not in reducers.BUILTIN:
+            raise CompilationError(f"reducer {spec.name!r} is not built in")
+        if spec.name == "online_softmax":
+            found = reducers.online_softmax(spec.prune_threshold)
+            return found.with_stats() if spec.stats else found
+        if spec.name in reducers.ARG:
+            return getattr(reducers, spec.name)(spec.of)
+        if spec.name in reducers.EMPTY_SETTABLE:
+            return getattr(reducers, spec.name)(spec.empty)
+        return getattr(reducers, spec.name)()
+    r = reducers.Reducer(spec.name, spec.identity, combine=_region_only,
+                         commutative=spec.commutative, associative=spec.associative)
+    return r.with_regions(tuple(None if g is None else closed_from_region(g)
+                                for g in (spec.lift, spec.combine, spec.finalize)))

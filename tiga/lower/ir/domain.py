@@ -23,12 +23,13 @@ from .base import (
     TensorOp,
     Value,
     check_rule,
-    parse_checked,
+    propagate_params,
     register_level,
     register_op,
     verify_region,
 )
 from .syntax import format_type
+from .text import parse_checked
 
 BUILTIN_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0,
                     "online_softmax": 0.0, "argmin": math.inf, "argmax": -math.inf}
@@ -145,8 +146,6 @@ class Computation:
         for kind, region in self.named_regions():
             verify_region(region, f"{where} {kind} region", level, (TensorOp,))
         self._verify_reducer(where)
-        from .convert import propagate_params
-
         check_rule(propagate_p, self.operands, self.results, propagate_params(self), where)
 
     def _verify_attrs(self, where: str) -> None:

@@ -1,4 +1,5 @@
-"""lower/ir: the MLIR-like printer and the parser that reads its output back, for every level.
+"""lower/ir: the parser that reads the MLIR-like printer's output back, for every level (the
+printer, print_module and print_op, is base.py's; both are imported from here too).
 
 Structured ops print in MLIR's generic form (`%r = "gf.apply"(%g, %x) ({ ^bb0(...): ... })
 {attrs} : (types) -> type`); gf_tensor ops print in a short custom form
@@ -18,6 +19,8 @@ from .base import (
     Region,
     TensorOp,
     Value,
+    print_module,  # noqa: F401  (the printer: imported from here too)
+    print_op,  # noqa: F401
     terminator_for,
 )
 from .syntax import (
@@ -25,118 +28,10 @@ from .syntax import (
     VALUE_NAME_RE,
     Cursor,
     RegionRef,
-    format_attr,
-    format_type,
     parse_attr,
     parse_attr_dict,
     parse_type,
 )
-
-# ---- printing --------------------------------------------------------------------------------
-
-
-def print_module(module: Module) -> str:
-    body = module.body
-    args = ", ".join(f"%{a.name}: {format_type(a.type)}" for a in body.args)
-    lines = [f'module @{module.name} attributes {{gf.level = "{module.level}"}} {{',
-             f"  func.func @main({args}) -> {_result_sig(body.results)} {{"]
-    lines += _print_ops(body.ops, 4)
-    lines.append(_terminator("func.return", body.results, 4))
-    lines += ["  }", "}"]
-    return "\n".join(lines) + "\n"
-
-
-def print_op(op) -> str:
-    """One op as it prints inside a module (regions included): the compile cache's key."""
-    return "\n".join(_print_ops([op], 0)) + "\n"
-
-
-def _result_sig(values) -> str:
-    types = [format_type(v.type) for v in values]
-    return types[0] if len(types) == 1 else f"({', '.join(types)})"
-
-
-def _names(values) -> str:
-    return ", ".join(f"%{v.name}" for v in values)
-
-
-def _terminator(name: str, values, indent: int) -> str:
-    types = ", ".join(format_type(v.type) for v in values)
-    return f'{" " * indent}"{name}"({_names(values)}) : ({types}) -> ()'
-
-
-def _print_ops(ops, indent: int) -> list:
-    lines = []
-    for op in ops:
-        if isinstance(op, TensorOp) and not op.regions:
-            lines.append(" " * indent + _print_custom(op))
-        else:
-            lines += _print_generic(_to_generic(op), indent)
-    return lines
-
-
-def _to_generic(op) -> GenericOp:
-    if not isinstance(op, TensorOp):
-        return op.to_generic()
-    regions, attrs = [], []
-    for k, v in op.params:
-        if isinstance(v, Region):
-            attrs.append((k, RegionRef(len(regions))))
-            regions.append(v)
-        else:
-            attrs.append((k, v))
-    return GenericOp(f"gf_tensor.{op.prim}", op.results, op.operands, tuple(regions),
-                     tuple(attrs))
-
-
-def _print_custom(op: TensorOp) -> str:
-    lhs = f"{_names(op.results)} = " if op.results else ""
-    in_types = [v.type for v in op.operands]
-    out_types = [v.type for v in op.results]
-    if op.prim == "constant":
-        return f"{lhs}{op.name} {format_attr(op.params[0][1])} : {format_type(out_types[0])}"
-    attrs = ("" if not op.params else
-        " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in op.params) + "}")
-    operands = f" {_names(op.operands)}" if op.operands else ""
-    types = in_types + out_types
-    if len(out_types) == 1 and in_types and all(t == types[0] for t in types):
-        sig = format_type(types[0])
-    else:
-        sig = _func_sig(in_types, out_types)
-    return f"{lhs}{op.name}{operands}{attrs} : {sig}"
-
-
-def _func_sig(in_types, out_types) -> str:
-    ins = ", ".join(format_type(t) for t in in_types)
-    outs = [format_type(t) for t in out_types]
-    return f"({ins}) -> {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}"
-
-
-def _print_generic(g: GenericOp, indent: int) -> list:
-    pad = " " * indent
-    lhs = f"{_names(g.results)} = " if g.results else ""
-    lines = [f'{pad}{lhs}"{g.name}"({_names(g.operands)})']
-    term = terminator_for(g.name)
-    for i, region in enumerate(g.regions):
-        lines[-1] += " ({" if i == 0 else ", {"
-        args = ", ".join(f"%{a.name}: {format_type(a.type)}" for a in region.args)
-        lines.append(f"{pad}^bb0({args}):")
-        lines += _print_ops(region.ops, indent + 2)
-        lines.append(_terminator(term, region.results, indent + 2))
-        lines.append(f"{pad}}}" + (")" if i == len(g.regions) - 1 else ""))
-    inline = ", ".join(f"{k} = {format_attr(v)}" for k, v in g.attrs)
-    if g.attrs and len(inline) <= 48:
-        lines[-1] += f" {{{inline}}}"
-    elif g.attrs:
-        lines[-1] += " {"
-        items = [f"{pad}  {k} = {format_attr(v)}" for k, v in g.attrs]
-        lines += [s + "," for s in items[:-1]] + items[-1:]
-        lines.append(f"{pad}}}")
-    sig = (_func_sig([v.type for v in g.operands], [v.type for v in g.results])
-        if g.results else f"({', '.join(format_type(v.type) for v in g.operands)}) -> ()")
-    lines[-1] += f" : {sig}"
-    return lines
-
 
 # ---- parsing ---------------------------------------------------------------------------------
 
@@ -352,3 +247,13 @@ def _parse_custom(cur: Cursor, result_names: list) -> TensorOp:
     if op.name != name:
         cur.error(f"the spelling {op.name!r} for {prim} on these types", pos)
     return op
+
+
+def parse_checked(text: str, cls: type) -> Module:
+    """Parse IR text, require the level of `cls`, and verify it."""
+    module = parse_module(text)
+    if not isinstance(module, cls):
+        raise CompilationError(f"expected the {cls.level} level, found a {module.level} "
+                               "module")
+    module.verify()
+    return module

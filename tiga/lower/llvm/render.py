@@ -19,7 +19,7 @@ from ...core.errors import UnsupportedError
 from ..abi import TEXT_RELATIONS, KernelSignature, KernelSource
 from ..attention_walk import ATTENTION_TILES
 from ..ir import KernelModule, LaunchOp
-from ..ir.convert import propagate_params
+from ..ir.base import propagate_params
 from .kernel import KernelSchedule, codegen_propagate
 from .values import CodegenUnsupported
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...core.prims.graph import propagate_p
 from ..abi import TEXT_RELATIONS, KernelSource, radius_descriptor_of_launch
-from ..ir.convert import propagate_params
+from ..ir.base import propagate_params
 from ..ir.kernel import LaunchOp
 from ..registry import lowering_rules, register_lowered
 from . import rules  # noqa: F401  (registers lowering_rules["triton"])
