@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 
 from ..core.config import config
 from ..core.errors import UnsupportedError
-from .ir import KernelModule, LaunchOp
+from .ir import KernelModule, LaunchOp, walk_ops
+
+try:  # the cpu-llvm backend needs llvmlite
+    import llvmlite  # noqa: F401
+except ImportError:  # pragma: no cover - llvmlite is a core dependency
+    CPU_LLVM_AVAILABLE = False
+else:
+    CPU_LLVM_AVAILABLE = True
 
 AUTO = "auto"
 TRITON_BACKENDS = ("triton", "triton-interpreter")
@@ -57,7 +64,6 @@ _CUDA_SEEN: list = []    # [True] once a CUDA device was seen (a device does not
 
 
 def _llvm_available() -> tuple[bool, str]:
-    from . import CPU_LLVM_AVAILABLE
     return CPU_LLVM_AVAILABLE, "" if CPU_LLVM_AVAILABLE else "llvmlite is not installed"
 
 
@@ -195,10 +201,8 @@ def selected_backend() -> str:
 
 def render_module(module: KernelModule, stage: str) -> str:
     """The text of every launch of a scheduled kernel-level module for one backend."""
-    from .pipeline import _walk_ops
-
     backend = BACKENDS[RENDER_STAGES[stage]]
-    launches = [op for op in _walk_ops(module.body) if isinstance(op, LaunchOp)]
+    launches = [op for op in walk_ops(module.body) if isinstance(op, LaunchOp)]
     if not launches:
         return f"# {module.name}: no gf_kernel.launch to render\n"
     return "\n".join(backend.render(op, f"{module.name}_{i}").text
