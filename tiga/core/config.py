@@ -145,38 +145,25 @@ class Config:
     environment is read when Tiga is imported: a TIGA_STRICT, TIGA_CHECK, TIGA_PROGRESS or
     TIGA_DUMP value outside its documented set raises ConfigError naming the variable."""
 
-    __slots__ = ("_strict", "_check", "_progress", "_backend")
+    __slots__ = ("strict", "check", "progress", "_backend")
+    # (plain slots, read as they are: a warm call reads strict and check several times, and
+    # a property's call costs 0.1 us each; writes are validated by __setattr__)
+    _BOOLS = frozenset(("strict", "check", "progress"))
 
     def __init__(self):
-        self._strict = env_flag("TIGA_STRICT")
-        self._check = env_flag("TIGA_CHECK")
-        self._progress = env_flag("TIGA_PROGRESS", True)
+        self.strict = env_flag("TIGA_STRICT")
+        self.check = env_flag("TIGA_CHECK")
+        self.progress = env_flag("TIGA_PROGRESS", True)
         env_dump_stages()       # (checked now: lowering reads it again as it dumps)
         self._backend = None    # None: follow TIGA_BACKEND (read per call, like a test sets it)
 
-    @property
-    def strict(self) -> bool:
-        return self._strict
-
-    @strict.setter
-    def strict(self, value) -> None:
-        self._strict = _bool_setting("strict", value)
-
-    @property
-    def check(self) -> bool:
-        return self._check
-
-    @check.setter
-    def check(self, value) -> None:
-        self._check = _bool_setting("check", value)
-
-    @property
-    def progress(self) -> bool:
-        return self._progress
-
-    @progress.setter
-    def progress(self, value) -> None:
-        self._progress = _bool_setting("progress", value)
+    def __setattr__(self, name: str, value) -> None:
+        if name in Config._BOOLS:
+            value = _bool_setting(name, value)
+        elif name == "backend":
+            Config.backend.__set__(self, value)
+            return
+        object.__setattr__(self, name, value)
 
     @property
     def backend(self) -> str:
