@@ -233,14 +233,14 @@ def _small_propagate():
 
 
 @pytest.mark.parametrize("jac", ["jacfwd", "jacrev"])
-def test_jacobians_match_dense_finite_differences(jac):
+def test_jacobians_match_dense_finite_differences(jac, strict):
     f = _small_propagate()
     x = np.random.default_rng(1).standard_normal((3, 2))
     got = np.asarray(getattr(tg, jac)(f)(x))
     np.testing.assert_allclose(got, _dense_jacobian(tg.jit(f), x), rtol=1e-6, atol=1e-7)
 
 
-def test_hessian_matches_dense_finite_differences():
+def test_hessian_matches_dense_finite_differences(strict):
     n = 5
     f = _laplacian_energy(n)
     x = np.random.default_rng(2).standard_normal(n)

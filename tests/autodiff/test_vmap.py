@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_jvp import REDUCERS, _reducer_fn, relations
 from test_vjp_rules import CASES, GRAPH, Case, _fields, _functional
 
 import tiga as tg
@@ -147,3 +150,15 @@ def test_relations_are_never_batched():
     x = np.random.default_rng(4).standard_normal((2, GRAPH.num_src, 3))
     got = np.asarray(tg.vmap(f)(GRAPH, x))
     np.testing.assert_allclose(got[1], np.asarray(f(GRAPH, x[1])))
+
+
+@pytest.mark.parametrize("name", REDUCERS)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=relations(), seed=st.integers(0, 2 ** 16))
+def test_vmap_of_a_propagate_on_random_relations(name, g, seed):
+    rng = np.random.default_rng(seed)
+    per = [[rng.standard_normal((g.num_src, 2, 3)), rng.standard_normal((g.num_dst, 2, 3))]
+           for _ in range(B)]
+    f = _reducer_fn(g, name)
+    _check_loop(f, per, [0, 0])
+    _check_loop(f, per, [None, 0])

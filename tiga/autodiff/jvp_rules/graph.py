@@ -6,7 +6,7 @@ the edge function's JVP (primal and tangent messages from one evaluation of the 
 - sum, mean and per-edge results are linear: one propagate returns the primal and the
   tangent aggregates together (the doubled edge function, one walk);
 - max / min: the tangent of the first extremal edge in edge order (the edge the VJP sends
-  the cotangent to), found by an argmax / argmin propagate over the edge ids;
+  the cotangent to), found by an argmax / argmin propagate over the edges' order keys;
 - prod: sum_i t_i prod_{j != i} m_j, exact with zeros (zero count and nonzero product);
 - online_softmax: y = sum p_i v_i gives dy = sum p_i (dv_i + ds_i (v_i - y)), itself an
   online_softmax of the same scores over the value dv + ds (v - y);
@@ -32,7 +32,7 @@ from ...trace.math import _typeof
 from ...trace.tracer import aval_of, bind
 from ..jvp import differentiable, forward_pass, instantiate, jvp_program, jvp_rules
 from ..registry import NONDIFF
-from ..rules.edge_order import EdgeKey, edge_key
+from ..rules.edge_order import edge_key
 from ..rules.graph import SEG_ROLE, _edge_program, _lift
 
 
@@ -138,19 +138,19 @@ def _first_extremal(ctx, outs, pick, name):
 
 
 def _winners(ctx, outs, pick, name, wanted):
-    """(edge key, per segment the key of the first extremal edge). By destination, an
-    arg-reducer over the edge ids finds it in one walk, comparing messages within that walk
-    only; other groupings take the smallest order key among the edges whose message equals
-    the result (as the VJP does)."""
+    """(edge key, per segment the key of the first extremal edge). The key increases with
+    the edge id in every segment (edge_order: from the endpoints on implicit relations, no
+    per-edge array). By destination, an arg-reducer over the keys finds it in one walk,
+    comparing messages within that walk only; other groupings take the smallest key among
+    the edges whose message equals the result (as the VJP does)."""
+    key = edge_key(ctx.graph)
     if ctx.params["reduce_by"] == "dst":
-        key = EdgeKey([bind(edge_ids_p, ctx.graph)], ["edge"], lambda rows: rows[0])
         arg = argmax_reducer(of="edge") if name == "max" else argmin_reducer(of="edge")
 
         def parts(msgs, tmsgs, aux, eid):
             sel, _ = pick(msgs, tmsgs)
-            return [p for k in wanted for p in (sel[k], eid)]
+            return [p for k in wanted for p in (sel[k], m.convert(eid, "int64"))]
         return key, ctx.propagate(parts, arg, key=key)
-    key = edge_key(ctx.graph)
 
     def first_hit(msgs, tmsgs, aux, eid):
         sel, _ = pick(msgs, tmsgs)
