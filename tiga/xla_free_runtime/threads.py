@@ -115,8 +115,8 @@ def row_chunks(row_ptr: np.ndarray, threads: int, partition: str = "edge-balance
 
 def run_chunks(fn, chunks: list, argv, threads: int) -> None:
     """Call fn(begin, end, argv) for every chunk; in parallel when there are several."""
-    if len(chunks) > 1 and threads > 1 and getattr(fn, "drive", None) is not None and \
-            run_on_pool(fn, argv, threads, _bounds(chunks)):
+    if (len(chunks) > 1 and threads > 1 and getattr(fn, "drive", None) is not None and
+            run_on_pool(fn, argv, threads, _bounds(chunks))):
         return
     run_jobs(fn, [(a, b, argv) for a, b in chunks], threads)
 

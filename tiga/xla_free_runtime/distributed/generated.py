@@ -83,8 +83,8 @@ def radius_plan(graph, owner: np.ndarray, rank: int, size: int, degrees_of) -> t
     degree = degrees_of(mine, counts)
     starts = np.concatenate([[0], np.cumsum(degree)[:-1]]).astype(np.int64)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    edge_ids = starts[mine[dst]] + np.arange(len(dst)) - first[dst] if len(dst) else \
-        np.zeros(0, np.int64)
+    edge_ids = (starts[mine[dst]] + np.arange(len(dst)) - first[dst] if len(dst) else
+        np.zeros(0, np.int64))
     # interior rows (every source owned) first, then boundary rows
     boundary = np.bincount(dst[col >= len(mine)], minlength=len(mine)) > 0
     rows = np.concatenate([np.flatnonzero(~boundary), np.flatnonzero(boundary)])

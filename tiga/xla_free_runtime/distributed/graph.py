@@ -266,8 +266,8 @@ class DistributedGraph:
         for q in p.peers():
             got = sum(b - a for r, a, b in p.recv if r == q)
             put = len(sends.get(q, ()))
-            per = "" if row_bytes is None else \
-                f" ({got * row_bytes} B in, {put * row_bytes} B out per exchange)"
+            per = ("" if row_bytes is None else
+                f" ({got * row_bytes} B in, {put * row_bytes} B out per exchange)")
             lines.append(f"  peer rank {q}: receive {got} ghost rows, send {put} rows{per}")
         return lines
 

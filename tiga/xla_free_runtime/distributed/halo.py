@@ -82,9 +82,9 @@ def build_plan(row_ptr, col_idx, edge_perm, owner: np.ndarray, rank: int) -> Hal
     recv = tuple((int(q), int(a), int(b)) for q, a, b in zip(peers, starts, stops))
     # what the others read from me: my sources on edges into their rows, ascending per peer
     out = (src_owner == rank) & foreign
-    pairs = np.unique(np.stack([dst_owner[out].astype(np.int64),
-                                col_idx[out].astype(np.int64)]), axis=1) if out.any() \
-        else np.zeros((2, 0), np.int64)
+    pairs = (np.unique(np.stack([dst_owner[out].astype(np.int64),
+                                 col_idx[out].astype(np.int64)]), axis=1) if out.any()
+        else np.zeros((2, 0), np.int64))
     send = tuple((int(q), local[pairs[1, pairs[0] == q]])
                  for q in np.unique(pairs[0]))
     perm = None if edge_perm is None else np.asarray(edge_perm, np.int64)

@@ -147,8 +147,8 @@ class LocalStore:
     def relation(self, row_ptr: np.ndarray, start: int, stop: int, num_src: int) -> Graph:
         """The rows [start, stop) over sources [0, num_src) as a paged relation."""
         st = self.store
-        reader = st if (start, stop) == (0, st.num_dst) and num_src == st.num_src else \
-            RowRange(st, row_ptr, start, stop, num_src)
+        reader = (st if (start, stop) == (0, st.num_dst) and num_src == st.num_src else
+            RowRange(st, row_ptr, start, stop, num_src))
         return Graph(kind="paged", num_src=num_src, num_dst=reader.num_dst,
                      num_edges=reader.num_edges, index_dtype=as_dtype(st.index_dtype),
                      params={"path": str(self.path), "version": st.version, "reader": reader,

@@ -203,8 +203,8 @@ def launch(eqn, graph, values: list, lower, outs: list | None = None, held=None)
     Kernel op the plan's launch op holds), else the reference interpreter (strict mode
     refuses that). The kernel writes into `outs` (row ranges of the whole result) when given
     and they fit; the caller copies otherwise."""
-    if graph.num_dst == 0 and eqn.params["reduce_by"] in ("dst", "edge") or \
-            graph.num_src == 0 and eqn.params["reduce_by"] == "src":
+    if (graph.num_dst == 0 and eqn.params["reduce_by"] in ("dst", "edge") or
+            graph.num_src == 0 and eqn.params["reduce_by"] == "src"):
         lead = 0
         return [np.zeros((lead,) + tuple(v.type.shape[1:]), v.type.dtype.np)
                 for v in eqn.outputs]
@@ -261,8 +261,8 @@ class _HaloHandlers:
         self.moving: dict = {}        # value name -> its HaloExchange / ReverseAdd
         self.exchanges: list = []     # every HaloExchange of the call (for the byte counts)
         self.results: dict = {}       # launch result name -> (output index, array)
-        self.outs = _outputs(eqn, dg.plan.n_owned) if self.by == "dst" else \
-            [None] * len(eqn.outputs)
+        self.outs = (_outputs(eqn, dg.plan.n_owned) if self.by == "dst" else
+            [None] * len(eqn.outputs))
         self.seconds = {"interior": 0.0, "boundary": 0.0, "wait": 0.0}
         p = dg.plan
         self.pieces = {rows: (g, False) for rows, g in dg.interior_chunks}
@@ -343,8 +343,8 @@ class _HaloHandlers:
             graph, fields, into = self.dg.full, self._sources(True), None
         t0 = time.perf_counter()
         got = launch(self.eqn, graph, fields, self.lower, into, held_kernel(op))
-        self.seconds["boundary" if op.task_kind == "boundary" else "interior"] += \
-            time.perf_counter() - t0
+        self.seconds["boundary" if op.task_kind == "boundary" else "interior"] += (
+            time.perf_counter() - t0)
         for j, (v, g) in enumerate(zip(op.results[:-1], got)):
             self.results[v.name] = (j, g)
         for mover in self.moving.values():      # drive MPI's progress
@@ -361,8 +361,8 @@ class _HaloHandlers:
         for i, role in enumerate(self.eqn.params["roles"]):
             if role != "src":
                 continue
-            ex = self.moving.get(self.module.body.args[1 + self.supply[i]].name) \
-                if i in self.supply else None
+            ex = (self.moving.get(self.module.body.args[1 + self.supply[i]].name)
+                if i in self.supply else None)
             if ex is not None:
                 out[i] = ex.extended() if ghosts else ex.owned()
             elif ghosts and i not in self.supply:

@@ -98,8 +98,8 @@ def read_runs(reader, ids: np.ndarray) -> tuple:
     col = np.concatenate(cols) if cols else np.zeros(0, getattr(reader, "index_dtype",
                                                                  np.int64))
     counts = np.concatenate(counts)
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), col, \
-        np.concatenate(eids)
+    return (np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), col,
+        np.concatenate(eids))
 
 
 def store_bounds(reader, size: int, method: str) -> np.ndarray:

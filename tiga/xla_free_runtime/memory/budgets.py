@@ -61,8 +61,8 @@ def fmt_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-def charge(tier: str, nbytes: int, what: str = "allocation", knob: str | None = None) \
-        -> Charge:
+def charge(tier: str, nbytes: int, what: str = "allocation",
+           knob: str | None = None) -> Charge:
     """Charge `nbytes` on `tier` before allocating them: over the innermost budget, idle
     host tensors are spilled first (eviction='lru'), else tg.StorageError naming the knob
     that fixes it. `knob="page_rows"`: the request grows with the scope's page_rows (page
@@ -140,8 +140,8 @@ def _idle(tensor) -> bool:
     spilling it would free nothing)."""
     st = tensor._storage
     arr = getattr(st, "_array", None)
-    return st.tier == "host" and arr is not None and _owns(arr) and \
-        sys.getrefcount(arr) <= 3 and not getattr(tensor, "_pins", 0)
+    return (st.tier == "host" and arr is not None and _owns(arr) and
+        sys.getrefcount(arr) <= 3 and not getattr(tensor, "_pins", 0))
 
 
 def _owns(arr) -> bool:

@@ -41,8 +41,8 @@ def parse_bytes(value, what: str) -> int:
         raise StorageError(f"{what}: is {value!r}, expected a byte count such as '4GiB'")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and (m := _SIZE.match(value)) and \
-            m.group(2).lower() in _UNITS:
+    elif (isinstance(value, str) and (m := _SIZE.match(value)) and
+            m.group(2).lower() in _UNITS):
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
         raise StorageError(f"{what}: is {value!r}, expected a byte count: an int or a "

@@ -109,8 +109,8 @@ class Tensor(ArrayOps):
     def __getitem__(self, index):
         """A row range `t[a:b]` of a disk tensor reads only the chunks it needs; other
         indexing reads the value (the traced operator)."""
-        if self.tier == "disk" and isinstance(index, slice) and self._type.shape and \
-                index.step in (None, 1):
+        if (self.tier == "disk" and isinstance(index, slice) and self._type.shape and
+                index.step in (None, 1)):
             start, stop, _ = index.indices(len(self))
             return _host_copy(self, start, max(start, stop))
         return super().__getitem__(index)
@@ -369,8 +369,8 @@ def asarray(obj, dtype=None, device: str = "cpu") -> Tensor:
                                hint="use device='cpu'; the CUDA tier comes with the GPU backend")
     if isinstance(obj, Tensor) and dtype is None:
         return obj
-    if not isinstance(obj, (np.ndarray, list, tuple, int, float, bool, Tensor)) and \
-            hasattr(obj, "__dlpack__"):
+    if (not isinstance(obj, (np.ndarray, list, tuple, int, float, bool, Tensor)) and
+            hasattr(obj, "__dlpack__")):
         obj = from_dlpack(obj)
     arr = np.asarray(obj)
     if dtype is not None:
@@ -400,8 +400,8 @@ def from_dlpack(x) -> Tensor:
 
 def _is_bfloat16(x) -> bool:
     """A torch-like bfloat16 tensor (recognised by its dtype's name: no torch import here)."""
-    return str(getattr(x, "dtype", "")).rsplit(".", 1)[-1] == "bfloat16" and \
-        callable(getattr(x, "view", None))
+    return (str(getattr(x, "dtype", "")).rsplit(".", 1)[-1] == "bfloat16" and
+        callable(getattr(x, "view", None)))
 
 
 def _int16_like(x):

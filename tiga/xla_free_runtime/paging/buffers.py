@@ -49,8 +49,8 @@ class PageSet:
             del self.bufs[name]
         cap = max(1, with_slack(n))
         row = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
-        ch = memory.charge("host", cap * row, what, knob="page_rows") if self.reserved is None \
-            else memory.draw(self.reserved, cap * row, what, knob="page_rows")
+        ch = (memory.charge("host", cap * row, what, knob="page_rows") if self.reserved is None
+            else memory.draw(self.reserved, cap * row, what, knob="page_rows"))
         # (page-aligned for O_DIRECT writes; a mapping of its own, unmapped with the set)
         arr = aligned_empty((cap,) + tuple(row_shape), dtype, 4096, mapped=True)
         self.bufs[name] = (arr, ch)

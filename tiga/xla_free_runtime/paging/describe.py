@@ -13,8 +13,8 @@ from .device import TritonPages, device_route
 def page_kernel(walk, lower, triton: TritonPages | None) -> tuple:
     """(why the pages run the reference interpreter, or None; explain()'s words for what
     runs on each page)."""
-    fallback = _page_fallback(walk, lower) if triton is None else \
-        getattr(triton.plan, "reason", None)
+    fallback = (_page_fallback(walk, lower) if triton is None else
+        getattr(triton.plan, "reason", None))
     if fallback:
         return fallback, f"reference interpreter ({fallback})"
     return None, "in-memory kernel" if triton is None else triton_kernel_text(triton)

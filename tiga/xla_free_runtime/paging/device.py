@@ -130,8 +130,8 @@ class TritonPages:
             self.copier = ThreadPoolExecutor(1, thread_name_prefix="tiga-page-device")
         deps = [run.events.pop(e.name) for e in op.deps if e.name in run.events]
         name = op.value.name
-        if name != run.module.body.args[0].name and \
-                run.roles[run.field_index(name)] == "param":
+        if (name != run.module.body.args[0].name and
+                run.roles[run.field_index(name)] == "param"):
             job, dst = self._param, self.params
         else:
             if op.page not in self.slot:

@@ -78,9 +78,9 @@ def marked(ids: np.ndarray, lo: int, span: int, index_dtype, out=None) -> tuple 
     given (`ids` itself: in place). None when the kernel cannot run here (ids not a
     contiguous array of the index dtype, int32 or int64; no kernel)."""
     dt = np.dtype(index_dtype)
-    if ids.dtype != dt or dt not in (np.dtype(np.int32), np.dtype(np.int64)) or \
+    if (ids.dtype != dt or dt not in (np.dtype(np.int32), np.dtype(np.int64)) or
             not ids.flags.c_contiguous or (out is not None and (
-                out.dtype != dt or len(out) < len(ids) or not out.flags.c_contiguous)):
+                out.dtype != dt or len(out) < len(ids) or not out.flags.c_contiguous))):
         return None
     exe = kernel(dt.itemsize * 8)
     if exe is None:

@@ -140,8 +140,8 @@ class PagedRun:
         rows, edges = task.rows[1] - task.rows[0], task.edges[1] - task.edges[0]
         distinct = min(edges, self.reader.num_src)
         n = {self.walk.gathered: distinct, self.walk.rows: rows, "edge": edges, "param": 0}
-        out = (edges if self.eqn.params["reduce_by"] == "edge" else rows) * \
-            self.out_row_bytes if self.stats.result_tier == "disk" else 0
+        out = ((edges if self.eqn.params["reduce_by"] == "edge" else rows) *
+            self.out_row_bytes if self.stats.result_tier == "disk" else 0)
         if self.mapped is not None:      # (its kernel reads the rest where it is mapped)
             return with_slack(out)
         if self.walk.edge_perm is not None:
@@ -157,16 +157,16 @@ class PagedRun:
         disk = paging_mapped.could_map(self.walk, self.fields, self.roles, self.triton)
         mapped = disk is not None and paging_mapped.warm(disk)
         n, self.kernel_threads = page_threads(self.walk, len(self.tasks), mapped)
-        self.mapped = paging_mapped.open_mapped(self.walk, self.fields, len(self.tasks)) \
-            if mapped else None
-        through = paging_mapped.reads_through(disk) \
-            if disk is not None and self.mapped is None else None
+        self.mapped = (paging_mapped.open_mapped(self.walk, self.fields, len(self.tasks))
+            if mapped else None)
+        through = (paging_mapped.reads_through(disk)
+            if disk is not None and self.mapped is None else None)
         mapped_charge = self.charge_mapped()
         # nothing to read or check (a mapped run over chunks checked before, its result on
         # the host: no page buffers to wait for): each page's transfers run here, in plan
         # order, rather than as jobs of a loader thread (two hand-offs a page, ~0.1 ms)
-        self.inline = self.mapped is not None and self.mapped.checked() and \
-            self.stats.result_tier == "host"
+        self.inline = (self.mapped is not None and self.mapped.checked() and
+            self.stats.result_tier == "host")
         self.stats.mapped = self.mapped is not None
         self.module = paging_plan.page_module(
             self.walk, self.tasks, self.roles, tiers, self.stats.result_tier,
@@ -339,11 +339,11 @@ class PagedRun:
             page.vals[name], nbytes = self.mapped.field(i, op, stor)
             return self.field_loaded(op, tier, nbytes, t0)
         n = op.rows[1] - op.rows[0] if op.kind == "page" else len(page.uniq)
-        buf = page.bufs.get(name, n, *row_layout(stor), f"page {op.page} buffers") \
-            if tier == "disk" or (op.kind == "gather" and self.roles[i] != "edge") else None
-        v = stor.read_rows(*op.rows, buf) if op.kind == "page" else \
-            self.edge_rows(page, stor) if self.roles[i] == "edge" else \
-            stor.take_rows(page.uniq, buf)
+        buf = (page.bufs.get(name, n, *row_layout(stor), f"page {op.page} buffers")
+            if tier == "disk" or (op.kind == "gather" and self.roles[i] != "edge") else None)
+        v = (stor.read_rows(*op.rows, buf) if op.kind == "page" else
+            self.edge_rows(page, stor) if self.roles[i] == "edge" else
+            stor.take_rows(page.uniq, buf))
         page.vals[name] = v
         self.field_loaded(op, tier, v.nbytes, t0)
 
@@ -457,9 +457,9 @@ class PagedRun:
             res = self.triton.compute(op, self, page, vals)
         else:
             route = plan_propagate(eqn, page.graph, lower=self.lower, held=held_kernel(op))
-            res = impl_rules[propagate_p](page.graph, *vals, **eqn.params) \
-                if isinstance(route, Fallback) else \
-                run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads)
+            res = (impl_rules[propagate_p](page.graph, *vals, **eqn.params)
+                if isinstance(route, Fallback) else
+                run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads))
         self.stats.seconds["compute"] += time.perf_counter() - t0
         for v, r in zip(op.results[:-1], res):
             self.results[v.name] = (r if isinstance(r, tuple) else np.asarray(r), page)

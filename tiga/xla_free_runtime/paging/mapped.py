@@ -147,8 +147,8 @@ def mappable(walk, fields: list, roles, triton=None, reserved: int = 0) -> bool:
 
 def warm(disk: list) -> bool:
     """Whether the page cache holds WARM of these disk arrays' bytes now."""
-    return sum(s.cached_fraction() * s.nbytes for s in disk) >= \
-        WARM * sum(s.nbytes for s in disk)
+    return (sum(s.cached_fraction() * s.nbytes for s in disk) >=
+        WARM * sum(s.nbytes for s in disk))
 
 
 def reads_through(disk: list) -> list | None:
@@ -189,18 +189,18 @@ def could_map(walk, fields: list, roles, triton=None, reserved: int = 0) -> list
     mapped_bytes). `fields`: (storage, tier) of each propagate field (storage None: on the
     host)."""
     reader = walk.reader
-    if triton is not None or reader is None or tier_of(reader) != "disk" or \
-            not hasattr(reader, "row_offsets") or \
-            (walk.edge_perm is not None and "edge" in roles) or \
-            any(tier not in ("host", "disk", "param") for _, tier in fields) or \
-            reads_past_cache(walk, fields):
+    if (triton is not None or reader is None or tier_of(reader) != "disk" or
+            not hasattr(reader, "row_offsets") or
+            (walk.edge_perm is not None and "edge" in roles) or
+            any(tier not in ("host", "disk", "param") for _, tier in fields) or
+            reads_past_cache(walk, fields)):
         return None
     disk = [reader.row_ptr, reader.col_idx] + [s for s, tier in fields if tier == "disk"]
     if not all(getattr(s, "can_map", lambda: False)() for s in disk):
         return None
     owner = sc.budget_scope("host")
-    if owner is not None and owner.used["host"] + reserved + mapped_bytes(walk, fields) > \
-            owner.budgets["host"]:
+    if (owner is not None and owner.used["host"] + reserved + mapped_bytes(walk, fields) >
+            owner.budgets["host"]):
         return None         # (the charge PagedRun.charge_mapped would make)
     return disk
 
@@ -210,8 +210,8 @@ def mapped_bytes(walk, fields: list) -> int:
     it runs, and after, as the page cache's clean pages), with its pages' local row
     offsets (MappedRun.page)."""
     reader = walk.reader
-    return 2 * reader.row_ptr.nbytes + reader.col_idx.nbytes + \
-        sum(s.nbytes for s, tier in fields if tier == "disk")
+    return (2 * reader.row_ptr.nbytes + reader.col_idx.nbytes +
+        sum(s.nbytes for s, tier in fields if tier == "disk"))
 
 
 def open_mapped(walk, fields: list, pages: int) -> MappedRun | None:

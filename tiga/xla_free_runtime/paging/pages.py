@@ -170,8 +170,8 @@ def result_layout(eqn, walk) -> tuple:
     total = sum(int(np.prod(s, dtype=np.int64)) * t.dtype.np.itemsize
                 for s, t in zip(shapes, types))
     owner = sc.budget_scope("host")
-    on_disk = owner is not None and lead is not None and \
-        owner.used["host"] + total > owner.budgets["host"] - owner.budgets["host"] // 4
+    on_disk = (owner is not None and lead is not None and
+        owner.used["host"] + total > owner.budgets["host"] - owner.budgets["host"] // 4)
     return shapes, types, on_disk
 
 

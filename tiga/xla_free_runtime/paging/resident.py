@@ -68,8 +68,8 @@ def reader_of(graph, reduce_by: str) -> ResidentRows:
 def _bytes(shape, dtype) -> int:
     if not all(isinstance(d, (int, np.integer)) for d in shape):
         return 0        # (a symbolic size: a result whose bytes are known only at the call)
-    return int(np.prod(tuple(shape), dtype=np.int64)) * \
-        np.dtype(getattr(dtype, "np", dtype)).itemsize
+    return (int(np.prod(tuple(shape), dtype=np.int64)) *
+        np.dtype(getattr(dtype, "np", dtype)).itemsize)
 
 
 def plan_resident(eqn, graph, values: list, lower):

@@ -114,8 +114,8 @@ def _check_base(store, exc):
         other = type(store)(path, now) if now is not None else None
     except StorageError:
         other = None
-    if other is not None and other.transposed is not None and \
-            _relation_of(other.manifest) == _relation_of(store.manifest):
+    if (other is not None and other.transposed is not None and
+            _relation_of(other.manifest) == _relation_of(store.manifest)):
         return other
     raise StorageError(f"{path}: version {base} was replaced by {now} while its transposed "
                        "relation was built (its files may be pruned); open the store "
@@ -202,8 +202,8 @@ BLOCK_SHIFT = 6     # buckets start at multiples of 64 sources: a source's bucke
 def _bucket_starts(counts: np.ndarray, limit: int) -> np.ndarray:
     """First source of each bucket: contiguous ranges of whole 64-source blocks of at most
     `limit` edges (a block with more edges than that is a bucket of its own)."""
-    per_block = np.add.reduceat(counts, np.arange(0, len(counts), 1 << BLOCK_SHIFT)) \
-        if len(counts) else np.zeros(0, np.int64)
+    per_block = (np.add.reduceat(counts, np.arange(0, len(counts), 1 << BLOCK_SHIFT))
+        if len(counts) else np.zeros(0, np.int64))
     ends = np.cumsum(per_block)
     starts, at, n = [0], 0, len(per_block)
     while at < n:

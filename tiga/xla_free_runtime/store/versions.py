@@ -104,8 +104,8 @@ def store_of(path: Path) -> Path | None:
     chain = [path, *path.parents]
     for child, p in zip(chain, chain[1:]):
         try:
-            names = os.listdir(p) if (p / POINTER).is_file() or VERSION.match(child.name) \
-                else ()
+            names = (os.listdir(p) if (p / POINTER).is_file() or VERSION.match(child.name)
+                else ())
         except OSError:
             continue
         kinds = [VERSION.match(n) is not None for n in names if not n.startswith(".")]
@@ -170,8 +170,8 @@ def claim(path: Path) -> Claim:
             except FileExistsError:     # (made meanwhile outside this protocol: skip it)
                 number += 1
             except OSError as exc:
-                raise StorageError(f"{path}: cannot create version v{number:06d} ({exc})") \
-                    from exc
+                raise StorageError(
+                    f"{path}: cannot create version v{number:06d} ({exc})") from exc
         return Claim(path, number)
 
 

@@ -185,9 +185,9 @@ class AttentionPlan:
         # the kernel takes the row max of the raw scores (scale > 0)
         # the kernel runs first and reports whether its fast-math result is exact; when it
         # may not be (a NaN, inf or overflow-prone operand), the NaN-safe tiles redo the call
-        if prune is None and n > 0 and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and \
+        if (prune is None and n > 0 and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and
                 _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top,
-                                mass, lo, hi, scale, self.launch):
+                                mass, lo, hi, scale, self.launch)):
             STATS["native_calls"] += 1
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
@@ -232,11 +232,11 @@ class AttentionPlan:
         dk = np.empty(k.shape, eqn.outputs[0].type.dtype.np)
         dv = np.empty(v.shape, eqn.outputs[1].type.dtype.np)
         # dkdvq: dq is the third output of the same pass (per-thread partial sums, added once)
-        native = _bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype and \
-            _bwd_fast_math_exact(float(scale), q, k, v, do, lse, delta)
+        native = (_bwd_native_ok(q, k, v, do, dk.dtype) and dv.dtype == dk.dtype and
+            _bwd_fast_math_exact(float(scale), q, k, v, do, lse, delta))
         # (the native kernel sets every entry of dq: no zeros to write first)
-        dq = (np.empty if native else np.zeros)(q.shape, eqn.outputs[2].type.dtype.np) \
-            if self.kind == "dkdvq" else None
+        dq = ((np.empty if native else np.zeros)(q.shape, eqn.outputs[2].type.dtype.np)
+            if self.kind == "dkdvq" else None)
         if native:
             _native_backward(_heads(q, heads), _heads(k, heads), _heads(v, heads),
                              _heads(do, heads), _rows_heads(lse, heads),
@@ -260,11 +260,11 @@ class AttentionPlan:
                 "dkdvq": "attention VJP dk, dv (by src) and dq (by dst) in one pass"}
         ex.routes.append(("cpu-tiled", f"{where}{what[self.kind]}",
                           "tiled streaming attention"))
-        native = self.kind == "forward" and p["reducer"].prune_threshold is None and \
+        native = (self.kind == "forward" and p["reducer"].prune_threshold is None and
             _native_ok(*(_avals(eqn, i) for i in (self.pattern.q, self.pattern.k,
-                                                 self.pattern.v)), _avals(eqn, None)) and \
+                                                 self.pattern.v)), _avals(eqn, None)) and
             not (self.pattern.scale is not None and self.pattern.scale[0] == "lit"
-                 and not 0 < self.pattern.scale[1] < np.inf)   # (see _forward)
+                 and not 0 < self.pattern.scale[1] < np.inf))   # (see _forward)
         # dq, (dk, dv) and dq alone: the LLVM backward kernel (skipping the products not wanted)
         bnative = self.kind in ("dq", "dkdv", "dkdvq") and _bwd_native_ok(
             *(_avals(eqn, i) for i in (0, 1, 2, 4)), _avals(eqn, None))
@@ -333,8 +333,8 @@ def _cache_line(width: int, native: bool, bnative: bool, tiles: dict) -> str:
     """explain()'s cache status of the kernel an attention propagate compiles."""
     from ...cache import CACHE
     if bnative:
-        return f"LLVM backward kernel (width {width}) " + \
-            CACHE.status(_bwd_native_key(width, tiles))
+        return (f"LLVM backward kernel (width {width}) " +
+            CACHE.status(_bwd_native_key(width, tiles)))
     if native:
         return f"LLVM forward kernel (width {width}) {CACHE.status(_native_key(width, tiles))}"
     return "numpy tiles (nothing to compile)"
@@ -457,8 +457,8 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> bool:
     qp, kp = (x if _unit_stride(x) else np.ascontiguousarray(x, f32) for x in (q, k))
     vp = v if _in_place(v) else np.empty(v.shape, f32)
     op = out if _unit_stride(out) else np.empty(out.shape, f32)
-    assert top.shape == mass.shape == (nh, n) and top.flags.c_contiguous and \
-        mass.flags.c_contiguous and top.dtype == mass.dtype == f32
+    assert (top.shape == mass.shape == (nh, n) and top.flags.c_contiguous and
+        mass.flags.c_contiguous and top.dtype == mass.dtype == f32)
     if vp is not v:
         def pack(h0, h1, _argv):
             # numpy copies release the GIL: heads pack on the pool
@@ -571,8 +571,8 @@ def _in_place(x: np.ndarray) -> bool:
     """Whether the kernel reads x (H, N, D) in place: float32, each head's rows contiguous,
     a nonnegative head stride of whole elements."""
     st = x.strides
-    return x.dtype == np.float32 and st[2] == 4 and st[1] == 4 * x.shape[2] and \
-        st[0] >= 0 and st[0] % 4 == 0
+    return (x.dtype == np.float32 and st[2] == 4 and st[1] == 4 * x.shape[2] and
+        st[0] >= 0 and st[0] % 4 == 0)
 
 
 def _unit_stride(x: np.ndarray) -> bool:
@@ -640,8 +640,8 @@ def _strided_ok(x: np.ndarray) -> bool:
     """Whether the backward kernel reads or writes x in place: float32, unit last stride, the
     other strides nonnegative whole elements."""
     st = x.strides
-    return x.dtype == np.float32 and (x.ndim < 3 or st[-1] == 4) and \
-        all(s >= 0 and s % 4 == 0 for s in st)
+    return (x.dtype == np.float32 and (x.ndim < 3 or st[-1] == 4) and
+        all(s >= 0 and s % 4 == 0 for s in st))
 
 
 # The backward's work arrays (packed q and dO, dq sums) are kept between calls: fresh

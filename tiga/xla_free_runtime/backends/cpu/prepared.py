@@ -55,8 +55,8 @@ class PreparedLaunch:
         # of building it from a list of addresses)
         argv = self.argv_t.from_buffer_copy(self.blob)
         for (at, dtype, shape, gathered), f in zip(self.fields, values[1:]):
-            if type(f) is not np.ndarray or f.dtype != dtype or f.shape != shape or \
-                    not f.flags.c_contiguous:
+            if (type(f) is not np.ndarray or f.dtype != dtype or f.shape != shape or
+                    not f.flags.c_contiguous):
                 return P.run_propagate(self.exe, self.eqn, values[0], values[1:])
             try:    # (P._address inlined: a warm call's host time is counted in us)
                 addr = _addressof(_from_buffer(f))

@@ -43,8 +43,8 @@ class PreparedTritonLaunch:
         args = []     # (loops, not comprehensions: each costs a frame on CPython 3.11)
         for f, dtype in zip(fields, self.fields):
             # (carray: C-contiguous, aligned and writable, one flag read)
-            if type(f) is not np.ndarray or f.dtype != dtype or not f.size or \
-                    not f.flags.carray:
+            if (type(f) is not np.ndarray or f.dtype != dtype or not f.size or
+                    not f.flags.carray):
                 return self.plan.run(self.eqn, values[0], fields)
             args.append(wrap(f))
         outs = []
@@ -68,8 +68,8 @@ def prepare(plan, eqn, graph) -> PreparedTritonLaunch | None:
     if not isinstance(plan, TritonPlan) or not BACKENDS[plan.backend].interpreter:
         return None
     sig = plan.source.signature
-    if sig.combine or "bfloat16" in sig.field_dtypes or "bfloat16" in sig.out_dtypes or \
-            not hasattr(tensors(), "wrap_host"):
+    if (sig.combine or "bfloat16" in sig.field_dtypes or "bfloat16" in sig.out_dtypes or
+            not hasattr(tensors(), "wrap_host")):
         return None
     walk = _torch_walk(graph, sig, "cpu")
     rows = graph.num_src if sig.walk == "src" else graph.num_dst

@@ -76,9 +76,9 @@ class DeviceStorage:
         try:
             # (cudaStreamNonBlocking is 1 in CUDA's headers, where a binding lacks the name)
             flag = getattr(rt, "cudaStreamNonBlocking", 1)
-            stream = _check(rt, rt.cudaStreamCreateWithFlags(flag),
-                            "cudaStreamCreateWithFlags") if nonblocking else \
-                _check(rt, rt.cudaStreamCreate(), "cudaStreamCreate")
+            stream = (_check(rt, rt.cudaStreamCreateWithFlags(flag),
+                             "cudaStreamCreateWithFlags") if nonblocking else
+                _check(rt, rt.cudaStreamCreate(), "cudaStreamCreate"))
         except StorageError:
             rt.cudaFree(ptr)
             raise
@@ -127,8 +127,8 @@ class DeviceStorage:
             raise ShapeError("read_rows: a 0-d value has no rows")
         start, stop = max(0, int(start)), min(int(stop), self.shape[0])
         n = max(0, stop - start)
-        fits = out is not None and out.dtype == self.dtype and out.flags.c_contiguous and \
-            out.shape[1:] == self.shape[1:] and len(out) >= n
+        fits = (out is not None and out.dtype == self.dtype and out.flags.c_contiguous and
+            out.shape[1:] == self.shape[1:] and len(out) >= n)
         rows = out[:n] if fits else np.empty((n,) + self.shape[1:], self.dtype)
         self._copy(rows.ctypes.data, self._live() + start * self.row_bytes,
                    n * self.row_bytes, _D2H)
@@ -137,8 +137,8 @@ class DeviceStorage:
     def take_rows(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows at sorted indices `rows`: one copy per run of consecutive rows."""
         rows = np.asarray(rows, dtype=np.int64)
-        fits = out is not None and out.dtype == self.dtype and out.flags.c_contiguous and \
-            out.shape[1:] == self.shape[1:] and len(out) >= len(rows)
+        fits = (out is not None and out.dtype == self.dtype and out.flags.c_contiguous and
+            out.shape[1:] == self.shape[1:] and len(out) >= len(rows))
         got = out[:len(rows)] if fits else np.empty((len(rows),) + self.shape[1:], self.dtype)
         if not len(rows):
             return got

@@ -60,8 +60,8 @@ def _zarr():
 
 def chunk_rows_for(shape: tuple, itemsize: int) -> int:
     """Rows per disk chunk of an array of `shape`: whole rows, about CHUNK_BYTES a chunk."""
-    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * itemsize if len(shape) > 1 else \
-        itemsize
+    row_bytes = (int(np.prod(shape[1:], dtype=np.int64)) * itemsize if len(shape) > 1 else
+        itemsize)
     return max(1, CHUNK_BYTES // max(row_bytes, 1))
 
 
@@ -111,8 +111,8 @@ class DiskStorage:
                                     attributes={"tiga_dtype": name, "tiga_scalar": scalar},
                                     overwrite=True, config={"write_empty_chunks": True})
         except OSError as exc:
-            raise StorageError(f"disk tier: cannot create a zarr array at {path}: {exc}") \
-                from exc
+            raise StorageError(
+                f"disk tier: cannot create a zarr array at {path}: {exc}") from exc
         return cls(path, arr, dtype, owned=owned, writable=True, scalar=scalar)
 
     @classmethod
@@ -258,8 +258,8 @@ class DiskStorage:
         start, stop = max(0, int(start)), min(int(stop), self.shape[0])
         if stop <= start:
             return np.empty((0,) + self.shape[1:], self.dtype)
-        if out is not None and self._direct and out.dtype == self.dtype and \
-                out.shape[1:] == self.shape[1:] and len(out) >= stop - start:
+        if (out is not None and self._direct and out.dtype == self.dtype and
+                out.shape[1:] == self.shape[1:] and len(out) >= stop - start):
             return self._read_direct(start, stop, out[:stop - start])
         return self._get(slice(start, stop))
 
@@ -269,10 +269,10 @@ class DiskStorage:
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and rows[-1] - rows[0] + 1 == len(rows):     # one run: no gather
             return self.read_rows(int(rows[0]), int(rows[-1]) + 1, out)
-        fits = out is not None and out.dtype == self.dtype and \
-            out.shape[1:] == self.shape[1:] and len(out) >= len(rows)
-        out = out[:len(rows)] if fits else \
-            aligned_empty((len(rows),) + self.shape[1:], self.dtype)
+        fits = (out is not None and out.dtype == self.dtype and
+            out.shape[1:] == self.shape[1:] and len(out) >= len(rows))
+        out = (out[:len(rows)] if fits else
+            aligned_empty((len(rows),) + self.shape[1:], self.dtype))
         if not len(rows):
             return out
         cr = self.chunk_rows
@@ -485,8 +485,8 @@ class DiskStorage:
                                f"{self.path} is incomplete") from exc
         except OSError as exc:
             raise StorageError(f"{f}: read failed ({exc})") from exc
-        if got != target.nbytes or len(crc) != 4 or \
-                google_crc32c.value(target) != int.from_bytes(crc, "little"):
+        if (got != target.nbytes or len(crc) != 4 or
+                google_crc32c.value(target) != int.from_bytes(crc, "little")):
             raise StorageError(f"{f}: checksum check (crc32c) failed reading rows "
                                f"{_fmt(key)} (stored chunk of {got + len(crc)} bytes, "
                                f"expected {target.nbytes + 4} with a matching checksum)")
@@ -513,8 +513,8 @@ class DiskStorage:
     def check_chunk(self, k: int) -> None:
         """Read chunk k whole and check it (crc32c, the manifest's record): a run's owed
         check (chunk_checks.py)."""
-        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * \
-            np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype)).itemsize
+        row_bytes = (int(np.prod(self.shape[1:], dtype=np.int64)) *
+            np.dtype(_RAW.get(as_dtype(self.dtype).name, self.dtype)).itemsize)
         buf = self._spare(self.chunk_rows * row_bytes)
         self._read_chunk(k, buf, key=slice(k * self.chunk_rows, (k + 1) * self.chunk_rows))
         self._recycle((), [buf])
@@ -555,16 +555,16 @@ class DiskStorage:
     def can_map(self) -> bool:
         """Whether mapped() can map this array: rows, read-only (nothing written while a run
         maps it), the direct layout, whole memory pages a chunk, on Linux."""
-        return self._direct and not self.writable and bool(self.shape and self.shape[0]) and \
-            self._array is not None and sys.platform == "linux" and \
-            self._body_bytes() % mmap.PAGESIZE == 0
+        return (self._direct and not self.writable and bool(self.shape and self.shape[0]) and
+            self._array is not None and sys.platform == "linux" and
+            self._body_bytes() % mmap.PAGESIZE == 0)
 
     def cached_fraction(self) -> float:
         """The share of this array's chunk bodies the page cache holds now (all of it, as
         far as this asks, when the last run checked every chunk through this storage's
         mapping: mapped() finds out whether they stayed)."""
-        if self._mapping is not None and \
-                len(self._mapping[1].derived["checked"]) == self.num_chunks:
+        if (self._mapping is not None and
+                len(self._mapping[1].derived["checked"]) == self.num_chunks):
             return 1.0
         body = self._body_bytes()
         paths = self._chunk_files(slice(0, self.shape[0])) if self.shape else []
@@ -681,8 +681,8 @@ def _direct_layout(path: Path, chunks: tuple, shape: tuple) -> bool:
     if not isinstance(meta, dict):
         return False
     enc = meta.get("chunk_key_encoding", {})
-    return meta.get("codecs") == _DIRECT_CODECS and enc.get("name") == "default" and \
-        enc.get("configuration", {}).get("separator") == "/"
+    return (meta.get("codecs") == _DIRECT_CODECS and enc.get("name") == "default" and
+        enc.get("configuration", {}).get("separator") == "/")
 
 
 def _fmt(key) -> str:

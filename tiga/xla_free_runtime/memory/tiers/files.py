@@ -288,8 +288,8 @@ def _cachestat():
     libc = ctypes.CDLL(None, use_errno=True)
     nr = 451                       # (the same number on x86_64 and the generic table)
     probe = (ctypes.c_uint64 * 5)()
-    if libc.syscall(nr, -1, (ctypes.c_uint64 * 2)(0, 1), probe, 0) == 0 or \
-            ctypes.get_errno() == errno.ENOSYS:
+    if (libc.syscall(nr, -1, (ctypes.c_uint64 * 2)(0, 1), probe, 0) == 0 or
+            ctypes.get_errno() == errno.ENOSYS):
         return None                # (EBADF expected for fd -1: the call exists)
     return lambda fd, rng, out: libc.syscall(nr, fd, rng, out, 0)
 
@@ -306,8 +306,8 @@ def read_part(path, offset: int, dst: np.ndarray, direct: bool = False) -> int:
     try:
         if direct and _cold(fd, hi - lo, lo):
             stage = _staging("part", hi - lo)
-            if _read_direct(path, memoryview(stage)[:hi - lo], lo, exact=True) >= \
-                    offset - lo + n:
+            if (_read_direct(path, memoryview(stage)[:hi - lo], lo, exact=True) >=
+                    offset - lo + n):
                 np.frombuffer(view, np.uint8)[:] = stage[offset - lo:offset - lo + n]
                 return n
         return _pread_into(fd, view, offset)
@@ -488,8 +488,8 @@ def aligned_empty(shape: tuple, dtype, align: int = 64, mapped: bool = False) ->
     threads) left 150-250 MiB resident after 100M edges (benchmarks/PAGING_NOTES.md)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if mapped and n >= MAPPED_MIN and align <= mmap.PAGESIZE and \
-            hasattr(mmap, "MAP_ANONYMOUS"):
+    if (mapped and n >= MAPPED_MIN and align <= mmap.PAGESIZE and
+            hasattr(mmap, "MAP_ANONYMOUS")):
         m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if n >= HUGE and hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             m.madvise(mmap.MADV_HUGEPAGE)     # (fewer faults on first touch, as numpy asks)

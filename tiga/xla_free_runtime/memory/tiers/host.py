@@ -45,8 +45,8 @@ class HostStorage:
         if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
             return arr[int(rows[0]):int(rows[-1]) + 1]
         from .files import aligned_empty  # (kernels read gathered pages in place)
-        fits = out is not None and out.dtype == arr.dtype and \
-            out.shape[1:] == arr.shape[1:] and len(out) >= len(rows)
+        fits = (out is not None and out.dtype == arr.dtype and
+            out.shape[1:] == arr.shape[1:] and len(out) >= len(rows))
         out = out[:len(rows)] if fits else aligned_empty((len(rows),) + arr.shape[1:],
                                                          arr.dtype)
         return np.take(arr, rows, axis=0, out=out, mode="clip")   # (ids checked by the caller)
