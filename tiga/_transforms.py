@@ -16,6 +16,7 @@ import numpy as np
 from . import api, opt
 from .autodiff.batching import batch_program
 from .autodiff.custom import custom_jvp, custom_vjp
+from .autodiff.inlining import inline_custom_calls
 from .autodiff.jvp import jvp_program
 from .autodiff.linearize import partial_eval
 from .core.errors import ShapeError, TigaError
@@ -291,13 +292,16 @@ def vmap(fn: Callable, in_axes=0, out_axes=0):
             program = traced.program
             bprog = batch_program(program, [False] * n_caps + [a is not None for a in axes],
                                   size, [None] * n_caps + axes, _out_axes(out_axes, program))
-            return bprog, {}
+            # run as it is, custom calls hold their function (no reference route); inlined
+            # into an enclosing trace, they keep their rules for its differentiation
+            return (bprog, inline_custom_calls(bprog)), {}
 
         # traced once per (fn, per-instance types, axes), as tg.grad's function is
         what = ("vmap", tuple(axes), size, _axes_key(out_axes))
-        traced, bprog, memo = api._traced_for(fn, what, (), False, tuple(specs), derive)
-        if current_builder() is not None:
-            memo = None
+        traced, (bprog, inlined), memo = api._traced_for(fn, what, (), False, tuple(specs),
+                                                         derive)
+        if current_builder() is None:
+            bprog = inlined
         outs = api.run_staged(bprog, list(traced.caps) + leaves, memo)
         return traced.split(outs)[0]
 

@@ -109,7 +109,12 @@ def test_derived_programs_hold_the_function_not_the_call(strict):
     derived = tg.make_program(lambda x: tg.grad(_edge_loss)(x))(X)
     assert not has_custom_calls(derived)
     batched = tg.make_program(tg.vmap(_edge_loss))(np.stack([X, X]))
-    assert not has_custom_calls(batched)
+    assert has_custom_calls(batched)            # batched with its rule (grad may follow)
+    derived = tg.make_program(lambda xs: tg.grad(lambda xs: m.sum(tg.vmap(_edge_loss)(xs)))(
+        xs))(np.stack([X, X]))
+    assert not has_custom_calls(derived)
+    np.testing.assert_allclose(np.asarray(tg.vmap(_edge_loss)(np.stack([X, X]))),
+                               [float(np.asarray(tg.eval_program(program, X)[0]))] * 2)
     want = float(np.asarray(tg.eval_program(program, X)[0]))     # the reference interpreter
     tg.config.strict = False   # (a plain call keeps the call: opt does not inline it yet)
     np.testing.assert_allclose(float(np.asarray(tg.jit(_edge_loss)(X))), want, rtol=1e-12)
@@ -129,6 +134,26 @@ def test_per_sample_gradients_through_a_custom_vjp():
     xs = np.stack([X, 0.01 * X])
     got = np.asarray(tg.vmap(tg.grad(loss))(xs))
     np.testing.assert_allclose(got, np.clip(2 * xs, -0.1, 0.1))
+
+
+def test_a_batched_custom_function_keeps_its_rule():
+    """grad of vmap: the batched call still runs the user's backward (clipped), and a
+    shared argument's cotangent sums over the instances."""
+    def f(x, s):
+        return m.sum(clip_gradient(x * s) ** 2)
+
+    xs = np.stack([X, 0.01 * X])
+    s = np.array(1.0)
+    g_x, g_s = tg.grad(lambda xs, s: m.sum(tg.vmap(f, in_axes=(0, None))(xs, s)),
+                       argnums=(0, 1))(xs, s)
+    clipped = np.clip(2 * xs * s, -0.1, 0.1)
+    np.testing.assert_allclose(np.asarray(g_x), clipped * s, rtol=1e-12)
+    np.testing.assert_allclose(float(np.asarray(g_s)), float(np.sum(clipped * xs)), rtol=1e-12)
+    v = np.ones_like(xs)
+    _, t = tg.jvp(tg.vmap(scaled_tanh), (xs,), (v,))
+    np.testing.assert_allclose(np.asarray(t), 2 / np.cosh(xs) ** 2, rtol=1e-12)
+    g = tg.grad(lambda xs: m.sum(tg.vmap(scaled_tanh)(xs)))(xs)
+    np.testing.assert_allclose(np.asarray(g), 2 / np.cosh(xs) ** 2, rtol=1e-12)
 
 
 def test_forward_mode_goes_through_the_primal_of_a_custom_vjp():

@@ -17,7 +17,7 @@ from ..core.types import TensorType
 from ..trace import math as m
 from ..trace.staging import trace_flat
 from ..trace.tracer import aval_of, bind
-from .inlining import bind_inlined, inline_custom_calls
+from .inlining import bind_inlined
 
 batch_rules: dict[Primitive, Callable] = {}
 
@@ -117,7 +117,9 @@ def batch_program(program: GraphProgram, batched, size, in_axes, out_axes) -> Gr
     prog, caps, _ = trace_flat(fn, avals)
     if caps:
         raise TigaError("vmap: the program closes over outer values")
-    return inline_custom_calls(prog)
+    # (custom calls stay, batched with their rules: a transformation around the vmap may
+    # differentiate them; a caller that runs the program inlines them first)
+    return prog
 
 
 def unbatched_types(ins, batched) -> list:

@@ -192,34 +192,70 @@ def custom_jvp_call_jvp_rule(primals, tangents, *, fun, jvp, counts):
     args = list(primals[nf + nj:])
     ts = [instantiate(t, a) if differentiable(aval_of(a)) else m.zeros_like(a)
           for t, a in zip(tangents[nf + nj:], args)]
+    ts = _fit_tangents(jvp, ts)
     res = inline_program(jvp.program, *primals[nf:nf + nj], *args, *ts)
     n = len(fun.out_types)
     return res[:n], res[n:]
+
+
+def _fit_tangents(jvp: ClosedProgram, ts: list) -> list:
+    """Tangents shaped as the rule's tangent binders (a batched rule's carry the batch)."""
+    binders = jvp.in_types[len(jvp.in_types) - len(ts):]
+    return [m.broadcast_to(t, b.shape) if aval_of(t).shape != b.shape else t
+            for t, b in zip(ts, binders)]
 
 
 def custom_jvp_call_vjp_rule(ct_outs, outs, *operands, fun, jvp, counts):
     """The transpose of the user's (linear) JVP: its VJP with respect to the tangents."""
     nf, nj = counts
     args = list(operands[nf + nj:])
-    zeros = [m.zeros_like(a) for a in args]
+    zeros = _fit_tangents(jvp, [m.zeros_like(a) for a in args])
     n = len(fun.out_types)
     _, cts = backward_pass(jvp.program, list(operands[nf:nf + nj]) + args + zeros,
                            [None] * n + list(ct_outs))
-    t_cts = cts[nj + len(args):]
+    t_cts = [c if c is None or aval_of(c).shape == aval_of(a).shape else m.sum(c, axis=0)
+             for c, a in zip(cts[nj + len(args):], args)]   # (a shared argument: summed)
     return (None,) * (nf + nj) + tuple(c if differentiable(aval_of(a)) else None
                                        for c, a in zip(t_cts, args))
 
 
-def custom_call_batch_rule(ins, batched, size, *, fun, counts, **rules):
-    """Batched through the primal function (the rule applies to unbatched calls)."""
-    fun_b, out_b = batch_closed(fun, fun_operands(batched, counts), size)
-    outs = inline_program(fun_b.program, *fun_b.consts, *fun_operands(ins, counts))
-    return outs, out_b
+def custom_vjp_call_batch_rule(ins, batched, size, *, fun, fwd, bwd, counts, num_res):
+    """A batched call keeps its rule: fun, fwd and bwd batched alike; the cotangent of an
+    argument shared by every instance sums over the instances."""
+    nf, nw, nb = counts
+    args_b = list(batched[sum(counts):])
+    n_out = len(fun.out_types)
+    fun_b, _ = batch_closed(fun, list(batched[:nf]) + args_b, size, [True] * n_out)
+    fwd_b, _ = batch_closed(fwd, list(batched[nf:nf + nw]) + args_b, size,
+                            [True] * (n_out + num_res))
+    bwd_all, _ = batch_closed(bwd, list(batched[nf + nw:nf + nw + nb])
+                              + [True] * (num_res + n_out), size, [True] * len(args_b))
+
+    def summed(*xs):
+        cts = inline_program(bwd_all.program, *bwd_all.consts, *xs)
+        return [c if b else m.sum(c, axis=0) for c, b in zip(cts, args_b)]
+
+    bwd_b, _, _ = _traced(summed, bwd_all.in_types)
+    outs = bind(custom_vjp_call_p, *ins, fun=fun_b, fwd=fwd_b, bwd=bwd_b, counts=counts,
+                num_res=num_res)
+    return list(outs), [True] * n_out
+
+
+def custom_jvp_call_batch_rule(ins, batched, size, *, fun, jvp, counts):
+    """A batched call keeps its rule; a tangent is batched where its primal is."""
+    nf, nj = counts
+    args_b = list(batched[nf + nj:])
+    n_out = len(fun.out_types)
+    fun_b, _ = batch_closed(fun, list(batched[:nf]) + args_b, size, [True] * n_out)
+    jvp_b, _ = batch_closed(jvp, list(batched[nf:nf + nj]) + args_b + args_b, size,
+                            [True] * (2 * n_out))
+    outs = bind(custom_jvp_call_p, *ins, fun=fun_b, jvp=jvp_b, counts=counts)
+    return list(outs), [True] * n_out
 
 
 vjp_rules[custom_vjp_call_p] = custom_vjp_call_vjp_rule
 vjp_rules[custom_jvp_call_p] = custom_jvp_call_vjp_rule
 jvp_rules[custom_vjp_call_p] = custom_vjp_call_jvp_rule
 jvp_rules[custom_jvp_call_p] = custom_jvp_call_jvp_rule
-batch_rules[custom_vjp_call_p] = custom_call_batch_rule
-batch_rules[custom_jvp_call_p] = custom_call_batch_rule
+batch_rules[custom_vjp_call_p] = custom_vjp_call_batch_rule
+batch_rules[custom_jvp_call_p] = custom_jvp_call_batch_rule
