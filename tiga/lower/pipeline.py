@@ -99,19 +99,11 @@ def lower_launch(eqn, relation_type=None, *, name: str = "propagate",
     # (the program's Domain, Iter and Task IR are dumped where the runtime lowers the whole
     # program it interprets, xla_free_runtime/executor.py; this launch is the kernel it renders)
     module = lower(program, until="kernel", name=name, target=target, dump=("kernel",))
-    launches = [op for op in _walk_ops(module.body) if isinstance(op, ir.LaunchOp)]
+    launches = [op for op in ir.walk_ops(module.body) if isinstance(op, ir.LaunchOp)]
     if len(launches) != 1:
         raise TigaError(f"lower_launch: a propagate lowered to {len(launches)} launches, "
                         "expected 1; this is a Tiga bug")
     return launches[0]
-
-
-def _walk_ops(region):
-    for op in region.ops:
-        yield op
-        for r in getattr(op, "regions", ()) or ():
-            if hasattr(r, "ops"):
-                yield from _walk_ops(r)
 
 
 def ir_text(program, stage: str, *, name: str = "main") -> str:
