@@ -62,17 +62,17 @@ def plan(eqn, graph, *, lower, compile: bool = True, held=None):
     if selected_backend() in TRITON_BACKENDS:
         return backend_plan(eqn, graph, compile=compile, lower=lower)
     if not compile or graph is None:
-        return plan_cpu(eqn, graph, compile=compile, lower=lower)
+        return plan_cpu(eqn, graph, compile=compile, lower=lower, held=held)
     threads = num_threads()
     per_eqn = _WARM.get(eqn)
     found = per_eqn.get(id(graph)) if per_eqn is not None else None
-    if found is not None and found[0]() is graph and found[1] == threads and \
-            CACHE.current(found[2]):
+    if (found is not None and found[0]() is graph and found[1] == threads
+            and CACHE.current(found[2])):
         return found[2]
     route = plan_cpu(eqn, graph, held=held, lower=lower)
     # (a generated relation changes route once it is materialised: planned every call)
-    if isinstance(route, Executable) and \
-            getattr(graph, "kind", None) not in generated.GENERATED_KINDS:
+    if (isinstance(route, Executable)
+            and getattr(graph, "kind", None) not in generated.GENERATED_KINDS):
         per_eqn = _WARM.setdefault(eqn, {})
         if len(per_eqn) > 64:
             per_eqn.clear()

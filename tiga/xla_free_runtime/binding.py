@@ -17,6 +17,7 @@ from ..core.types import GraphType
 from ..lower import CPU_LLVM_AVAILABLE
 from ..lower.abi import relation_descriptor
 from ..lower.attention_walk import claim_attention
+from ..lower.backends import selected_backend
 from ..lower.binding import RelationBinding
 from .backends.cpu.generated import GENERATED_KINDS, generated_binding, generated_relations
 from .paging.gather import kernel_name as gather_kernel
@@ -24,9 +25,9 @@ from .paging.pages import pageable
 
 
 def call_binding(program, args: list) -> tuple:
-    """The binding of a cpu-llvm call of `program` on `args` (() when every propagate walks
-    its relation as typed)."""
-    if not CPU_LLVM_AVAILABLE:
+    """The binding of a call of `program` on `args` (() when every propagate walks its
+    relation as typed, or a Triton backend is selected: it plans its own kernels)."""
+    if not CPU_LLVM_AVAILABLE or selected_backend() not in ("auto", "cpu-llvm"):
         return ()
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
     generated = None

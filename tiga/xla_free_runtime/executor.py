@@ -206,9 +206,9 @@ def _run(program: GraphProgram, args: list) -> list:
     """The program's Task IR interpreted with this runtime's rules for compiled propagates
     and loops (eval_program with the same rules when the IR does not express it)."""
     overrides = OVERRIDES
-    walk = task_walk(program, partial(task_module, source=program), _binding(program, args))
-    generates = walk.generates if isinstance(walk, TaskWalk) else \
-        bool(generated_relations(program))
+    walk = task_walk(program, partial(task_module, source=program), call_binding(program, args))
+    generates = (walk.generates if isinstance(walk, TaskWalk) else
+                 bool(generated_relations(program)))
     if config.strict or generates:
         # planned before anything runs: strict mode refuses a fallback up front, and a
         # relation generated in the program takes the route planned from its parameters
@@ -228,11 +228,6 @@ def _run(program: GraphProgram, args: list) -> list:
         rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
         overrides = {**overrides, propagate_p: rule}
     return run_walk(walk, program, args, overrides)
-
-
-def _binding(program: GraphProgram, args: list) -> tuple:
-    """The call's binding on cpu-llvm (a Triton backend plans its own kernels)."""
-    return call_binding(program, args) if selected_backend() in ("auto", "cpu-llvm") else ()
 
 
 def run_prepared(program: GraphProgram, args: list, *, host_args: bool = False) -> list | None:
@@ -275,8 +270,8 @@ def _prepare(program: GraphProgram, walk: TaskWalk, args: list) -> None:
     """After a call that ran every propagate on the interpreter's held rules: its launch
     list for the next call on the same relations (None remembered: not preparable)."""
     entry = _PREPARED.get(id(program))
-    if entry is not None and entry[0]() is program and entry[1] is None and \
-            entry[2] == _relations(program, args):
+    if (entry is not None and entry[0]() is program and entry[1] is None
+            and entry[2] == _relations(program, args)):
         return
     prep = prepare_walk(walk, program, args, partial(_prepared_launch, walk),
                         selected_backend())
@@ -357,8 +352,8 @@ def _propagate(routes, launches, eqn, vals):
 def _call(closed, args: list) -> list:
     args = list(closed.consts) + list(args)
     prep = _prepared(closed.program, args)    # (a loop body's warm iterations)
-    return run_walk(prep, closed.program, args, OVERRIDES, prep.prepared) \
-        if prep is not None else _run(closed.program, args)
+    return (run_walk(prep, closed.program, args, OVERRIDES, prep.prepared)
+            if prep is not None else _run(closed.program, args))
 
 
 def _repeat(eqn, vals):
@@ -378,8 +373,8 @@ def _degrees(eqn, vals):
     kind = getattr(vals[0], "kind", None)
     if kind not in GENERATED and kind != "paged":
         return None
-    deg = paged_degrees(vals[0], eqn.params["by"]) if kind == "paged" else \
-        fused_degrees(vals[0], eqn.params["by"], LOWERING)
+    deg = (paged_degrees(vals[0], eqn.params["by"]) if kind == "paged" else
+           fused_degrees(vals[0], eqn.params["by"], LOWERING))
     return None if deg is None else [deg]
 
 
@@ -427,7 +422,7 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
         return text
     # (TIGA_DUMP writes the stages of what is printed, as for any ir() of a program)
     return str(pipeline.lower(lifted(program), until="task", name=name,
-                              binding=_binding(program, args)))
+                              binding=call_binding(program, args)))
 
 
 __all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select_route",

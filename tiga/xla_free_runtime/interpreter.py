@@ -129,8 +129,8 @@ def lifted(program: GraphProgram) -> GraphProgram:
     lifted: dict = {}
 
     def lift(a):
-        if not isinstance(a, Lit) or isinstance(a.type, GraphType) or \
-                np.size(a.value) <= LIFT_ELEMENTS:
+        if (not isinstance(a, Lit) or isinstance(a.type, GraphType)
+                or np.size(a.value) <= LIFT_ELEMENTS):
             return a
         if id(a) not in lifted:
             lifted[id(a)] = Var(a.type)
@@ -166,8 +166,8 @@ def _pair(module: TaskModule, program: GraphProgram) -> tuple:
             continue
         else:
             eqn = next(eqns, None)
-            want = propagate_p.name if isinstance(op, TaskLaunchOp) else \
-                getattr(op, "prim", propagate_p.name)
+            want = (propagate_p.name if isinstance(op, TaskLaunchOp) else
+                    getattr(op, "prim", propagate_p.name))
             values = op.results[:-1] if isinstance(op, TaskLaunchOp) else op.results
             if eqn is None or eqn.primitive.name != want or len(values) != len(eqn.outputs):
                 raise CompilationError(f"task walk: op {want} does not match equation "
@@ -265,8 +265,8 @@ def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
         # relation is bound as it is, host_value's first cases)
         for j in (i if type(i) is tuple else (i,)):
             x = args[j]
-            env[id(binders[j])] = x if type(x) is np.ndarray or type(x) is Graph else \
-                host_value(binders[j], x, True)
+            env[id(binders[j])] = (x if type(x) is np.ndarray or type(x) is Graph else
+                                   host_value(binders[j], x, True))
 
     # (a launch runs to completion on the pool, so a join has nothing left to wait on)
     interpret(walk.steps, {RUN: run, TRANSFER: transfer,
@@ -360,5 +360,5 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
     return text + f", {count[RELEASE]} release(s), then a join"
 
 
-__all__ = ["lifted", "held_kernel", "interpret", "op_steps", "task_walk", "run_walk", "describe_walk", "TaskWalk",
-           "NoWalk", "PreparedWalk", "prepare_walk", "warm_steps"]
+__all__ = ["lifted", "held_kernel", "interpret", "op_steps", "task_walk", "run_walk",
+           "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk", "prepare_walk", "warm_steps"]

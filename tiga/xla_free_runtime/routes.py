@@ -20,7 +20,8 @@ from .backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_
 from .backends.cpu.walk_tables import chunks_of
 from .backends.triton.launch import relabel_routes
 from .explain import Explanation, launch_facts, schedule_line
-from .interpreter import describe_walk, task_walk
+from .binding import call_binding
+from .interpreter import TaskWalk, describe_walk, task_walk
 from .paging.plan import describe_plan
 from .paging.resident import RESIDENT_KINDS
 from .paging.run import call_plan, describe_stats
@@ -51,8 +52,12 @@ def describe_program(program: GraphProgram, args: list, cache, lower) -> Explana
     ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
                      program=str(program))
     compiled = fallen = 0
+    # (what a call runs: the program's Task module bound to these relations, whose launches
+    # hold the Kernel ops the kernels render; loop bodies are bound when they run)
+    walk = task_walk(program, lower.task, call_binding(program, args))
+    held = walk.launches if isinstance(walk, TaskWalk) else {}
     for eqn, graph, where in _propagates(program, known, ""):
-        found = plan(eqn, graph, compile=False, lower=lower)
+        found = plan(eqn, graph, compile=False, lower=lower, held=held.get(id(eqn)))
         if getattr(found, "lazy_fields", False):    # paged: its plan reads the fields' tiers
             compiled += 1
             found.describe(ex, eqn, graph, where, [given.get(id(a)) for a in eqn.inputs[1:]])
@@ -67,9 +72,9 @@ def describe_program(program: GraphProgram, args: list, cache, lower) -> Explana
             compiled += 1
             typed = isinstance(graph, GeneratedType)   # concrete only at the call
             _explain_compiled(ex, eqn, None if typed else graph, cache.status(found), where,
-                              lower)
-            last = measured("paged", graph) \
-                if getattr(graph, "kind", None) in RESIDENT_KINDS else None
+                              lower, held.get(id(eqn)))
+            last = (measured("paged", graph)
+                    if getattr(graph, "kind", None) in RESIDENT_KINDS else None)
             if last is not None:
                 ex.traversal.append(f"{where}paged when the call's disk-tier fields and "
                                     "result exceed the host budget (resident_pages); "
@@ -92,8 +97,7 @@ def describe_program(program: GraphProgram, args: list, cache, lower) -> Explana
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
     paged = call_plan(program, args, lower)   # one paged propagate: its page plan is the Task IR
-    ex.tasks = describe_plan(paged) if paged is not None else \
-        describe_walk(task_walk(program, lower.task))
+    ex.tasks = describe_plan(paged) if paged is not None else describe_walk(walk)
     ex.vjp_route = VJP_ROUTE
     stats = cache.stats.as_dict()
     ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
@@ -140,8 +144,8 @@ def _summarise(ex, compiled, fallen, others) -> None:
         ex.reason = f"{fallen} propagate(s) fall back to the reference interpreter (see routes)"
     else:
         ex.reason = "the program has no propagate"
-    tiled = [o for o in others if o == "dot_general"] \
-        if selected_backend() in TRITON_BACKENDS else []
+    tiled = ([o for o in others if o == "dot_general"]
+             if selected_backend() in TRITON_BACKENDS else [])
     rest = [o for o in others if o not in tiled]
     if rest:
         ex.reason += f"; other equations ({', '.join(rest)}) run on the numpy impl rules"
@@ -151,10 +155,10 @@ def _summarise(ex, compiled, fallen, others) -> None:
                       "numpy")
 
 
-def _explain_compiled(ex, eqn, graph, status: str, where: str, lower) -> None:
+def _explain_compiled(ex, eqn, graph, status: str, where: str, lower, held=None) -> None:
     p = eqn.params
     kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
-    op = launch_op(eqn, graph, lower)   # the scheduled Kernel IR the kernel renders and runs by
+    op = launch_op(eqn, graph, lower, held)   # the scheduled Kernel IR it renders and runs by
     ex.routes.append((op.schedule.target if op is not None else "cpu-llvm",
                       f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
                       "compiles"))
@@ -274,8 +278,8 @@ def _schedule(graph, reduce_by: str, op) -> str:
     if len(chunks) <= 1:
         return line + ("; 1 row chunk of this relation (below the parallel threshold or one "
                        "thread: one call on the caller's thread)")
-    what = "partial states added once" if s.parallel == "partial_sums" else \
-        "claimed by each thread inside native code"
+    what = ("partial states added once" if s.parallel == "partial_sums" else
+            "claimed by each thread inside native code")
     return line + f"; {len(chunks)} row chunks of this relation, {what}"
 
 

@@ -193,8 +193,8 @@ def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None,
         return None
     rows = sc.page_rows()
     n = walk.reader.num_dst if walk.reader is not None else graph.num_src
-    bounds = walk.reader.page_bounds(rows) if walk.reader is not None else \
-        np.zeros(-(-n // rows) + 1, np.int64)
+    bounds = (walk.reader.page_bounds(rows) if walk.reader is not None else
+              np.zeros(-(-n // rows) + 1, np.int64))
     fields = _fields(values, eqn.params["roles"])
     on_disk = result_layout(eqn, walk)[2]
     tasks = page_tasks(n, bounds, rows)
@@ -226,8 +226,8 @@ def call_plan(program, args: list, lower):
     """The page plan of a call of `program` when it is one propagate over a paged relation
     (what ir("task") prints for it, and explain() counts), else None."""
     eqns = program.eqns
-    if len(eqns) != 1 or eqns[0].primitive is not propagate_p or \
-            getattr(args[0] if args else None, "kind", None) != "paged":
+    if (len(eqns) != 1 or eqns[0].primitive is not propagate_p
+            or getattr(args[0] if args else None, "kind", None) != "paged"):
         return None
     walk = walk_of(eqns[0], args[0], build=False)
     if walk is None:         # (the CSR is read whole: no page plan)

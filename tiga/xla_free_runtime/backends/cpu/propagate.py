@@ -193,13 +193,13 @@ def _launch_op(eqn, relation: tuple, lower, held=None):
     return _lowered(lower, eqn, gtype)
 
 
-def launch_op(eqn, graph, lower):
-    """The scheduled launch the compiled kernel of this equation renders and its calls run
-    (asked of `lower`, the executor's Lowering, if this process has not yet; None when the IR
-    stages do not express the equation). `graph` None: decided from the relation's type, as
-    explain() before a call."""
+def launch_op(eqn, graph, lower, held=None):
+    """The scheduled launch the compiled kernel of this equation renders and its calls run:
+    `held`, the one the call's bound Task module holds, where it fits (else asked of `lower`,
+    the executor's Lowering; None when the IR stages do not express the equation). `graph`
+    None: decided from the relation's type, as explain() before a call."""
     graph = _TypeOnly(eqn.inputs[0].type) if graph is None else graph
-    return _kernel_of(eqn, graph, lower)[1]
+    return _kernel_of(eqn, graph, lower, held)[1]
 
 
 def _planned_schedule(eqn, key: str, op) -> None:

@@ -197,8 +197,8 @@ def attention_backward(q, k, v, o, lse, do, graph, scale: float,
 
 def attention_plan(eqn, graph, backend: str):
     """A TritonAttentionPlan when this propagate is attention the kernels run, else None."""
-    kind_of_graph = getattr(graph, "kind", None) if graph is not None else \
-        getattr(eqn.inputs[0].type, "kind", None)
+    kind_of_graph = (getattr(graph, "kind", None) if graph is not None else
+                     getattr(eqn.inputs[0].type, "kind", None))
     p = eqn.params
     if kind_of_graph not in STREAMING_KINDS or p["update"] is not None:
         return None
@@ -214,8 +214,8 @@ def attention_plan(eqn, graph, backend: str):
             return None
         return TritonAttentionPlan(backend, kind, None)
     red = p["reducer"]
-    if p["reduce_by"] != "dst" or red.name != "online_softmax" or \
-            getattr(red, "prune_threshold", None) is not None:
+    if (p["reduce_by"] != "dst" or red.name != "online_softmax"
+            or getattr(red, "prune_threshold", None) is not None):
         return None
     pat = match_attention(p["edge_fn"], p["roles"], red, FLOATS)
     return None if pat is None else TritonAttentionPlan(backend, "forward", pat)

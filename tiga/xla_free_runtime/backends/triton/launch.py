@@ -227,24 +227,24 @@ class TritonPlan:
 
     def describe(self, ex, eqn, graph, where: str) -> None:
         p, sig = eqn.params, self.source.signature
-        kind = graph.kind if graph is not None and hasattr(graph, "kind") else \
-            eqn.inputs[0].type.kind
+        kind = (graph.kind if graph is not None and hasattr(graph, "kind") else
+                eqn.inputs[0].type.kind)
         ex.routes.append((self.backend, f"{where}propagate[{p['reducer'].pp_param()}] by "
                           f"{p['reduce_by']}", "rendered as a fused Triton kernel"))
-        walk = "the transposed CSR (built once per relation and cached; no atomics)" \
-            if sig.walk == "src" else "their CSR edges"
+        walk = ("the transposed CSR (built once per relation and cached; no atomics)"
+                if sig.walk == "src" else "their CSR edges")
         if sig.relation[0] == "radius":
             walk = (f"the {3 ** sig.relation[1]} neighbour cells of a cell directory "
                     "counting-sorted on the launch device, exact distance test per candidate")
         elif sig.relation[0] != "csr":
             walk = f"their {sig.relation[0]} edges computed from indices (no CSR)"
         elif kind == "knn" and sig.walk == "dst" and "edge_perm" not in sig.slots:
-            how = "through cell shells of a directory counting-sorted there" \
-                if 1 <= int(getattr(graph, "coord_dims", 0) or 0) <= 3 else "by a full scan"
+            how = ("through cell shells of a directory counting-sorted there"
+                   if 1 <= int(getattr(graph, "coord_dims", 0) or 0) <= 3 else "by a full scan")
             walk = ("the k nearest sources a Triton kernel selected on the launch device "
                     f"{how} (nearest first, ties by index)")
-        resolved = "" if kind in ("csr", "knn") or sig.relation[0] != "csr" else \
-            f" (the {kind} relation resolved to CSR)"
+        resolved = ("" if kind in ("csr", "knn") or sig.relation[0] != "csr" else
+                    f" (the {kind} relation resolved to CSR)")
         ex.traversal.append(f"propagate[{p['reducer'].pp_param()}] over {kind} relation"
                             f"{resolved}, grouped by {p['reduce_by']}: one Triton program per "
                             f"{sig.block_rows} row(s), rows walk {walk} in tiles of "

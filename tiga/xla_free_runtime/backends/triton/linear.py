@@ -45,11 +45,11 @@ def _form(eqn):
     """(lc, rc): the contracted axis of each 2-D float operand, or None."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     x, y = (a.type for a in eqn.inputs)
-    if lb or rb or len(lc) != 1 or len(rc) != 1 or getattr(x, "ndim", 0) != 2 or \
-            getattr(y, "ndim", 0) != 2:
+    if (lb or rb or len(lc) != 1 or len(rc) != 1 or getattr(x, "ndim", 0) != 2
+            or getattr(y, "ndim", 0) != 2):
         return None
-    if x.dtype.name not in FLOATS or y.dtype.name not in FLOATS or \
-            eqn.outputs[0].type.dtype.name not in FLOATS:
+    if (x.dtype.name not in FLOATS or y.dtype.name not in FLOATS
+            or eqn.outputs[0].type.dtype.name not in FLOATS):
         return None
     return int(lc[0]), int(rc[0])
 
