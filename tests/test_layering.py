@@ -335,45 +335,18 @@ def test_cycle_check_finds_a_longer_cycle_once():
 # --- no backslash line continuations (issue 37 item 6) ---
 
 # Runtime files that still continue a line with a backslash (left to the runtime's rewrite,
-# issue 37 item 6). Measured when the check was added; the list may only shrink: a listed
+# issue 37 item 6), as committed at c2046b9; the list may only shrink: a listed
 # file without continuations fails the test until it is removed from here.
 BACKSLASH_PENDING = (
     "tiga/xla_free_runtime/backend_table.py",
-    "tiga/xla_free_runtime/backends/cpu/attention.py",
-    "tiga/xla_free_runtime/backends/cpu/prepared.py",
     "tiga/xla_free_runtime/backends/cpu/propagate.py",
     "tiga/xla_free_runtime/backends/triton/attention.py",
     "tiga/xla_free_runtime/backends/triton/launch.py",
     "tiga/xla_free_runtime/backends/triton/linear.py",
-    "tiga/xla_free_runtime/backends/triton/prepared.py",
-    "tiga/xla_free_runtime/distributed/generated.py",
-    "tiga/xla_free_runtime/distributed/graph.py",
-    "tiga/xla_free_runtime/distributed/halo.py",
-    "tiga/xla_free_runtime/distributed/paged.py",
-    "tiga/xla_free_runtime/distributed/run.py",
-    "tiga/xla_free_runtime/distributed/stored.py",
     "tiga/xla_free_runtime/executor.py",
     "tiga/xla_free_runtime/interpreter.py",
-    "tiga/xla_free_runtime/memory/budgets.py",
-    "tiga/xla_free_runtime/memory/scope.py",
-    "tiga/xla_free_runtime/memory/tensor.py",
-    "tiga/xla_free_runtime/memory/tiers/device.py",
-    "tiga/xla_free_runtime/memory/tiers/disk.py",
-    "tiga/xla_free_runtime/memory/tiers/files.py",
-    "tiga/xla_free_runtime/memory/tiers/host.py",
-    "tiga/xla_free_runtime/paging/buffers.py",
-    "tiga/xla_free_runtime/paging/describe.py",
-    "tiga/xla_free_runtime/paging/device.py",
-    "tiga/xla_free_runtime/paging/gather.py",
-    "tiga/xla_free_runtime/paging/handlers.py",
-    "tiga/xla_free_runtime/paging/mapped.py",
-    "tiga/xla_free_runtime/paging/pages.py",
-    "tiga/xla_free_runtime/paging/resident.py",
     "tiga/xla_free_runtime/paging/run.py",
     "tiga/xla_free_runtime/routes.py",
-    "tiga/xla_free_runtime/store/transpose.py",
-    "tiga/xla_free_runtime/store/versions.py",
-    "tiga/xla_free_runtime/threads.py",
 )
 
 
