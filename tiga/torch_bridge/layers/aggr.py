@@ -403,6 +403,10 @@ def resolve(aggr, **kwargs) -> Aggregation:
                              "of them or a tg.nn.aggr.Aggregation module")
 
 
+# the parameter-free aggregations fused_names names, one instance each (stateless)
+_PLAIN = {n: BY_NAME[n]() for n in ("sum", "mean", "max", "min", "mul", "var", "std")}
+
+
 def fused_names(aggr: Aggregation):
     """The aggregation as a string of parameter-free reducer names joined by "|" (one
     opaque op inside torch.compile), or None where it holds more than that."""
@@ -426,7 +430,7 @@ def fused_names(aggr: Aggregation):
 
 def over_names(names: str, graph: Graph, x) -> torch.Tensor:
     """fused_names' aggregation run over the relation."""
-    outs = [BY_NAME[n]().over(graph, x) for n in names.split("|")]
+    outs = [_PLAIN[n].over(graph, x) for n in names.split("|")]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
