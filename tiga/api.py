@@ -20,9 +20,8 @@ from .trace.guards import pinned_ids
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import _as_tuple, inline_program, leaf_aval, leaf_value, trace_args, trace_flat
 from .trace.tracer import NeedsTorchBridge, Tracer, current_builder, lifted
-from .xla_free_runtime.backends.triton import compile as triton_compile
-from .xla_free_runtime.backends.triton import launch as triton_launch
 from .xla_free_runtime.executor import (
+    call_backend,
     call_task_ir,
     execute,
     explain_program,
@@ -30,6 +29,7 @@ from .xla_free_runtime.executor import (
     ir_text,
     prepared_for,
     run_prepared,
+    set_tensor_hook,
 )
 from .xla_free_runtime.memory.tensor import Tensor, _wrap
 from .xla_free_runtime.run_report import explaining, profile
@@ -518,7 +518,7 @@ def _execute_call(call):
             from .torch_bridge.compiled import compiled_call
             return compiled_call(call)
         # CUDA inputs run on the triton backend or raise here, before any copy to the host
-        if triton_launch.call_backend(call) is not None and not _has_torch(call):
+        if call_backend(call) is not None and not _has_torch(call):
             _triton_tensors().adopt_cuda(call)   # CUDA DLPack producers as torch tensors
         if _has_torch(call):
             return _torch_call(call, "auto")
@@ -570,7 +570,7 @@ def _explain_call(call, run: bool = False):
             _execute_call(call)
         report = prof.calls[-1] if prof.calls else None
     # CUDA inputs: explained on the backend the call runs on (triton), or the call's error
-    backend = triton_launch.call_backend(call)
+    backend = call_backend(call)
     if backend is not None and not _has_torch(call):
         _triton_tensors().adopt_cuda(call)
     with using_backend(backend), explaining(report):
@@ -648,6 +648,6 @@ def _triton_tensors():
     return triton_buffers
 
 
-triton_compile.HOOKS["tensors"] = _triton_tensors
+set_tensor_hook(_triton_tensors)
 
 __all__ = ["jit", "grad", "value_and_grad", "vjp", "Jitted", "Lowered", "Compiled", "Tensor"]

@@ -41,6 +41,8 @@ from .backends.cpu.generated import fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
 from .backends.cpu.propagate import Fallback, equation_text, run_propagate
+from .backends.triton.compile import HOOKS as TRITON_HOOKS
+from .backends.triton.launch import call_backend as triton_call_backend
 from .backends.triton.linear import dot_rule
 from .backends.triton.prepared import prepare as prepare_triton
 from .binding import call_binding
@@ -384,6 +386,19 @@ OVERRIDES = {propagate_p: partial(_propagate, None, {}), repeat_p: _repeat, whil
              degrees_p: _degrees, dot_general_p: dot_rule}
 
 
+def call_backend(call) -> str | None:
+    """The backend a call's inputs put it on (None: host inputs; "triton" for CUDA inputs),
+    or the UnsupportedError naming the field that cannot run there (api.py asks here: the
+    facade imports no backend)."""
+    return triton_call_backend(call)
+
+
+def set_tensor_hook(fn) -> None:
+    """How a Triton launch gets the torch bridge's tensor helpers (`fn()`: the module), set
+    by the facade so the runtime never imports torch."""
+    TRITON_HOOKS["tensors"] = fn
+
+
 def select_route(program: GraphProgram, args: list | None = None) -> str:
     """'cpu-llvm' when every top-level propagate compiles, else 'reference'."""
     routes = plan_routes(program, list(args or []))
@@ -428,6 +443,6 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
 __all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select_route",
            "plan_routes", "NUMPY_NOTE",
            "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir",
-           "call_task_ir",
+           "call_task_ir", "call_backend", "set_tensor_hook",
            "ir_text", "ir_module_name"]
 
