@@ -438,3 +438,12 @@ def test_planted_module_and_library_never_run(tmp_path, mode, backend):
     assert not second.timed_out and second.rc == 0, second.describe()
     failed = {k: v for k, v in second.results.items() if v != "ok"}
     assert second.results and not failed, failed
+
+
+def test_status_says_disk_only_where_an_entry_may_be_read(home):
+    key = artifacts.artifact_key("status", "test", ())
+    _written(key)
+    store = ArtifactCache()
+    assert store.status(key) == "disk"
+    os.chmod(artifacts.entry_path(key).parent, 0o777)
+    assert store.status(key) == "miss"

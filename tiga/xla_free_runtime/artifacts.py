@@ -47,7 +47,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .memory.tiers.files import mode_problem, replace_file
+from .memory.tiers.files import mode_problem, private_problem, replace_file
 
 FORMAT = b"# tiga-artifact 3 "
 KEY_BYTES = 32              # the per-user HMAC key
@@ -289,10 +289,13 @@ class ArtifactCache:
         self.stats = CacheStats()
 
     def status(self, key: str) -> str:
-        """'memory', 'disk' or 'miss', without loading or building anything."""
+        """'memory', 'disk' or 'miss', without loading or building anything ('disk' only
+        where the directories pass the trust checks: an entry there may be read)."""
         if key in self._mem:
             return "memory"
-        return "disk" if entry_path(key).exists() else "miss"
+        path = entry_path(key)
+        private = all(private_problem(d) is None for d in (path.parent.parent, path.parent))
+        return "disk" if private and path.exists() else "miss"
 
     def get(self, key: str, kind):
         """The artifact of `key`: from memory, else the disk, else built (and stored)."""
