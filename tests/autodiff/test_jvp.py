@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_vjp_rules import CASES, Case, top_level_primitives
+from test_vjp_rules import (
+    CASES,
+    Case,
+    _fields,
+    _row_attention,
+    direct_propagate,
+    top_level_primitives,
+)
 
 import tiga as tg
 from tiga.autodiff import NONDIFF
@@ -285,3 +292,21 @@ def test_jvp_with_relation_argument_and_pytrees():
     y, ty = tg.jvp(f, (g, p), (None, t))
     np.testing.assert_allclose(np.asarray(ty["y"]), [[0.0], [2.0]])
     np.testing.assert_allclose(float(np.asarray(ty["s"])), 2.0 * 3.0 + 5.0)
+
+
+def test_online_softmax_row_statistics_jvp_on_the_reference():
+    """online_softmax(stats) also returns the row max and mass (the attention VJP's
+    residuals); their tangents are checked on the reference interpreter, the oracle."""
+    from tiga.autodiff.jvp import jvp_program
+
+    f = direct_propagate(tg.online_softmax().with_stats(), "dst", _row_attention)
+    xs = _fields(np.random.default_rng(0))
+    prog = tg.make_program(f)(*xs)
+    vs = _tangents(xs, 1)
+    res = tg.eval_program(jvp_program(prog, [True] * 4), *xs, *vs)
+    eps = 1e-6
+    plus = tg.eval_program(prog, *[x + eps * v for x, v in zip(xs, vs)])
+    minus = tg.eval_program(prog, *[x - eps * v for x, v in zip(xs, vs)])
+    for k in range(3):
+        fd = (np.asarray(plus[k]) - np.asarray(minus[k])) / (2 * eps)
+        np.testing.assert_allclose(np.asarray(res[3 + k]), fd, rtol=1e-6, atol=1e-7)
