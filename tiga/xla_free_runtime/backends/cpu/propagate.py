@@ -439,8 +439,8 @@ def _gathered(sig, eqn, graph) -> tuple:
     found = []
     for i, role in enumerate(sig.roles):
         nbytes = _row_bytes(sig, i)
-        if role == nbr and i in used and nbytes >= 16 and \
-                (nbytes % CACHE_LINE == 0 or CACHE_LINE % nbytes == 0):
+        if (role == nbr and i in used and nbytes >= 16 and
+                (nbytes % CACHE_LINE == 0 or CACHE_LINE % nbytes == 0)):
             found.append(i)
     return tuple(found)
 
@@ -462,8 +462,8 @@ def staging_candidates(eqn, graph) -> list:
 
 
 def _row_bytes(sig, i: int) -> int:
-    return int(np.prod(sig.field_shapes[i], dtype=np.int64)) * \
-        _np_dtype(sig.field_dtypes[i]).itemsize
+    return (int(np.prod(sig.field_shapes[i], dtype=np.int64)) *
+        _np_dtype(sig.field_dtypes[i]).itemsize)
 
 
 # Random row gathers over many MiB miss the TLB on 4 KiB pages (a 16 MiB source: 4096 pages,
