@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tiga.xla_free_runtime.memory.tiers import disk as disk_mod
+from tiga.xla_free_runtime.memory.tiers import disk_direct
 
 pytest.importorskip("zarr", minversion="3.1")
 
@@ -25,14 +25,14 @@ def test_window_reads_in_any_order_return_the_stored_rows(stored):
         # a gather right after, through the chunks the range read kept
         rows = np.unique(rng.integers(max(0, a - 200), min(len(x), b + 200), 50))
         np.testing.assert_array_equal(d.take_rows(rows), x[rows])
-    assert 0 < len(d._kept.spare) <= disk_mod.SPARE_CHUNKS
+    assert 0 < len(d._kept.spare) <= disk_direct.SPARE_CHUNKS
 
 
 def test_a_window_sweep_settles_on_the_spares(stored, monkeypatch):
     d, x = stored
     out = np.empty((300, 32), np.float32)
     fresh = []
-    real = disk_mod.aligned_empty
+    real = disk_direct.aligned_empty
 
     def counting_empty(shape, dtype, *args, **kw):     # (chunk buffers are made here)
         if np.dtype(dtype) == np.uint8 and tuple(shape) == (d.chunk_rows * 32 * 4,):
@@ -42,7 +42,7 @@ def test_a_window_sweep_settles_on_the_spares(stored, monkeypatch):
     starts = range(8, 4600, 256)            # windows of 272 rows, 16 shared with the next
     for a in starts[:4]:                    # the first reads make the spares
         d.read_rows(a - 8, a + 264, out)
-    monkeypatch.setattr(disk_mod, "aligned_empty", counting_empty)
+    monkeypatch.setattr(disk_direct, "aligned_empty", counting_empty)
     for a in starts[4:]:
         np.testing.assert_array_equal(d.read_rows(a - 8, a + 264, out), x[a - 8:a + 264])
     assert not fresh, f"{len(fresh)} fresh chunk buffers in a sweep that had spares"
