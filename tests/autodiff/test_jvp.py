@@ -114,13 +114,19 @@ REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax"]
 @st.composite
 def relations(draw):
     """A csr relation with empty rows, duplicates, self edges (or none at all), or an
-    implicit dense / triangular one."""
-    kind = draw(st.sampled_from(["csr", "csr", "dense", "triangular"]))
+    implicit one: dense, triangular, a 1-d stencil (periodic or not), cu_seqlens."""
+    kind = draw(st.sampled_from(["csr", "csr", "dense", "triangular", "stencil",
+                                 "cu_seqlens"]))
     n = draw(st.integers(1, 6))
     if kind == "dense":
         return tg.Graph.dense(n, n)
     if kind == "triangular":
         return tg.Graph.triangular(n)
+    if kind == "stencil":
+        return tg.Graph.stencil((n,), [(-1,), (0,), (1,)], periodic=draw(st.booleans()))
+    if kind == "cu_seqlens":
+        cut = sorted(set(draw(st.lists(st.integers(1, n), max_size=3))) | {n})
+        return tg.Graph.cu_seqlens(np.array([0] + cut, np.int64), causal=draw(st.booleans()))
     e = draw(st.integers(0, 14))
     src = draw(st.lists(st.integers(0, n - 1), min_size=e, max_size=e))
     dst = draw(st.lists(st.integers(0, n - 1), min_size=e, max_size=e))
@@ -310,3 +316,27 @@ def test_online_softmax_row_statistics_jvp_on_the_reference():
     for k in range(3):
         fd = (np.asarray(plus[k]) - np.asarray(minus[k])) / (2 * eps)
         np.testing.assert_allclose(np.asarray(res[3 + k]), fd, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["radius", "knn"])
+def test_jvp_through_generated_relation_positions(kind, strict):
+    """Topology is fixed; values are differentiated through edge.distance."""
+    pos = np.random.default_rng(6).uniform(0, 1, (24, 3))
+
+    def f(p):
+        g = tg.Graph.radius(p, 0.45) if kind == "radius" else tg.Graph.knn(p, 4)
+        return tg.propagate(g, lambda s, d, e: m.exp(-e.distance ** 2), tg.sum(), src={},
+                            dst={})
+
+    check_jvp_fd(f, [pos], seed=7, tol=1e-6)
+
+
+def test_user_reducer_forward_mode_is_an_explained_error():
+    red = tg.Reducer("logsumexp", identity=-np.inf, combine=lambda a, b: m.maximum(a, b))
+    g = tg.Graph.from_coo(np.array([0, 1]), np.array([1, 0]), num_src=2, num_dst=2)
+
+    def f(x):
+        return tg.propagate(g, lambda s, d, e: s.x, red, src={"x": x})
+
+    with pytest.raises(tg.UnsupportedError, match="user reducer"):
+        tg.jvp(f, (np.ones((2, 1)),), (np.ones((2, 1)),))
