@@ -157,3 +157,47 @@ def test_every_halo_launch_runs_through_the_backend_table_and_is_printed(reducer
     assert '"gf_task.launch"' in text and 'kind = "halo"' in text
     assert rec.launched, "no kernel was launched through the backend table"
     assert rec.names() <= printed_kernels(text), sorted(rec.names() - printed_kernels(text))
+
+
+def test_a_distributed_call_lowers_once(monkeypatch):
+    """Issue 37: the halo plans of every propagate over a DistributedGraph unroll one-page
+    modules from one lowering of the call signature; a warm call lowers nothing."""
+    import threading
+
+    from tiga.lower import pipeline
+
+    calls, depth = [], threading.local()
+
+    def wrap(name, fn):
+        def counted(*a, **k):
+            if getattr(depth, "n", 0) == 0:
+                calls.append(name)
+            depth.n = getattr(depth, "n", 0) + 1
+            try:
+                return fn(*a, **k)
+            finally:
+                depth.n -= 1
+        return counted
+
+    for name, fn in list(vars(pipeline).items()):
+        if (callable(fn) and getattr(fn, "__module__", None) == pipeline.__name__
+                and not isinstance(fn, type) and name not in ("quiet_dumps", "module_name")):
+            monkeypatch.setattr(pipeline, name, wrap(name, fn))
+    g, d = _problem(n=50, seed=8)
+    dg = _dist(g, d, "rows")
+    first, second = _layer("sum"), _layer("max")
+
+    def two(x, h, w):
+        y = _call(first, dg, x, h, w)
+        return _call(second, dg, y, h, w)
+
+    args = (dg.local(d["x"]), dg.local(d["h"]), dg.local_edges(d["w"]))
+    step = tg.jit(two)
+    y = step(*args)
+    assert calls == ["lower_pages"], calls
+    calls.clear()
+    np.testing.assert_allclose(np.asarray(step(*args)), np.asarray(y), rtol=1e-12)
+    assert calls == [], calls
+    want = _call(second, g, _call(first, g, d["x"], d["h"], d["w"]), d["h"], d["w"])
+    np.testing.assert_allclose(dg.gather(np.asarray(y)), np.asarray(want), rtol=1e-10,
+                               atol=1e-10)

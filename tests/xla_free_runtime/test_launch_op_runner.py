@@ -253,3 +253,47 @@ def test_a_paged_call_lowers_once_whatever_its_pages(monkeypatch, tmp_path):
         assert count.take() <= 2
         step(x)
         assert count.take() == 0
+
+
+class _MaxNear(tg.MessagePassing):
+    reducer = tg.max()
+
+    def edge(self, src, dst, edge):
+        return src.x * tg.math.exp(-edge.distance) + dst.b
+
+
+@pytest.mark.parametrize("kind", ["radius", "knn"])
+@pytest.mark.parametrize("layer", [Weighted, _MaxNear], ids=["sum", "max"])
+def test_a_generated_relation_and_its_gradient_lower_once(monkeypatch, kind, layer):
+    """The forward's cell walk and the backward's walk (roles swapped over a symmetric radius
+    relation; the materialised CSR of a kNN one) come from one lowering. A kNN relation its
+    backward materialised is bound to that CSR from the next call on: one lowering more,
+    then none."""
+    n = 300
+    x, b, pos = _fields(n, seed=9)
+    g = tg.Graph.radius(pos, 0.2) if kind == "radius" else tg.Graph.knn(pos, 5)
+    count = _Count(monkeypatch)
+    mp = layer()
+    step = tg.jit(tg.grad(lambda x: tg.math.sum(mp(graph=g, src={"x": x}, dst={"b": b}) ** 2)))
+    first = np.asarray(step(x))
+    assert count.take() == 1
+    again = np.asarray(step(x))
+    assert count.take() <= (1 if kind == "knn" else 0)
+    np.testing.assert_allclose(np.asarray(step(x)), first, rtol=1e-12)
+    assert count.take() == 0
+    np.testing.assert_allclose(again, first, rtol=1e-12)
+
+
+def test_attention_and_its_gradient_lower_once(monkeypatch):
+    n = 160
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((n, 2, 16)).astype(np.float32) for _ in range(3))
+    g = tg.Graph.triangular(n)
+    count = _Count(monkeypatch)
+    step = tg.jit(tg.grad(lambda q, k, v: tg.math.sum(Attention()(
+        graph=g, src={"key": k, "value": v}, dst={"query": q}, scale=0.3) ** 2),
+        argnums=(0, 1, 2)))
+    step(q, k, v)
+    assert count.take() == 1
+    step(q, k, v)
+    assert count.take() == 0

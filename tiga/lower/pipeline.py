@@ -77,9 +77,15 @@ def lower_call(program, *, name: str = "main", binding: tuple = (),
     `binding`, {k: the one-page Task module of the k-th propagate} for every propagate the
     binding runs by pages, the module its page plans unroll)."""
     module = lower(program, until="task", name=name, binding=binding)
-    pages = {k: lower(page_program(e, b), until="task", name=page_name)
-             for k, e, b in paged_propagates(program, binding)}
-    return module, pages
+    return module, lower_pages(program, binding, page_name=page_name)
+
+
+def lower_pages(program, binding: tuple, *, page_name: str = "paged") -> dict:
+    """{k: the one-page Task module of the k-th propagate} for every propagate `binding` runs
+    by pages or by a rank's halo plan (a distributed call lowers these alone: its program
+    runs equation by equation, each propagate over its halo plan)."""
+    return {k: lower(page_program(e, b), until="task", name=page_name)
+            for k, e, b in paged_propagates(program, binding)}
 
 
 def lower_launch(eqn, relation_type=None, *, name: str = "propagate",

@@ -45,6 +45,23 @@ def call_binding(program, args: list) -> tuple:
     return tuple(out) if any(b is not None for b in out) else ()
 
 
+def distributed_binding(program, args: list) -> tuple:
+    """The binding of a call over DistributedGraph(s): each propagate over one runs its
+    rank's halo plan, which unrolls the propagate's one-page module over a CSR (() when
+    none does)."""
+    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    out = []
+    for eqn in program.eqns:
+        if eqn.primitive is propagate_p:
+            rel = eqn.inputs[0]
+            graph = rel.value if isinstance(rel, Lit) else known.get(id(rel))
+            dist = getattr(graph, "tiga_distributed", False) is True
+            # (the rank's relation as page_module types it: a CSR of the same sizes)
+            out.append(RelationBinding(replace(rel.type, kind="csr"), pages=True)
+                       if dist else None)
+    return tuple(out) if any(b is not None for b in out) else ()
+
+
 def relation_binding(eqn, graph) -> RelationBinding | None:
     """How `eqn` walks `graph` on cpu-llvm (None: as its type says)."""
     gtype = eqn.inputs[0].type
@@ -82,4 +99,4 @@ def _csr(gtype: GraphType) -> GraphType:
     return replace(gtype, kind="csr", coord_dims=None)
 
 
-__all__ = ["call_binding", "relation_binding"]
+__all__ = ["call_binding", "distributed_binding", "relation_binding"]

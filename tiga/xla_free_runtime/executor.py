@@ -35,6 +35,7 @@ from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower import pipeline
 from ..lower.binding import page_program
+from ..lower.passes.plan_halo_tasks import NAME as HALO_MODULE
 from ..lower.backends import selected_backend
 from .backend_table import plan
 from .backends.cpu.generated import fused_degrees, generated_relations
@@ -45,7 +46,7 @@ from .backends.triton.compile import HOOKS as TRITON_HOOKS
 from .backends.triton.launch import call_backend as triton_call_backend
 from .backends.triton.linear import dot_rule
 from .backends.triton.prepared import prepare as prepare_triton
-from .binding import call_binding
+from .binding import call_binding, distributed_binding
 from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
 from .explain import Explanation
@@ -196,12 +197,30 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
 
 def _routed(program: GraphProgram, args: list) -> list:
     if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
+        _lower_halo_pages(program, args)
         return run_distributed(program, list(args), LOWERING)
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
         return _run(program, list(args))
     finally:
         unpin_threads(pinned)
+
+
+def _lower_halo_pages(program: GraphProgram, args: list) -> None:
+    """The one-page modules the halo plans of a distributed call unroll, for every propagate
+    over a DistributedGraph, from one lowering of the call signature (page_module finds them;
+    a program the stages do not express lowers them one by one there)."""
+    binding = distributed_binding(program, args)
+    eqns = [e for e in program.eqns if e.primitive is propagate_p]
+    wanted = [eqns[k] for k, b in enumerate(binding) if b is not None]
+    if not wanted or all(e in _PAGE_MODULES for e in wanted):
+        return
+    try:
+        pages = pipeline.lower_pages(program, binding, page_name=HALO_MODULE)
+    except (TigaError, ValueError, TypeError, KeyError, IndexError):
+        return      # (a lowering defect: each page module is lowered where it is asked for)
+    for k, page in pages.items():
+        _PAGE_MODULES[eqns[k]] = page
 
 
 def _run(program: GraphProgram, args: list) -> list:
