@@ -109,7 +109,7 @@ def _dir_fix(path) -> str:
             f"{path}; Tiga creates it so), or set TIGA_CACHE_DIR to one")
 
 
-def trusted_dir(path) -> bool:
+def trusted_dir(path, fix: str | None = None) -> bool:
     """Whether the cache directory `path` may be used: a real directory (lstat, no symbolic
     link) owned by this user that nobody else can write. A missing one is False quietly;
     any other failure warns once (naming it and the fix) and is False."""
@@ -118,15 +118,15 @@ def trusted_dir(path) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError as exc:
-        _warn(path, f"cannot be examined ({exc.strerror})", _dir_fix(path))
+        _warn(path, f"cannot be examined ({exc.strerror})", fix or _dir_fix(path))
         return False
     problem = mode_problem(st, directory=True)
     if problem is not None:
-        _warn(path, problem, _dir_fix(path))
+        _warn(path, problem, fix or _dir_fix(path))
     return problem is None
 
 
-def _make_private_dir(path: Path) -> bool:
+def _make_private_dir(path: Path, fix: str | None = None) -> bool:
     """Create the directory `path` 0700 when missing (its parents as usual); then
     trusted_dir(path). False (quietly) where it cannot be created."""
     try:
@@ -136,7 +136,7 @@ def _make_private_dir(path: Path) -> bool:
         pass
     except OSError:
         return False
-    return trusted_dir(path)
+    return trusted_dir(path, fix)
 
 
 def cache_secret(create: bool = False) -> bytes | None:
@@ -161,13 +161,15 @@ def _read_secret(path: Path, create: bool) -> bytes | None:
     fix = (f"Fix: remove {path} (Tiga makes a new key; entries made under the old one are "
            "rebuilt), or make it a 0600 file of your own in a 0700 directory")
     d = path.parent
-    if create and not _make_private_dir(d):
+    dir_fix = (f"Fix: chmod 700 {d} if it is yours, or set XDG_CONFIG_HOME to a directory of "
+               "your own (the key lives in $XDG_CONFIG_HOME/tiga)")
+    if create and not _make_private_dir(d, dir_fix):
         if os.path.lexists(d):
             return None                     # (trusted_dir warned)
         _warn(d, "cannot be created", "Fix: set XDG_CONFIG_HOME (or HOME) to a writable "
               "directory of your own")
         return None
-    if not create and not trusted_dir(d):
+    if not create and not trusted_dir(d, dir_fix):
         return None
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
