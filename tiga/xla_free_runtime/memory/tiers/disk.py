@@ -136,20 +136,31 @@ class DiskStorage(DirectChunks):
         c = self.path / "c"
         _real_dir(c, self.path)
         try:
-            names = set(os.listdir(c))
+            with os.scandir(c) as listing:
+                entries = {e.name: e for e in listing}
         except OSError as exc:
             raise StorageError(f"{c}: cannot list the chunk files ({exc})") from exc
         declared = (f"{meta} declares shape {self.shape or ()} in {n} chunks of "
                     f"{self.chunk_rows} rows")
-        if n > len(names):
-            k = next(k for k in range(len(names) + 1) if str(k) not in names)
+        if n > len(entries):
+            k = next(k for k in range(len(entries) + 1) if str(k) not in entries)
             raise StorageError(f"{self._chunk_file(k)}: chunk file missing (existence "
-                               f"check); {declared}, {c} holds {len(names)}")
+                               f"check); {declared}, {c} holds {len(entries)}")
         body = self._body_bytes() + 4 if self._direct else None
+        depth = max(len(self.shape), 1) - 1        # the "0" directories under c/<k>
+        # (one listing, then one lstat a chunk: the directory entries' types need none)
         for k in range(n):
-            f = self._chunk_file(k)
-            for d in list(f.relative_to(c).parents)[-2::-1]:   # (c/k, c/k/0, ...)
-                _real_dir(c / d, self.path)
+            e = entries.get(str(k))
+            f = os.path.join(c, str(k), *["0"] * depth)
+            if e is None:
+                raise StorageError(f"{f}: chunk file missing (existence check); the array "
+                                   f"at {self.path} is incomplete")
+            if depth and not e.is_dir(follow_symlinks=False):
+                _real_dir(Path(e.path), self.path)          # (raises, naming what it is)
+            for j in range(1, depth):
+                _real_dir(Path(os.path.join(e.path, *["0"] * j)), self.path)
+            if depth == 0 and body is None and e.is_file(follow_symlinks=False):
+                continue
             try:
                 st = os.lstat(f)
             except FileNotFoundError as exc:
