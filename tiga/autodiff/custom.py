@@ -10,6 +10,7 @@ batched) holds the primal function inlined, never the call (autodiff/inlining.py
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 from ..core.errors import TigaError
@@ -40,24 +41,33 @@ def _flat_call(fn, in_tree):
     return flat
 
 
+_local = threading.local()
+
+
+def _tracing_rules() -> set:
+    """ids of the custom functions whose rule this thread is tracing."""
+    if not hasattr(_local, "rules"):
+        _local.rules = set()
+    return _local.rules
+
+
 class _Custom:
     def __init__(self, fun: Callable):
         self.fun = fun
         functools.update_wrapper(self, fun)
 
-    _in_rule = False
-
     def _staged(self) -> bool:
         # the rule itself may call the function (`fwd: return f(x), res`): there it is the
         # primal, not another custom call whose rule would be traced again
-        return current_builder() is not None and not self._in_rule
+        return current_builder() is not None and id(self) not in _tracing_rules()
 
     def _trace_rule(self, fn, avals):
-        self._in_rule = True
+        active = _tracing_rules()
+        active.add(id(self))
         try:
             return _traced(fn, avals)
         finally:
-            self._in_rule = False
+            active.discard(id(self))
 
     def _primal(self, leaves, in_tree, avals):
         fun, caps, out_tree = _traced(_flat_call(self.fun, in_tree), avals)
