@@ -169,7 +169,21 @@ def jacfwd(fn: Callable, argnums=0):
         jacs = [_jacfwd_one(fn, args, i) for i in nums]
         return tuple(jacs) if isinstance(argnums, (tuple, list)) else jacs[0]
 
-    return jac
+    return _staged(jac, fn)
+
+
+def _staged(jac: Callable, fn: Callable) -> Callable:
+    """`jac` traced as one program per input types (the tg.grad cache, guarded by what
+    `fn` reads) and run on the compiled path: a warm call does not trace again."""
+    @functools.wraps(fn)
+    def call(*args):
+        if current_builder() is not None:
+            return jac(*args)   # inside another transformation: trace inline
+        traced, memo = api._traced_for(jac, "jacobian", (), False, args, lambda _: ({},),
+                                       (fn,))
+        return traced.split(api.run_staged(traced.program, traced.args(), memo))[0]
+
+    return call
 
 
 def _jacfwd_one(fn, args, i):
@@ -207,7 +221,7 @@ def jacrev(fn: Callable, argnums=0):
         jacs = [_assemble(r, t_y.shape, leaf_aval(x).shape, False) for r, x in zip(rows, xs)]
         return tuple(jacs) if isinstance(argnums, (tuple, list)) else jacs[0]
 
-    return jac
+    return _staged(jac, fn)
 
 
 def _pullback(fn, xs):
