@@ -76,7 +76,10 @@ def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
 
     The relation built from a tensor is memoised per tensor object, its in-place version
     counter and the node counts, so a model that passes the same edge_index to every layer
-    and every step builds (and validates) it once."""
+    and every step builds (and validates) it once. A memo hit is checked against a copy of
+    the values it was built from (one comparison, far cheaper than a build): a change that
+    leaves the version counter alone (through .data or .numpy()) builds the relation
+    anew, never serving a stale one."""
     if isinstance(edge_index, Graph):
         if (edge_index.num_src, edge_index.num_dst) != (num_src, num_dst):
             raise ShapeError(
@@ -88,12 +91,23 @@ def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
         return _build_relation(layer, edge_index, num_src, num_dst)
     key = (id(edge_index), edge_index._version, num_src, num_dst)
     found = _RELATIONS.get(key)
-    if found is not None and found[0]() is edge_index:
+    if found is not None and found[0]() is edge_index and unchanged(edge_index, found[1][1]):
         _RELATIONS.move_to_end(key)
-        return found[1]
+        return found[1][0]
     graph = _build_relation(layer, edge_index.detach(), num_src, num_dst)
-    _remember(_RELATIONS, key, edge_index, graph)
+    _remember(_RELATIONS, key, edge_index, (graph, snapshot(edge_index)))
     return graph
+
+
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a memo key tensor's values, to check a later hit against."""
+    return t.detach().clone()
+
+
+def unchanged(t: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Whether `t` still holds the values `copy` was taken from (an in-place change through
+    .data or .numpy() keeps the version counter, so identity and version are not enough)."""
+    return t.shape == copy.shape and t.dtype == copy.dtype and torch.equal(t.detach(), copy)
 
 
 def _build_relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:

@@ -215,9 +215,7 @@ def _same(held, now) -> bool:
         return held is now      # a tg.Graph (immutable) or None
     if not isinstance(now, torch.Tensor):
         return False
-    tensor, version, copy = held
-    if now is tensor and now._version == version:
-        return True
+    copy = held[2]    # by value: .data / .numpy() edits keep the version counter
     return (now.shape == copy.shape and
             torch.equal(now.detach().to(device=copy.device, dtype=copy.dtype), copy))
 

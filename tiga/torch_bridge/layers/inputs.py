@@ -19,7 +19,7 @@ import torch
 
 from ...core.errors import ShapeError
 from ...core.graph import Graph
-from .common import LayerArgumentError, linear, reset_glorot
+from .common import LayerArgumentError, linear, reset_glorot, snapshot, unchanged
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 FLOWS = ("source_to_target", "target_to_source")
@@ -145,17 +145,31 @@ def _converted(t: torch.Tensor, kind: str) -> torch.Tensor:
     ("flip"), memoised per tensor object and version (so relation()'s memo finds it)."""
     key = (id(t), t._version, kind)
     found = _CONVERTED.get(key)
-    if found is not None and found[0]() is t:
+    content = _content(t)
+    if found is not None and found[0]() is t and len(found[2]) == len(content) and all(
+            unchanged(a, b) for a, b in zip(content, found[2])):
         _CONVERTED.move_to_end(key)
         return found[1]
     out = _edge_index_of(t) if kind == "sparse" else t.detach().flip(0)
-    _CONVERTED[key] = (weakref.ref(t, lambda _ref: _CONVERTED.pop(key, None)), out)
+    _CONVERTED[key] = (weakref.ref(t, lambda _ref: _CONVERTED.pop(key, None)), out,
+                       tuple(snapshot(c) for c in content))
     if len(_CONVERTED) > 32:
         _CONVERTED.popitem(last=False)
     return out
 
 
 _CONVERTED: OrderedDict = OrderedDict()
+
+
+def _content(t: torch.Tensor) -> tuple:
+    """The index tensors a conversion reads (checked on a memo hit: see common.unchanged)."""
+    if t.layout == torch.sparse_coo:
+        return (t._indices(),)
+    if t.layout == torch.sparse_csr:
+        return (t.crow_indices(), t.col_indices())
+    if t.layout == torch.sparse_csc:
+        return (t.ccol_indices(), t.row_indices())
+    return (t,)
 
 
 def sparse_like(adj, edge_index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from ...core.graph import Graph
 from ...core.graph_batch import GraphBatch
 from .aggr import MaxAggregation, MeanAggregation, SoftmaxAggregation, SumAggregation
-from .common import LayerArgumentError
+from .common import LayerArgumentError, snapshot, unchanged
 
 
 def _vector(batch):
@@ -45,7 +45,8 @@ def pool_relation(batch, num_nodes: int, size: int | None) -> Graph:
     owner = batch if ptr is not None else vector
     key = (id(owner), getattr(owner, "_version", 0), num_nodes, size)
     found = _MEMO.get(key)
-    if found is not None and found[0]() is owner:
+    if found is not None and found[0]() is owner and (
+            vector is None or unchanged(vector, found[2])):
         _MEMO.move_to_end(key)
         return found[1]
     if ptr is None:
@@ -62,7 +63,8 @@ def pool_relation(batch, num_nodes: int, size: int | None) -> Graph:
         rows = ptr if size is None or size == len(ptr) - 1 else np.concatenate(
             [ptr, np.full(max(size - len(ptr) + 1, 0), ptr[-1])])[:size + 1]
         graph = Graph.from_csr(rows, np.arange(num_nodes), num_src=num_nodes)
-    _MEMO[key] = (weakref.ref(owner, lambda _ref: _MEMO.pop(key, None)), graph)
+    _MEMO[key] = (weakref.ref(owner, lambda _ref: _MEMO.pop(key, None)), graph,
+                  None if vector is None else snapshot(vector))
     if len(_MEMO) > 32:
         _MEMO.popitem(last=False)
     return graph
