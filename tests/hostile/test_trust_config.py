@@ -74,6 +74,7 @@ def _base_env() -> dict:
 @pytest.mark.parametrize("name,value", [("TIGA_STRICT", "maybe"), ("TIGA_STRICT", "2"),
                                         ("TIGA_CHECK", "yes please"),
                                         ("TIGA_PROGRESS", "-1"), ("TIGA_DUMP", "bogus"),
+                                        ("TIGA_TF32", "fast"), ("TIGA_PIN_MALLOC", "nah"),
                                         ("TIGA_DUMP", "kernel,bogus,iter")])
 def test_unknown_environment_values_are_an_error_naming_the_variable(name, value):
     run = _import_with({name: value})
@@ -93,6 +94,7 @@ def test_documented_values_are_accepted():
              "0": False, "false": False, "No": False, "OFF ": False}
     for raw, want in cases.items():
         run = _import_with({"TIGA_STRICT": raw, "TIGA_CHECK": raw, "TIGA_PROGRESS": raw,
+                            "TIGA_TF32": raw, "TIGA_PIN_MALLOC": raw,
                             "TIGA_DUMP": "kernel, task"})
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.split() == ["strict", str(want), "check", str(want),

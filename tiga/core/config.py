@@ -142,8 +142,10 @@ class Config:
 
     Every field is validated: `strict`, `check` and `progress` take a bool only (the string
     "false" is truthy, so it is refused, never stored), `backend` a str or None. The
-    environment is read when Tiga is imported: a TIGA_STRICT, TIGA_CHECK, TIGA_PROGRESS or
-    TIGA_DUMP value outside its documented set raises ConfigError naming the variable."""
+    environment is read when Tiga is imported: a TIGA_STRICT, TIGA_CHECK, TIGA_PROGRESS,
+    TIGA_TF32, TIGA_PIN_MALLOC or TIGA_DUMP value outside its documented set raises
+    ConfigError naming the variable (TIGA_NUM_THREADS and TIGA_DIST_TIMEOUT are checked
+    where they are read, TIGA_BACKEND on every call)."""
 
     __slots__ = ("strict", "check", "progress", "_backend")
     # (plain slots, read as they are: a warm call reads strict and check several times, and
@@ -154,7 +156,11 @@ class Config:
         self.strict = env_flag("TIGA_STRICT")
         self.check = env_flag("TIGA_CHECK")
         self.progress = env_flag("TIGA_PROGRESS", True)
-        env_dump_stages()       # (checked now: lowering reads it again as it dumps)
+        # checked now, read again where they act: lowering as it dumps, a Triton launch
+        # (TIGA_TF32), the first call (TIGA_PIN_MALLOC)
+        env_dump_stages()
+        env_flag("TIGA_TF32")
+        env_flag("TIGA_PIN_MALLOC", True)
         self._backend = None    # None: follow TIGA_BACKEND (read per call, like a test sets it)
 
     def __setattr__(self, name: str, value) -> None:
