@@ -189,7 +189,7 @@ def _read_secret(path: Path, create: bool) -> bytes | None:
     try:
         st = os.fstat(fd)
         problem = mode_problem(st, directory=False)
-        if problem is None and st.st_mode & 0o077:
+        if problem is None and hasattr(os, "geteuid") and st.st_mode & 0o077:
             problem = (f"can be read by its group or others (mode "
                        f"{stat.S_IMODE(st.st_mode):04o}, expected 0600)")
         if problem is None and st.st_size != KEY_BYTES:

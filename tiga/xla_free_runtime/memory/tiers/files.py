@@ -124,8 +124,10 @@ def mode_problem(st: os.stat_result, directory: bool) -> str | None:
         return f"is {kind}, not a directory"
     if not directory and not stat.S_ISREG(st.st_mode):
         return f"is {_kind(st.st_mode)}, not a regular file"
-    uid = os.geteuid() if hasattr(os, "geteuid") else None
-    if uid is not None and st.st_uid != uid:
+    if not hasattr(os, "geteuid"):
+        return None          # (Windows: no POSIX owner or mode bits to check)
+    uid = os.geteuid()
+    if st.st_uid != uid:
         return f"is owned by uid {st.st_uid}, not by this user (uid {uid})"
     if st.st_mode & 0o022:
         return f"is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"

@@ -240,9 +240,9 @@ def _safe_dir(d) -> bool:
         st = os.lstat(d)
     except OSError:
         return False
-    if not stat.S_ISDIR(st.st_mode):
-        return False
-    uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if not stat.S_ISDIR(st.st_mode) or not hasattr(os, "geteuid"):
+        return stat.S_ISDIR(st.st_mode)     # (Windows: no POSIX owner or mode bits)
+    uid = os.geteuid()
     if st.st_mode & stat.S_ISVTX and st.st_uid in (0, uid):
         return True
     return st.st_uid == uid and not st.st_mode & 0o022
