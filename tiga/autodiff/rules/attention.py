@@ -25,6 +25,7 @@ from ...core.reducers import max as max_reducer
 from ...core.reducers import sum as sum_reducer
 from ...trace import math as m
 from ...trace.math import _typeof
+from .rows import row_types
 
 # relations whose every destination row reads one contiguous source range [lo, hi), lo and hi
 # nondecreasing: what the streaming route (xla_free_runtime.backends.cpu.attention) walks
@@ -242,9 +243,8 @@ def _canonical_program(kind: str, row_types: tuple) -> ClosedProgram:
 
 def _bind(kind, graph, values):
     from ...trace.tracer import bind
-    from .graph import _row_types
     _, roles, reducer, reduce_by = CANONICAL[kind]
-    prog = canonical_program(kind, _row_types(values, roles))
+    prog = canonical_program(kind, row_types(values, roles))
     return bind(propagate_p, graph, *values, edge_fn=prog, reducer=reducer(), roles=roles,
                 names=names_of(kind), reduce_by=reduce_by, update=None)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...core.errors import UnsupportedError
 from ...core.passes import cse, dce
 from ...core.prims.generated import knn_p, radius_p
-from ...core.prims.graph import degrees_p, edge_ids_p, map_rows_p, propagate_p, row_type
+from ...core.prims.graph import degrees_p, edge_ids_p, map_rows_p, propagate_p
 from ...core.program import ClosedProgram
 from ...core.reducers import max as max_reducer
 from ...core.reducers import min as min_reducer
@@ -24,13 +24,9 @@ from ..registry import NONDIFF, vjp_rules
 from ..vjp import backward_pass, differentiable, vjp_program
 from .attention import attention_vjp, match_attention, vjp_dtypes
 from .edge_order import edge_key
+from .rows import row_types as _row_types
 
 SEG_ROLE = {"dst": "dst", "src": "src", "all": "param", "edge": "edge"}
-
-
-def _row_types(values, roles):
-    return [row_type(_typeof(v)) if r != "param" else _typeof(v).strong()
-            for v, r in zip(values, roles)]
 
 
 def _edge_program(fn, values, roles) -> ClosedProgram:
