@@ -26,6 +26,7 @@ from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
 from tiga.xla_free_runtime.backends.cpu.propagate import _argv, plan_propagate
 from tiga.xla_free_runtime.executor import LOWERING, execute
+from tiga.xla_free_runtime.relation_cache import memo
 from tiga.xla_free_runtime.threads import row_chunks, run_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -350,8 +351,9 @@ def test_runtime_chunks_rows_as_the_launch_schedule_says(monkeypatch, kind):
     s = lp.launch_op(eqn, g, LOWERING).schedule
     assert s.target == "cpu-llvm" and s.threads == 2 and s.chunks_per_thread == 16
     assert s.row_partition == ("edge-balanced" if kind == "csr" else "row-balanced")
-    used = [c for key, c in lp._CHUNKS[g].items() if key[1:4] == (2, s.row_partition, 16)]
-    assert used, lp._CHUNKS[g].keys()
+    chunks = memo(g)["chunks"]
+    used = [c for key, c in chunks.items() if key[1:4] == (2, s.row_partition, 16)]
+    assert used, chunks.keys()
     rp = lp.chunk_row_ptr(g, "dst")
     assert used[0] == row_chunks(rp, 2, s.row_partition, 16)
     sizes = [b - a for a, b in used[0]]

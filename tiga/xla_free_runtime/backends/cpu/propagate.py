@@ -27,6 +27,7 @@ from ....lower import schedule as knobs
 from ....lower.ir.kernel import Schedule
 from ....lower.ir.text import print_op
 from ...cache import CACHE, Executable, llvm_key
+from ...relation_cache import memo
 from ...threads import num_threads
 from .. import KernelArgs, launch
 from .native.pool import parallel_copy
@@ -53,9 +54,18 @@ class Fallback:
 _UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile (memo)
 _UNSUPPORTED_LOCK = threading.Lock()
 _KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key, op}
-_CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> row chunks (memo)
 _CHUNK_LOCK = threading.Lock()
-_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> implicit tables
+
+
+def _kept(graph, kind: str) -> dict:
+    """The relation's dict of `kind` ("walks": its walk arrays and tables, "chunks": row
+    chunks per partition, "bound": kernels bound to it) in the per-relation cache."""
+    kept = memo(graph)
+    found = kept.get(kind)
+    if found is None:
+        with _CHUNK_LOCK:
+            found = kept.setdefault(kind, {})
+    return found
 
 
 def _walk(params) -> str:
@@ -236,12 +246,10 @@ _RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def walked_csr(graph, walk: str) -> tuple:
     """(row_ptr, col_idx, edge_perm or None) of the CSR the kernel walks (the relation's
     arrays are frozen, so the contiguous views are kept per relation)."""
-    per_graph = _WALKS.get(graph)
-    found = per_graph.get(("csr-arrays", walk)) if per_graph is not None else None
+    per_graph = _kept(graph, "walks")
+    found = per_graph.get(("csr-arrays", walk))
     if found is None:
-        found = _walked_csr(graph, walk)
-        with _CHUNK_LOCK:
-            _WALKS.setdefault(graph, {})[("csr-arrays", walk)] = found
+        found = per_graph[("csr-arrays", walk)] = _walked_csr(graph, walk)
     return found
 
 
@@ -269,16 +277,14 @@ def walk_arrays(graph, sig) -> tuple:
         rp, ci, perm = walked_csr(graph, sig.walk)
         return {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}, rp
     graph.ensure_valid()
-    with _CHUNK_LOCK:
-        per_graph = _WALKS.setdefault(graph, {})
-        found = per_graph.get(tuple(sig.relation))
+    per_graph = _kept(graph, "walks")
+    found = per_graph.get(tuple(sig.relation))
     if found is None:
         found = implicit_tables(graph, tuple(sig.relation))
         if int(found[1][-1]) != graph.num_edges:
             raise UnsupportedError(f"the {graph.kind} walk counts {int(found[1][-1])} edges, "
                                    f"the relation has {graph.num_edges}; this is a Tiga bug")
-        with _CHUNK_LOCK:
-            per_graph[tuple(sig.relation)] = found
+        per_graph[tuple(sig.relation)] = found
     return found
 
 
@@ -300,12 +306,11 @@ class _RelationOnly:
 def _chunks(graph, walk, row_ptr, launch) -> list:
     """The row chunks of a launch over this relation (cached per relation and partition)."""
     key = (walk, launch.threads, launch.row_partition, launch.chunks_per_thread, len(row_ptr))
-    per_graph = _CHUNKS.get(graph)
-    found = per_graph.get(key) if per_graph is not None else None
+    per_graph = _kept(graph, "chunks")
+    found = per_graph.get(key)
     if found is not None:
         return found
     with _CHUNK_LOCK:
-        per_graph = _CHUNKS.setdefault(graph, {})
         if key not in per_graph:
             per_graph[key] = chunks_of(row_ptr, launch.threads, launch.row_partition,
                                        launch.chunks_per_thread)
@@ -524,12 +529,9 @@ def _aligned_copy(arr: np.ndarray, slot: int, native=None) -> np.ndarray:
     return out
 
 
-_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> {key: _Bound}
-
-
 def _bound(exe: Executable, graph, eqn) -> _Bound:
-    per_graph = _BOUND.get(graph)
-    found = per_graph.get(exe.key) if per_graph is not None else None
+    per_graph = _kept(graph, "bound")
+    found = per_graph.get(exe.key)
     if found is not None:
         return found
     sig = exe.signature
@@ -553,8 +555,7 @@ def _bound(exe: Executable, graph, eqn) -> _Bound:
                    out_at=tuple(sig.slots.index(f"out:{k}") for k in range(len(sig.out_shapes))),
                    argv_t=ctypes.c_void_p * len(sig.slots),
                    gathered=_gathered(sig, eqn, graph) if sig.relation == ("csr",) else ())
-    with _CHUNK_LOCK:
-        _BOUND.setdefault(graph, {})[exe.key] = found
+    per_graph[exe.key] = found      # (one dict item store: atomic under the GIL)
     return found
 
 
