@@ -331,20 +331,10 @@ def test_cycle_check_finds_a_longer_cycle_once():
 
 # --- no backslash line continuations (issue 37 item 6) ---
 
-# Runtime files that still continue a line with a backslash (left to the runtime's rewrite,
-# issue 37 item 6), as committed at c2046b9; the list may only shrink: a listed
-# file without continuations fails the test until it is removed from here.
-BACKSLASH_PENDING = (
-    "tiga/xla_free_runtime/backend_table.py",
-    "tiga/xla_free_runtime/backends/cpu/propagate.py",
-    "tiga/xla_free_runtime/backends/triton/attention.py",
-    "tiga/xla_free_runtime/backends/triton/launch.py",
-    "tiga/xla_free_runtime/backends/triton/linear.py",
-    "tiga/xla_free_runtime/executor.py",
-    "tiga/xla_free_runtime/interpreter.py",
-    "tiga/xla_free_runtime/paging/run.py",
-    "tiga/xla_free_runtime/routes.py",
-)
+# Files that may still continue a line with a backslash: none (issue 37 item 6 removed the
+# last from the runtime). The list may only shrink: a listed file without continuations
+# fails the test until it is removed from here.
+BACKSLASH_PENDING: tuple = ()
 
 
 def backslash_continuations(source: str) -> list[int]:

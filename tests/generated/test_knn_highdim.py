@@ -184,11 +184,11 @@ def test_many_tiles_and_chunks(monkeypatch, strict):
     """Row tiles and source chunks are run-time sizes: shrink them so one call crosses
     many of each (same executable), with tails in every dimension."""
     from tiga.lower import schedule
-    from tiga.xla_free_runtime import executor
+    from tiga.xla_free_runtime import equation_cache
 
     monkeypatch.setattr(schedule, "KNN_ROWS_PER_TILE", 7)     # the launch's schedule tiles
     monkeypatch.setattr(schedule, "KNN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(executor, "_KERNEL_OPS", weakref.WeakKeyDictionary())  # lowered anew
+    monkeypatch.setattr(equation_cache, "_MEMOS", weakref.WeakKeyDictionary())  # lowered anew
     rng = np.random.default_rng(5)
     pos = rng.standard_normal((301, 17))
     query = rng.standard_normal((45, 17))

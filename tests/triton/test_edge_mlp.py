@@ -9,7 +9,7 @@ import numpy as np
 
 import tiga as tg
 from tiga.testing import reference_grad
-from tiga.xla_free_runtime import executor
+from tiga.xla_free_runtime import equation_cache, executor
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch
 
 
@@ -51,15 +51,15 @@ def test_two_layer_edge_mlp_forward_and_grad(interpreter):
 def test_a_warm_call_reuses_its_lowering(interpreter, monkeypatch):
     g, x, w1, w2 = operands(3)
     lowered = []
-    lower = executor.lower_launch     # (the executor lowers for the runtime: LOWERING.kernel)
+    lower = executor.pipeline.lower_launch   # (the executor lowers: LOWERING.kernel)
 
     def counted(*args, **kwargs):
         if kwargs.get("target") == "triton":
             lowered.append(args[0])
         return lower(*args, **kwargs)
 
-    monkeypatch.setattr(executor, "lower_launch", counted)
-    monkeypatch.setattr(executor, "_KERNEL_OPS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(executor.pipeline, "lower_launch", counted)
+    monkeypatch.setattr(equation_cache, "_MEMOS", weakref.WeakKeyDictionary())
     monkeypatch.setattr(triton_launch, "_PLANS", {})
     call(g, x, w1, w2)
     n = len(lowered)

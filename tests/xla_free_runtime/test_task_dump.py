@@ -2,7 +2,7 @@
 Kernel ops its gf_task.launch ops hold are the kernels that were compiled and run: the printed
 op of the dump is the one the executable's cache key was made from, and the runtime lowered
 nothing else for the call (the executor, the one place the runtime lowers, is never asked for a
-kernel: executor.lower_launch refuses)."""
+kernel: the pipeline's lower_launch, as the executor calls it, refuses)."""
 from __future__ import annotations
 
 import json
@@ -25,12 +25,13 @@ import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, parse_task
 from tiga.xla_free_runtime import executor as E
+from tiga.xla_free_runtime import equation_cache
 from tiga.xla_free_runtime.backends.cpu import propagate as P
 from tiga.xla_free_runtime.cache import CACHE
 
 def refuse(*a, **k):
     raise AssertionError("the runtime lowered a kernel the Task module did not hold")
-E.lower_launch = refuse
+E.pipeline.lower_launch = refuse
 
 rng = np.random.default_rng(0)
 n, e = 60, 400
@@ -52,7 +53,7 @@ dumps = sorted(Path(sys.argv[3]).glob("*.task.mlir"))
 module = parse_task(dumps[-1].read_text())
 held = [k for t in module.body.ops if isinstance(t, TaskLaunchOp)
         for k in t.body.ops if isinstance(k, LaunchOp)]
-ran = [(eqn, key, op) for eqn, variants in P._KERNELS.items()
+ran = [(eqn, key, op) for eqn, variants in equation_cache.entries("kernels")
        for key, op in variants.values()]
 json.dump({"dumps": len(dumps), "held": len(held), "ran": len(ran),
            "same_text": [P.kernel_text(h, eqn) == P.kernel_text(op, eqn)

@@ -29,6 +29,7 @@ from .backends.cpu import attention, generated
 from .backends.cpu.propagate import Fallback, plan_propagate
 from .backends.triton.launch import backend_plan
 from .cache import CACHE, Executable, LLVMArtifact
+from .equation_cache import kept
 from .paging import run as paging
 from .threads import num_threads
 
@@ -64,8 +65,11 @@ def plan(eqn, graph, *, lower, compile: bool = True, held=None):
     if not compile or graph is None:
         return plan_cpu(eqn, graph, compile=compile, lower=lower, held=held)
     threads = num_threads()
-    per_eqn = _WARM.get(eqn)
-    found = per_eqn.get(id(graph)) if per_eqn is not None else None
+    # {id(graph): (weak graph, pool threads, Executable)}: the generic kernel a warm call of
+    # this propagate over this relation runs, reused while the cache still holds it (the
+    # planners decide from the relation's kind and layout, both fixed at its construction)
+    per_eqn = kept(eqn, "cpu_routes")
+    found = per_eqn.get(id(graph))
     if (found is not None and found[0]() is graph and found[1] == threads
             and CACHE.current(found[2])):
         return found[2]
@@ -73,17 +77,10 @@ def plan(eqn, graph, *, lower, compile: bool = True, held=None):
     # (a generated relation changes route once it is materialised: planned every call)
     if (isinstance(route, Executable)
             and getattr(graph, "kind", None) not in generated.GENERATED_KINDS):
-        per_eqn = _WARM.setdefault(eqn, {})
         if len(per_eqn) > 64:
             per_eqn.clear()
         per_eqn[id(graph)] = (weakref.ref(graph), threads, route)
     return route
-
-
-# eqn -> {id(graph): (weak graph, pool threads, Executable)}: the generic kernel a warm call
-# of this propagate over this relation runs, reused while the cache still holds it (the
-# planners decide from the relation's kind and layout, both fixed at its construction)
-_WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 register_launcher("cpu-llvm", type("_LLVMLauncher", (), {"plan": staticmethod(plan_cpu),

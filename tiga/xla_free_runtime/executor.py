@@ -49,6 +49,7 @@ from .backends.triton.prepared import prepare as prepare_triton
 from .binding import call_binding, distributed_binding
 from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
+from .equation_cache import kept, memo
 from .explain import Explanation
 from .interpreter import (
     NoWalk,
@@ -88,7 +89,7 @@ def task_module(program: GraphProgram, name: str, binding: tuple = (), source=No
     if pages:
         eqns = [e for e in (source or program).eqns if e.primitive is propagate_p]
         for k, page in pages.items():
-            _PAGE_MODULES[walked_eqn(eqns[k])] = page
+            memo(walked_eqn(eqns[k]))["page_module"] = page
     return module
 
 
@@ -100,8 +101,8 @@ def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | 
     IR stages do not express raises the pipeline's TigaError (memoised too)."""
     gtype = eqn.inputs[0].type if relation_type is None else relation_type
     at = (num_threads(), gtype, target)
-    per_eqn = _KERNEL_OPS.get(eqn)
-    found = per_eqn.get(at) if per_eqn is not None else None
+    per_eqn = kept(eqn, "kernel_ops")   # {(pool, relation type, target): op or its error}
+    found = per_eqn.get(at)
     if found is None:
         if name is None:
             digest = hashlib.sha256((equation_text(eqn) + str(gtype)).encode()).hexdigest()
@@ -110,7 +111,7 @@ def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | 
             found = pipeline.lower_launch(eqn, gtype, name=name, target=target)
         except TigaError as exc:
             found = exc
-        _KERNEL_OPS.setdefault(eqn, {})[at] = found
+        per_eqn[at] = found
     if isinstance(found, TigaError):
         raise found.with_traceback(None)
     return found
@@ -119,15 +120,12 @@ def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | 
 def page_module(eqn, name: str = "paged"):
     """The Task IR of `eqn` over a CSR relation: what one page of a paged run and one rank's
     launches of a distributed run execute (their plans unroll it), memoised per equation."""
-    found = _PAGE_MODULES.get(eqn)
+    entry = memo(eqn)
+    found = entry.get("page_module")
     if found is None:
-        found = _PAGE_MODULES[eqn] = pipeline.lower(page_program(eqn), until="task", name=name)
+        found = entry["page_module"] = pipeline.lower(page_program(eqn), until="task",
+                                                      name=name)
     return found
-
-
-# eqn -> {(pool threads, relation type, target): launch op or the TigaError lowering raised}
-_KERNEL_OPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_PAGE_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> TaskModule
 
 
 @dataclass(frozen=True)
@@ -213,14 +211,14 @@ def _lower_halo_pages(program: GraphProgram, args: list) -> None:
     binding = distributed_binding(program, args)
     eqns = [e for e in program.eqns if e.primitive is propagate_p]
     wanted = [eqns[k] for k, b in enumerate(binding) if b is not None]
-    if not wanted or all(e in _PAGE_MODULES for e in wanted):
+    if not wanted or all("page_module" in memo(e) for e in wanted):
         return
     try:
         pages = pipeline.lower_pages(program, binding, page_name=HALO_MODULE)
     except (TigaError, ValueError, TypeError, KeyError, IndexError):
         return      # (a lowering defect: each page module is lowered where it is asked for)
     for k, page in pages.items():
-        _PAGE_MODULES[eqns[k]] = page
+        memo(eqns[k])["page_module"] = page
 
 
 def _run(program: GraphProgram, args: list) -> list:

@@ -5,12 +5,12 @@ field's rows are read from, where the result goes and how many loader threads a 
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...core.program import Var
+from ..equation_cache import memo
 from ..memory import scope as sc
 from ..memory.tiers import HostStorage
 from ..memory.tiers.files import page_cache_room
@@ -109,9 +109,6 @@ class Walk:
     lead: int | None      # rows of the result (None: one value summed over pages)
 
 
-_SWAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def pageable(params) -> bool:
     by = params["reduce_by"]
     return by in PAGED_BY or by == "src" or (by == "all" and params["reducer"].builtin and
@@ -143,9 +140,10 @@ def walked_eqn(eqn):
     Task module is looked up by it)."""
     if eqn.params["reduce_by"] != "src":
         return eqn
-    swapped = _SWAPPED.get(eqn)
+    entry = memo(eqn)
+    swapped = entry.get("page_walk")
     if swapped is None:
-        swapped = _SWAPPED[eqn] = _swapped(eqn)
+        swapped = entry["page_walk"] = _swapped(eqn)
     return swapped
 
 

@@ -31,6 +31,7 @@ from ....autodiff.rules.attention import STREAMING_KINDS
 from ....core.blas_threads import thread_local_setter
 from ....lower.attention_walk import claim_attention
 from ....lower.llvm import attention as kernel
+from ...equation_cache import kept
 from ...explain import launch_facts, schedule_line
 from ...run_report import NOT_RUN, measured, record
 from ...threads import num_threads, run_jobs
@@ -88,7 +89,6 @@ def plan_attention(eqn, graph, compile: bool, lower, held=None):
 # The scheduled `gf_kernel.launch` of each claimed equation (TIGA_DUMP writes it when it is
 # lowered): a memo per equation over one per kernel structure and pool size. Lowering is
 # the cold path only; what these hold is derived from types, never from a call's values.
-_EQN_LAUNCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LAUNCHES: dict = {}    # (types, threads) -> launch op: a memo derived from types
 
 
@@ -97,8 +97,8 @@ def attention_launch(eqn, lower):
     Lowering, when no equation of its structure has been at this pool size): its schedule's
     tiles are the kernels' tile sizes, and explain() prints its attributes."""
     threads = num_threads()
-    per_eqn = _EQN_LAUNCH.get(eqn)
-    found = per_eqn.get(threads) if per_eqn is not None else None
+    per_eqn = kept(eqn, "attention_launch")     # {pool threads: launch op}
+    found = per_eqn.get(threads)
     if found is not None:
         return found
     p = eqn.params
@@ -111,7 +111,7 @@ def attention_launch(eqn, lower):
         if len(_LAUNCHES) >= 256:
             _LAUNCHES.pop(next(iter(_LAUNCHES)))
         _LAUNCHES[key] = found
-    _EQN_LAUNCH.setdefault(eqn, {})[threads] = found
+    per_eqn[threads] = found
     return found
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 
 import numpy as np
 
@@ -52,6 +51,7 @@ from ....trace.message_passing import propagate
 from ...cache import CACHE, full_key, llvm_key
 from ...explain import launch_facts, schedule_line
 from ....lower.binding import RelationBinding, swapped_params
+from ...equation_cache import kept
 from ...relation_cache import memo
 from ...threads import num_threads, row_chunks
 from .. import FixedKernel, KernelArgs, launch
@@ -70,8 +70,6 @@ GENERATED_KINDS = ("radius", "knn")
 KNN_POINTS_PER_CELL = 0.25      # cells hold about k/4 points: shells 0-1 usually hold k
 RADIUS_REACH = 1
 KNN_ESTIMATE_FACTOR = 1.5       # prefilter radius: about 1.5 k sources at mean density
-# eqn -> {its role-swapped equation, (spec, swap, threads): kernel key}: memos of structure
-_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -108,9 +106,7 @@ def _launch(eqn, graph, swap: bool, lower, held=None):
     if (held is not None and held.comp.relation.type.kind == gtype.kind
             and held.ordering != "source-major"):
         return held
-    per_eqn = _KEYS.get(eqn)
-    if per_eqn is None:
-        per_eqn = _KEYS.setdefault(eqn, {})
+    per_eqn = kept(eqn, "generated")   # {"swapped": eqn, (spec, swap, pool): cache key}
     lowered = per_eqn.get("swapped") if swap else eqn
     if lowered is None:
         lowered = per_eqn["swapped"] = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params),
@@ -177,9 +173,7 @@ def generated_relations(program) -> dict:
 def _key(eqn, spec: GeoSpec, launch, swap: bool) -> str:
     """The kernel's cache key: its printed launch op (the walk that runs: roles swapped for
     a symmetric source-grouped propagate) and the walk's spec, which the op does not print."""
-    per_eqn = _KEYS.get(eqn)
-    if per_eqn is None:
-        per_eqn = _KEYS.setdefault(eqn, {})
+    per_eqn = kept(eqn, "generated")
     variant = (spec, swap, num_threads())
     key = per_eqn.get(variant)
     if key is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-import weakref
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -27,6 +26,7 @@ from ....lower import schedule as knobs
 from ....lower.ir.kernel import Schedule
 from ....lower.ir.text import print_op
 from ...cache import CACHE, Executable, llvm_key
+from ...equation_cache import kept
 from ...relation_cache import memo
 from ...threads import num_threads
 from .. import KernelArgs, launch
@@ -53,7 +53,6 @@ class Fallback:
 
 _UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile (memo)
 _UNSUPPORTED_LOCK = threading.Lock()
-_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {variant: key, op}
 _CHUNK_LOCK = threading.Lock()
 
 
@@ -112,15 +111,15 @@ def _kernel_of(eqn, graph, lower, held=None) -> tuple:
     relation = relation_descriptor(graph, walk, target="cpu-llvm")
     has_perm = graph.edge_perm is not None if walk == "dst" else True
     variant = (graph.index_dtype.name, has_perm, relation, num_threads())
-    per_eqn = _KERNELS.get(eqn)
-    found = per_eqn.get(variant) if per_eqn is not None else None
+    per_eqn = kept(eqn, "kernels")     # {variant: (cache key, launch op)}
+    found = per_eqn.get(variant)
     if found is None:
         op = _launch_op(eqn, relation, lower, held)
         # the walk's binding (relation layout constants, edge permutation) is the part of
         # the render's input the op does not print
         key = llvm_key(kernel_text(op, eqn), ("propagate", relation, has_perm,
                                               graph.index_dtype.name))
-        found = _KERNELS.setdefault(eqn, {})[variant] = (key, op)
+        found = per_eqn[variant] = (key, op)
     return found
 
 
@@ -216,9 +215,9 @@ def _planned_schedule(eqn, key: str, op) -> None:
     """Record, at plan time, the schedule the calls of kernel `key` for `eqn` chunk their
     rows by at this pool size: the launch's own (what a run reads: it never lowers)."""
     at = (key, num_threads())
-    per_eqn = _RUNS.get(eqn)
-    if per_eqn is None or at not in per_eqn:
-        _RUNS.setdefault(eqn, {})[at] = op.schedule
+    per_eqn = kept(eqn, "runs")     # {(cache key, pool threads): the schedule calls run by}
+    if at not in per_eqn:
+        per_eqn[at] = op.schedule
 
 
 def _run_schedule(exe, eqn, sig):
@@ -226,8 +225,8 @@ def _run_schedule(exe, eqn, sig):
     plan recorded (a plan resolves its launch before any run), else the schedule
     functions' answer for the walk, asked directly."""
     threads = num_threads()
-    per_eqn = _RUNS.get(eqn)
-    found = per_eqn.get((exe.key, threads)) if per_eqn is not None else None
+    per_eqn = kept(eqn, "runs")
+    found = per_eqn.get((exe.key, threads))
     if found is not None:
         return found
     traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)
@@ -235,12 +234,8 @@ def _run_schedule(exe, eqn, sig):
                      row_partition=knobs.row_partition(traversal),
                      chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
                      prefetch_distance=0, parallel=sig.parallel)
-    _RUNS.setdefault(eqn, {})[(exe.key, threads)] = found
+    per_eqn[(exe.key, threads)] = found
     return found
-
-
-# eqn -> {(cache key, pool threads): the schedule its calls run by (never None)}
-_RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def walked_csr(graph, walk: str) -> tuple:

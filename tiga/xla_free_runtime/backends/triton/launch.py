@@ -30,6 +30,7 @@ from ....lower.backends import (
 )
 from ....lower.triton import TritonUnsupported, render_launch
 from ...cache import CACHE
+from ...equation_cache import kept
 from ...paging.run import plan_paged
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
 from ..cpu.propagate import plan_propagate as llvm_plan
@@ -47,9 +48,6 @@ from .compile import (
 from .generated import generated_walk
 
 _PLANS: dict = {}            # (structure key, relation type) -> TritonPlan (a warm call's)
-# eqn -> {(id(graph), backend): (weak graph, plan)}: what a warm call of this propagate over
-# this relation runs (the plan depends on the relation's kind and layout, fixed when built)
-_WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 STATS = {"split_launches": 0}   # launches that ran the split path (tests read it)
 _TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
 
@@ -92,8 +90,8 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
         ensure_interpreter()
     if graph is None and compile:
         return Fallback("the relation is not known until the call")
-    per_eqn = _WARM.get(eqn)
-    hit = per_eqn.get((id(graph), name)) if per_eqn is not None else None
+    per_eqn = kept(eqn, "triton_routes")    # {(id(graph), backend): (weak graph, plan)}
+    hit = per_eqn.get((id(graph), name))
     if hit is not None and hit[0]() is graph:
         return hit[1]
     # a stored relation pages: each page runs this backend's kernel of the page-local CSR
@@ -104,7 +102,6 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
         except TritonUnsupported as exc:
             return Fallback(f"{name}: {exc}")
     if getattr(graph, "kind", None) not in ("radius", "knn"):   # (planned from their state)
-        per_eqn = _WARM.setdefault(eqn, {})
         if len(per_eqn) > 64:
             per_eqn.clear()
         per_eqn[(id(graph), name)] = (weakref.ref(graph), found)
