@@ -198,3 +198,18 @@ def test_aggregations_called_as_pyg():
     ptr = torch.tensor([0, 2, 5, 9])
     torch.testing.assert_close(tg.nn.aggr.MeanAggregation()(x, ptr=ptr),
                                pyg.aggr.MeanAggregation()(x, ptr=ptr))
+
+
+@pytest.mark.parametrize("which", ["softmax", "multi_proj"])
+def test_sage_takes_pyg_aggregation_modules(which):
+    """A torch_geometric aggregation module as aggr=: kept as it is (PyG's state dict
+    names), run in torch on the gathered rows."""
+    def make(m):
+        if which == "softmax":
+            return m.aggr.SoftmaxAggregation(learn=True)
+        return m.aggr.MultiAggregation(["mean", "max"], mode="proj",
+                                       mode_kwargs=dict(in_channels=5, out_channels=4))
+    ei, n = case("duplicates")
+    theirs = randomized(pyg.SAGEConv(5, 3, aggr=make(pyg)))
+    ours = loaded(tg.nn.SAGEConv(5, 3, aggr=make(pyg)), theirs)
+    assert_same(ours, theirs, lambda m, v: m(v, ei), _x(n, 5))

@@ -358,7 +358,7 @@ class MultiAggregation(Aggregation):
         return in_channels * len(self.aggrs) if self.mode == "cat" else in_channels
 
     def over(self, graph, x):
-        return self.combine([aggr.over(graph, x) for aggr in self.aggrs])
+        return self.combine([over(aggr, graph, x) for aggr in self.aggrs])
 
     def combine(self, outs: list) -> torch.Tensor:
         if len(outs) == 1:
@@ -379,6 +379,23 @@ class MultiAggregation(Aggregation):
         return f"{type(self).__name__}([\n{inner}], mode={self.mode})"
 
 
+def over(aggr, graph: Graph, x) -> torch.Tensor:
+    """aggr over the relation: a tg.nn.aggr module's own route, or another library's
+    aggregation module (a torch_geometric Aggregation) called as PyG calls it, on the
+    gathered source rows in torch: aggr(x_j, index, dim_size=..., dim=0)."""
+    if isinstance(aggr, Aggregation):
+        return aggr.over(graph, x)
+    ei = edge_index_like(graph, x)
+    return aggr(x[ei[0]], ei[1], dim_size=graph.num_dst, dim=0)
+
+
+def _is_pyg_aggregation(module) -> bool:
+    # matched by name, so torch_geometric (optional) is never imported here
+    return isinstance(module, torch.nn.Module) and any(
+        c.__name__ == "Aggregation" and c.__module__.startswith("torch_geometric.")
+        for c in type(module).__mro__)
+
+
 BY_NAME = {"sum": SumAggregation, "add": SumAggregation, "mean": MeanAggregation,
            "max": MaxAggregation, "min": MinAggregation, "mul": MulAggregation,
            "var": VarAggregation, "std": StdAggregation, "softmax": SoftmaxAggregation,
@@ -388,10 +405,13 @@ BY_NAME = {"sum": SumAggregation, "add": SumAggregation, "mean": MeanAggregation
 
 def resolve(aggr, **kwargs) -> Aggregation:
     """An Aggregation from a name (PyG's: "sum"/"add", "mean", "max", "min", "mul", "var",
-    "std", "softmax", "powermean", "lstm", "mlp"), a list of them (MultiAggregation), or an
-    Aggregation module (returned as it is)."""
+    "std", "softmax", "powermean", "lstm", "mlp"), a list of them (MultiAggregation), an
+    Aggregation module (returned as it is), or a torch_geometric Aggregation module (also
+    as it is: over() runs it in torch on the gathered rows)."""
     if isinstance(aggr, Aggregation):
         return aggr
+    if _is_pyg_aggregation(aggr) and not kwargs:
+        return aggr       # kept as it is (its state dict names too); run by over()
     if isinstance(aggr, (list, tuple)):
         return MultiAggregation(list(aggr), **kwargs)
     if isinstance(aggr, str):

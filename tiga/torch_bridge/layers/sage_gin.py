@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from ...core.reducers import sum as sum_r
 from ...trace import math as tm
 from ...trace.message_passing import MessagePassing
-from .aggr import MultiAggregation, fused_names, over_names, resolve
+from .aggr import fused_names, over, over_names, resolve
 from .common import LayerArgumentError, check_positive, relation, reset_children
 from .inputs import (
     adjacency,
@@ -47,7 +47,7 @@ def aggregate(name: str, aggr, adj, x_src, x_dst, n_dst: int):
         return region(_names_region, adj.relation, (name, names), (x_src, x_dst),
                       ((1, 0, tail),))
     graph = relation(name, adj.relation, x_src.size(0), n_dst)
-    return aggr.over(graph, x_src)
+    return over(aggr, graph, x_src)
 
 
 class SAGEConv(torch.nn.Module):
@@ -57,8 +57,9 @@ class SAGEConv(torch.nn.Module):
     project=True, `aggr_module.*` for an aggregation with parameters) are PyG's.
     aggr: a name ("mean" default, "sum"/"add", "max", "min", "mul", "var", "std",
     "softmax", "powermean", "lstm"), a list of names (MultiAggregation, concatenated;
-    aggr_kwargs for its mode) or a tg.nn.aggr module; an empty neighbourhood aggregates to
-    0. project=True first maps the sources through relu(lin(x_j)); normalize=True
+    aggr_kwargs for its mode), a tg.nn.aggr module or a torch_geometric aggregation module
+    (run in torch on the gathered rows); an empty neighbourhood aggregates to 0.
+    project=True first maps the sources through relu(lin(x_j)); normalize=True
     L2-normalises each output row. in_channels=-1 (or a pair with -1): lazy, as PyG.
 
     forward(x, edge_index, size=None): x (N, F), (B, N, F) or a pair (x_src, x_dst) with
@@ -90,8 +91,8 @@ class SAGEConv(torch.nn.Module):
                                          "with `project=True`")
             self.lin = torch.nn.Linear(n_src, n_src, bias=True)
         width = n_src
-        if isinstance(self.aggr_module, MultiAggregation) and n_src > 0:
-            width = self.aggr_module.get_out_channels(n_src)
+        if hasattr(self.aggr_module, "get_out_channels") and n_src > 0:
+            width = self.aggr_module.get_out_channels(n_src)    # a MultiAggregation
         self.lin_l = make_linear(width, out_channels, bias=bias, glorot=False)
         if root_weight:
             self.lin_r = make_linear(n_dst, out_channels, bias=False, glorot=False)
