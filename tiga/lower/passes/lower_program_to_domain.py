@@ -11,6 +11,7 @@ import weakref
 
 import numpy as np
 
+from ...autodiff.inlining import has_custom_calls, inline_custom_calls
 from ...core.errors import CompilationError
 from ...core.prims.graph import propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit, Var, array_digest
@@ -141,18 +142,27 @@ def _lower_eqn(block: _Block, eqn, out_hints: dict) -> None:
     block.ops.append(TensorOp(eqn.primitive.name, inputs, results, attrs))
 
 
+def _runnable(closed):
+    """An edge or update function as its kernel runs it: custom_vjp / custom_jvp calls in it
+    replaced by their primal function (their rules matter only to the transformations, which
+    read them before a program is lowered; the call itself has no kernel rule)."""
+    if closed is None or not has_custom_calls(closed.program):
+        return closed
+    return ClosedProgram(inline_custom_calls(closed.program), closed.consts)
+
+
 def _computation(block: _Block, eqn, inputs: tuple) -> Computation:
     p = eqn.params
     roles, names = tuple(p["roles"]), tuple(p["names"])
     edge_hints = [n if r == "param" else f"{r}_{n}" for r, n in zip(roles, names)]
-    edge = lower_closed(p["edge_fn"], edge_hints, "message")
+    edge = lower_closed(_runnable(p["edge_fn"]), edge_hints, "message")
     reducer = reducer_spec(p["reducer"], [v.type for v in edge.results])
     update = None
     if p["update"] is not None:
         n_out = len(edge.results) // reducer.arity
         hints = ([f"dst_{n}" for r, n in zip(roles, names) if r == "dst"]
                  + ["aggregated"] * n_out + [n for r, n in zip(roles, names) if r == "param"])
-        update = lower_closed(p["update"], hints, "updated")
+        update = lower_closed(_runnable(p["update"]), hints, "updated")
     results = tuple(block.define(v, "out") for v in eqn.outputs)
     return Computation(results, inputs[0], inputs[1:], roles, names, reducer,
                        p["reduce_by"], edge, update)
