@@ -246,8 +246,8 @@ def test_a_key_that_fails_its_checks_means_no_disk_cache(home, damage):
     keyfile = artifacts.cache_key_path()
     if damage.startswith("mode"):
         os.chmod(keyfile, int(damage.split()[1], 8))
-        needle = "read by its group or others" if damage == "mode 0644" else \
-            "writable by its group or others"
+        needle = ("read by its group or others" if damage == "mode 0644" else
+                  "writable by its group or others")
     elif damage == "short":
         keyfile.write_bytes(b"0123")
         needle = "not a 32-byte key"
