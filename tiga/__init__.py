@@ -8,7 +8,7 @@ from . import core as _core  # noqa: F401  (registers primitives)
 from . import distributed, nn
 from .api import grad, jit, value_and_grad, vjp
 from .core.check import check_program
-from .core.config import config
+from .core.config import ConfigError, config
 from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
 from .core.errors import (
                           CompilationError,
@@ -35,6 +35,7 @@ from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
 from ._transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
 from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
+from .xla_free_runtime.artifacts import CacheTrustWarning
 from .xla_free_runtime.explain import Explanation
 from .xla_free_runtime.memory import budgets as memory
 from .xla_free_runtime.memory.scope import scope
@@ -48,6 +49,7 @@ __all__ = [
     "bfloat16", "bool_", "float16", "float32", "float64", "int32", "int64",
     "CompilationError", "DistributedError", "DTypeError", "FieldError", "GraphValidationError",
     "ProgramError", "ShapeError", "StorageError", "TigaError", "TraceError", "UnsupportedError",
+    "ConfigError", "CacheTrustWarning",
     "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import tiga as tg
@@ -102,3 +103,16 @@ def test_documented_values_are_accepted():
     run = _import_with({"TIGA_STRICT": "", "TIGA_PROGRESS": "", "TIGA_DUMP": "all"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["strict", "False", "check", "False", "progress", "True"]
+
+
+def test_a_tiga_dump_set_after_import_is_refused_where_it_is_read(monkeypatch):
+    """TIGA_DUMP is read again as a call lowers: an unknown stage set after import raises
+    ConfigError there (it never turns into a silent reference fallback)."""
+    g = tg.Graph.from_coo(np.array([0, 1, 2]), np.array([1, 2, 0]), num_src=3, num_dst=3)
+
+    def f(x):       # (a program of its own: lowered at its first call)
+        return tg.propagate(g, lambda s, d, e: s.x * 3.0 + 1.0, tg.sum(), src={"x": x})
+
+    monkeypatch.setenv("TIGA_DUMP", "kernel,bogus")
+    with pytest.raises(tg.ConfigError, match="TIGA_DUMP: unknown stage"):
+        tg.jit(f)(np.ones((3, 2)))

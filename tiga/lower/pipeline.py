@@ -9,6 +9,7 @@ import re
 import sys
 from contextvars import ContextVar
 
+from ..core.config import ConfigError
 from ..core.errors import TigaError, UnsupportedError
 from . import ir
 from .binding import bind_program, bind_tasks, page_program, paged_propagates
@@ -135,8 +136,8 @@ def _dump_stages() -> set:
         return set(STAGES)
     unknown = stages - set(STAGES)
     if unknown:
-        raise TigaError(f"TIGA_DUMP: unknown stage(s) {', '.join(sorted(unknown))}; use "
-                        f"{', '.join(STAGES)} or all")
+        raise ConfigError(f"TIGA_DUMP: unknown stage(s) {', '.join(sorted(unknown))}; use "
+                          f"{', '.join(STAGES)} or all")
     return stages
 
 

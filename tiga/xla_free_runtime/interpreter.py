@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.config import config
+from ..core.config import ConfigError, config
 from ..core.errors import CompilationError, TigaError
 from ..core.eval import bind_dims, host_value, run_eqn
 from ..core.graph import Graph
@@ -97,6 +97,8 @@ def _build(program: GraphProgram, module_of, binding: tuple) -> TaskWalk | NoWal
     threads = num_threads()      # (what the schedule pass reads: read before it runs)
     try:
         module = module_of(lifted(program), module_name(program), binding)
+    except ConfigError:
+        raise       # (a setting the user got wrong, TIGA_DUMP say: never a silent fallback)
     except TigaError as exc:
         return NoWalk(f"the IR stages do not express this program ({exc})")
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
