@@ -10,7 +10,7 @@ import pytest
 
 import tiga as tg
 from tiga.lower.abi import KernelSource
-from tiga.xla_free_runtime import artifacts
+from tiga.xla_free_runtime import artifacts, equation_cache
 from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.triton import compile as triton_compile
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch
@@ -40,7 +40,7 @@ def forget(monkeypatch):
     """A new process: no plan, artifact or imported module in memory."""
     CACHE.clear_memory()
     monkeypatch.setattr(triton_launch, "_PLANS", {})
-    monkeypatch.setattr(triton_launch, "_WARM", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(equation_cache, "_MEMOS", weakref.WeakKeyDictionary())
 
 
 def entries(root, kinds):
