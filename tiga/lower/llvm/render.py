@@ -50,6 +50,14 @@ def render(op: LaunchOp, *, symbol: str, call: CallData | None = None) -> Kernel
     if op.schedule is None:
         raise CodegenUnsupported("gf_kernel.launch: no schedule attributes",
                                hint="run --select-kernel-schedule first")
+    if op.traversal != ATTENTION_TILES and op.comp.reducer.stats:
+        # (only the attention kernels keep a row's max and mass; the row walks return the
+        # finalised value alone, so their statistics outputs would be left unwritten)
+        raise CodegenUnsupported(
+            "online_softmax's row statistics (with_stats) are returned by the tiled attention "
+            "kernels only, and this edge function is not plain dot-product attention",
+            hint="the reference interpreter computes them; or use tg.online_softmax() "
+                 "without with_stats()")
     if op.traversal in ROW_TRAVERSALS:
         return _render_rows(op, symbol, call)
     if op.traversal in GENERATED_TRAVERSALS:

@@ -34,6 +34,9 @@ def render_launch(op: LaunchOp, *, symbol: str, has_perm: bool = False,
                             "transposed-dense-row", "transposed-triangular-row",
                             "transposed-segment-row", "transposed-stencil-row"):
         raise TritonUnsupported(f"traversal {op.traversal!r} has no Triton rendering yet")
+    if op.comp.reducer.stats:       # (the row walks return the finalised value alone)
+        raise TritonUnsupported("online_softmax's row statistics (with_stats) are returned "
+                                "by the attention kernels only")
     gtype = op.comp.relation.type
     if relation is None and op.traversal == "cell-directory-row":
         relation = radius_descriptor_of_launch(gtype.coord_dims, op.comp.reduce_by,
