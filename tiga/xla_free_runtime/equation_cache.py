@@ -12,19 +12,15 @@ from __future__ import annotations
 import threading
 import weakref
 
+from .relation_cache import entry_of
+
 _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {name: value}
 _LOCK = threading.Lock()
 
 
 def memo(eqn) -> dict:
     """The runtime's dict of what it derived from `eqn` (made on first use)."""
-    found = _MEMOS.get(eqn)
-    if found is None:
-        with _LOCK:
-            found = _MEMOS.get(eqn)
-            if found is None:
-                found = _MEMOS[eqn] = {}
-    return found
+    return entry_of(_MEMOS, eqn)
 
 
 def kept(eqn, name: str) -> dict:

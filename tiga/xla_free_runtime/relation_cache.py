@@ -1,6 +1,7 @@
 """runtime: one weak per-relation cache: what the runtime derives from a relation and keeps
 while the relation lives (page tasks and windows of a store, a generated relation's cell
-directory and degree counts, the kNN ids a tiled scan selected).
+directory and degree counts, the kNN ids a tiled scan selected, walk arrays, row chunks,
+kernels bound to it).
 
 A relation's arrays are frozen, so what is derived from them stays valid as long as the
 relation does; it is kept here, keyed by the relation object, and never written on the relation
@@ -15,15 +16,21 @@ _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # relation -> 
 _LOCK = threading.Lock()
 
 
-def memo(graph) -> dict:
-    """The runtime's dict of what it derived from `graph` (made on first use)."""
-    found = _MEMOS.get(graph)
+def entry_of(memos: weakref.WeakKeyDictionary, key) -> dict:
+    """`memos[key]`, a dict made on first use (under one lock: WeakKeyDictionary inserts are
+    not atomic); the weak caches of the runtime share it."""
+    found = memos.get(key)
     if found is None:
         with _LOCK:
-            found = _MEMOS.get(graph)
+            found = memos.get(key)
             if found is None:
-                found = _MEMOS[graph] = {}
+                found = memos[key] = {}
     return found
 
 
-__all__ = ["memo"]
+def memo(graph) -> dict:
+    """The runtime's dict of what it derived from `graph` (made on first use)."""
+    return entry_of(_MEMOS, graph)
+
+
+__all__ = ["memo", "entry_of"]
