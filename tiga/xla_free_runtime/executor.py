@@ -1,9 +1,11 @@
 """runtime: choose a route per propagate equation, run the program, and explain the choice.
 
-The executor is the one place the runtime asks lower/pipeline for IR (`LOWERING`): the
-program's Task module, a propagate's scheduled Kernel op over a bound relation type, and the
-one-page Task module of a paged or distributed propagate. Planners, plans and the interpreter
-receive those functions as data from the executor's calls; none of them lowers.
+The executor is the one place the runtime asks lower/pipeline for IR. A call signature is
+lowered once, with its binding (binding.call_binding): `pipeline.lower_call` gives the bound
+Task module, whose launches hold the Kernel ops that run, and the one-page modules of the
+propagates it runs by pages (`pipeline.lower_pages` for a distributed call's halo plans).
+`LOWERING` (`kernel`, `page`) is what is still handed down for the kernels no bound module
+holds (explain() before a call, the Triton planners, a degree count, a CSR read whole).
 
 A call runs its program's Task IR (interpreter.py). Each `propagate` (top level or inside a
 repeat/while body) runs as a fused cpu-llvm kernel when its edge function, reducer and update
