@@ -33,6 +33,7 @@ from .trace import math
 from .trace.control import repeat, while_loop
 from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
+from .trace.unroll import TraceWarning
 from ._transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
 from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.artifacts import CacheTrustWarning
@@ -49,7 +50,7 @@ __all__ = [
     "bfloat16", "bool_", "float16", "float32", "float64", "int32", "int64",
     "CompilationError", "DistributedError", "DTypeError", "FieldError", "GraphValidationError",
     "ProgramError", "ShapeError", "StorageError", "TigaError", "TraceError", "UnsupportedError",
-    "ConfigError", "CacheTrustWarning",
+    "ConfigError", "CacheTrustWarning", "TraceWarning",
     "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",

@@ -12,6 +12,7 @@ from ..core.errors import TraceError
 from ..core.primitive import Primitive, abstract_eval_rules, impl_rules
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import Dim, GraphType, TensorType
+from .unroll import note_propagate
 
 _state = threading.local()
 
@@ -274,5 +275,7 @@ def _stage(builder: Builder, prim, args, params):
     out_types = abstract_eval_rules[prim](*[a.type for a in atoms], **params)
     outs = [Var(t) for t in out_types]
     builder.eqns.append(Eqn(prim, tuple(atoms), dict(params), tuple(outs)))
+    if prim.name == "propagate":
+        note_propagate(builder, builder.eqns[-1])   # a Python loop unrolled: TraceWarning
     tracers = [Tracer(t, builder, v) for t, v in zip(out_types, outs)]
     return tracers if prim.multiple_results else tracers[0]
