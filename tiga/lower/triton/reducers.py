@@ -10,6 +10,8 @@ as the reference does: sum/mean/max/min/online_softmax -> 0, prod -> 1 (max/min/
 """
 from __future__ import annotations
 
+import math
+
 from ...core.dtypes import as_dtype
 from .emitter import TV, Emitter, TritonUnsupported, pow2, tl_dtype
 from .rules.reductions import identity
@@ -127,11 +129,21 @@ class Fold:
             expr = f"{acc} / tl.maximum({cnt}, 1).to({tl_dtype(self.dtype)})"
         elif self.name in ("max", "min") or self.empty is not None:
             expr = (f"tl.where({cnt} > 0, {acc}, "
-                    f"{_literal(0 if self.empty is None else self.empty)})")
+                    f"{_empty_value(acc, 0 if self.empty is None else self.empty)})")
         else:
             expr = acc
         return [ctx.value(f"({expr}).to({tl_dtype(self.out_dtype)})", self.shape,
                           self.out_dtype, ctx.state_lead, "y")]
+
+
+def _empty_value(acc: str, v: float) -> str:
+    """An empty row's value as Triton source. -0.0 is built as the negation of a zero tile:
+    Triton makes a literal 0 (of either sign) with get_null_value, which drops the sign, so
+    a literal -0.0 would give +0.0 (cpu-llvm and the reference keep it)."""
+    v = float(v)
+    if v == 0.0 and math.copysign(1.0, v) < 0:
+        return f"-tl.zeros_like({acc})"
+    return _literal(v)
 
 
 def _literal(v: float) -> str:
