@@ -16,7 +16,8 @@ from .core import graph_batch  # noqa: F401  (attaches tg.Graph.batch: batches o
 from .core.errors import UnsupportedError
 
 LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", "EdgeConv",
-          "DynamicEdgeConv", "SGConv", "APPNP", "TAGConv", "GCN2Conv")
+          "DynamicEdgeConv", "GraphConv", "SGConv", "APPNP", "TAGConv", "ChebConv",
+          "ResGatedGraphConv", "GCN2Conv")
 # PyG's torch_geometric.nn exports these too (from torch_geometric.nn import MLPAggregation)
 AGGREGATIONS = ("Aggregation", "SumAggregation", "MeanAggregation", "MaxAggregation",
                 "MinAggregation", "MulAggregation", "VarAggregation", "StdAggregation",

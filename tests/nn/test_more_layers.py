@@ -123,19 +123,81 @@ def _plain_call(m, x, ei, w):
     return m(x, ei, w)
 
 
-# name: (constructor, call, dense formula, whether a doubled loop's copies are dropped)
+def _graph(lib, aggr="add"):
+    return lib.GraphConv(4, 3, aggr=aggr)
+
+
+def _graph_dense(m, x, ei, w):
+    return m.lin_rel(dense(ei, x.size(0), w) @ x) + m.lin_root(x)
+
+
+def _graph_mean_dense(m, x, ei, w):
+    count = dense(ei, x.size(0)).sum(1, keepdim=True).clamp(min=1)
+    return m.lin_rel(dense(ei, x.size(0), w) @ x / count) + m.lin_root(x)
+
+
+def _cheb(lib):
+    return lib.ChebConv(4, 3, K=3)
+
+
+def _cheb_call(m, x, ei, w):
+    return m(x, ei, w, lambda_max=3.0)
+
+
+def _cheb_dense(m, x, ei, w):
+    """L_hat = 2 L / 3 - I, L = I - D^-1/2 A D^-1/2 without loops, D by source."""
+    w = torch.ones(ei.size(1), dtype=x.dtype) if w is None else w
+    keep = ei[0] != ei[1]
+    a = dense(ei[:, keep], x.size(0), w[keep])
+    dis = a.sum(0).pow(-0.5)
+    dis = dis.masked_fill(torch.isinf(dis), 0.0)
+    eye = torch.eye(x.size(0), dtype=x.dtype)
+    lap = eye - dis[:, None] * a * dis[None, :]
+    l_hat = 2.0 * lap / 3.0 - eye
+    t0, t1 = x, l_hat @ x
+    t2 = 2.0 * l_hat @ t1 - t0
+    return m.lins[0](t0) + m.lins[1](t1) + m.lins[2](t2) + m.bias
+
+
+def _gated(lib):
+    return lib.ResGatedGraphConv(4, 3, edge_dim=2)
+
+
+def _gated_call(m, x, ei, e):
+    return m(x, ei, e)
+
+
+def _gated_dense(m, x, ei, e):
+    """Per edge in plain torch: sigmoid(lin_key([x_i, e]) + lin_query([x_j, e]))
+    * lin_value([x_j, e]), summed into i."""
+    src, dst = ei[0].long(), ei[1].long()
+    msg = torch.sigmoid(m.lin_key(torch.cat([x[dst], e], -1)) +
+                        m.lin_query(torch.cat([x[src], e], -1))) * \
+        m.lin_value(torch.cat([x[src], e], -1))
+    out = torch.zeros(x.size(0), msg.size(1), dtype=x.dtype).index_add(0, dst, msg)
+    return out + m.lin_skip(x) + m.bias
+
+
+# name: (constructor, call, dense formula, whether a doubled loop's copies are dropped,
+# edge feature width: 0 for (E,) weights)
 LAYERS = {
-    "SGConv": (_sg, _plain_call, _sg_dense, True),
-    "APPNP": (_appnp, _plain_call, _appnp_dense, True),
-    "TAGConv": (_tag, _plain_call, _tag_dense, False),
-    "GCN2Conv": (_gcn2, _gcn2_call, _gcn2_dense, True),
+    "SGConv": (_sg, _plain_call, _sg_dense, True, 0),
+    "APPNP": (_appnp, _plain_call, _appnp_dense, True, 0),
+    "TAGConv": (_tag, _plain_call, _tag_dense, False, 0),
+    "GCN2Conv": (_gcn2, _gcn2_call, _gcn2_dense, True, 0),
+    "GraphConv": (_graph, _plain_call, _graph_dense, False, 0),
+    "GraphConv-mean": (lambda lib: _graph(lib, "mean"), _plain_call, _graph_mean_dense,
+                       False, 0),
+    "ChebConv": (_cheb, _cheb_call, _cheb_dense, False, 0),
+    "ResGatedGraphConv": (_gated, _gated_call, _gated_dense, False, 2),
 }
 
 
-def _inputs(seed: int, dtype):
+def _inputs(seed: int, dtype, width: int = 0):
     ei, n = hostile(seed)
     x = _t(n, 4, seed=seed, dtype=dtype)
-    w = _t(ei.size(1), seed=seed + 100, dtype=dtype, positive=True)
+    shape = (ei.size(1), width) if width else (ei.size(1),)
+    w = _t(*shape, seed=seed + 100, dtype=dtype, positive=not width)
     return ei, x, w
 
 
@@ -143,11 +205,11 @@ def _inputs(seed: int, dtype):
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_dense_oracle(name, seed):
     """tg.nn's layer (its own initialisation, float64) against the dense formula."""
-    make, call, formula, _ = LAYERS[name]
-    ei, x, w = _inputs(seed, torch.float64)
+    make, call, formula, _, width = LAYERS[name]
+    ei, x, w = _inputs(seed, torch.float64, width)
     torch.manual_seed(seed)
     layer = make(tg.nn).double()
-    for weights in (None, w):
+    for weights in ((w,) if width else (None, w)):
         got = call(layer, x, ei, weights)
         want = formula(layer, x, ei, weights)
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
@@ -169,8 +231,8 @@ def test_matches_pyg(name, seed):
     """PyG's state dict loaded; outputs and gradients equal at float32 tolerance (int32
     edge_index to tg.nn as it is, to PyG as int64)."""
     pyg = pytest.importorskip("torch_geometric.nn")
-    make, call, _, drops = LAYERS[name]
-    ei, x, w = _inputs(seed, torch.float32)
+    make, call, _, drops, width = LAYERS[name]
+    ei, x, w = _inputs(seed, torch.float32, width)
     torch.manual_seed(seed)
     theirs = make(pyg)
     with torch.no_grad():

@@ -18,15 +18,18 @@ from .aggr import (
     SumAggregation,
     VarAggregation,
 )
+from .cheb import ChebConv
 from .common import LayerArgumentError
 from .edge_conv import DynamicEdgeConv, EdgeConv
 from .gat_conv import GATConv, GATv2Conv
 from .gcn import GCNConv, gcn_norm
+from .graph_conv import GraphConv, ResGatedGraphConv
 from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
 from .pool import global_add_pool, global_max_pool, global_mean_pool, global_softmax_pool
 from .sage_gin import GINConv, GINEConv, SAGEConv
 
-__all__ = ["APPNP", "GCN2Conv", "SGConv", "TAGConv", "Aggregation", "DynamicEdgeConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv",
+__all__ = ["APPNP", "ChebConv", "GCN2Conv", "GraphConv", "ResGatedGraphConv", "SGConv",
+           "TAGConv", "Aggregation", "DynamicEdgeConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv",
            "GINConv", "GINEConv", "LSTMAggregation", "LayerArgumentError", "MLPAggregation",
            "MaxAggregation", "MeanAggregation", "MinAggregation", "MulAggregation",
            "MultiAggregation", "PowerMeanAggregation", "SAGEConv", "SoftmaxAggregation",
