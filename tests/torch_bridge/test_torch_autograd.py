@@ -213,7 +213,9 @@ def test_no_grad_and_constant_inputs_give_plain_tensors():
     torch.testing.assert_close(y2, ref)
 
 
-def test_double_backward_raises():
+def test_double_backward_is_the_second_derivative():
+    """create_graph=True: the backward is Tiga's VJP program as a node of its own, so a
+    second derivative reaches it (it raised before issue 38)."""
     graph = report_graph()
     x = torch.tensor([2.0, 3.0], dtype=torch.float64, requires_grad=True)
     w = torch.tensor([4.0, 5.0, 2.0], dtype=torch.float64, requires_grad=True)
@@ -222,8 +224,13 @@ def test_double_backward_raises():
     # the first derivative itself is right (2 * y[dst] * w, summed per source)
     torch.testing.assert_close(dx.detach(), torch.tensor([2 * 23.0 * 4, 2 * 23.0 * 5 + 2 * 6.0 * 2],
                                                          dtype=torch.float64))
-    with pytest.raises(tg.UnsupportedError, match="double backward"):
-        torch.autograd.grad(dx.sum(), w)
+    # the same in torch: edges (src 0 -> dst 0, src 1 -> dst 0, src 1 -> dst 1)
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    yr = torch.zeros(3, dtype=torch.float64).index_add(
+        0, torch.tensor([0, 0, 1]), xr[torch.tensor([0, 1, 1])] * wr)
+    (dxr,) = torch.autograd.grad(yr.square().sum(), xr, create_graph=True)
+    torch.testing.assert_close(torch.autograd.grad(dx.sum(), w)[0],
+                               torch.autograd.grad(dxr.sum(), wr)[0])
 
 
 def test_in_place_change_before_backward_is_detected():

@@ -3,8 +3,8 @@
 Reverse mode (torch.func.grad, vjp, jacrev; functional_call over a module whose Tiga layer
 captures an MLP) and forward mode (torch.autograd.forward_ad dual tensors, torch.func.jvp,
 jacfwd) are compared with the same message passing written in torch (index_add /
-scatter_reduce over an explicit edge list) under the same transform, in float64. Second
-derivatives and vmap of the forward must raise tg.UnsupportedError naming the alternative.
+scatter_reduce over an explicit edge list) under the same transform, in float64. vmap,
+second derivatives and GCNConv: test_torch_func_transforms.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.autograd.forward_ad as fwAD  # noqa: E402
-from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, vjp, vmap  # noqa: E402
+from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vjp  # noqa: E402
 
 import tiga as tg  # noqa: E402
 
@@ -137,7 +137,7 @@ def test_grad_of_functional_call_reaches_captured_mlp_parameters():
         torch.testing.assert_close(got[k], want[k])
 
 
-# ---- forward mode: the VJP of Tiga's VJP program in its cotangents ---------------------------
+# ---- forward mode: Tiga's JVP program ---------------------------
 
 REDUCERS = ("sum", "mean", "max", "online_softmax")
 
@@ -218,27 +218,7 @@ def test_forward_and_reverse_mode_together():
                                    torch.autograd.grad(ref.sum(), w)[0])
 
 
-# ---- second derivatives and vmap of the forward are refused, never silently wrong ----------
-
-@pytest.mark.parametrize("transform", ["hessian", "grad_of_grad"])
-def test_second_derivatives_raise(transform):
-    x, h, w = inputs()
-
-    def f(x):
-        return affine_tiga(x, h, w).sum()
-    with pytest.raises(tg.UnsupportedError, match="src.x: is differentiated by 2 nested"):
-        if transform == "hessian":
-            hessian(f)(x)
-        else:
-            grad(lambda x: grad(f)(x).sum())(x)
-
-
-def test_vmap_raises_naming_the_alternative():
-    x, h, w = inputs()
-    with pytest.raises(tg.UnsupportedError, match="edge.w: is batched by torch.func.vmap") \
-            as err:
-        vmap(lambda w: affine_tiga(x, h, w))(w[None].expand(2, E, F))
-    assert "disjoint union" in err.value.hint
+# (second derivatives and vmap of the forward run Tiga's rules: test_torch_func_transforms.py)
 
 
 def test_eager_autograd_unchanged_next_to_the_transforms():

@@ -6,18 +6,21 @@ runs Tiga's own VJP program (`vjp_program`), not a torch replay of the edge func
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 
 import numpy as np
 import torch
 
 from .. import opt
-from ..autodiff import vjp_program
-from ..core.errors import TigaError, UnsupportedError
+from ..autodiff import jvp_program, vjp_program
+from ..autodiff.batching import batch_program
+from ..autodiff.inlining import inline_custom_calls
+from ..core.errors import TigaError
 from ..core.eval import eval_program, on_device
 from ..core.passes import dce
 from ..core.prims.graph import propagate_p
 from ..core.program import Eqn, GraphProgram, Var
-from ..core.types import GraphType
+from ..core.types import GraphType, TensorType
 from ..lower.backends import using_backend
 from ..trace import call_cache
 from ..trace.staging import leaf_value
@@ -27,11 +30,11 @@ from ..xla_free_runtime.executor import execute, explain_program
 from .dlpack import is_torch, to_numpy, to_torch
 from .nn import TracedModule
 from .transforms import (
-    batched,
-    check_first_order,
-    check_no_tangents,
     has_tangent,
-    vmap_error,
+    needs_program_node,
+    plain,
+    staging_types,
+    transform_depth,
 )
 
 ROUTES = ("auto", "reference")
@@ -48,11 +51,17 @@ def run_call_torch(call, route: str = "auto"):
         raise TigaError(f"route: expected one of {ROUTES}, found {route!r}")
     # CUDA inputs: the triton backend, or an error before _prepare copies them to the host
     backend = call_backend(call) if route == "auto" else None
-    program, np_args, originals, vjps = _prepare(call, keep_device=backend == "triton")
+    keep = backend == "triton"
+    program, np_args, originals, vjps = _prepare(call, keep_device=keep, convert=False)
+    if needs_program_node(originals):
+        # torch.func.vmap, forward mode, nested differentiation: a node whose vmap, jvp
+        # and backward run Tiga's batching, JVP and VJP rules (ProgramFunction)
+        slots = [k for k, o in enumerate(originals) if is_torch(o)]
+        node = Node(program, np_args, slots, route, backend, _device_of(originals))
+        outs = ProgramFunction.apply(node, *[originals[k] for k in slots])
+        return outs[0] if len(outs) == 1 else tuple(outs)
     names = _names(len(originals) - len(call.values()), call)
-    check_first_order(originals, names)
-    if backend is not None:   # forward mode runs Tiga's programs on the host only
-        check_no_tangents(originals, names)
+    np_args = _host_args(np_args, originals, names, keep)
     run = _Run(program, np_args, originals, route, vjps, backend)
     if not any(run.wrt):
         outs = run.forward()
@@ -79,9 +88,10 @@ def _resolved_first(graph) -> bool:
     return graph.kind != "knn" or int(graph.params.get("dims", 0)) <= FAST_DIMS
 
 
-def _prepare(call, keep_device: bool = False) -> tuple:
+def _prepare(call, keep_device: bool = False, convert: bool = True) -> tuple:
     """(program, host operands, the caller's objects, VJP programs by requires-grad
     pattern) for a call on torch tensors; staged, rewritten and cached once per signature.
+    convert=False leaves None for the torch operands (`_host_args` converts them).
 
     The signature (call_cache's: functions, traced-module structure and parameter
     identities, relation type, field and param types, plus here the concrete sizes and
@@ -104,14 +114,26 @@ def _prepare(call, keep_device: bool = False) -> tuple:
         fresh["caps"] = caps
         return (program, {}), (caps if _persistent(caps, call) else None)
 
-    (program, vjps), held = call_cache.reuse(call, extra, build)
+    with staging_types():   # (a tensor batched by torch.func.vmap: its instance's type)
+        (program, vjps), held = call_cache.reuse(call, extra, build)
     caps = fresh.get("caps", held)
     originals = list(caps) + values
-    names = _names(len(caps), call)
-    # (keep_device: the triton route's kernels read CUDA tensors where they are)
-    np_args = [(a.detach() if keep_device and on_device(a) else to_numpy(a, n)) if is_torch(a)
-               else leaf_value(a) for a, n in zip(originals, names)]
+    np_args = [None if is_torch(a) else leaf_value(a) for a in originals]
+    if convert:
+        np_args = _host_args(np_args, originals, _names(len(caps), call), keep_device)
     return program, np_args, originals, vjps
+
+
+def _host_args(np_args, originals, names, keep_device: bool) -> list:
+    """The operands with the torch tensors as host views (keep_device: the triton route's
+    kernels read CUDA tensors where they are)."""
+    return [(a.detach() if keep_device and on_device(a) else to_numpy(a, n)) if is_torch(a)
+            else v for v, a, n in zip(np_args, originals, names)]
+
+
+def _device_of(originals):
+    torch_in = [o for o in originals if is_torch(o)]
+    return torch_in[0].device if torch_in else torch.device("cpu")
 
 
 def _names(n_caps: int, call) -> list:
@@ -406,35 +428,6 @@ class _Run:
                                                                    device=x.device)
                 for g, x in zip(grads, self.inputs)]
 
-    def jvp(self, tangents) -> list:
-        """Output tangents `J t` for input tangents `t` (one per `self.inputs`, None reads
-        as zeros). The VJP program `u -> J^T u` is linear in its cotangents `u`, so its own
-        VJP in `u`, pulled back from `t`, is `J t`: exact, at any `u` (zeros here)."""
-        n_out = len(self.program.outs)
-        program = self._jvp_program()
-        cts = [np.zeros(shape, dtype) for shape, dtype in self.out_specs]
-        ts = [np.zeros(x.shape, _np_dtype(x)) if t is None
-              else np.asarray(to_numpy(t, "input tangent"), _np_dtype(x))
-              for t, x in zip(tangents, self.inputs)]
-        outs = _runner(self.route, self.backend)(
-            program, list(self.args) + cts + list(self.outs) + list(self.residuals) + ts)
-        return [to_torch(np.asarray(o, dtype)).to(self.device)
-                for o, (_, dtype) in zip(outs[len(outs) - n_out:], self.out_specs)]
-
-    def _jvp_program(self):
-        """`(*vjp inputs, *input tangents) -> (*grads, *output tangents)`, once per VJP."""
-        vjp = self._derived()[1]
-        hit = self.vjps.get(("jvp", id(vjp)))
-        if hit is None or hit[0] is not vjp:
-            n_in, n_out = len(self.program.in_binders), len(self.program.outs)
-            wrt = [n_in <= k < n_in + n_out for k in range(len(vjp.in_binders))]
-            hit = self.vjps[("jvp", id(vjp))] = (vjp, vjp_program(vjp, wrt))
-        return hit[1]
-
-
-def _np_dtype(t):
-    return to_numpy(torch.empty(0, dtype=t.dtype), "tangent").dtype
-
 
 def _shares(a, b) -> bool:
     """Whether two host arrays share memory (device tensors: never with a host array; the
@@ -496,8 +489,11 @@ def _reading_outputs(full: GraphProgram, n_out: int) -> GraphProgram:
 class _PropagateFunction(torch.autograd.Function):
     """Outputs of one Tiga call as a torch autograd node; `inputs` are the tensors that
     require grad (fields, params, captured values), `run` holds everything else. forward /
-    setup_context are separate (torch.func's form), so torch.func.grad, vjp and jacrev
-    differentiate through it; forward-mode and vmap of the forward raise (transforms.py)."""
+    setup_context are separate (torch.func's form). Eager autograd and one torch.func.grad /
+    vjp level run its backward, which reuses the forward's residuals; a differentiable
+    backward (create_graph, nested levels), batched cotangents (jacrev), forward mode and
+    vmap go to `ProgramFunction`'s rules (run_call_torch sends batched operands, tangents
+    and nested levels there directly)."""
 
     @staticmethod
     def forward(run, *inputs):
@@ -516,59 +512,204 @@ class _PropagateFunction(torch.autograd.Function):
                 if r and not w and is_torch(o)]
         ctx.save_for_backward(*inputs, *[o for o, r in zip(output, run.read_outs) if r],
                               *read)
+        ctx.save_for_forward(*inputs)
         ctx.mark_non_differentiable(*[o for o in output if not o.is_floating_point()])
 
     @staticmethod
     def vmap(info, in_dims, run, *inputs):
-        raise vmap_error("a tensor passed to the Tiga call")
+        # (run_call_torch sends batched operands to ProgramFunction; this is its rule)
+        return node_vmap(_node_of(run), info.batch_size, in_dims[1:], inputs)
 
     @staticmethod
     def jvp(ctx, _run_tangent, *tangents):
-        # forward mode (forward_ad, torch.func.jvp / jacfwd): one tangent per input tensor
-        with torch.no_grad():
-            return tuple(batched(ctx.run.jvp, tangents, "input tangent"))
+        # forward mode (forward_ad, torch.func.jvp / jacfwd): Tiga's JVP program
+        return node_jvp(_node_of(ctx.run), ctx.saved_tensors[:ctx.n_inputs], tangents)
 
     @staticmethod
     def backward(ctx, *grad_outs):
         inputs = ctx.saved_tensors[:ctx.n_inputs]
-        with torch.no_grad():   # (jacrev: cotangents batched by vmap run one at a time)
-            grads = batched(ctx.run.backward, grad_outs, "output cotangent")
-        if torch.is_grad_enabled():  # create_graph=True: a second derivative may follow
-            deps = [t for t in list(inputs) + list(grad_outs)
-                    if t is not None and t.requires_grad]
-            if deps:
-                grads = [_NoDoubleBackward.apply(g, *deps) for g in grads]
+        deps = [t for t in list(inputs) + list(grad_outs) if t is not None and
+                (t.requires_grad or transform_depth(t)[0])]
+        if torch.is_grad_enabled() and deps:
+            # differentiable (create_graph, nested torch.func levels) or batched (jacrev):
+            # Tiga's VJP program as a node of its own; its residuals are recomputed
+            return (None, *node_vjp(_node_of(ctx.run), inputs, ctx.needs_input_grad[1:],
+                                    grad_outs))
+        with torch.no_grad():
+            grads = ctx.run.backward([None if g is None else plain(g, "output cotangent")
+                                      for g in grad_outs])
         return (None, *grads)
 
 
-class _NoDoubleBackward(torch.autograd.Function):
-    """Identity on a gradient, connected to everything it depends on, so that a second
-    differentiation reaches it and fails with a clear message instead of silently
-    returning a gradient that misses the Tiga call's second-order terms."""
+def _node_of(run) -> Node:
+    """The call of a `_Run` as a `Node` over its differentiated inputs (the others are
+    constants of the node, as they are of the run)."""
+    slots = [k for k, w in enumerate(run.wrt) if w]
+    static = [None if w else a for a, w in zip(run.args, run.wrt)]
+    return Node(run.program, static, slots, run.route, run.backend, run.device)
 
-    generate_vmap_rule = True   # a clone: jacrev's batched cotangents pass through it
+
+# ---- ProgramFunction: any Tiga program as a torch node that torch.func can transform -------
+
+_DERIVED: OrderedDict = OrderedDict()   # (program, kind, key) -> derived program
+_EXECUTED: OrderedDict = OrderedDict()  # (program, relation kinds) -> rewritten program
+_MEMO_SIZE = 256
+_JVP_FACTS = opt.ProgramFacts("vjp")    # derived programs get the passes a VJP gets
+
+
+def _memo(memo: OrderedDict, key, make):
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = make()
+        if len(memo) > _MEMO_SIZE:
+            memo.popitem(last=False)
+    else:
+        memo.move_to_end(key)
+    return hit
+
+
+class Node:
+    """A Tiga program, its constant operands (`static`, None at `slots`) and the binder
+    positions `slots` of the torch tensors handed to `ProgramFunction.apply`, in order
+    (ascending). The programs torch.func asks for (VJP, JVP, batched) are derived once per
+    program structure and pattern, and run by nodes of their own."""
+
+    __slots__ = ("program", "static", "slots", "route", "backend", "device")
+
+    def __init__(self, program, static, slots, route, backend, device):
+        self.program, self.static, self.slots = program, list(static), list(slots)
+        self.route, self.backend, self.device = route, backend, device
+
+    def derived(self, program, extra: int) -> Node:
+        """A node for `program`, whose binders are this program's then `extra` more, all
+        of them tensors (cotangents, tangents)."""
+        n_in = len(self.program.in_binders)
+        return Node(program, self.static + [None] * extra,
+                    self.slots + list(range(n_in, n_in + extra)), self.route, self.backend,
+                    self.device)
+
+    def run(self, tensors) -> list:
+        keep = self.backend == "triton"
+        args = list(self.static)
+        for k, t in zip(self.slots, tensors):
+            args[k] = t.detach() if keep and on_device(t) else to_numpy(t, f"operand {k}")
+        program = self.program
+        if self.route != "reference":   # the execute-stage passes, per relation kinds
+            kinds = opt.relation_kinds(program, args)
+            key = (program, tuple(sorted(kinds.items())))
+            program = _memo(_EXECUTED, key, lambda: opt.optimize_program(
+                program, opt.ProgramFacts("execute", relation_kinds=key[1]))[0])
+        outs = _runner(self.route, self.backend)(program, args)
+        outs = [o if on_device(o) else np.asarray(o, t.dtype.np)
+                for o, t in zip(outs, self.program.out_types)]
+        return [(o if on_device(o) else to_torch(o)).to(self.device) for o in outs]
+
+    def out_zeros(self, k: int) -> torch.Tensor:
+        t = self.program.out_types[k]
+        dtype = to_torch(np.zeros(0, t.dtype.np)).dtype
+        return torch.zeros(tuple(t.shape), dtype=dtype, device=self.device)
+
+
+def _float(t) -> bool:
+    return isinstance(t, TensorType) and t.dtype.is_float
+
+
+def node_vjp(node: Node, tensors, needs, cts) -> list:
+    """Gradients for `tensors` (the node's operands; None where `needs` is False) from the
+    output cotangents `cts` (None: zeros), by a node running Tiga's VJP program."""
+    types = node.program.in_types
+    wrt_slot = [bool(n) and _float(types[k]) for n, k in zip(needs, node.slots)]
+    if not any(wrt_slot):
+        return [None] * len(tensors)
+    wrt = [False] * len(types)
+    for k, w in zip(node.slots, wrt_slot):
+        wrt[k] = w
+    n_out = len(node.program.outs)
+
+    def make():
+        full = vjp_program(node.program, wrt)
+        vjp = dce(full, keep_outputs=range(n_out, len(full.outs)))
+        return opt.optimize_program(vjp, _JVP_FACTS)[0]
+
+    program = _memo(_DERIVED, (node.program, "vjp", tuple(wrt)), make)
+    cts = [node.out_zeros(k) if g is None else g for k, g in enumerate(cts)]
+    grads = iter(ProgramFunction.apply(node.derived(program, n_out), *tensors, *cts))
+    return [next(grads) if w else None for w in wrt_slot]
+
+
+def node_jvp(node: Node, tensors, tangents) -> tuple:
+    """Output tangents (None for non-float outputs) from the operands' tangents (None:
+    zero), by a node running Tiga's JVP program (primal and tangent messages in one walk)."""
+    types, out_types = node.program.in_types, node.program.out_types
+    wrt_slot = [t is not None and _float(types[k]) for t, k in zip(tangents, node.slots)]
+    if not any(wrt_slot):
+        return tuple(node.out_zeros(k) if _float(t) else None
+                     for k, t in enumerate(out_types))
+    wrt = [False] * len(types)
+    for k, w in zip(node.slots, wrt_slot):
+        wrt[k] = w
+    n_out = len(out_types)
+
+    def make():
+        full = jvp_program(node.program, wrt)
+        keep = [n_out + k for k, t in enumerate(out_types) if _float(t)]
+        return opt.optimize_program(dce(full, keep_outputs=keep), _JVP_FACTS)[0]
+
+    program = _memo(_DERIVED, (node.program, "jvp", tuple(wrt)), make)
+    ts = [t for t, w in zip(tangents, wrt_slot) if w]
+    outs = iter(ProgramFunction.apply(node.derived(program, len(ts)), *tensors, *ts))
+    return tuple(next(outs) if _float(t) else None for t in out_types)
+
+
+def node_vmap(node: Node, size: int, dims, tensors) -> tuple:
+    """(outputs, out_dims) of the node under torch.func.vmap: one run of Tiga's batched
+    program (a propagate over batched fields is one propagate, the batch beside the
+    features), every output batched at 0."""
+    n_in = len(node.program.in_binders)
+    batched, axes = [False] * n_in, [None] * n_in
+    for k, d in zip(node.slots, dims):
+        if d is not None:
+            batched[k], axes[k] = True, d
+    n_out = len(node.program.outs)
+
+    def make():
+        bprog = batch_program(node.program, batched, size, axes, [0] * n_out)
+        return inline_custom_calls(bprog)
+
+    key = (node.program, "vmap", tuple(batched), tuple(axes), size)
+    program = _memo(_DERIVED, key, make)
+    outs = ProgramFunction.apply(node.derived(program, 0), *tensors)
+    return outs, (0,) * len(outs)
+
+
+class ProgramFunction(torch.autograd.Function):
+    """A `Node`'s program as a torch autograd node for every transformation torch nests:
+    torch.func.vmap runs Tiga's batched program (`vmap`), forward mode (forward_ad,
+    torch.func.jvp, jacfwd) Tiga's JVP program (`jvp`), reverse mode Tiga's VJP program
+    (`backward`); each of them is a node of this class again, so hessian, grad of grad,
+    per-sample gradients (vmap of grad) and jacrev / jacfwd (vmap of vjp / jvp) compose."""
+
+    generate_vmap_rule = False
 
     @staticmethod
-    def forward(grad, *deps):
-        return grad.clone()
+    def forward(node, *tensors):
+        return tuple(node.run(tensors))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        pass   # nothing to save: its backward only raises
+        ctx.node = inputs[0]
+        ctx.save_for_backward(*inputs[1:])
+        ctx.save_for_forward(*inputs[1:])
+        ctx.mark_non_differentiable(*[o for o in output if not o.is_floating_point()])
 
     @staticmethod
-    def jvp(ctx, *_):
-        # forward mode over a Tiga backward (torch.func.hessian = jacfwd(jacrev(f)))
-        raise UnsupportedError(
-            "forward-mode AD over the backward of a Tiga message-passing call (a second "
-            "derivative, e.g. torch.func.hessian) is not supported",
-            hint="take first derivatives only (torch.func.jacrev, jacfwd, grad), or nest "
-                 "tg.grad / tg.vjp on numpy or tg.Tensor inputs")
+    def vmap(info, in_dims, node, *tensors):
+        return node_vmap(node, info.batch_size, in_dims[1:], tensors)
 
     @staticmethod
-    def backward(ctx, *_):
-        raise UnsupportedError(
-            "double backward through a Tiga message-passing call is not supported (its "
-            "torch backward runs Tiga's VJP program, which torch cannot differentiate)",
-            hint="differentiate once with torch.autograd (create_graph=False), or nest "
-                 "tg.grad / tg.vjp on numpy or tg.Tensor inputs")
+    def jvp(ctx, _node_tangent, *tangents):
+        return node_jvp(ctx.node, ctx.saved_tensors, tangents)
+
+    @staticmethod
+    def backward(ctx, *cts):
+        return (None, *node_vjp(ctx.node, ctx.saved_tensors, ctx.needs_input_grad[1:], cts))

@@ -1,15 +1,19 @@
-"""torch_bridge: torch.func and forward-mode AD around a Tiga call (what works, what raises).
+"""torch_bridge: how torch.func and forward-mode AD see a Tiga call (what the bridge reads).
 
-Both modes work, first order: functorch hands the bridge tensors wrapped per transform
-level, and the bridge reads their values (`plain`); `_PropagateFunction` is the node that
-torch differentiates. Reverse mode (`grad`, `vjp`, `jacrev`) runs Tiga's VJP program;
-forward mode (`torch.autograd.forward_ad`, `torch.func.jvp`, `jacfwd`) runs the VJP of that
-VJP program in its cotangents (`_Run.jvp`). `jacrev` / `jacfwd` batch the cotangents /
-tangents with vmap: the program runs once per batch entry (`batched`). `vmap` of the
-forward, second derivatives and forward mode on the GPU route raise `tg.UnsupportedError`
-naming the alternative: no tangent is ever dropped silently.
+functorch hands the bridge tensors wrapped per transform level: a grad or jvp level wraps
+the value (`plain` reads it), a vmap level batches it. A call whose operands are batched
+(torch.func.vmap, jacrev / jacfwd's batched cotangents and tangents), carry a forward-mode
+tangent (torch.autograd.forward_ad, torch.func.jvp / jacfwd) or are differentiated by
+several nested levels (hessian, grad of grad) runs as a `_ProgramFunction` node
+(autograd.py), whose `vmap`, `jvp` and `backward` staticmethods run Tiga's own batching,
+JVP and VJP rules on the call's program: each transformation is another Tiga program, run
+by the same node, so they nest as far as torch nests them. The staging of such a call reads
+only the per-instance types of its batched operands (`staging_types`).
 """
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -18,100 +22,78 @@ from ..core.errors import UnsupportedError
 
 _F = torch._C._functorch
 
-VMAP_HINT = ("batch along the entity axis instead: put the batch's graphs into one relation "
-             "(a disjoint union, as PyG batches graphs), or give the fields a trailing batch "
-             "axis; or call the layer once per sample in a Python loop")
-FORWARD_HINT = ("differentiate in reverse mode: loss.backward(), torch.autograd.grad, "
-                "torch.func.grad, torch.func.vjp or torch.func.jacrev (a Jacobian of a Tiga "
-                "call comes from jacrev, not jacfwd)")
+VMAP_HINT = ("batch the fields, features or parameters of a call instead: a relation (a "
+             "tg.Graph, an edge_index) is never batched; put a batch of graphs into one "
+             "relation (a disjoint union, tg.Graph.batch, as PyG batches graphs), or call the "
+             "layer once per graph in a Python loop")
 
-
-SECOND_HINT = ("take first derivatives only (torch.func.grad, vjp, jvp, jacrev or jacfwd), or "
-               "nest tg.grad / tg.vjp on numpy or tg.Tensor inputs")
+_LOCAL = threading.local()
 
 
 def vmap_error(name: str) -> UnsupportedError:
     return UnsupportedError(
-        f"{name}: is batched by torch.func.vmap; vmap over a Tiga message-passing call is "
-        "not supported (its kernels walk one relation per call)", hint=VMAP_HINT)
+        f"{name}: is batched by torch.func.vmap where the Tiga call needs one value for "
+        "every instance of the batch (it is read as a relation or while building one)",
+        hint=VMAP_HINT)
+
+
+@contextlib.contextmanager
+def staging_types():
+    """While a call is staged: a tensor batched by vmap reads as zeros of its per-instance
+    shape (staging reads types only; the values come through the node's operands)."""
+    old = getattr(_LOCAL, "placeholders", False)
+    _LOCAL.placeholders = True
+    try:
+        yield
+    finally:
+        _LOCAL.placeholders = old
 
 
 def plain(t: torch.Tensor, name: str) -> torch.Tensor:
-    """The value under torch.func's grad wrappers (what the Tiga kernels read); a tensor
-    batched by vmap raises, since dropping its batch wrapper would change its meaning."""
+    """The value under torch.func's grad / jvp wrappers (what the Tiga kernels read); a
+    tensor batched by vmap raises (dropping its batch wrapper would change its meaning),
+    except while a call is staged (`staging_types`), where it reads as zeros of its
+    per-instance shape."""
+    shape, dtype = tuple(t.shape), t.dtype
     while _F.is_functorch_wrapped_tensor(t):
         if _F.is_batchedtensor(t):
+            if getattr(_LOCAL, "placeholders", False):
+                with torch._C._DisableFuncTorch():
+                    return torch.zeros((), dtype=dtype).expand(shape)
             raise vmap_error(name)
         t = _F.get_unwrapped(t)
     return t
 
 
-def check_first_order(tensors, names) -> None:
-    """A tensor wrapped by two nested torch.func differentiation levels (hessian, grad of
-    grad, jacfwd of jacrev) asks for a second derivative: refused here, before functorch
-    would reach the Tiga node's backward from inside another transform."""
-    for t, name in zip(tensors, names):
-        depth = 0
-        while isinstance(t, torch.Tensor) and _F.is_functorch_wrapped_tensor(t):
-            depth += not _F.is_batchedtensor(t)
-            t = _F.get_unwrapped(t)
-        if depth > 1:
-            raise UnsupportedError(
-                f"{name}: is differentiated by {depth} nested torch.func transforms (a "
-                "second derivative: hessian, grad of grad, jacfwd of jacrev); a Tiga "
-                "message-passing call has first derivatives only", hint=SECOND_HINT)
-
-
-def check_no_tangents(tensors, names) -> None:
-    """Forward-mode AD is refused, not dropped: a dual tensor (torch.autograd.forward_ad,
-    torch.func.jvp / jacfwd) among a call's operands raises before anything runs."""
-    if fwAD._current_level < 0:   # no dual level entered: no tangents can exist
-        return
-    for t, name in zip(tensors, names):
-        if isinstance(t, torch.Tensor) and fwAD.unpack_dual(t).tangent is not None:
-            raise forward_mode_error(name)
+def transform_depth(t) -> tuple:
+    """(whether some vmap level batches `t`, how many grad / jvp levels wrap it)."""
+    batched, depth = False, 0
+    while isinstance(t, torch.Tensor) and _F.is_functorch_wrapped_tensor(t):
+        if _F.is_batchedtensor(t):
+            batched = True
+        else:
+            depth += 1
+        t = _F.get_unwrapped(t)
+    return batched, depth
 
 
 def has_tangent(t) -> bool:
     """Whether `t` carries a forward-mode tangent at the current dual level."""
-    return fwAD._current_level >= 0 and fwAD.unpack_dual(t).tangent is not None
+    return (isinstance(t, torch.Tensor) and fwAD._current_level >= 0 and
+            fwAD.unpack_dual(t).tangent is not None)
 
 
-def forward_mode_error(name: str) -> UnsupportedError:
-    return UnsupportedError(
-        f"{name}: carries a forward-mode tangent (torch.autograd.forward_ad, torch.func.jvp, "
-        "jacfwd or hessian); forward-mode AD through a Tiga message-passing call is not "
-        "supported (Tiga differentiates in reverse mode: its backward runs Tiga's VJP "
-        "program)", hint=FORWARD_HINT)
-
-
-def batched(fn, values, what: str):
-    """`fn(values)` when torch.func.vmap batches the cotangents or tangents (jacrev /
-    jacfwd, or vmap over a vjp / jvp function): `fn` runs once per batch entry, and its
-    results are stacked and returned batched at the same level. Otherwise `fn(values)`."""
-    values = [None if g is None else _peel(g) for g in values]
-    levels = [_F.maybe_get_level(g) for g in values
-              if g is not None and _F.is_batchedtensor(g)]
-    if not levels:
-        return fn([None if g is None else plain(g, what) for g in values])
-    level = max(levels)   # the innermost vmap; outer ones are peeled by the recursion
-    columns, size = [], 0
-    for g in values:
-        if g is not None and _F.is_batchedtensor(g) and _F.maybe_get_level(g) == level:
-            value, dim = _F._unwrap_batched(g, level)
-            value = value.movedim(dim, 0)
-            size = value.shape[0]
-            columns.append((True, value))
-        else:   # the same cotangent for every entry of the batch
-            columns.append((False, g))
-    per_entry = [batched(fn, [v[i] if sliced else v for sliced, v in columns], what)
-                 for i in range(size)]
-    return [_F._add_batch_dim(torch.stack(list(grads)), 0, level)
-            for grads in zip(*per_entry)]
-
-
-def _peel(t):
-    """`t` without the grad wrappers above its outermost vmap batch (or its plain value)."""
-    while _F.is_functorch_wrapped_tensor(t) and not _F.is_batchedtensor(t):
-        t = _F.get_unwrapped(t)
-    return t
+def needs_program_node(tensors) -> bool:
+    """Whether a call on these operands must run as a `_ProgramFunction` node: an operand
+    batched by vmap (at any level), a forward-mode tangent, or two or more nested
+    differentiation levels. Plain eager autograd and one torch.func.grad / vjp level run
+    as `_PropagateFunction` (its backward reuses the forward's residuals)."""
+    depth = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        batched, d = transform_depth(t)
+        if batched or has_tangent(t):
+            return True
+        depth = max(depth, d)
+    return depth > 1

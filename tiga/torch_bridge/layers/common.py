@@ -7,6 +7,7 @@ whose backward is Tiga's compiled VJP); dense projections stay in torch.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import secrets
 import weakref
@@ -23,6 +24,7 @@ from ...core.reducers import min as min_r
 from ...core.reducers import prod as prod_r
 from ...core.reducers import sum as sum_r
 from ...trace.message_passing import MessagePassing
+from ..transforms import plain
 
 
 class LayerArgumentError(TigaError, ValueError):
@@ -70,7 +72,24 @@ def node_pair(layer: str, x) -> tuple:
 _OUTSIDE_DYNAMO = "tg.nn layers build their tg.Graph from edge_index eagerly"
 
 
+def below_functorch(fn):
+    """`fn(layer, edge_index, ...)` on edge_index's value, with torch.func's transforms
+    off: inside torch.func.grad / vmap / jvp every torch op's result is wrapped for the
+    transform (a wrapper has no storage to read), and a relation is built from the
+    values. An edge_index batched by vmap raises, saying what to batch instead."""
+    @functools.wraps(fn)
+    def inner(layer, edge_index, *rest):
+        if torch._C._functorch.peek_interpreter_stack() is None:
+            return fn(layer, edge_index, *rest)
+        if isinstance(edge_index, torch.Tensor):
+            edge_index = plain(edge_index, f"{layer}: edge_index")
+        with torch._C._DisableFuncTorch():
+            return fn(layer, edge_index, *rest)
+    return inner
+
+
 @torch.compiler.disable(reason=_OUTSIDE_DYNAMO)
+@below_functorch
 def relation(layer: str, edge_index, num_src: int, num_dst: int) -> Graph:
     """A tg.Graph from the layer's relation argument: a tg.Graph (checked against the node
     counts) or a PyG edge_index (2, E) integer tensor/array, row 0 sources, row 1 targets.
