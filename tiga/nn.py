@@ -17,7 +17,7 @@ from .core.errors import UnsupportedError
 
 LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", "EdgeConv",
           "DynamicEdgeConv", "GraphConv", "SGConv", "APPNP", "TAGConv", "ChebConv",
-          "ResGatedGraphConv", "GCN2Conv")
+          "ResGatedGraphConv", "GCN2Conv", "TransformerConv", "NNConv", "PointNetConv")
 # PyG's torch_geometric.nn exports these too (from torch_geometric.nn import MLPAggregation)
 AGGREGATIONS = ("Aggregation", "SumAggregation", "MeanAggregation", "MaxAggregation",
                 "MinAggregation", "MulAggregation", "VarAggregation", "StdAggregation",

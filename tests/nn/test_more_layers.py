@@ -178,6 +178,66 @@ def _gated_dense(m, x, ei, e):
     return out + m.lin_skip(x) + m.bias
 
 
+def _per_dst(n: int, dst, fn, width: int, dtype):
+    """Rows i = fn(mask of i's incoming edges), stacked; zeros without edges."""
+    rows = [fn(dst == i) if bool((dst == i).any()) else torch.zeros(width, dtype=dtype)
+            for i in range(n)]
+    return torch.stack(rows) if rows else torch.zeros(0, width, dtype=dtype)
+
+
+def _transformer(lib):
+    return lib.TransformerConv(4, 3, heads=2, beta=True, edge_dim=2)
+
+
+def _transformer_dense(m, x, ei, e):
+    """Per edge and per destination in plain torch: scaled dot-product softmax."""
+    src, dst = ei[0].long(), ei[1].long()
+    q = m.lin_query(x).view(-1, 2, 3)
+    ee = m.lin_edge(e).view(-1, 2, 3)
+    k, v = m.lin_key(x).view(-1, 2, 3)[src] + ee, m.lin_value(x).view(-1, 2, 3)[src] + ee
+    score = (q[dst] * k).sum(-1) / 3 ** 0.5
+
+    def attend(mask):
+        alpha = torch.softmax(score[mask], dim=0)
+        return (alpha[:, :, None] * v[mask]).sum(0).reshape(-1)
+
+    out = _per_dst(x.size(0), dst, attend, 6, x.dtype)
+    skip = m.lin_skip(x)
+    b = torch.sigmoid(m.lin_beta(torch.cat([out, skip, out - skip], -1)))
+    return b * skip + (1 - b) * out
+
+
+def _nn(lib):
+    return lib.NNConv(4, 3, torch.nn.Linear(2, 12), aggr="add")
+
+
+def _nn_dense(m, x, ei, e):
+    src, dst = ei[0].long(), ei[1].long()
+    msg = torch.einsum("ef,efo->eo", x[src], m.nn(e).view(-1, 4, 3))
+    out = torch.zeros(x.size(0), 3, dtype=x.dtype).index_add(0, dst, msg)
+    return out + m.lin(x) + m.bias
+
+
+def _point(lib):
+    return lib.PointNetConv(torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(),
+                                                torch.nn.Linear(5, 3)),
+                            torch.nn.Linear(3, 3))
+
+
+def _point_call(m, x, ei, w):
+    return m(x, x[:, :3].flip(-1), ei)
+
+
+def _point_dense(m, x, ei, w):
+    """Self loops replaced by one per node, then the max of local_nn's messages."""
+    pos = x[:, :3].flip(-1)
+    keep = ei[0] != ei[1]
+    loops = torch.arange(x.size(0)).expand(2, -1)
+    src, dst = torch.cat([ei[:, keep].long(), loops], dim=1)
+    msg = m.local_nn(torch.cat([x[src], pos[src] - pos[dst]], -1))
+    return m.global_nn(_per_dst(x.size(0), dst, lambda k: msg[k].max(0).values, 3, x.dtype))
+
+
 # name: (constructor, call, dense formula, whether a doubled loop's copies are dropped,
 # edge feature width: 0 for (E,) weights)
 LAYERS = {
@@ -190,6 +250,9 @@ LAYERS = {
                        False, 0),
     "ChebConv": (_cheb, _cheb_call, _cheb_dense, False, 0),
     "ResGatedGraphConv": (_gated, _gated_call, _gated_dense, False, 2),
+    "TransformerConv": (_transformer, _gated_call, _transformer_dense, False, 2),
+    "NNConv": (_nn, _gated_call, _nn_dense, False, 2),
+    "PointNetConv": (_point, _point_call, _point_dense, False, 0),
 }
 
 
@@ -253,3 +316,20 @@ def test_matches_pyg(name, seed):
         if i != 1:
             torch.testing.assert_close(g, v, rtol=RTOL, atol=ATOL,
                                        msg=lambda m, i=i: f"grad {i}: {m}")
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4])
+def test_transformer_attention_weights(seed):
+    """return_attention_weights=True: PyG's (edge_index, alpha), and `out` the plain
+    forward's bit for bit."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ei, x, e = _inputs(seed, torch.float32, 2)
+    theirs = _transformer(pyg)
+    ours = _transformer(tg.nn)
+    ours.load_state_dict(theirs.state_dict())
+    out, (where, alpha) = ours(x, ei, e, return_attention_weights=True)
+    want, (want_where, want_alpha) = theirs(x, ei.long(), e, return_attention_weights=True)
+    assert torch.equal(out, ours(x, ei, e))
+    torch.testing.assert_close(out, want, rtol=RTOL, atol=ATOL)
+    assert torch.equal(where, want_where)
+    torch.testing.assert_close(alpha, want_alpha, rtol=RTOL, atol=ATOL)

@@ -21,17 +21,20 @@ from .aggr import (
 from .cheb import ChebConv
 from .common import LayerArgumentError
 from .edge_conv import DynamicEdgeConv, EdgeConv
+from .edge_nn import NNConv, PointNetConv
 from .gat_conv import GATConv, GATv2Conv
 from .gcn import GCNConv, gcn_norm
 from .graph_conv import GraphConv, ResGatedGraphConv
 from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
 from .pool import global_add_pool, global_max_pool, global_mean_pool, global_softmax_pool
 from .sage_gin import GINConv, GINEConv, SAGEConv
+from .transformer import TransformerConv
 
-__all__ = ["APPNP", "ChebConv", "GCN2Conv", "GraphConv", "ResGatedGraphConv", "SGConv",
-           "TAGConv", "Aggregation", "DynamicEdgeConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv",
-           "GINConv", "GINEConv", "LSTMAggregation", "LayerArgumentError", "MLPAggregation",
-           "MaxAggregation", "MeanAggregation", "MinAggregation", "MulAggregation",
-           "MultiAggregation", "PowerMeanAggregation", "SAGEConv", "SoftmaxAggregation",
-           "StdAggregation", "SumAggregation", "VarAggregation", "gcn_norm", "global_add_pool",
+__all__ = ["APPNP", "Aggregation", "ChebConv", "DynamicEdgeConv", "EdgeConv", "GATConv",
+           "GATv2Conv", "GCN2Conv", "GCNConv", "GINConv", "GINEConv", "GraphConv",
+           "LSTMAggregation", "LayerArgumentError", "MLPAggregation", "MaxAggregation",
+           "MeanAggregation", "MinAggregation", "MulAggregation", "MultiAggregation",
+           "NNConv", "PointNetConv", "PowerMeanAggregation", "ResGatedGraphConv",
+           "SAGEConv", "SGConv", "SoftmaxAggregation", "StdAggregation", "SumAggregation",
+           "TAGConv", "TransformerConv", "VarAggregation", "gcn_norm", "global_add_pool",
            "global_max_pool", "global_mean_pool", "global_softmax_pool"]
