@@ -1,0 +1,164 @@
+"""torch_bridge: tg.nn.RGCNConv (and FastRGCNConv, PyG's name for the same layer computed
+per edge), PyG's relational GCN with the per-relation aggregation run by Tiga.
+
+All relations aggregate in one Tiga propagate: the relation's edges j -> i of type r
+become edges j -> (i, r) of a relation with N * R destinations, so aggr ("mean" default:
+the mean over i's incoming edges of type r) is taken per (node, type) at once; the
+(N, R, F) result is projected by each type's weight in torch and summed over the types.
+With node indices for x (PyG's featureless input) the sources are the weight rows
+W_r[j] themselves, read through edges (r, j) -> (i, r).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core.errors import ShapeError
+from .aggr import over, resolve
+from .common import LayerArgumentError, check_positive, edge_index_like, glorot_, relation
+from .inputs import adjacency, check_flow, check_in_channels
+
+
+def _parameter(*shape) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(torch.empty(*shape))
+    glorot_(p)
+    return p
+
+
+class RGCNConv(torch.nn.Module):
+    """PyG's RGCNConv: x'_i = x_i Root + sum_r aggr_{j -> i of type r} x_j W_r + bias.
+
+    W_r: `weight` (R, in, out); with num_bases B, W_r = sum_b comp[r, b] weight[b]
+    (`weight` (B, in, out), `comp` (R, B)); with num_blocks K, W_r is block-diagonal
+    (`weight` (R, K, in/K, out/K)); `root` (in_dst, out), `bias` (out,); glorot as PyG.
+    Parameter names and arguments are PyG's (is_sorted, a speed hint, changes nothing).
+    forward(x, edge_index, edge_type=None): x (N, in) float features, a 1-D integer
+    tensor of node indices or None (featureless: x_j W_r is row j of W_r, as PyG), or a
+    pair (x_src, x_dst) of those; edge_type (E,) integers in [0, R) in the relation's edge
+    order (a torch.sparse adj_t's values when not given). Returns (N_dst, out).
+    """
+
+    def __init__(self, in_channels, out_channels: int, num_relations: int,
+                 num_bases: int | None = None, num_blocks: int | None = None,
+                 aggr="mean", root_weight: bool = True, is_sorted: bool = False,
+                 bias: bool = True, flow: str = "source_to_target"):
+        super().__init__()
+        name = type(self).__name__
+        if num_bases is not None and num_blocks is not None:
+            raise LayerArgumentError(f"{name}: can not apply both basis-decomposition and "
+                                     "block-diagonal-decomposition at the same time")
+        n_src, n_dst = check_in_channels(name, in_channels)
+        if n_src < 0 or n_dst < 0:
+            raise LayerArgumentError(f"{name}: in_channels=-1 (lazy) is not supported")
+        self.in_channels, self.in_channels_l = in_channels, n_src
+        self.out_channels = check_positive(name, "out_channels", out_channels)
+        self.num_relations = check_positive(name, "num_relations", num_relations)
+        self.num_bases, self.num_blocks, self.is_sorted = num_bases, num_blocks, is_sorted
+        self.flow = check_flow(name, flow)
+        self.aggr = aggr if isinstance(aggr, (str, list, tuple)) else type(aggr).__name__
+        try:
+            self.aggr_module = resolve(aggr)
+        except LayerArgumentError as exc:
+            raise LayerArgumentError(f"{name}: {exc}") from exc
+        if num_bases is not None:
+            self.weight = _parameter(num_bases, n_src, out_channels)
+            self.comp = _parameter(num_relations, num_bases)
+        elif num_blocks is not None:
+            if n_src % num_blocks or out_channels % num_blocks:
+                raise LayerArgumentError(f"{name}: num_blocks={num_blocks} must divide "
+                                         "in_channels and out_channels")
+            self.weight = _parameter(num_relations, num_blocks, n_src // num_blocks,
+                                     out_channels // num_blocks)
+            self.register_parameter("comp", None)
+        else:
+            self.weight = _parameter(num_relations, n_src, out_channels)
+            self.register_parameter("comp", None)
+        self.root = _parameter(n_dst, out_channels) if root_weight else None
+        if not root_weight:
+            self.register_parameter("root", None)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(out_channels))
+        else:
+            self.register_parameter("bias", None)
+
+    def reset_parameters(self) -> None:
+        self.aggr_module.reset_parameters()
+        for p in (self.weight, self.comp, self.root):
+            if p is not None:
+                glorot_(p)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+
+    def _weights(self) -> torch.Tensor:
+        """W_r for every relation: (R, in, out), or the blocks (R, K, in/K, out/K)."""
+        if self.num_bases is None:
+            return self.weight
+        return (self.comp @ self.weight.view(self.num_bases, -1)).view(
+            self.num_relations, self.in_channels_l, self.out_channels)
+
+    def forward(self, x, edge_index, edge_type=None):
+        name = type(self).__name__
+        x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
+        dev = self.weight.device
+        if x_src is None:
+            x_src = torch.arange(self.in_channels_l, device=dev)
+        if x_dst is None:
+            x_dst = x_src
+        adj = adjacency(name, edge_index, self.flow)
+        if edge_type is None:
+            edge_type = adj.values
+        if edge_type is None:
+            raise LayerArgumentError(f"{name}: edge_type is None, expected the type of "
+                                     "every edge (E,)")
+        n_src, n_dst = x_src.size(0), x_dst.size(0)
+        graph = relation(name, adj.relation, n_src, n_dst)
+        typed = self._typed(graph, edge_type, x_src)
+        weight = self._weights()
+        r, o = self.num_relations, self.out_channels
+        if x_src.is_floating_point():
+            agg = over(self.aggr_module, typed, x_src).view(n_dst, r, -1)
+            if self.num_blocks is not None:
+                k = self.num_blocks
+                h = torch.einsum("nrbc,rbcd->nrbd", agg.view(n_dst, r, k, -1), weight)
+                out = h.reshape(n_dst, r, o).sum(dim=1)
+            else:
+                out = torch.einsum("nrf,rfo->no", agg, weight)
+        else:
+            if self.num_blocks is not None:
+                raise LayerArgumentError(f"{name}: block-diagonal decomposition not "
+                                         "supported for non-continuous input features")
+            out = over(self.aggr_module, typed, weight.reshape(-1, o)).view(n_dst, r, o)
+            out = out.sum(dim=1)
+        if self.root is not None:
+            out = out + (self.root[x_dst] if not x_dst.is_floating_point() else
+                         x_dst @ self.root)
+        return out if self.bias is None else out + self.bias
+
+    def _typed(self, graph, edge_type, x_src):
+        """The relation with destinations (i, r) -> i * R + r; its sources are the rows of
+        x_src, or for node indices the rows r * in + x_src[j] of the stacked W_r."""
+        name, r = type(self).__name__, self.num_relations
+        if tuple(edge_type.shape) != (graph.num_edges,):
+            raise ShapeError(f"{name}: edge_type is {tuple(edge_type.shape)}, expected "
+                             f"({graph.num_edges},): one type per edge")
+        t = edge_type.detach().to(torch.int64)
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= r):
+            raise LayerArgumentError(f"{name}: edge_type has values outside [0, {r})")
+        ei = edge_index_like(graph, x_src).to(t.device)
+        src, n_src = ei[0], x_src.size(0)
+        if not x_src.is_floating_point():
+            src, n_src = t * self.in_channels_l + x_src.to(t.device)[src], r * self.in_channels_l
+        typed = torch.stack([src, ei[1] * r + t])
+        return relation(name, typed, n_src, graph.num_dst * r)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
+                f"num_relations={self.num_relations})")
+
+
+class FastRGCNConv(RGCNConv):
+    """PyG's FastRGCNConv: the same layer as RGCNConv (PyG trades memory for speed by
+    forming every edge's x_j W_r; here both run the one typed aggregation above), with
+    RGCNConv's parameters, state dict and outputs."""
+
+
+__all__ = ["FastRGCNConv", "RGCNConv"]
