@@ -10,12 +10,17 @@ median of `--reps` warm calls each:
   already (rows, B, F): no transpose);
 - `jvp`: tg.jvp of the function on the (rows, B * F) field, against the primal alone.
 
+The same through the torch bridge (`--no-torch` skips it), on torch tensors sharing the
+arrays: `torch.func.vmap` of the call over the (B, rows, F) fields (Tiga's batched program,
+one run) against the call on the (rows, B * F) field, and `torch.func.jvp` of the call
+(Tiga's JVP program) against the call alone.
+
 Ratios: vmap / one propagate (target: at most 1.2) and jvp / primal (target: at most 1.5).
 Every result is checked against the unbatched call (vmap) and the linear function itself
 (jvp of a linear map is the map of the tangent) before timing.
 
     python benchmarks/transforms.py                  # the issue's size: 131072 rows, 16, 16 x 8
-    python benchmarks/transforms.py --rows 4096      # a quick run
+    python benchmarks/transforms.py --quick          # a check that it runs: 4096 rows, 3 reps
 """
 from __future__ import annotations
 
@@ -75,6 +80,35 @@ def run(rows: int, neighbors: int, batch: int, features: int, reps: int) -> dict
     }
 
 
+def run_torch(rows: int, neighbors: int, batch: int, features: int, reps: int) -> dict:
+    """The workload through the torch bridge: torch.func.vmap and torch.func.jvp."""
+    import torch
+    from torch.func import jvp, vmap
+
+    g = relation(rows, neighbors)
+    rng = np.random.default_rng(1)
+    w = torch.from_numpy(rng.standard_normal(rows * neighbors).astype(np.float32))
+
+    def fw(x):
+        return tg.propagate(g, lambda s, d, e: s.x * e.w, tg.sum(), src={"x": x},
+                            edge={"w": w})
+
+    xs = torch.from_numpy(rng.standard_normal((batch, rows, features)).astype(np.float32))
+    wide = xs.movedim(0, 1).reshape(rows, batch * features).contiguous()
+    tangent = torch.from_numpy(rng.standard_normal(tuple(wide.shape)).astype(np.float32))
+    vm = vmap(fw)
+    got = vm(xs)
+    for b in (0, batch - 1):
+        torch.testing.assert_close(got[b], fw(xs[b].contiguous()), rtol=1e-4, atol=1e-4)
+    y_dot = jvp(fw, (wide,), (tangent,))[1]
+    torch.testing.assert_close(y_dot, fw(tangent), rtol=1e-4, atol=1e-4)
+    return {
+        "torch: the call, B*F features": median_ms(lambda: fw(wide), reps),
+        "torch.func.vmap over B field sets": median_ms(lambda: vm(xs), reps),
+        "torch.func.jvp of the call": median_ms(lambda: jvp(fw, (wide,), (tangent,)), reps),
+    }
+
+
 def _check(fw, vm, vm_rows, xs, rows_first, w_inst):
     got = np.asarray(vm(xs, w_inst))
     got_rows = np.asarray(vm_rows(rows_first, w_inst))
@@ -91,7 +125,13 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--features", type=int, default=8)
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--quick", action="store_true",
+                        help="a check that it runs: 4096 rows, 3 reps (no ratios to record)")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="skip the torch.func rows (torch bridge)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.reps = 4096, 3
     res = run(args.rows, args.neighbors, args.batch, args.features, args.reps)
     base = res["one propagate, B*F features"]
     print(f"stored CSR, {args.rows} rows x {args.neighbors} neighbours, B = {args.batch} "
@@ -102,6 +142,20 @@ def main(argv=None) -> None:
           f"(target <= 1.2); with in/out_axes=1: "
           f"{res['vmap over B field sets (in/out_axes=1)'] / base:.2f}")
     print(f"jvp / primal: {res['jvp of the propagate'] / base:.2f} (target <= 1.5)")
+    if args.no_torch:
+        return
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("torch.func rows skipped: torch is not installed")
+        return
+    res = run_torch(args.rows, args.neighbors, args.batch, args.features, args.reps)
+    base = res["torch: the call, B*F features"]
+    for name, ms in res.items():
+        print(f"  {name:42s} {ms:9.3f} ms   x{ms / base:5.2f}")
+    print(f"torch.func.vmap / one call: {res['torch.func.vmap over B field sets'] / base:.2f} "
+          f"(target <= 1.2); torch.func.jvp / call: "
+          f"{res['torch.func.jvp of the call'] / base:.2f} (target <= 1.5)")
 
 
 if __name__ == "__main__":
