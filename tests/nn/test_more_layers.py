@@ -238,6 +238,51 @@ def _point_dense(m, x, ei, w):
     return m.global_nn(_per_dst(x.size(0), dst, lambda k: msg[k].max(0).values, 3, x.dtype))
 
 
+# ---- PNAConv ----------------------------------------------------------------------------------
+
+PNA_AGGRS = ["sum", "mean", "min", "max", "var", "std"]
+PNA_SCALERS = ["identity", "amplification", "attenuation", "linear", "inverse_linear"]
+PNA_DEG = torch.tensor([1, 2, 4, 1])
+
+
+def _pna(lib):
+    return lib.PNAConv(4, 6, PNA_AGGRS, PNA_SCALERS, deg=PNA_DEG, edge_dim=2, towers=2,
+                       pre_layers=2, post_layers=2, divide_input=True)
+
+
+def _pna_dense(m, x, ei, e):
+    """Per destination in plain torch: the six aggregators of the tower messages, scaled
+    by the in-degree against the histogram's means."""
+    src, dst = ei[0].long(), ei[1].long()
+    n = x.size(0)
+    h = x.view(n, 2, 2)
+    enc = m.edge_encoder(e).view(-1, 1, 2).expand(-1, 2, 2)
+    z = torch.cat([h[dst], h[src], enc], -1)
+    msg = torch.stack([nn(z[:, i]) for i, nn in enumerate(m.pre_nns)], 1)
+    bins = torch.arange(4, dtype=x.dtype)
+    avg_lin, avg_log = m.aggr_module.avg_deg_lin, m.aggr_module.avg_deg_log   # (float32)
+    assert abs(float(avg_lin) - float((bins * PNA_DEG).sum() / PNA_DEG.sum())) < 1e-7
+    assert abs(float(avg_log) - float(((bins + 1).log() * PNA_DEG).sum() / PNA_DEG.sum())) \
+        < 1e-7
+
+    def aggregate(mask):
+        g = msg[mask]
+        var = (g * g).mean(0) - g.mean(0) ** 2
+        std = var.clamp(min=1e-5).sqrt()
+        std = std.masked_fill(std <= 1e-5 ** 0.5, 0.0)
+        return torch.cat([g.sum(0), g.mean(0), g.min(0).values, g.max(0).values, var, std],
+                         -1).reshape(-1)
+
+    agg = _per_dst(n, dst, aggregate, 2 * 12, x.dtype).view(n, 2, 12)
+    d = torch.bincount(dst, minlength=n).to(x.dtype).clamp(min=1).view(-1, 1, 1)
+    lg = (d + 1).log()
+    scaled = torch.cat([agg, agg * lg / avg_log, agg * avg_log / lg, agg * d / avg_lin,
+                        agg * avg_lin / d], -1)
+    out = torch.cat([h, scaled], -1)
+    return m.lin(torch.cat([nn(out[:, i]) for i, nn in enumerate(m.post_nns)], 1))
+
+
+
 # name: (constructor, call, dense formula, whether a doubled loop's copies are dropped,
 # edge feature width: 0 for (E,) weights)
 LAYERS = {
@@ -253,6 +298,7 @@ LAYERS = {
     "TransformerConv": (_transformer, _gated_call, _transformer_dense, False, 2),
     "NNConv": (_nn, _gated_call, _nn_dense, False, 2),
     "PointNetConv": (_point, _point_call, _point_dense, False, 0),
+    "PNAConv": (_pna, _gated_call, _pna_dense, False, 2),
 }
 
 
@@ -414,3 +460,4 @@ def test_rgcn_featureless_matches_pyg(seed):
     idx = torch.arange(n)
     torch.testing.assert_close(ours(idx, ei, types), theirs(idx, ei.long(), types),
                                rtol=RTOL, atol=ATOL)
+

@@ -26,16 +26,18 @@ from .gat_conv import GATConv, GATv2Conv
 from .gcn import GCNConv, gcn_norm
 from .graph_conv import GraphConv, ResGatedGraphConv
 from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
+from .pna import PNAConv
 from .pool import global_add_pool, global_max_pool, global_mean_pool, global_softmax_pool
 from .rgcn import FastRGCNConv, RGCNConv
 from .sage_gin import GINConv, GINEConv, SAGEConv
 from .transformer import TransformerConv
 
-__all__ = ["APPNP", "Aggregation", "ChebConv", "DynamicEdgeConv", "EdgeConv", "FastRGCNConv",
-           "GATConv", "GATv2Conv", "GCN2Conv", "GCNConv", "GINConv", "GINEConv", "GraphConv",
-           "LSTMAggregation", "LayerArgumentError", "MLPAggregation", "MaxAggregation",
-           "MeanAggregation", "MinAggregation", "MulAggregation", "MultiAggregation",
-           "NNConv", "PointNetConv", "PowerMeanAggregation", "RGCNConv", "ResGatedGraphConv",
-           "SAGEConv", "SGConv", "SoftmaxAggregation", "StdAggregation", "SumAggregation",
-           "TAGConv", "TransformerConv", "VarAggregation", "gcn_norm", "global_add_pool",
+__all__ = ["APPNP", "Aggregation", "ChebConv", "DynamicEdgeConv", "EdgeConv",
+           "FastRGCNConv", "GATConv", "GATv2Conv", "GCN2Conv", "GCNConv", "GINConv",
+           "GINEConv", "GraphConv", "LSTMAggregation", "LayerArgumentError",
+           "MLPAggregation", "MaxAggregation", "MeanAggregation", "MinAggregation",
+           "MulAggregation", "MultiAggregation", "NNConv", "PNAConv", "PointNetConv",
+           "PowerMeanAggregation", "RGCNConv", "ResGatedGraphConv", "SAGEConv", "SGConv",
+           "SoftmaxAggregation", "StdAggregation", "SumAggregation", "TAGConv",
+           "TransformerConv", "VarAggregation", "gcn_norm", "global_add_pool",
            "global_max_pool", "global_mean_pool", "global_softmax_pool"]
