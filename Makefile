@@ -16,8 +16,8 @@ PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 # Examples run by `make demo`, in order; missing ones are skipped.
 DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py examples/causal_attention.py \
-	examples/gnn_layers.py examples/dgcnn_edgeconv.py examples/pagerank.py \
-	examples/shortest_paths.py examples/connected_components.py
+	examples/gnn_layers.py examples/node_classification.py examples/dgcnn_edgeconv.py \
+	examples/pagerank.py examples/shortest_paths.py examples/connected_components.py
 
 # Stamps live inside the venv (so deleting it resets them) and are keyed on
 # pyproject.toml: a re-run only reinstalls when the dependencies changed.
@@ -65,7 +65,8 @@ $(BENCH_STAMP): pyproject.toml | $(VPY)
 # The EdgeNN and attention examples check Tiga against their explicit torch references, the
 # algorithm examples against scipy and networkx.
 $(DEMO_STAMP): pyproject.toml | $(VPY)
-	$(PIP) install -q -e ".[torch]" scipy networkx
+	@echo "installing Tiga, torch (CPU), scipy and networkx into $(VENV) ..."
+	@$(PIP) install -q -e ".[torch]" scipy networkx
 	@touch $@ $(INSTALL_STAMP)
 
 $(DOCS_STAMP): pyproject.toml | $(VPY)
@@ -78,15 +79,17 @@ $(LINT_STAMP): pyproject.toml | $(VPY)
 
 install: $(INSTALL_STAMP)
 
-# Each example checks itself against an independent oracle and prints one summary line.
+# Each example checks itself against an independent oracle and prints one summary line
+# naming what it compared against (and what it skipped, and why); then a count.
 demo: $(DEMO_STAMP)
-	@for ex in $(DEMO_EXAMPLES); do \
+	@ran=0; total=$(words $(DEMO_EXAMPLES)); for ex in $(DEMO_EXAMPLES); do \
 		if [ -f "$$ex" ]; then \
-			$(VPY) "$$ex" || { echo "$$ex FAILED"; exit 1; }; \
+			$(VPY) "$$ex" || { echo "$$ex FAILED"; echo "$$ran of $$total examples ran"; exit 1; }; \
+			ran=$$((ran + 1)); \
 		else \
-			echo "$$ex: not present, skipped"; \
+			echo "$$ex: skipped (file not present)"; \
 		fi; \
-	done
+	done; echo "$$ran of $$total examples ran"
 
 # Strict: a broken link or an unresolved API reference fails the build.
 docs: $(DOCS_STAMP)

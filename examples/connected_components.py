@@ -83,8 +83,8 @@ def main(n: int = 500, verbose: bool = True) -> dict:
     sizes = np.bincount(label)
     sizes = np.sort(sizes[sizes > 0])[::-1]
     if verbose:
-        print(f"connected components: {n} nodes, {count} (largest {sizes[0]}) after {sweeps} "
-              "sweeps; as scipy and networkx")
+        print(f"connected components: {n} nodes, {count} components (largest {sizes[0]} "
+              f"nodes) after {sweeps} sweeps; same as scipy and networkx")
     return {"components": count, "sweeps": sweeps}
 
 

@@ -83,8 +83,8 @@ def with_torch(torch) -> None:
     report = convs[-1].explain(graph=tg.Graph.knn(feats, K, loop=True), dst={"x": feats})
     if os.environ.get("TIGA_DEMO_VERBOSE") == "1":
         print(report)
-    print(f"EdgeConv x3 (k={K}, {WIDTH}-D feature kNN), torch: forward and {len(params)} "
-          f"gradients match dense torch ({report.route})")
+    print(f"EdgeConv x3 (k={K}, {WIDTH}-D kNN), torch: forward and the gradients of all "
+          f"{len(params)} inputs and weights match dense torch ({report.route})")
 
 
 def relu_mlp(z, w1, b1, w2, b2, xp):
@@ -136,8 +136,8 @@ def with_numpy() -> None:
         minus[a][i] -= 1e-6
         fd = (dense_loss(plus[0], plus[1:]) - dense_loss(minus[0], minus[1:])) / 2e-6
         assert abs(float(np.asarray(grads[a])[i]) - fd) <= 1e-5 * max(1.0, abs(fd)), (a, i)
-    print(f"EdgeConv x3 (k={K}, {WIDTH}-D feature kNN), numpy: forward and gradients match "
-          "numpy and FD")
+    print(f"EdgeConv x3 (k={K}, {WIDTH}-D kNN), numpy: forward matches dense numpy, "
+          "gradients match finite differences")
 
 
 if __name__ == "__main__":
@@ -147,4 +147,6 @@ if __name__ == "__main__":
         torch = None
     if torch is not None:
         with_torch(torch)
+    else:
+        print("EdgeConv x3, torch: skipped (torch not installed)")
     with_numpy()

@@ -223,5 +223,9 @@ if __name__ == "__main__":
                 for d in res[key].values() for f, g in d.values())
     assert worst < 1e-9, f"a layer differs from its oracle by {worst}"
     trained = ", ".join(f"{k} {r['accuracy']:.0%}" for k, r in res["train"].items())
-    print(f"GNN layers: {len(res['checks'])} match oracles (worst {worst:.0e}); "
-          f"karate club: {trained}")
+    compared = sorted({o for d in res["checks"].values() for o in d})
+    pyg = ("" if "PyG" in compared else
+           "; PyG skipped (torch_geometric not installed)")
+    print(f"GNN layers: {len(res['checks'])} of {len(LAYERS)} match "
+          f"{' and '.join(compared)} (worst {worst:.0e}){pyg}; "
+          f"trained on the karate club: {trained}")

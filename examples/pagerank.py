@@ -76,7 +76,7 @@ def main(n: int = 300, verbose: bool = True) -> dict:
     if verbose:
         print(f"pagerank: {n} pages, {graph.num_edges} links, "
               f"{int((graph.degrees(by='src') == 0).sum())} dangling; {iterations} iterations; "
-              f"vs networkx {err:.0e}; top {top[:3].tolist()}")
+              f"matches networkx to {err:.0e}; top {top[:3].tolist()}")
     return {"iterations": iterations, "max_abs_error": err, "top": top.tolist()}
 
 
