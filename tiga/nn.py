@@ -18,7 +18,7 @@ from .core.errors import UnsupportedError
 LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", "EdgeConv",
           "DynamicEdgeConv", "GraphConv", "SGConv", "APPNP", "TAGConv", "ChebConv",
           "ResGatedGraphConv", "GCN2Conv", "TransformerConv", "NNConv", "PointNetConv",
-          "RGCNConv", "FastRGCNConv", "PNAConv")
+          "RGCNConv", "FastRGCNConv", "PNAConv", "GENConv", "MessageNorm")
 # PyG's torch_geometric.nn exports these too (from torch_geometric.nn import MLPAggregation)
 AGGREGATIONS = ("Aggregation", "SumAggregation", "MeanAggregation", "MaxAggregation",
                 "MinAggregation", "MulAggregation", "VarAggregation", "StdAggregation",

@@ -283,6 +283,49 @@ def _pna_dense(m, x, ei, e):
 
 
 
+def _gen_softmax(lib):
+    return lib.GENConv(4, 3, aggr="softmax", t=0.7, learn_t=True, msg_norm=True,
+                       learn_msg_scale=True, norm="layer", bias=True, edge_dim=2)
+
+
+def _gen_power(lib):
+    return lib.GENConv(4, 3, aggr="powermean", p=1.5, learn_p=True, norm="layer",
+                       num_layers=3)
+
+
+def _gen_power_call(m, x, ei, w):
+    return m(x, ei)
+
+
+def _gen_dense(m, x, ei, e):
+    """Per destination in plain torch: messages relu(x_j W_src + e_ji W_edge) + eps, the
+    softmax (temperature t) or power-mean (power p) aggregate, message norm, root, MLP."""
+    src, dst = ei[0].long(), ei[1].long()
+    h = m.lin_src(x)
+    msg = h[src] if e is None else h[src] + m.lin_edge(e)
+    msg = msg.relu() + 1e-7
+    if hasattr(m.aggr_module, "t"):
+        t = m.aggr_module.t
+
+        def aggregate(mask):
+            return (torch.softmax(t * msg[mask], dim=0) * msg[mask]).sum(0)
+    else:
+        p = m.aggr_module.p
+
+        def aggregate(mask):
+            mean = msg[mask].clamp(1e-4, 100).pow(p).mean(0)
+            return mean.clamp(1e-4, 100).pow(1 / p)
+
+    out = _per_dst(x.size(0), dst, aggregate, 3, x.dtype)
+    if not hasattr(m.aggr_module, "t"):     # no messages: mean 0, clamped, then the root
+        empty = torch.bincount(dst, minlength=x.size(0)) == 0
+        out[empty] = 1e-4 ** (1 / m.aggr_module.p)
+    if hasattr(m, "msg_norm"):
+        out = torch.nn.functional.normalize(out, dim=-1) * x.norm(dim=-1, keepdim=True) * \
+            m.msg_norm.scale
+    return m.mlp(out + m.lin_dst(x))
+
+
 # name: (constructor, call, dense formula, whether a doubled loop's copies are dropped,
 # edge feature width: 0 for (E,) weights)
 LAYERS = {
@@ -299,6 +342,9 @@ LAYERS = {
     "NNConv": (_nn, _gated_call, _nn_dense, False, 2),
     "PointNetConv": (_point, _point_call, _point_dense, False, 0),
     "PNAConv": (_pna, _gated_call, _pna_dense, False, 2),
+    "GENConv-softmax": (_gen_softmax, _gated_call, _gen_dense, False, 2),
+    "GENConv-powermean": (_gen_power, _gen_power_call,
+                          lambda m, x, ei, w: _gen_dense(m, x, ei, None), False, 0),
 }
 
 
@@ -345,8 +391,10 @@ def test_matches_pyg(name, seed):
     torch.manual_seed(seed)
     theirs = make(pyg)
     with torch.no_grad():
-        for p in theirs.parameters():
-            p.copy_(0.5 * torch.randn(p.shape))
+        for key, p in theirs.named_parameters():
+            # (a power mean's p near 0 overflows both layers to inf and nan alike)
+            p.copy_(1.3 + 0.1 * torch.randn(p.shape) if key == "aggr_module.p" else
+                    0.5 * torch.randn(p.shape))
     ours = make(tg.nn)
     assert set(ours.state_dict()) == set(theirs.state_dict())
     ours.load_state_dict(theirs.state_dict())

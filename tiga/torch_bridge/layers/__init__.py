@@ -24,6 +24,7 @@ from .edge_conv import DynamicEdgeConv, EdgeConv
 from .edge_nn import NNConv, PointNetConv
 from .gat_conv import GATConv, GATv2Conv
 from .gcn import GCNConv, gcn_norm
+from .gen import GENConv, MessageNorm
 from .graph_conv import GraphConv, ResGatedGraphConv
 from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
 from .pna import PNAConv
@@ -33,11 +34,11 @@ from .sage_gin import GINConv, GINEConv, SAGEConv
 from .transformer import TransformerConv
 
 __all__ = ["APPNP", "Aggregation", "ChebConv", "DynamicEdgeConv", "EdgeConv",
-           "FastRGCNConv", "GATConv", "GATv2Conv", "GCN2Conv", "GCNConv", "GINConv",
-           "GINEConv", "GraphConv", "LSTMAggregation", "LayerArgumentError",
-           "MLPAggregation", "MaxAggregation", "MeanAggregation", "MinAggregation",
-           "MulAggregation", "MultiAggregation", "NNConv", "PNAConv", "PointNetConv",
-           "PowerMeanAggregation", "RGCNConv", "ResGatedGraphConv", "SAGEConv", "SGConv",
-           "SoftmaxAggregation", "StdAggregation", "SumAggregation", "TAGConv",
-           "TransformerConv", "VarAggregation", "gcn_norm", "global_add_pool",
+           "FastRGCNConv", "GATConv", "GATv2Conv", "GCN2Conv", "GCNConv", "GENConv",
+           "GINConv", "GINEConv", "GraphConv", "LSTMAggregation", "LayerArgumentError",
+           "MLPAggregation", "MaxAggregation", "MeanAggregation", "MessageNorm",
+           "MinAggregation", "MulAggregation", "MultiAggregation", "NNConv", "PNAConv",
+           "PointNetConv", "PowerMeanAggregation", "RGCNConv", "ResGatedGraphConv",
+           "SAGEConv", "SGConv", "SoftmaxAggregation", "StdAggregation", "SumAggregation",
+           "TAGConv", "TransformerConv", "VarAggregation", "gcn_norm", "global_add_pool",
            "global_max_pool", "global_mean_pool", "global_softmax_pool"]
