@@ -60,6 +60,8 @@ def _scalar_dtype(x) -> DType:
 
 
 def convert(x, dtype) -> object:
+    """x as `dtype` (a tg dtype, numpy dtype or name such as "float32"); x itself when it already
+    has it."""
     dtype = as_dtype(dtype)
     x = asvalue(x)
     if _typeof(x).dtype == dtype:
@@ -87,6 +89,7 @@ def _promote_operands(*xs):
 
 
 def broadcast_to(x, shape):
+    """x broadcast to `shape`, numpy's rules (new axes on the left)."""
     x = asvalue(x)
     t = _typeof(x)
     shape = tuple(shape)
@@ -120,41 +123,181 @@ def _unary(name, x, float_only=True):
     return bind(unary_p[name], x)
 
 
-def add(x, y): return _binary("add", x, y)
-def subtract(x, y): return _binary("sub", x, y)
-def multiply(x, y): return _binary("mul", x, y)
-def maximum(x, y): return _binary("max", x, y)
-def minimum(x, y): return _binary("min", x, y)
-def less(x, y): return _binary("lt", x, y)
-def less_equal(x, y): return _binary("le", x, y)
-def greater(x, y): return _binary("gt", x, y)
-def greater_equal(x, y): return _binary("ge", x, y)
-def equal(x, y): return _binary("eq", x, y)
-def not_equal(x, y): return _binary("ne", x, y)
-def logical_and(x, y): return _binary("and", x, y)
-def logical_or(x, y): return _binary("or", x, y)
-def logical_not(x): return bind(unary_p["not"], asvalue(x))
-def negative(x): return _unary("neg", x, float_only=False)
-def exp(x): return _unary("exp", x)
-def log(x): return _unary("log", x)
-def log1p(x): return _unary("log1p", x)
-def expm1(x): return _unary("expm1", x)
-def sqrt(x): return _unary("sqrt", x)
-def rsqrt(x): return _unary("rsqrt", x)
-def abs(x): return _unary("abs", x, float_only=False)  # noqa: A001
-def tanh(x): return _unary("tanh", x)
-def sigmoid(x): return _unary("logistic", x)
-def erf(x): return _unary("erf", x)
-def sin(x): return _unary("sin", x)
-def cos(x): return _unary("cos", x)
-def sign(x): return _unary("sign", x, float_only=False)
-def floor(x): return _unary("floor", x)
-def ceil(x): return _unary("ceil", x)
-def square(x): return multiply(x, x)
-def stop_gradient(x): return bind(stop_gradient_p, asvalue(x))
+def add(x, y):
+    """x + y, elementwise, broadcasting the operands; Python numbers take the other operand's dtype
+    (as in JAX)."""
+    return _binary("add", x, y)
+
+
+def subtract(x, y):
+    """x - y, elementwise, broadcasting the operands; Python numbers take the other operand's dtype
+    (as in JAX)."""
+    return _binary("sub", x, y)
+
+
+def multiply(x, y):
+    """x * y, elementwise, broadcasting the operands; Python numbers take the other operand's dtype
+    (as in JAX)."""
+    return _binary("mul", x, y)
+
+
+def maximum(x, y):
+    """The larger of x and y, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX). NaN wins, as in numpy."""
+    return _binary("max", x, y)
+
+
+def minimum(x, y):
+    """The smaller of x and y, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX). NaN wins, as in numpy."""
+    return _binary("min", x, y)
+
+
+def less(x, y):
+    """x < y as a bool array, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX)."""
+    return _binary("lt", x, y)
+
+
+def less_equal(x, y):
+    """x <= y as a bool array, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX)."""
+    return _binary("le", x, y)
+
+
+def greater(x, y):
+    """x > y as a bool array, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX)."""
+    return _binary("gt", x, y)
+
+
+def greater_equal(x, y):
+    """x >= y as a bool array, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX)."""
+    return _binary("ge", x, y)
+
+
+def equal(x, y):
+    """x == y as a bool array, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX)."""
+    return _binary("eq", x, y)
+
+
+def not_equal(x, y):
+    """x != y as a bool array, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX)."""
+    return _binary("ne", x, y)
+
+
+def logical_and(x, y):
+    """x and y for bool arrays, elementwise, broadcasting the operands; Python numbers take the
+    other operand's dtype (as in JAX)."""
+    return _binary("and", x, y)
+
+
+def logical_or(x, y):
+    """x or y for bool arrays, elementwise, broadcasting the operands; Python numbers take the other
+    operand's dtype (as in JAX)."""
+    return _binary("or", x, y)
+
+
+def logical_not(x):
+    """not x, elementwise, for a bool array."""
+    return bind(unary_p["not"], asvalue(x))
+
+
+def negative(x):
+    """-x, elementwise (any numeric dtype)."""
+    return _unary("neg", x, float_only=False)
+
+
+def exp(x):
+    """e ** x, elementwise; integer input is computed in float32."""
+    return _unary("exp", x)
+
+
+def log(x):
+    """The natural logarithm, elementwise; integer input is computed in float32."""
+    return _unary("log", x)
+
+
+def log1p(x):
+    """log(1 + x), elementwise, accurate for small x; integer input is computed in float32."""
+    return _unary("log1p", x)
+
+
+def expm1(x):
+    """exp(x) - 1, elementwise, accurate for small x; integer input is computed in float32."""
+    return _unary("expm1", x)
+
+
+def sqrt(x):
+    """The square root, elementwise; integer input is computed in float32."""
+    return _unary("sqrt", x)
+
+
+def rsqrt(x):
+    """1 / sqrt(x), elementwise; integer input is computed in float32."""
+    return _unary("rsqrt", x)
+
+
+def abs(x):  # noqa: A001
+    """|x|, elementwise (any numeric dtype; the dtype is kept)."""
+    return _unary("abs", x, float_only=False)
+
+
+def tanh(x):
+    """The hyperbolic tangent, elementwise; integer input is computed in float32."""
+    return _unary("tanh", x)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)), elementwise; integer input is computed in float32."""
+    return _unary("logistic", x)
+
+
+def erf(x):
+    """The error function, elementwise; integer input is computed in float32."""
+    return _unary("erf", x)
+
+
+def sin(x):
+    """The sine (radians), elementwise; integer input is computed in float32."""
+    return _unary("sin", x)
+
+
+def cos(x):
+    """The cosine (radians), elementwise; integer input is computed in float32."""
+    return _unary("cos", x)
+
+
+def sign(x):
+    """-1, 0 or 1 by the sign of x, elementwise (any numeric dtype; the dtype is kept)."""
+    return _unary("sign", x, float_only=False)
+
+
+def floor(x):
+    """The largest integer not above x, elementwise, as a float."""
+    return _unary("floor", x)
+
+
+def ceil(x):
+    """The smallest integer not below x, elementwise, as a float."""
+    return _unary("ceil", x)
+
+
+def square(x):
+    """x * x, elementwise."""
+    return multiply(x, x)
+
+
+def stop_gradient(x):
+    """x itself, but gradients do not flow through it (a constant for tg.grad)."""
+    return bind(stop_gradient_p, asvalue(x))
 
 
 def divide(x, y):
+    """x / y, true division, elementwise with broadcasting; integer operands give float32."""
     (x, y), dtype = _promote_operands(x, y)
     if not dtype.is_float:
         x, y = convert(x, float32), convert(y, float32)
@@ -163,6 +306,8 @@ def divide(x, y):
 
 
 def power(x, y):
+    """x ** y, elementwise with broadcasting. A Python int exponent from 0 to 4 is computed as
+    products: exact, and differentiable at x = 0."""
     if isinstance(y, int) and not isinstance(y, bool) and 0 <= y <= 4:
         # small integer powers as products: exact, and differentiable at x = 0
         result = ones_like(x) if y == 0 else asvalue(x)
@@ -173,18 +318,23 @@ def power(x, y):
 
 
 def relu(x):
+    """max(x, 0), elementwise; the gradient at 0 is 0."""
     x = asvalue(x)
     return where(greater(x, 0), x, zeros_like(x))
 
 
 def gelu(x, approximate: str = "none"):
+    """x * Phi(x), Phi the standard normal distribution function (torch's GELU);
+    `approximate="tanh"` uses the tanh approximation."""
     if approximate == "tanh":
         c = _pymath.sqrt(2 / _pymath.pi)
         return 0.5 * x * (1 + tanh(c * (x + 0.044715 * x * x * x)))
     return multiply(multiply(x, 0.5), add(erf(multiply(x, 1 / _pymath.sqrt(2))), 1.0))
 
 
-def silu(x): return multiply(x, sigmoid(x))
+def silu(x):
+    """x * sigmoid(x), elementwise (also called swish)."""
+    return multiply(x, sigmoid(x))
 
 
 # The activations below are compositions of existing primitives (so their VJPs and the
@@ -246,6 +396,8 @@ def softmax(x, axis: int = -1, *, dim=None):
 
 
 def where(cond, x, y):
+    """x where `cond` is true, else y, elementwise with broadcasting. A non-bool `cond` means cond
+    != 0."""
     cond = asvalue(cond)
     if _typeof(cond).dtype != bool_:
         cond = not_equal(cond, 0)
@@ -255,16 +407,19 @@ def where(cond, x, y):
 
 
 def zeros_like(x, dtype=None):
+    """Zeros with x's shape and dtype (or `dtype`)."""
     t = _typeof(asvalue(x))
     return full(t.shape, 0, dtype or t.dtype)
 
 
 def ones_like(x, dtype=None):
+    """Ones with x's shape and dtype (or `dtype`)."""
     t = _typeof(asvalue(x))
     return full(t.shape, 1, dtype or t.dtype)
 
 
 def full(shape, value, dtype=float32):
+    """An array of `shape` filled with `value`, of `dtype` (float32 unless given)."""
     scalar = np.asarray(value, as_dtype(dtype).np)
     return bind(broadcast_in_dim_p, scalar, shape=tuple(shape), broadcast_dimensions=())
 
@@ -293,22 +448,32 @@ def _reduce(name, x, axis, keepdims, dim):
 
 
 def sum(x, axis=None, keepdims=False, *, dim=None):  # noqa: A001
+    """The sum over `axis` (an int, a tuple, or None for all axes; `dim=` is an alias);
+    `keepdims=True` keeps the reduced axes as size 1."""
     return _reduce("reduce_sum", x, axis, keepdims, dim)
 
 
 def max(x, axis=None, keepdims=False, *, dim=None):  # noqa: A001
+    """The maximum over `axis` (an int, a tuple, or None for all axes; `dim=` is an alias);
+    `keepdims=True` keeps the reduced axes as size 1. An array op, unlike the `tg.max()` reducer."""
     return _reduce("reduce_max", x, axis, keepdims, dim)
 
 
 def min(x, axis=None, keepdims=False, *, dim=None):  # noqa: A001
+    """The minimum over `axis` (an int, a tuple, or None for all axes; `dim=` is an alias);
+    `keepdims=True` keeps the reduced axes as size 1. An array op, unlike the `tg.min()` reducer."""
     return _reduce("reduce_min", x, axis, keepdims, dim)
 
 
 def prod(x, axis=None, keepdims=False, *, dim=None):
+    """The product over `axis` (an int, a tuple, or None for all axes; `dim=` is an alias);
+    `keepdims=True` keeps the reduced axes as size 1."""
     return _reduce("reduce_prod", x, axis, keepdims, dim)
 
 
 def mean(x, axis=None, keepdims=False, *, dim=None):
+    """The mean over `axis` (an int, a tuple, or None for all axes; `dim=` is an alias); integer
+    input gives float32. Not over a graph-sized axis: use a `tg.mean()` reducer there."""
     x = asvalue(x)
     axes = _axes(x, axis, dim)
     sizes = [_typeof(x).shape[a] for a in axes]
@@ -322,10 +487,13 @@ def mean(x, axis=None, keepdims=False, *, dim=None):
 
 
 def norm(x, axis=-1, keepdims=False, *, dim=None):
+    """The Euclidean norm over `axis` (the last by default; `dim=` is an alias):
+    sqrt(sum(x ** 2))."""
     return sqrt(sum(square(x), axis=axis, keepdims=keepdims, dim=dim))
 
 
 def reshape(x, *shape):
+    """x with a new shape of the same size, given as one tuple or as ints; one -1 is inferred."""
     x = asvalue(x)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
@@ -342,6 +510,7 @@ def reshape(x, *shape):
 
 
 def transpose(x, *axes):
+    """x with its axes permuted (given as one tuple or as ints); no axes reverses them."""
     x = asvalue(x)
     n = _typeof(x).ndim
     if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
@@ -353,12 +522,14 @@ def transpose(x, *axes):
 
 
 def expand_dims(x, axis):
+    """x with a new axis of size 1 inserted at `axis`."""
     t = _typeof(asvalue(x))
     axis = axis % (t.ndim + 1)
     return reshape(x, t.shape[:axis] + (1,) + t.shape[axis:])
 
 
 def squeeze(x, axis=None):
+    """x without its size-1 axes (only `axis`, when given)."""
     t = _typeof(asvalue(x))
     axes = ([a for a in range(t.ndim) if t.shape[a] == 1] if axis is None else
         list(normalize_axes(axis, t.ndim)))
@@ -366,6 +537,8 @@ def squeeze(x, axis=None):
 
 
 def concatenate(xs, axis=0, *, dim=None):
+    """The arrays of `xs` joined along an existing `axis` (`dim=` is an alias), promoted to one
+    dtype."""
     xs, _ = _promote_operands(*xs)
     nd = _typeof(xs[0]).ndim
     axis = normalize_axes(dim if dim is not None else axis, nd)[0]
@@ -373,15 +546,18 @@ def concatenate(xs, axis=0, *, dim=None):
 
 
 def stack(xs, axis=0, *, dim=None):
+    """The arrays of `xs`, of one shape, joined along a new `axis` (`dim=` is an alias)."""
     axis = dim if dim is not None else axis
     return concatenate([expand_dims(asvalue(x), axis) for x in xs], axis=axis)
 
 
 def pad(x, config):
+    """x padded with zeros: `config` holds (low, high, interior) per axis, as in JAX's lax.pad."""
     return bind(pad_p, asvalue(x), padding_config=tuple(tuple(c) for c in config))
 
 
 def slice_static(x, start, limit, strides=None):
+    """x[start:limit:strides] per axis, with static start, limit and (positive) strides."""
     x = asvalue(x)
     strides = tuple(strides) if strides else (1,) * len(start)
     return bind(slice_p, x, start_indices=tuple(start), limit_indices=tuple(limit),
@@ -389,11 +565,15 @@ def slice_static(x, start, limit, strides=None):
 
 
 def dot_general(x, y, dimension_numbers):
+    """A general tensor contraction, as JAX's lax.dot_general: `dimension_numbers` is ((x
+    contracting axes, y contracting axes), (x batch axes, y batch axes))."""
     (x, y), _ = _promote_operands(x, y)
     return bind(dot_general_p, x, y, dimension_numbers=dimension_numbers)
 
 
 def matmul(x, y):
+    """The matrix product x @ y with numpy's rules: 1-D operands are vectors, leading axes broadcast
+    as batch axes."""
     (x, y), _ = _promote_operands(x, y)
     tx, ty = _typeof(x), _typeof(y)
     if tx.ndim == 0 or ty.ndim == 0:
@@ -419,6 +599,8 @@ def matmul(x, y):
 
 
 def dot(x, y):
+    """numpy's dot: the matrix product for 1-D and 2-D operands, x * y for a scalar, else a
+    contraction of x's last axis with y's second to last."""
     tx, ty = _typeof(asvalue(x)), _typeof(asvalue(y))
     if tx.ndim <= 2 and ty.ndim <= 2 and tx.ndim and ty.ndim:
         return matmul(x, y)
