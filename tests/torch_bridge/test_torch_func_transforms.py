@@ -356,3 +356,51 @@ def test_vmap_over_edge_index_says_what_to_batch():
             as err:
         vmap(lambda ei: conv(x, ei))(torch.stack([EDGE_INDEX, EDGE_INDEX]))
     assert "never batched" in err.value.hint and "tg.Graph.batch" in err.value.hint
+
+
+# ---- other tg.nn layers and relation forms: oracles outside torch.func ----------------------
+
+LAYERS = {
+    "GATConv": lambda: tg.nn.GATConv(IN, 2, heads=2),
+    "SAGEConv-max": lambda: tg.nn.SAGEConv(IN, 2, aggr="max"),
+    "GINConv": lambda: tg.nn.GINConv(torch.nn.Sequential(
+        torch.nn.Linear(IN, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))),
+    "EdgeConv": lambda: tg.nn.EdgeConv(torch.nn.Sequential(torch.nn.Linear(2 * IN, 2),
+                                                           torch.nn.Tanh())),
+    "GCNConv-flow": lambda: tg.nn.GCNConv(IN, 2, flow="target_to_source"),
+    "GCNConv-sparse": lambda: tg.nn.GCNConv(IN, 2),
+}
+
+
+def eager_grad(f, x):
+    """The gradient by eager torch.autograd (the bridge's first-order backward)."""
+    x = x.detach().requires_grad_()
+    return torch.autograd.grad(f(x), x)[0]
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_layer_transforms_match_loops_and_eager_derivatives(name):
+    torch.manual_seed(1)
+    conv = LAYERS[name]().double()
+    rel = EDGE_INDEX
+    if name.endswith("sparse"):
+        rel = torch.sparse_coo_tensor(EDGE_INDEX.flip(0), torch.ones(EDGE_INDEX.size(1),
+                                                                     dtype=torch.float64),
+                                      (N, N)).coalesce()
+    f = lambda x: conv(x, rel)  # noqa: E731
+    x, t = inputs(25)[0], inputs(26)[0]
+    xs = torch.randn(B, N, IN, dtype=torch.float64)
+    close(vmap(f)(xs), torch.stack([f(a) for a in xs]))
+    jac = torch.autograd.functional.jacobian(f, x)        # eager reverse mode, row by row
+    close(jvp(f, (x,), (t,))[1], torch.einsum("nkij,ij->nk", jac, t))
+    close(jacfwd(f)(x), jac)
+
+    def scalar(x):
+        return torch.tanh(f(x)).sum()
+    eps, fd = 1e-6, torch.empty(N, IN, N, IN, dtype=torch.float64)
+    for i in range(N):
+        for j in range(IN):
+            d = torch.zeros_like(x)
+            d[i, j] = eps
+            fd[:, :, i, j] = (eager_grad(scalar, x + d) - eager_grad(scalar, x - d)) / (2 * eps)
+    torch.testing.assert_close(hessian(scalar)(x), fd, rtol=1e-5, atol=1e-6)

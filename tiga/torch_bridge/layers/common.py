@@ -73,18 +73,18 @@ _OUTSIDE_DYNAMO = "tg.nn layers build their tg.Graph from edge_index eagerly"
 
 
 def below_functorch(fn):
-    """`fn(layer, edge_index, ...)` on edge_index's value, with torch.func's transforms
-    off: inside torch.func.grad / vmap / jvp every torch op's result is wrapped for the
-    transform (a wrapper has no storage to read), and a relation is built from the
+    """`fn(...)` on the values of its tensor arguments (an edge_index), with torch.func's
+    transforms off: inside torch.func.grad / vmap / jvp every torch op's result is wrapped
+    for the transform (a wrapper has no storage to read), and a relation is built from the
     values. An edge_index batched by vmap raises, saying what to batch instead."""
     @functools.wraps(fn)
-    def inner(layer, edge_index, *rest):
+    def inner(*args):
         if torch._C._functorch.peek_interpreter_stack() is None:
-            return fn(layer, edge_index, *rest)
-        if isinstance(edge_index, torch.Tensor):
-            edge_index = plain(edge_index, f"{layer}: edge_index")
+            return fn(*args)
+        name = f"{args[0]}: edge_index" if isinstance(args[0], str) else "edge_index"
+        args = [plain(a, name) if isinstance(a, torch.Tensor) else a for a in args]
         with torch._C._DisableFuncTorch():
-            return fn(layer, edge_index, *rest)
+            return fn(*args)
     return inner
 
 

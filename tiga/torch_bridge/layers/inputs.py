@@ -19,7 +19,14 @@ import torch
 
 from ...core.errors import ShapeError
 from ...core.graph import Graph
-from .common import LayerArgumentError, linear, reset_glorot, snapshot, unchanged
+from .common import (
+    LayerArgumentError,
+    below_functorch,
+    linear,
+    reset_glorot,
+    snapshot,
+    unchanged,
+)
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 FLOWS = ("source_to_target", "target_to_source")
@@ -140,6 +147,7 @@ def _edge_index_of(adj) -> torch.Tensor:
 
 
 @torch.compiler.disable(reason="tg.nn layers read a sparse or flipped relation eagerly")
+@below_functorch
 def _converted(t: torch.Tensor, kind: str) -> torch.Tensor:
     """The edge_index of a sparse adjacency ("sparse") or edge_index with its rows swapped
     ("flip"), memoised per tensor object and version (so relation()'s memo finds it)."""
