@@ -171,9 +171,9 @@ def _gated_dense(m, x, ei, e):
     """Per edge in plain torch: sigmoid(lin_key([x_i, e]) + lin_query([x_j, e]))
     * lin_value([x_j, e]), summed into i."""
     src, dst = ei[0].long(), ei[1].long()
-    msg = torch.sigmoid(m.lin_key(torch.cat([x[dst], e], -1)) +
-                        m.lin_query(torch.cat([x[src], e], -1))) * \
-        m.lin_value(torch.cat([x[src], e], -1))
+    gate = torch.sigmoid(m.lin_key(torch.cat([x[dst], e], -1)) +
+                         m.lin_query(torch.cat([x[src], e], -1)))
+    msg = gate * m.lin_value(torch.cat([x[src], e], -1))
     out = torch.zeros(x.size(0), msg.size(1), dtype=x.dtype).index_add(0, dst, msg)
     return out + m.lin_skip(x) + m.bias
 
@@ -262,8 +262,8 @@ def _pna_dense(m, x, ei, e):
     bins = torch.arange(4, dtype=x.dtype)
     avg_lin, avg_log = m.aggr_module.avg_deg_lin, m.aggr_module.avg_deg_log   # (float32)
     assert abs(float(avg_lin) - float((bins * PNA_DEG).sum() / PNA_DEG.sum())) < 1e-7
-    assert abs(float(avg_log) - float(((bins + 1).log() * PNA_DEG).sum() / PNA_DEG.sum())) \
-        < 1e-7
+    mean_log = ((bins + 1).log() * PNA_DEG).sum() / PNA_DEG.sum()
+    assert abs(float(avg_log) - float(mean_log)) < 1e-7
 
     def aggregate(mask):
         g = msg[mask]
@@ -321,8 +321,8 @@ def _gen_dense(m, x, ei, e):
         empty = torch.bincount(dst, minlength=x.size(0)) == 0
         out[empty] = 1e-4 ** (1 / m.aggr_module.p)
     if hasattr(m, "msg_norm"):
-        out = torch.nn.functional.normalize(out, dim=-1) * x.norm(dim=-1, keepdim=True) * \
-            m.msg_norm.scale
+        scale = x.norm(dim=-1, keepdim=True) * m.msg_norm.scale
+        out = torch.nn.functional.normalize(out, dim=-1) * scale
     return m.mlp(out + m.lin_dst(x))
 
 

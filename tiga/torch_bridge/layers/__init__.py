@@ -26,9 +26,9 @@ from .gat_conv import GATConv, GATv2Conv
 from .gcn import GCNConv, gcn_norm
 from .gen import GENConv, MessageNorm
 from .graph_conv import GraphConv, ResGatedGraphConv
-from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
 from .pna import PNAConv
 from .pool import global_add_pool, global_max_pool, global_mean_pool, global_softmax_pool
+from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
 from .rgcn import FastRGCNConv, RGCNConv
 from .sage_gin import GINConv, GINEConv, SAGEConv
 from .transformer import TransformerConv

@@ -164,8 +164,8 @@ class GENConv(torch.nn.Module):
 def _aggregation(aggr, t, learn_t, p, learn_p, aggr_kwargs) -> tuple:
     """(aggr, kwargs) for resolve(): GENConv's aliases and default kwargs."""
     semi_grad = aggr == "softmax_sg"
-    aggr = {"softmax_sg": "softmax", "power": "powermean"}.get(aggr, aggr) \
-        if isinstance(aggr, str) else aggr
+    if isinstance(aggr, str):
+        aggr = {"softmax_sg": "softmax", "power": "powermean"}.get(aggr, aggr)
     if aggr_kwargs is None:
         aggr_kwargs = {}
         if aggr == "softmax":

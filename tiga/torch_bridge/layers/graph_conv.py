@@ -224,8 +224,8 @@ class ResGatedGraphConv(torch.nn.Module):
             raise LayerArgumentError(f"{name}: x_dst is None, expected the destination "
                                      "features (the keys and the skip read them)")
         adj = adjacency(name, edge_index, self.flow)
-        if edge_attr is None and self.edge_dim and adj.values is not None \
-                and adj.values.dim() == 2:
+        if (edge_attr is None and self.edge_dim and adj.values is not None
+                and adj.values.dim() == 2):
             edge_attr = adj.values
         k, q, v, s, u = self._projections(x_src, x_dst, edge_attr)
         if isinstance(self.act, torch.nn.Sigmoid):

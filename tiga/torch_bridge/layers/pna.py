@@ -168,8 +168,10 @@ class PNAConv(torch.nn.Module):
         if edge_attr is None and self.edge_encoder is not None:
             edge_attr = adj.values
         n, t = x.size(0), self.towers
-        h = x.view(n, t, self.F_in) if self.divide_input else \
-            x.view(n, 1, self.F_in).expand(n, t, self.F_in)
+        if self.divide_input:
+            h = x.view(n, t, self.F_in)
+        else:
+            h = x.view(n, 1, self.F_in).expand(n, t, self.F_in)
         graph = relation("PNAConv", adj.relation, n, n)
         edges, ei = edges_to_destinations(graph)
         ei = torch.from_numpy(ei).to(x.device)
