@@ -201,6 +201,31 @@ def test_jvp_runs_tiga_jvp_program_not_a_transposed_vjp(monkeypatch):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("mode", ["func.jvp", "forward_ad"])
+def test_forward_mode_is_one_run_of_the_jvp_program(monkeypatch, mode):
+    """Plain tangents: the forward runs Tiga's JVP program once (primal and tangent
+    messages in one walk), and the jvp rule hands over its tangents (no second run)."""
+    runs = []
+    original = bridge.Node.run
+
+    def counting(node, tensors):
+        runs.append(len(tensors))
+        return original(node, tensors)
+    monkeypatch.setattr(bridge.Node, "run", counting)
+    args, ts = inputs(27), inputs(28)
+    f, ref = reducer_layer("online_softmax"), reducer_torch("online_softmax")
+    if mode == "func.jvp":
+        close(jvp(lambda x, w: f(x, args[1], w), (args[0], args[2]), (ts[0], ts[2])),
+              jvp(lambda x, w: ref(x, args[1], w), (args[0], args[2]), (ts[0], ts[2])))
+    else:
+        with fwAD.dual_level():
+            got = f(fwAD.make_dual(args[0], ts[0]), args[1], fwAD.make_dual(args[2], ts[2]))
+            want = ref(fwAD.make_dual(args[0], ts[0]), args[1],
+                       fwAD.make_dual(args[2], ts[2]))
+            close(fwAD.unpack_dual(got), fwAD.unpack_dual(want))
+    assert runs == [5]    # x, h, w and the tangents of x and w
+
+
 @pytest.mark.parametrize("name", REDUCERS)
 def test_forward_ad_tangents_match_torch(name):
     args, ts = inputs(11), inputs(12)

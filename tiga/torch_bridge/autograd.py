@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import opt
 from ..autodiff import jvp_program, vjp_program
@@ -57,7 +58,8 @@ def run_call_torch(call, route: str = "auto"):
         # torch.func.vmap, forward mode, nested differentiation: a node whose vmap, jvp
         # and backward run Tiga's batching, JVP and VJP rules (ProgramFunction)
         slots = [k for k, o in enumerate(originals) if is_torch(o)]
-        node = Node(program, np_args, slots, route, backend, _device_of(originals))
+        node = Node(program, np_args, slots, route, backend, _device_of(originals),
+                    plain_tangents(originals, slots))
         outs = ProgramFunction.apply(node, *[originals[k] for k in slots])
         return outs[0] if len(outs) == 1 else tuple(outs)
     names = _names(len(originals) - len(call.values()), call)
@@ -574,11 +576,16 @@ class Node:
     (ascending). The programs torch.func asks for (VJP, JVP, batched) are derived once per
     program structure and pattern, and run by nodes of their own."""
 
-    __slots__ = ("program", "static", "slots", "route", "backend", "device")
+    __slots__ = ("program", "static", "slots", "route", "backend", "device", "tangents",
+                 "tangent_outs")
 
-    def __init__(self, program, static, slots, route, backend, device):
+    def __init__(self, program, static, slots, route, backend, device, tangents=None):
         self.program, self.static, self.slots = program, list(static), list(slots)
         self.route, self.backend, self.device = route, backend, device
+        # forward mode with plain tangents (forward_ad, one torch.func.jvp level): the
+        # forward runs the JVP program, primal and tangent in one walk, and keeps the
+        # tangents for the jvp rule (torch asks for them right after the forward)
+        self.tangents, self.tangent_outs = tangents, None
 
     def derived(self, program, extra: int) -> Node:
         """A node for `program`, whose binders are this program's then `extra` more, all
@@ -661,6 +668,56 @@ def node_jvp(node: Node, tensors, tangents) -> tuple:
     return tuple(next(outs) if _float(t) else None for t in out_types)
 
 
+def _forward_with_tangents(node: Node, tensors) -> list:
+    """The forward of a node whose operands' tangents are known up front: one run of the
+    JVP program (a propagate's primal and tangent messages in one walk); the tangent
+    outputs wait on the node for its jvp rule."""
+    types, out_types = node.program.in_types, node.program.out_types
+    tangents, node.tangents = node.tangents, None
+    wrt_slot = [t is not None and _float(types[k]) for t, k in zip(tangents, node.slots)]
+    if not any(wrt_slot):
+        return node.run(tensors)
+    wrt = [False] * len(types)
+    for k, w in zip(node.slots, wrt_slot):
+        wrt[k] = w
+    n_out = len(out_types)
+
+    def make():
+        full = jvp_program(node.program, wrt)
+        keep = list(range(n_out)) + [n_out + k for k, t in enumerate(out_types) if _float(t)]
+        return opt.optimize_program(dce(full, keep_outputs=keep), _JVP_FACTS)[0]
+
+    program = _memo(_DERIVED, (node.program, "jvp+primal", tuple(wrt)), make)
+    ts = [t for t, w in zip(tangents, wrt_slot) if w]
+    outs = node.derived(program, len(ts)).run(list(tensors) + ts)
+    touts = iter(outs[n_out:])
+    node.tangent_outs = (tangents, tuple(next(touts) if _float(t) else None
+                                         for t in out_types))
+    return outs[:n_out]
+
+
+def plain_tangents(originals, slots):
+    """The tangents of a call's tensor operands (None: none) when forward mode is the only
+    transformation (torch.autograd.forward_ad, or one torch.func.jvp level) and each
+    tangent is a plain tensor; otherwise None (the jvp rule computes them)."""
+    stack = torch._C._functorch.get_interpreter_stack() or []
+    if len(stack) > 1 or any(i.key() != torch._C._functorch.TransformType.Jvp
+                             for i in stack):
+        return None
+    tangents = []
+    for k in slots:
+        o = originals[k]
+        if transform_depth(o)[0]:
+            return None
+        t = fwAD.unpack_dual(o).tangent if has_tangent(o) else None
+        if t is not None and stack and transform_depth(t) == (False, 1):
+            t = torch._C._functorch.get_unwrapped(t)   # (the jvp level's view of it)
+        if t is not None and (transform_depth(t) != (False, 0) or has_tangent(t)):
+            return None
+        tangents.append(t)
+    return tangents if any(t is not None for t in tangents) else None
+
+
 def node_vmap(node: Node, size: int, dims, tensors) -> tuple:
     """(outputs, out_dims) of the node under torch.func.vmap: one run of Tiga's batched
     program (a propagate over batched fields is one propagate, the batch beside the
@@ -693,6 +750,8 @@ class ProgramFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(node, *tensors):
+        if node.tangents is not None:
+            return tuple(_forward_with_tangents(node, tensors))
         return tuple(node.run(tensors))
 
     @staticmethod
@@ -708,7 +767,14 @@ class ProgramFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, _node_tangent, *tangents):
-        return node_jvp(ctx.node, ctx.saved_tensors, tangents)
+        node = ctx.node
+        done, node.tangent_outs = node.tangent_outs, None
+        # (an operand without a dual when the forward ran gets zeros here from functorch)
+        if done is not None and len(done[0]) == len(tangents) and all(
+                a is None or (b is not None and a.shape == b.shape)
+                for a, b in zip(done[0], tangents)):
+            return done[1]    # computed by the forward, from these tangents
+        return node_jvp(node, ctx.saved_tensors, tangents)
 
     @staticmethod
     def backward(ctx, *cts):
