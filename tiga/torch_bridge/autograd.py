@@ -20,6 +20,7 @@ from ..core.errors import TigaError
 from ..core.eval import eval_program, on_device
 from ..core.passes import dce
 from ..core.prims.graph import propagate_p
+from ..core.prims.shape import transpose_p
 from ..core.program import Eqn, GraphProgram, Var
 from ..core.types import GraphType, TensorType
 from ..lower.backends import using_backend
@@ -731,12 +732,36 @@ def node_vmap(node: Node, size: int, dims, tensors) -> tuple:
 
     def make():
         bprog = batch_program(node.program, batched, size, axes, [0] * n_out)
-        return inline_custom_calls(bprog)
+        return _batch_where_it_is(inline_custom_calls(bprog))
 
     key = (node.program, "vmap", tuple(batched), tuple(axes), size)
-    program = _memo(_DERIVED, key, make)
+    program, out_dims = _memo(_DERIVED, key, make)
     outs = ProgramFunction.apply(node.derived(program, 0), *tensors)
-    return outs, (0,) * len(outs)
+    return outs, out_dims
+
+
+def _batch_where_it_is(program) -> tuple:
+    """(program, out_dims): an output that the batched program moves to batch-first with a
+    final transpose (a propagate's batch sits beside the features) is returned as it was
+    before that transpose, its batch dimension named to torch instead (no copy)."""
+    producer = {id(v): e for e in program.eqns for v in e.outputs}
+    uses: dict = {}
+    for a in [a for e in program.eqns for a in e.inputs] + list(program.outs):
+        uses[id(a)] = uses.get(id(a), 0) + 1
+    outs, dims = [], []
+    for a in program.outs:
+        e = producer.get(id(a))
+        perm = e.params.get("permutation") if e is not None else None
+        if (e is not None and e.primitive is transpose_p and uses[id(a)] == 1 and
+                list(perm[1:]) == sorted(perm[1:])):
+            outs.append(e.inputs[0])
+            dims.append(perm[0])
+        else:
+            outs.append(a)
+            dims.append(0)
+    if all(d == 0 for d in dims):
+        return program, tuple(dims)
+    return dce(GraphProgram(program.in_binders, program.eqns, tuple(outs))), tuple(dims)
 
 
 class ProgramFunction(torch.autograd.Function):
