@@ -429,3 +429,44 @@ def test_layer_transforms_match_loops_and_eager_derivatives(name):
             d[i, j] = eps
             fd[:, :, i, j] = (eager_grad(scalar, x + d) - eager_grad(scalar, x - d)) / (2 * eps)
     torch.testing.assert_close(hessian(scalar)(x), fd, rtol=1e-5, atol=1e-6)
+
+
+# ---- custom rules inside an edge function are the ones torch.func runs ----------------------
+
+@tg.custom_vjp
+def clipped(x):
+    return x
+
+
+clipped.defvjp(lambda x: (x, None),
+               lambda _, ct: (tg.math.minimum(tg.math.maximum(ct, -0.1), 0.1),))
+
+
+@tg.custom_jvp
+def doubled(x):
+    return x * 2.0
+
+
+doubled.defjvp(lambda p, t: (doubled(p[0]), t[0] * 5.0))   # a rule no derivative gives
+
+
+def test_custom_rules_in_an_edge_function_are_used_by_torch_func():
+    x = inputs(29)[0]
+
+    def clip_call(x):
+        return tg.propagate(GRAPH, lambda s, d, e: clipped(s.x), tg.sum(), src={"x": x})
+
+    def double_call(x):
+        return tg.propagate(GRAPH, lambda s, d, e: doubled(s.x), tg.sum(), src={"x": x})
+    ones = torch.ones(N, F, dtype=torch.float64)
+    out_degree = torch.zeros(N, dtype=torch.float64).index_add(0, SRC, torch.ones(E,
+                                                               dtype=torch.float64))
+    # d/dx of 10 * sum(y) is 10 * out-degree per source row, clipped to 0.1 per edge
+    want = torch.minimum(10 * ones, 0.1 * ones) * out_degree[:, None]
+    close(grad(lambda x: 10 * clip_call(x).sum())(x), want)
+    close(vmap(grad(lambda x: 10 * clip_call(x).sum()))(torch.stack([x, -x])),
+          torch.stack([want, want]))
+    y_dot = jvp(double_call, (x,), (ones,))[1]
+    in_degree = torch.zeros(N, dtype=torch.float64).index_add(0, DST, torch.ones(
+        E, dtype=torch.float64))
+    close(y_dot, 5.0 * in_degree[:, None].expand(N, F))

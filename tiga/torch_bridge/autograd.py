@@ -2,6 +2,12 @@
 
 The forward runs the call's staged GraphProgram on numpy views of the tensors; the backward
 runs Tiga's own VJP program (`vjp_program`), not a torch replay of the edge function.
+Eager autograd (and one torch.func.grad / vjp level) goes through `_PropagateFunction`,
+whose backward reuses the forward's residuals. Under torch.func.vmap, forward mode
+(torch.autograd.forward_ad, torch.func.jvp / jacfwd) and nested differentiation (hessian,
+grad of grad, create_graph) the call is a `ProgramFunction` node: its `vmap`, `jvp` and
+`backward` rules run Tiga's batched, JVP and VJP programs of the call's program, each again
+such a node, so every composition torch builds runs Tiga's rules (issue 38).
 """
 from __future__ import annotations
 
