@@ -1,5 +1,7 @@
 """tg.nn: torch.nn capture (`trace`), the layer zoo (GCNConv, SAGEConv, GATConv, GATv2Conv,
-GINConv, GINEConv, EdgeConv, DynamicEdgeConv: API.md section 12) and the aggregations
+GINConv, GINEConv, EdgeConv, DynamicEdgeConv, and GraphConv, SGConv, APPNP, TAGConv,
+ChebConv, ResGatedGraphConv, GCN2Conv, TransformerConv, NNConv, PNAConv, RGCNConv,
+PointNetConv, GENConv: API.md section 12) and the aggregations
 (`tg.nn.aggr`, also importable from here as PyG's torch_geometric.nn exports them).
 
 Torch-free on import: `trace` reaches the torch bridge (the only layer that imports torch)
