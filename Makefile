@@ -1,8 +1,12 @@
 # Tiga developer entry points. Needs Python >= 3.11 and PyPI (a C compiler is optional).
 #   make demo   install (+ CPU torch, pinned) and run the examples, one summary line each
 #               (TIGA_DEMO_VERBOSE=1: each example's full explain() report too)
-#   make test   install test deps (+ CPU torch, + the dist extra) and run the suite with xdist
-#               (the MPI tests run inside it under mpiexec with 2, 3 and 4 ranks, bounded by MPIEXEC_TIMEOUT)
+#   make test   install test deps (+ CPU torch, + the gpu and dist extras) and run the suite with
+#               xdist under the hypothesis "ci" profile (>= 25 examples per property); the MPI tests
+#               run inside it under mpiexec with 2, 3 and 4 ranks, bounded by MPIEXEC_TIMEOUT.
+#               GPU_TESTS_ON_CPU=1: tests/gpu runs through Triton's interpreter where CUDA is missing
+#   make golden regenerate tests/lower/golden/*.mlir after an intended IR printer change (the
+#               tests only compare; review the diff)
 #   make bench  install bench deps (+ CPU torch) and run every benchmark (benchmarks/run.py),
 #               regenerating benchmarks/RESULTS.md (BENCH_ARGS=--quick: a smoke run)
 #   make docs   install the docs extra and build the user guide and API reference into site/
@@ -14,6 +18,9 @@ PIP := $(VPY) -m pip --disable-pip-version-check
 TORCH_PIN := torch==2.13.0
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
+# tests/gpu without CUDA: 1 runs its CUDA-route tests through Triton's interpreter (slow: see the
+# test target), 0 lets them skip, saying "no CUDA device"
+GPU_TESTS_ON_CPU ?= 0
 # Examples run by `make demo`, in order; missing ones are skipped.
 DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py examples/causal_attention.py \
 	examples/gnn_layers.py examples/node_classification.py examples/dgcnn_edgeconv.py \
@@ -29,7 +36,7 @@ BENCH_STAMP := $(VENV)/.tiga-bench.stamp
 DOCS_STAMP := $(VENV)/.tiga-docs.stamp
 BENCH_ARGS ?=
 
-.PHONY: .venv install demo test bench docs lint clean distclean
+.PHONY: .venv install demo test golden bench docs lint clean distclean
 
 .venv: $(VPY)
 
@@ -43,16 +50,23 @@ $(INSTALL_STAMP): pyproject.toml | $(VPY)
 
 # The dist extra (mpi4py + the mpich wheel) lets tests/distributed/test_launch.py run the
 # MPI tests under mpiexec with 2, 3 and 4 ranks; the gpu extra (triton) runs every Triton kernel in
-# Triton's interpreter; torch_geometric is the PyG oracle of the GNN-layer tests; the docs
-# extra lets tests/docs build the site. Where one cannot install, its tests skip (and say why).
+# Triton's interpreter. Both are required: an install that fails stops `make test`, and the test
+# target checks that they import (EXTRAS_CHECK) before it runs anything. torch_geometric (the
+# PyG oracle of the GNN-layer tests, beside their dense-torch oracle) and the docs extra (the
+# mkdocs build test) are optional: where one cannot install, its tests are reported skips.
 $(TEST_STAMP): pyproject.toml | $(VPY)
 	$(PIP) install -q -e ".[test]"
 	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[gpu]" || echo "gpu extra not installable: Triton tests skipped"
-	$(PIP) install -q -e ".[dist]" || echo "dist extra not installable: MPI tests skipped"
-	$(PIP) install -q "torch_geometric==2.8.1" || echo "torch_geometric not installable: PyG comparisons skipped"
-	$(PIP) install -q -e ".[docs]" || echo "docs extra not installable: the mkdocs build test skipped"
+	$(PIP) install -q -e ".[gpu]"
+	$(PIP) install -q -e ".[dist]"
+	$(PIP) install -q "torch_geometric==2.8.1" || echo "torch_geometric not installable: PyG comparisons are reported skips"
+	$(PIP) install -q -e ".[docs]" || echo "docs extra not installable: the mkdocs build test is a reported skip"
 	@touch $@ $(INSTALL_STAMP)
+
+# What the gpu and dist extras must give (the tests that need them skip without it).
+EXTRAS_CHECK := import pathlib, shutil, sys, torch, triton, triton.language, mpi4py; \
+	assert (pathlib.Path(sys.executable).parent / "mpiexec").exists() or shutil.which("mpiexec"), \
+	"the dist extra installed no mpiexec"
 
 # PyG and faiss are optional peers: installed when PyPI has a build for this Python and
 # platform, skipped otherwise (the benchmark then reports them as skipped).
@@ -96,10 +110,15 @@ docs: $(DOCS_STAMP)
 	$(VPY) -m mkdocs build --strict
 
 # tests/gpu compiles Triton kernels for a CUDA device, so it runs in a process of its own: the
-# rest of the suite imports triton for its interpreter (without CUDA it skips, saying why).
+# rest of the suite imports triton for its interpreter. Without CUDA it skips, saying why, unless
+# GPU_TESTS_ON_CPU=1 runs it through the interpreter (TIGA_GPU_TESTS_ON_CPU=1).
 test: $(TEST_STAMP)
-	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short --ignore=tests/gpu $(PYTEST_ARGS)
-	$(VPY) -m pytest -q --tb=short -r s tests/gpu
+	@$(VPY) -c '$(EXTRAS_CHECK)' || { echo "make test: the gpu or dist extra is installed but unusable (above); rm $(TEST_STAMP) to reinstall"; exit 1; }
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short --hypothesis-profile=ci --ignore=tests/gpu $(PYTEST_ARGS)
+	TIGA_GPU_TESTS_ON_CPU=$(GPU_TESTS_ON_CPU) $(VPY) -m pytest -q --tb=short -r s --hypothesis-profile=ci tests/gpu
+
+golden: $(TEST_STAMP)
+	$(VPY) tests/lower/update_golden.py --update
 
 bench: $(BENCH_STAMP)
 	$(VPY) benchmarks/run.py $(BENCH_ARGS)
