@@ -273,6 +273,33 @@ def test_hessian_vector_product_by_jvp_of_grad():
     close(hvp(reducer_layer("max")), hvp(reducer_torch("max")))
 
 
+def test_grad_over_a_vjp_functions_cotangent_matches_torch():
+    """The pullback is differentiated in its cotangent, at another torch.func level than
+    the one the call was recorded at."""
+    args = inputs(30)
+    ct = torch.randn(N, F, dtype=torch.float64)
+
+    def through(f):
+        _, fn = vjp(f, *args)
+        return grad(lambda c: torch.tanh(fn(c)[2]).sum())(ct)
+    close(through(reducer_layer("max")), through(reducer_torch("max")))
+
+
+def test_one_torch_func_grad_level_reuses_the_forward(monkeypatch):
+    """torch.func.grad / vjp (one level) keep the eager node, whose backward reads the
+    forward's residuals: no ProgramFunction node runs."""
+    runs = []
+    monkeypatch.setattr(bridge.Node, "run", lambda node, tensors: runs.append(node))
+    args = inputs(31)
+    close(grad(loss(reducer_layer("online_softmax")), argnums=(0, 1, 2))(*args),
+          grad(loss(reducer_torch("online_softmax")), argnums=(0, 1, 2))(*args))
+    _, fn = vjp(reducer_layer("max"), *args)
+    _, ref = vjp(reducer_torch("max"), *args)
+    ct = torch.randn(N, F, dtype=torch.float64)
+    close(fn(ct), ref(ct))
+    assert runs == []
+
+
 def test_create_graph_double_backward_matches_torch():
     x, h, w = (t.requires_grad_() for t in inputs(17))
     xr, hr, wr = (t.detach().requires_grad_() for t in (x, h, w))

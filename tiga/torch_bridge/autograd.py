@@ -38,6 +38,7 @@ from ..xla_free_runtime.executor import execute, explain_program
 from .dlpack import is_torch, to_numpy, to_torch
 from .nn import TracedModule
 from .transforms import (
+    backward_differentiated,
     has_tangent,
     needs_program_node,
     plain,
@@ -537,11 +538,11 @@ class _PropagateFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outs):
         inputs = ctx.saved_tensors[:ctx.n_inputs]
-        deps = [t for t in list(inputs) + list(grad_outs) if t is not None and
-                (t.requires_grad or transform_depth(t)[0])]
-        if torch.is_grad_enabled() and deps:
-            # differentiable (create_graph, nested torch.func levels) or batched (jacrev):
-            # Tiga's VJP program as a node of its own; its residuals are recomputed
+        # batched cotangents: jacrev, or vmap over a vjp function
+        batched_cts = any(g is not None and transform_depth(g)[0] for g in grad_outs)
+        differentiable = backward_differentiated(inputs, grad_outs)
+        if differentiable or batched_cts:
+            # Tiga's VJP program as a node of its own (its residuals are recomputed)
             return (None, *node_vjp(_node_of(ctx.run), inputs, ctx.needs_input_grad[1:],
                                     grad_outs))
         with torch.no_grad():

@@ -86,14 +86,34 @@ def has_tangent(t) -> bool:
 def needs_program_node(tensors) -> bool:
     """Whether a call on these operands must run as a `_ProgramFunction` node: an operand
     batched by vmap (at any level), a forward-mode tangent, or two or more nested
-    differentiation levels. Plain eager autograd and one torch.func.grad / vjp level run
-    as `_PropagateFunction` (its backward reuses the forward's residuals)."""
-    depth = 0
+    torch.func levels (hessian, grad of grad: operands may each sit at one of them). Plain
+    eager autograd and one torch.func.grad / vjp level run as `_PropagateFunction` (its
+    backward reuses the forward's residuals)."""
+    if len(_F.get_interpreter_stack() or ()) > 1:
+        return True
     for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            continue
-        batched, d = transform_depth(t)
-        if batched or has_tangent(t):
+        if isinstance(t, torch.Tensor) and (transform_depth(t)[0] or has_tangent(t)):
             return True
-        depth = max(depth, d)
-    return depth > 1
+    return False
+
+
+def backward_differentiated(inputs, cts) -> bool:
+    """Whether a backward computed from these saved inputs and cotangents may itself be
+    differentiated: grad mode is on and one of them requires grad as a plain tensor (eager
+    create_graph=True), or under a live torch.func level other than the one the node was
+    recorded at (its inputs' level: torch.func.grad / vjp differentiate there once, with
+    create_graph on by convention), e.g. grad over a vjp function's cotangent."""
+    if not torch.is_grad_enabled():
+        return False
+    live = {i.level() for i in (_F.get_interpreter_stack() or ())}
+    own = {_F.maybe_get_level(t) for t in inputs
+           if isinstance(t, torch.Tensor) and _F.is_functorch_wrapped_tensor(t)}
+    for t in list(inputs) + list(cts):
+        if not isinstance(t, torch.Tensor) or not t.requires_grad:
+            continue
+        if not _F.is_functorch_wrapped_tensor(t) or transform_depth(t)[1] > 1:
+            return True
+        level = _F.maybe_get_level(t)
+        if level not in own and level in live:
+            return True
+    return False
