@@ -23,6 +23,7 @@ ACTIVATIONS = {"relu": torch.nn.ReLU, "elu": torch.nn.ELU, "leaky_relu": torch.n
                "selu": torch.nn.SELU, "softplus": torch.nn.Softplus}
 
 
+@torch.compiler.disable(reason="tg.nn layers build their tg.Graph from edge_index eagerly")
 def edges_to_destinations(graph: Graph) -> tuple:
     """(relation whose source k is the relation's edge k and whose destinations are its
     destinations, the relation's edge_index in that edge order): per-edge messages are
