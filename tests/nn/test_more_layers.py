@@ -509,3 +509,108 @@ def test_rgcn_featureless_matches_pyg(seed):
     torch.testing.assert_close(ours(idx, ei, types), theirs(idx, ei.long(), types),
                                rtol=RTOL, atol=ATOL)
 
+
+
+# ---- bipartite inputs, flow, a tg.Graph relation ---------------------------------------------
+
+def _bipartite(seed: int) -> tuple:
+    """(edge_index, sources, destinations) of a random bipartite relation with duplicate
+    edges, sources without edges and destinations without edges (int32 on odd seeds)."""
+    rng = np.random.default_rng(seed)
+    s, n = int(rng.integers(1, 9)), int(rng.integers(1, 7))
+    e = 0 if seed == 3 else int(rng.integers(1, 3 * max(s, n)))
+    src, dst = rng.integers(0, s, e), rng.integers(0, n, e)
+    src, dst = np.concatenate([src, src[:2]]), np.concatenate([dst, dst[:2]])
+    dtype = torch.int32 if seed % 2 else torch.int64
+    return torch.tensor(np.stack([src, dst]), dtype=dtype), s, n
+
+
+BIPARTITE = {
+    "GraphConv": (lambda lib: lib.GraphConv((4, 3), 5, aggr="mean"),
+                  lambda m, a, b, ei, e: m((a, b), ei, e[:, 0])),
+    "GraphConv-no-dst": (lambda lib: lib.GraphConv((4, 3), 5),
+                         lambda m, a, b, ei, e: m((a, None), ei, e[:, 0],
+                                                  size=(a.size(0), b.size(0)))),
+    "ResGatedGraphConv": (lambda lib: lib.ResGatedGraphConv((4, 3), 5, edge_dim=2),
+                          lambda m, a, b, ei, e: m((a, b), ei, e)),
+    "TransformerConv": (lambda lib: lib.TransformerConv((4, 3), 5, heads=2, edge_dim=2,
+                                                        concat=False, beta=True),
+                        lambda m, a, b, ei, e: m((a, b), ei, e)),
+    "NNConv": (lambda lib: lib.NNConv((4, 3), 5, torch.nn.Linear(2, 20), aggr="max"),
+               lambda m, a, b, ei, e: m((a, b), ei, e)),
+    "GENConv": (lambda lib: lib.GENConv((4, 3), 5, edge_dim=2, norm="layer",
+                                        msg_norm=True),
+                lambda m, a, b, ei, e: m((a, b), ei, e)),
+    "RGCNConv": (lambda lib: lib.RGCNConv((4, 3), 5, 2),
+                 lambda m, a, b, ei, e: m((a, b), ei, (e[:, 0] > 0).long())),
+    "PointNetConv": (lambda lib: lib.PointNetConv(torch.nn.Linear(7, 5)),
+                     lambda m, a, b, ei, e: m(a, (a[:, 1:], b), ei)),
+}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("name", sorted(BIPARTITE))
+def test_bipartite_matches_pyg(name, seed):
+    """(x_src, x_dst) of their own widths and counts: outputs and the gradients of both
+    inputs, the edge features and the parameters."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    make, call = BIPARTITE[name]
+    ei, s, n = _bipartite(seed)
+    a, b = _t(s, 4, seed=seed, dtype=torch.float32), _t(n, 3, seed=seed + 1,
+                                                         dtype=torch.float32)
+    e = _t(ei.size(1), 2, seed=seed + 2, dtype=torch.float32)
+    torch.manual_seed(seed)
+    theirs = make(pyg)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(0.5 * torch.randn(p.shape))
+    ours = make(tg.nn)
+    ours.load_state_dict(theirs.state_dict())
+
+    def run(layer, edges):
+        leaves = [t.clone().requires_grad_() for t in (a, b, e)]
+        out = call(layer, *leaves[:2], edges, leaves[2])
+        cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+        params = [p for _, p in sorted(layer.named_parameters()) if p.requires_grad]
+        return out, torch.autograd.grad((out * cot).sum(), leaves + params,
+                                        allow_unused=True, materialize_grads=True)
+
+    got, got_g = run(ours, ei)
+    want, want_g = run(theirs, ei.long())
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    for i, (g, v) in enumerate(zip(got_g, want_g)):
+        torch.testing.assert_close(g, v, rtol=RTOL, atol=ATOL,
+                                   msg=lambda m, i=i: f"grad {i}: {m}")
+
+
+FLOW = {
+    "GraphConv": lambda lib: lib.GraphConv(4, 3, flow="target_to_source"),
+    "SGConv": lambda lib: lib.SGConv(4, 3, K=2, flow="target_to_source"),
+    "APPNP": lambda lib: lib.APPNP(2, 0.3, flow="target_to_source"),
+    "TAGConv": lambda lib: lib.TAGConv(4, 3, K=2, flow="target_to_source"),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", sorted(FLOW))
+def test_flow_target_to_source_matches_pyg(name, seed):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ei, x, w = _inputs(seed, torch.float32)
+    torch.manual_seed(seed)
+    theirs = FLOW[name](pyg)
+    ours = FLOW[name](tg.nn)
+    ours.load_state_dict(theirs.state_dict())
+    torch.testing.assert_close(ours(x, ei, w), theirs(x, ei.long(), w), rtol=RTOL,
+                               atol=ATOL)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_tg_graph_relation_is_the_edge_index(name):
+    """A tg.Graph built from the edge_index gives the edge_index's outputs."""
+    make, call, _, _, width = LAYERS[name]
+    ei, x, w = _inputs(4, torch.float64, width)
+    graph = tg.Graph.from_edge_index(ei.numpy(), num_nodes=x.size(0))
+    torch.manual_seed(0)
+    layer = make(tg.nn).double()
+    torch.testing.assert_close(call(layer, x, graph, w), call(layer, x, ei, w), rtol=1e-12,
+                               atol=1e-12)
