@@ -1,8 +1,8 @@
 """Benchmark of tg.vmap and tg.jvp over a stored-CSR propagate (issue 38).
 
 Workload: a stored CSR relation of `--rows` destinations with `--neighbors` random sources
-each, and the propagate `sum over edges of src.x * edge.w` (one weight per edge). Measured, in one process, the
-median of `--reps` warm calls each:
+each, and the propagate `sum over edges of src.x * edge.w` (one weight per edge). Measured,
+in one process, the median of `--reps` warm calls each:
 
 - `one propagate, 128 features`: the function on one (rows, B * F) field;
 - `vmap over B field sets`: tg.vmap of the function over (B, rows, F) fields (batch first,
