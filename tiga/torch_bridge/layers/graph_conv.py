@@ -107,10 +107,9 @@ class GraphConv(torch.nn.Module):
             self.aggr_module = resolve(aggr, **dict(aggr_kwargs or {}))
         except LayerArgumentError as exc:
             raise LayerArgumentError(f"GraphConv: {exc}") from exc
-        width = n_src
-        if hasattr(self.aggr_module, "get_out_channels") and n_src > 0:
-            width = self.aggr_module.get_out_channels(n_src)    # a MultiAggregation
-        self.lin_rel = make_linear(width, out_channels, bias=bias, glorot=False)
+        # lin_rel reads in_channels[0] columns whatever aggr is (PyG's state dict): a list
+        # aggr must combine to that width (mode="sum", "mean", "proj", ...)
+        self.lin_rel = make_linear(n_src, out_channels, bias=bias, glorot=False)
         self.lin_root = make_linear(n_dst, out_channels, bias=False, glorot=False)
 
     def reset_parameters(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.errors import ShapeError
+from ...core.errors import ShapeError, TigaError
 from .common import LayerArgumentError
 from .gcn import _aggregate, _Cache, _normalized
 
@@ -23,11 +23,25 @@ def edge_weight_of(adj, edge_weight, like):
     return edge_weight
 
 
-def normalized(edge_index, edge_weight, h, improved: bool = False,
+def normalized(layer: str, edge_index, edge_weight, h, improved: bool = False,
                add_self_loops: bool = True, normalize: bool = True) -> tuple:
     """(relation, weights, D^-1/2 or None) for h's node count (h nodes first): PyG's
-    gcn_norm, with the loops and fill values GCNConv documents."""
-    return _normalized(edge_index, (improved, add_self_loops, normalize), edge_weight, h)
+    gcn_norm, with the loops and fill values GCNConv documents. An argument error names
+    `layer` (GCNConv's routine names GCNConv)."""
+    try:
+        return _normalized(edge_index, (improved, add_self_loops, normalize), edge_weight, h)
+    except TigaError as exc:
+        if "GCNConv" not in str(exc):
+            raise
+        raise _renamed(exc, layer) from None
+
+
+def _renamed(exc: Exception, layer: str) -> Exception:
+    """The same error with GCNConv's name replaced by the layer's."""
+    try:
+        return type(exc)(str(exc).replace("GCNConv", layer))
+    except TypeError:   # an error type whose constructor takes more: keep it as it is
+        return exc
 
 
 def hop(norm: tuple, h: torch.Tensor) -> torch.Tensor:
@@ -55,7 +69,7 @@ class NormCache:
         try:
             self._held.check(edge_index, edge_weight, n)
         except (LayerArgumentError, ShapeError) as exc:
-            raise type(exc)(str(exc).replace("GCNConv", self.layer)) from None
+            raise _renamed(exc, self.layer) from None
 
 
 def check_k(layer: str, k, low: int = 1) -> int:

@@ -37,7 +37,8 @@ def _check_x(layer: str, x) -> None:
 def _hops_region(edge_index, settings, edge_weight, h):
     """h after K hops (settings: K, add_self_loops, normalize): node rows out."""
     k, loops, normalize = settings
-    norm = normalized(edge_index, edge_weight, h, add_self_loops=loops, normalize=normalize)
+    norm = normalized("SGConv", edge_index, edge_weight, h, add_self_loops=loops,
+                      normalize=normalize)
     for _ in range(k):
         h = hop(norm, h)
     return h
@@ -111,7 +112,8 @@ class SGConv(torch.nn.Module):
 def _appnp_region(edge_index, settings, edge_weight, x):
     """APPNP's K steps without dropout: node rows out."""
     k, alpha, loops, normalize = settings
-    norm = normalized(edge_index, edge_weight, x, add_self_loops=loops, normalize=normalize)
+    norm = normalized("APPNP", edge_index, edge_weight, x, add_self_loops=loops,
+                      normalize=normalize)
     return _appnp_steps(norm, x, k, alpha, 0.0)
 
 
@@ -176,7 +178,7 @@ class APPNP(torch.nn.Module):
 
     def _norm(self, adj, edge_weight, h):
         def compute():
-            return normalized(adj.relation, edge_weight, h,
+            return normalized("APPNP", adj.relation, edge_weight, h,
                               add_self_loops=self.add_self_loops, normalize=self.normalize)
         if not self.cached:
             return compute()
@@ -195,7 +197,8 @@ class APPNP(torch.nn.Module):
 def _tag_region(edge_index, settings, edge_weight, h):
     """TAGConv's hops A_hat^k h, k = 1..K (gcn_norm without loops): K node outputs."""
     k, normalize = settings
-    norm = normalized(edge_index, edge_weight, h, add_self_loops=False, normalize=normalize)
+    norm = normalized("TAGConv", edge_index, edge_weight, h, add_self_loops=False,
+                      normalize=normalize)
     outs = []
     for _ in range(k):
         h = hop(norm, h)
@@ -251,7 +254,7 @@ class TAGConv(torch.nn.Module):
 
 def _gcn2_region(edge_index, settings, edge_weight, h):
     loops, normalize = settings
-    return hop(normalized(edge_index, edge_weight, h, add_self_loops=loops,
+    return hop(normalized("GCN2Conv", edge_index, edge_weight, h, add_self_loops=loops,
                           normalize=normalize), h)
 
 
@@ -314,8 +317,8 @@ class GCN2Conv(torch.nn.Module):
         if self.cached:
             if self._cache is None:
                 with torch.no_grad():
-                    norm = normalized(adj.relation, edge_weight, x, add_self_loops=settings[0],
-                                      normalize=settings[1])
+                    norm = normalized("GCN2Conv", adj.relation, edge_weight, x,
+                                      add_self_loops=settings[0], normalize=settings[1])
                 self._cache = NormCache("GCN2Conv", adj.relation, edge_weight, x.size(0),
                                         norm)
             else:
