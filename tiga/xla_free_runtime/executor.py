@@ -33,7 +33,7 @@ from ..core.graph import Graph
 from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.prims.linalg import dot_general_p
-from ..core.program import GraphProgram, Lit
+from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower import pipeline
 from ..lower.binding import page_program
@@ -65,8 +65,8 @@ from .interpreter import (
 from .paging.degrees import paged_degrees
 from .paging.pages import walked_eqn
 from .paging.resident import plan_resident
-from .paging.run import task_ir
-from .routes import describe_program
+from .paging.run import PagedPlan, task_ir
+from .routes import describe_program, paged_propagates
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
 
@@ -81,18 +81,13 @@ NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled ye
 
 # ---- lowering: the runtime asks lower/pipeline here only -----------------------------------
 
-def task_module(program: GraphProgram, name: str, binding: tuple = (), source=None):
-    """The Task module of `program` (the interpreter's lifted program of `source`) through
-    every stage, bound by the call's `binding` (binding.call_binding): its launches hold the
-    Kernel ops that run, so every stage is dumped from here. The one-page modules of the
-    propagates it runs by pages come from the same lowering (page_module finds them). Raises
-    what the pipeline raises (the interpreter records it as a NoWalk)."""
-    module, pages = pipeline.lower_call(program, name=name, binding=binding)
-    if pages:
-        eqns = [e for e in (source or program).eqns if e.primitive is propagate_p]
-        for k, page in pages.items():
-            memo(walked_eqn(eqns[k]))["page_module"] = page
-    return module
+def task_module(program: GraphProgram, name: str, binding: tuple = ()) -> tuple:
+    """(the Task module of `program` through every stage, bound by the call's `binding`
+    (binding.call_binding): its launches hold the Kernel ops that run, so every stage is
+    dumped from here; {k: the one-page Task module of the k-th propagate} for those it runs
+    by pages), from one lowering. Raises what the pipeline raises (the interpreter records
+    it as a NoWalk)."""
+    return pipeline.lower_call(program, name=name, binding=binding)
 
 
 def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | None = None):
@@ -121,7 +116,9 @@ def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | 
 
 def page_module(eqn, name: str = "paged"):
     """The Task IR of `eqn` over a CSR relation: what one page of a paged run and one rank's
-    launches of a distributed run execute (their plans unroll it), memoised per equation."""
+    launches of a distributed run execute (their plans unroll it), memoised per equation;
+    for the propagates no call lowering bound by pages (a loop body's, one over a relation
+    held in memory whose fields page, one under a Triton backend)."""
     entry = memo(eqn)
     found = entry.get("page_module")
     if found is None:
@@ -132,16 +129,29 @@ def page_module(eqn, name: str = "paged"):
 
 @dataclass(frozen=True)
 class Lowering:
-    """What the interpreter, planners and plans ask of lower/pipeline, handed down by the
-    executor's calls (nothing below the executor imports it): `task(program, name)`,
-    `kernel(eqn, relation_type=None, target=..., name=...)` and `page(eqn, name)` above."""
+    """What the interpreter and planners ask of lower/pipeline, handed down by the
+    executor's calls (nothing below the executor imports it): `task(program, name,
+    binding)` and `kernel(eqn, relation_type=None, target=..., name=...)` above. One-page
+    Task modules are not asked for: the executor hands them down (_page, _pages)."""
 
     task: Callable
     kernel: Callable
-    page: Callable
 
 
-LOWERING = Lowering(task_module, kernel_op, page_module)
+LOWERING = Lowering(task_module, kernel_op)
+
+
+def _page(walk, eqn):
+    """The one-page Task module a paged run of `eqn` unrolls: the one the call's lowering
+    bound (`walk`: its TaskWalk, or None), else lowered here."""
+    found = walk.pages.get(id(eqn)) if isinstance(walk, TaskWalk) else None
+    return found if found is not None else page_module(walked_eqn(eqn))
+
+
+def _pages(program: GraphProgram, args: list, walk=None) -> dict:
+    """{id(propagate): its one-page Task module} for every propagate a call runs by pages of
+    a stored relation (loop bodies too): what explain() and ir("task") print."""
+    return {id(e): _page(walk, e) for e in paged_propagates(program, args)}
 
 
 def _graph_of(eqn, env_or_args):
@@ -197,8 +207,8 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
 
 def _routed(program: GraphProgram, args: list) -> list:
     if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
-        _lower_halo_pages(program, args)
-        return run_distributed(program, list(args), LOWERING)
+        return run_distributed(program, list(args), LOWERING, _halo_pages(program, args),
+                               _local_pages(program, args))
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
         return _run(program, list(args))
@@ -206,28 +216,47 @@ def _routed(program: GraphProgram, args: list) -> list:
         unpin_threads(pinned)
 
 
-def _lower_halo_pages(program: GraphProgram, args: list) -> None:
-    """The one-page modules the halo plans of a distributed call unroll, for every propagate
-    over a DistributedGraph, from one lowering of the call signature (page_module finds them;
-    a program the stages do not express lowers them one by one there)."""
-    binding = distributed_binding(program, args)
-    eqns = [e for e in program.eqns if e.primitive is propagate_p]
-    wanted = [eqns[k] for k, b in enumerate(binding) if b is not None]
-    if not wanted or all("page_module" in memo(e) for e in wanted):
-        return
-    try:
-        pages = pipeline.lower_pages(program, binding, page_name=HALO_MODULE)
-    except (TigaError, ValueError, TypeError, KeyError, IndexError):
-        return      # (a lowering defect: each page module is lowered where it is asked for)
-    for k, page in pages.items():
-        memo(eqns[k])["page_module"] = page
+def _halo_pages(program: GraphProgram, args: list) -> dict:
+    """{id(propagate): the one-page Task module its halo plan unrolls} for a distributed
+    call: the top-level propagates over a DistributedGraph from one lowering of the call
+    signature, loop bodies' propagates one by one (their relations are known only as the
+    body runs: every one of them, in case); kept per equation (page_module)."""
+    eqns = list(_deep_propagates(program))
+    if not all("page_module" in memo(e) for e in eqns):
+        top = [e for e in program.eqns if e.primitive is propagate_p]
+        try:
+            lowered = pipeline.lower_pages(program, distributed_binding(program, args),
+                                           page_name=HALO_MODULE)
+        except (TigaError, ValueError, TypeError, KeyError, IndexError):
+            lowered = {}    # (a lowering defect: page_module lowers each one below)
+        for k, page in lowered.items():
+            memo(top[k])["page_module"] = page
+    return {id(e): page_module(e, HALO_MODULE) for e in eqns}
+
+
+def _local_pages(program: GraphProgram, args: list) -> dict:
+    """{id(propagate): the one-page Task module of its page walk} for a distributed call
+    whose ranks hold their local relation paged (tg.distributed's local stores), else {}."""
+    if not any(getattr(a, "local_store", None) is not None for a in args):
+        return {}
+    return {id(e): page_module(walked_eqn(e)) for e in _deep_propagates(program)}
+
+
+def _deep_propagates(program: GraphProgram):
+    """Every propagate of `program`, its loop bodies' too."""
+    for e in program.eqns:
+        if e.primitive is propagate_p:
+            yield e
+        for value in e.params.values():
+            if isinstance(value, ClosedProgram):
+                yield from _deep_propagates(value.program)
 
 
 def _run(program: GraphProgram, args: list) -> list:
     """The program's Task IR interpreted with this runtime's rules for compiled propagates
     and loops (eval_program with the same rules when the IR does not express it)."""
     overrides = OVERRIDES
-    walk = task_walk(program, partial(task_module, source=program), call_binding(program, args))
+    walk = task_walk(program, task_module, call_binding(program, args))
     generates = (walk.generates if isinstance(walk, TaskWalk) else
                  bool(generated_relations(program)))
     if config.strict or generates:
@@ -237,7 +266,7 @@ def _run(program: GraphProgram, args: list) -> list:
         routes = plan_routes(program, args,
                              walk.launches if isinstance(walk, TaskWalk) else None)
         _strict_check(routes)
-        overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes, {})}
+        overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes, None)}
     if isinstance(walk, NoWalk):
         return eval_program(program, *args, overrides=overrides)
     if walk.launches and walk.threads == num_threads():
@@ -246,7 +275,7 @@ def _run(program: GraphProgram, args: list) -> list:
             outs = run_walk(walk, program, args, _held_rules(walk))
             _prepare(program, walk, args)
             return outs
-        rule = partial(_propagate, overrides[propagate_p].args[0], walk.launches)
+        rule = partial(_propagate, overrides[propagate_p].args[0], walk)
         overrides = {**overrides, propagate_p: rule}
     return run_walk(walk, program, args, overrides)
 
@@ -341,7 +370,7 @@ def _held_rules(walk: TaskWalk) -> dict:
     entry = _RULES.get(id(walk))
     if entry is not None and entry[0]() is walk:
         return entry[1]
-    rules = {**OVERRIDES, propagate_p: partial(_propagate, None, walk.launches)}
+    rules = {**OVERRIDES, propagate_p: partial(_propagate, None, walk)}
     if len(_RULES) > 1024:
         _RULES.clear()
     _RULES[id(walk)] = (weakref.ref(walk), rules)
@@ -351,22 +380,25 @@ def _held_rules(walk: TaskWalk) -> dict:
 _RULES: dict = {}    # id(TaskWalk) -> (weak walk, its rules); a walk is fixed once built
 
 
-def _propagate(routes, launches, eqn, vals):
+def _propagate(routes, walk, eqn, vals):
     """A propagate on its planned route (`routes`: planned up front, else now, for its
-    relation value, from the Kernel op `launches` holds for it), or by pages when its
-    disk-tier fields and result would not fit the host budget; None: the reference impl
-    rule runs it."""
+    relation value, from the Kernel op the call's TaskWalk `walk` holds for it), or by pages
+    when its disk-tier fields and result would not fit the host budget; None: the reference
+    impl rule runs it. A paged plan runs the one-page Task module `walk` holds."""
     # fields over the host budget: by pages
     paged = plan_resident(eqn, vals[0], vals[1:], LOWERING)
     if paged is not None:
-        return paged.run(eqn, vals[0], vals[1:])
+        return paged.bound(_page(walk, eqn)).run(eqn, vals[0], vals[1:])
     route = routes.get(id(eqn)) if routes is not None else None
     if route is None or (isinstance(route, Fallback) and
                          getattr(vals[0], "kind", None) in GENERATED):
         # (a relation generated inside the program is concrete only now)
-        route = plan(eqn, vals[0], held=launches.get(id(eqn)), lower=LOWERING)
+        held = walk.launches.get(id(eqn)) if walk is not None else None
+        route = plan(eqn, vals[0], held=held, lower=LOWERING)
     if isinstance(route, Fallback):
         return None
+    if isinstance(route, PagedPlan):
+        route = route.bound(_page(walk, eqn))
     return run_propagate(route, eqn, vals[0], vals[1:])
 
 
@@ -401,7 +433,7 @@ def _degrees(eqn, vals):
 
 # (dot_rule: an entity-level matmul as tile_matmul on a Triton backend; it declines in
 # under a microsecond elsewhere, so the numpy impl rule runs it as before)
-OVERRIDES = {propagate_p: partial(_propagate, None, {}), repeat_p: _repeat, while_loop_p: _while,
+OVERRIDES = {propagate_p: partial(_propagate, None, None), repeat_p: _repeat, while_loop_p: _while,
              degrees_p: _degrees, dot_general_p: dot_rule}
 
 
@@ -433,14 +465,24 @@ def explain_program(program: GraphProgram, args: list) -> Explanation:
     with quiet_dumps():
         if distributed_call(program, args):
             from .distributed.report import explain_distributed
-            return explain_distributed(program, args, CACHE, LOWERING)
-        return describe_program(program, args, CACHE, LOWERING)
+            local = [getattr(a, "full", a) if getattr(a, "tiga_distributed", False) is True
+                     else a for a in args]
+            return explain_distributed(program, args, CACHE, LOWERING, _pages(program, local))
+        walk = task_walk(program, task_module, call_binding(program, args))
+        return describe_program(program, args, CACHE, LOWERING, _pages(program, args, walk))
 
 
 def paged_task_ir(program: GraphProgram, args: list) -> str | None:
     """The page plan a call of `program` runs when it is one propagate over a paged relation
     (what ir("task") prints for it), else None."""
-    return task_ir(program, args, LOWERING)
+    return task_ir(program, args, LOWERING, _call_pages(program, args))
+
+
+def _call_pages(program: GraphProgram, args: list) -> dict:
+    """_pages of a call, with the walk its lowering binds (task_walk: built once)."""
+    if not paged_propagates(program, args):
+        return {}
+    return _pages(program, args, task_walk(program, task_module, call_binding(program, args)))
 
 
 def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
@@ -450,8 +492,8 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
     beside them). Nothing runs."""
     if distributed_call(program, args):
         from .distributed.report import distributed_task_ir
-        return distributed_task_ir(program, args, LOWERING)
-    text = task_ir(program, args, LOWERING)
+        return distributed_task_ir(program, args, _halo_pages(program, args))
+    text = task_ir(program, args, LOWERING, _call_pages(program, args))
     if text is not None:
         return text
     # (TIGA_DUMP writes the stages of what is printed, as for any ir() of a program)

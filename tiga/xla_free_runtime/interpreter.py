@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +55,8 @@ class TaskWalk:
     launches: dict    # id(propagate equation) -> the gf_kernel.launch its gf_task.launch holds
     threads: int      # the pool size the launches were scheduled for
     generates: bool   # the program generates a radius/knn relation (planned before it runs)
+    pages: dict = field(default_factory=dict)   # id(propagate equation) -> the one-page
+    #                   Task module its paged run unrolls (the call's lowering bound it so)
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,9 @@ class NoWalk:
 def task_walk(program: GraphProgram, module_of, binding: tuple = ()) -> TaskWalk | NoWalk:
     """The walk of `program` under the call's `binding` (binding.call_binding), built once
     per program object and binding (programs come from the call cache, so a warm call finds
-    its walk here); `module_of(program, name, binding)`: the bound Task module of a program,
-    the executor's lowering, asked only when the walk is built."""
+    its walk here); `module_of(program, name, binding)`: (the bound Task module of a program,
+    {k: the one-page Task module of its k-th propagate, where the binding pages it}), the
+    executor's lowering, asked only when the walk is built."""
     entry = _WALKS.get(id(program))
     if entry is not None and entry[0]() is program:
         found = entry[1].get(binding)
@@ -96,7 +99,7 @@ def module_name(program: GraphProgram) -> str:
 def _build(program: GraphProgram, module_of, binding: tuple) -> TaskWalk | NoWalk:
     threads = num_threads()      # (what the schedule pass reads: read before it runs)
     try:
-        module = module_of(lifted(program), module_name(program), binding)
+        module, pages = module_of(lifted(program), module_name(program), binding)
     except ConfigError:
         raise       # (a setting the user got wrong, TIGA_DUMP say: never a silent fallback)
     except TigaError as exc:
@@ -113,10 +116,12 @@ def _build(program: GraphProgram, module_of, binding: tuple) -> TaskWalk | NoWal
         if config.check:
             raise
         return NoWalk("its Task IR does not pair with its equations (a Tiga bug)")
+    propagates = [e for e in program.eqns if e.primitive is propagate_p]
     return TaskWalk(module, steps,
                     any(_has_dim(p) for e in program.eqns for p in e.params.values()),
                     launches, threads, any(e.primitive.name in ("radius", "knn")
-                                           for e in program.eqns))
+                                           for e in program.eqns),
+                    {id(propagates[k]): page for k, page in pages.items()})
 
 
 # Array literals above this many elements enter the Task IR as arguments (transferred like

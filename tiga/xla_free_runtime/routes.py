@@ -22,6 +22,7 @@ from .backends.triton.launch import relabel_routes
 from .explain import Explanation, launch_facts, schedule_line
 from .binding import call_binding
 from .interpreter import TaskWalk, describe_walk, task_walk
+from .paging.pages import pageable
 from .paging.plan import describe_plan
 from .paging.resident import RESIDENT_KINDS
 from .paging.run import call_plan, describe_stats
@@ -45,7 +46,10 @@ VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a p
              "edges")
 
 
-def describe_program(program: GraphProgram, args: list, cache, lower) -> Explanation:
+def describe_program(program: GraphProgram, args: list, cache, lower,
+                     pages: dict) -> Explanation:
+    """What a call of `program` on `args` runs (`pages`: {id(propagate): its one-page Task
+    module} for the propagates it runs by pages, from the call's lowering)."""
     given = {id(v): a for v, a in zip(program.in_binders, args)}
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
     known.update(generated_relations(program))   # radius/knn generated in the program
@@ -60,7 +64,7 @@ def describe_program(program: GraphProgram, args: list, cache, lower) -> Explana
         found = plan(eqn, graph, compile=False, lower=lower, held=held.get(id(eqn)))
         if getattr(found, "lazy_fields", False):    # paged: its plan reads the fields' tiers
             compiled += 1
-            found.describe(ex, eqn, graph, where, [given.get(id(a)) for a in eqn.inputs[1:]])
+            found.bound(pages.get(id(eqn))).describe(ex, eqn, graph, where, [given.get(id(a)) for a in eqn.inputs[1:]])
         elif hasattr(found, "describe"):
             compiled += 1
             found.describe(ex, eqn, graph, where)
@@ -96,13 +100,21 @@ def describe_program(program: GraphProgram, args: list, cache, lower) -> Explana
         ex.reason += (f"; {', '.join(loops)} steps run in the executor, so the propagates in "
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
-    paged = call_plan(program, args, lower)   # one paged propagate: its page plan is the Task IR
+    paged = call_plan(program, args, lower, pages)  # one paged propagate: its plan is the Task IR
     ex.tasks = describe_plan(paged) if paged is not None else describe_walk(walk)
     ex.vjp_route = VJP_ROUTE
     stats = cache.stats.as_dict()
     ex.cache = "; ".join(ex.cache_lines) + (f" | process totals {stats}" if ex.cache_lines
                                             else f"process totals {stats}")
     return ex
+
+
+def paged_propagates(program: GraphProgram, args: list) -> list:
+    """The propagates (loop bodies too) a call of `program` on `args` runs by pages of a
+    stored relation: the ones whose one-page Task module its explanation prints."""
+    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    return [e for e, g, _ in _propagates(program, known, "")
+            if getattr(g, "kind", None) == "paged" and pageable(e.params)]
 
 
 def _propagates(program: GraphProgram, graphs: dict, where: str):

@@ -1,7 +1,7 @@
 """runtime/distributed: the per-call plan of a propagate over a DistributedGraph, as Task IR.
 
 The plan is the one-launch Task IR of the propagate (the same lowering as any program, the
-kernel region every launch runs; the executor's Lowering gives it, `lower.page`), expanded
+kernel region every launch runs; the call's lowering gives it, the executor hands it down), expanded
 over this rank's halo plan by the lowering pass lower/passes/plan_halo_tasks (its docstring
 lists the ops). This module is the runtime's side: it hands the pass this rank's plan as plain
 numbers, caches the module on the graph per (equation, schedule) and its interpreter steps
@@ -13,7 +13,7 @@ import weakref
 
 from ...core.config import config
 from ...lower.ir.task import TaskModule
-from ...lower.passes.plan_halo_tasks import NAME, plan_halo_tasks
+from ...lower.passes.plan_halo_tasks import plan_halo_tasks
 from ..interpreter import op_steps
 
 
@@ -32,9 +32,9 @@ def exchanged(eqn) -> dict:
     return out
 
 
-def halo_plan(eqn, dg, lower) -> tuple:
+def halo_plan(eqn, dg, page) -> tuple:
     """(module, steps): the plan of `eqn` over `dg` and its ops as interpreter steps."""
-    module = task_module(eqn, dg, lower)
+    module = task_module(eqn, dg, page)
     entry = _STEPS.get(id(module))
     if entry is not None and entry[0]() is module:
         return module, entry[1]
@@ -49,27 +49,26 @@ def halo_plan(eqn, dg, lower) -> tuple:
 _STEPS: dict = {}
 
 
-def task_module(eqn, dg, lower) -> TaskModule:
+def task_module(eqn, dg, page: TaskModule) -> TaskModule:
     """The plan of `eqn` over `dg`, cached on the graph per equation and schedule (a module
-    depends on both alone); `lower`: the executor's Lowering, whose one-page Task module
-    (`lower.page`) the plan unrolls."""
+    depends on both alone); `page`: the one-page Task module of `eqn` the plan unrolls."""
     plans = dg.task_plans.get(eqn)
     if plans is None:
         plans = dg.task_plans[eqn] = {}
     key = dg.overlap if eqn.params["reduce_by"] == "dst" else None
     module = plans.get(key)
     if module is None:
-        module = plans[key] = build(eqn, dg, lower)
+        module = plans[key] = build(eqn, dg, page)
         if config.check:
             module.verify()
     return module
 
 
-def build(eqn, dg, lower) -> TaskModule:
+def build(eqn, dg, page: TaskModule) -> TaskModule:
     """The pass over the propagate's one-page Task module and this rank's halo plan."""
     p = dg.plan
     return plan_halo_tasks(
-        lower.page(eqn, NAME), reduce_by=eqn.params["reduce_by"],
+        page, reduce_by=eqn.params["reduce_by"],
         fields=tuple(sorted(set(exchanged(eqn).values()))), overlap=bool(dg.overlap),
         rank=dg.comm.rank, num_ranks=dg.comm.size, n_owned=p.n_owned,
         n_interior=p.n_interior, num_edges=p.num_edges, recv=tuple(p.recv),

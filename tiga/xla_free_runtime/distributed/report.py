@@ -46,11 +46,11 @@ def op_lines(module) -> list:
     return out
 
 
-def explain_distributed(program, args: list, cache, lower) -> Explanation:
+def explain_distributed(program, args: list, cache, lower, pages: dict) -> Explanation:
     from ..routes import describe_program
 
     local = [a.full if is_distributed(a) else a for a in args]
-    ex = describe_program(program, local, cache, lower)
+    ex = describe_program(program, local, cache, lower, pages)
     row_bytes = _src_row_bytes(program)
     for dg in _graphs(args):
         ex.traversal.extend(f"distributed halo: {line}" for line in dg.halo_lines(row_bytes))
@@ -75,10 +75,10 @@ def explain_distributed(program, args: list, cache, lower) -> Explanation:
     return ex
 
 
-def distributed_task_ir(program, args: list, lower) -> str:
+def distributed_task_ir(program, args: list, pages: dict) -> str:
     """What ir("task") prints for a call over DistributedGraph(s): the halo plan of each
     propagate over one, on this rank (the modules its halo handlers walk), in program
-    order."""
+    order (`pages`: their one-page Task modules, from the call's lowering)."""
     from .plan import halo_plan
 
     known = {id(v): a for v, a in zip(program.in_binders, args)}
@@ -89,7 +89,7 @@ def distributed_task_ir(program, args: list, lower) -> str:
         rel = e.inputs[0]
         dg = known.get(id(rel), getattr(rel, "value", None))
         if is_distributed(dg):
-            texts.append(str(halo_plan(e, dg, lower)[0]))
+            texts.append(str(halo_plan(e, dg, pages[id(e)])[0]))
     return "".join(texts)
 
 

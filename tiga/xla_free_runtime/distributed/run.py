@@ -79,9 +79,12 @@ def _scan(program: GraphProgram, literals: list, readers: set) -> None:
                 _scan(p.program, literals, readers)
 
 
-def run_distributed(program: GraphProgram, args: list, lower) -> list:
+def run_distributed(program: GraphProgram, args: list, lower, pages: dict,
+                    paged: dict) -> list:
     """Run `program` over its DistributedGraph(s) on this rank; `lower`: the executor's
-    Lowering (the one-page Task module the halo plans unroll, the kernels' launches)."""
+    Lowering (the kernels' launches), `pages`: {id(propagate): the one-page Task module its
+    halo plan unrolls}, from the call's lowering (loop bodies' propagates too); `paged`: the
+    same for the page walks of a rank's paged local relation (one run by pages)."""
     graphs = _graphs(list(args) + list(_facts(program)[0]))
     for dg in graphs:
         if dg.broken:
@@ -89,7 +92,7 @@ def run_distributed(program: GraphProgram, args: list, lower) -> list:
                                    f"failed earlier ({dg.broken}); partition again")
         _agree(dg, program, args)
     try:
-        return _Rules(graphs[0], lower, program).run(program, list(args))
+        return _Rules(graphs[0], lower, program, pages, paged).run(program, list(args))
     except DistributedError as exc:
         for dg in graphs:
             dg.broken = str(exc)
@@ -145,8 +148,9 @@ class _Rules:
     other equation reading a DistributedGraph is refused. Built per call (it holds the
     call's graph): nothing of a call is kept."""
 
-    def __init__(self, dg: DistributedGraph, lower, program: GraphProgram):
-        self.dg, self.lower = dg, lower
+    def __init__(self, dg: DistributedGraph, lower, program: GraphProgram, pages: dict,
+                 paged: dict):
+        self.dg, self.lower, self.pages, self.paged = dg, lower, pages, paged
         self.rules = {prim: _refuse for prim in _facts(program)[1]}
         self.rules.update({propagate_p: self.propagate, repeat_p: self.repeat,
                            while_loop_p: self.while_loop, degrees_p: self.degrees,
@@ -160,8 +164,9 @@ class _Rules:
 
     def propagate(self, eqn, vals: list) -> list:
         if is_distributed(vals[0]):
-            return propagate(eqn, vals[0], vals[1:], self.lower)
-        return launch(eqn, vals[0], vals[1:], self.lower)
+            return propagate(eqn, vals[0], vals[1:], self.lower, self.pages[id(eqn)],
+                             self.paged.get(id(eqn)))
+        return launch(eqn, vals[0], vals[1:], self.lower, page=self.paged.get(id(eqn)))
 
     def repeat(self, eqn, vals: list) -> list:
         return run_repeat(self.call, vals, **eqn.params)
@@ -198,10 +203,11 @@ def _refuse(eqn, vals: list):
     return None
 
 
-def launch(eqn, graph, values: list, lower, outs: list | None = None, held=None) -> list:
+def launch(eqn, graph, values: list, lower, outs: list | None = None, held=None,
+           page=None) -> list:
     """The equation on one (local, concrete) relation: the compiled kernel (`held`: the
-    Kernel op the plan's launch op holds), else the reference interpreter (strict mode
-    refuses that). The kernel writes into `outs` (row ranges of the whole result) when given
+    Kernel op the plan's launch op holds; `page`: the one-page Task module a paged relation's
+    pages unroll), else the reference interpreter (strict mode refuses that). The kernel writes into `outs` (row ranges of the whole result) when given
     and they fit; the caller copies otherwise."""
     if (graph.num_dst == 0 and eqn.params["reduce_by"] in ("dst", "edge") or
             graph.num_src == 0 and eqn.params["reduce_by"] == "src"):
@@ -215,6 +221,8 @@ def launch(eqn, graph, values: list, lower, outs: list | None = None, held=None)
                                    f"the reference interpreter: {route.reason}",
                                    hint="unset TIGA_STRICT / tg.config.strict")
         return impl_rules[propagate_p](graph, *values, **eqn.params)
+    if hasattr(route, "bound"):     # (a paged plan: a paged partition's local relation)
+        route = route.bound(page)
     got = run_propagate(route, eqn, graph, values, outs)
     if graph.kind == "paged":       # a paged partition's results: tensors, on host or disk
         return [np.asarray(g) for g in got]
@@ -233,15 +241,15 @@ def _rows(eqn, fields: list, rows: tuple, edges: tuple) -> list:
     return out
 
 
-def propagate(eqn, dg: DistributedGraph, fields: list, lower) -> list:
+def propagate(eqn, dg: DistributedGraph, fields: list, lower, page, paged=None) -> list:
     """Walk the equation's Task-IR plan (plan.py) on this call's fields."""
     r = eqn.params["reducer"]
     if eqn.params["reduce_by"] == "src" and not (r.builtin and r.name == "sum"):
         raise UnsupportedError(f"a source-grouped {r.name} propagate over a "
                                "DistributedGraph: ghost rows can only be added back",
                                hint="use tg.sum() (VJP source cotangents are sums)")
-    module, steps = halo_plan(eqn, dg, lower)
-    return _HaloHandlers(eqn, dg, fields, module, lower).run(steps)
+    module, steps = halo_plan(eqn, dg, page)
+    return _HaloHandlers(eqn, dg, fields, module, lower, paged).run(steps)
 
 
 class _HaloHandlers:
@@ -251,9 +259,10 @@ class _HaloHandlers:
     transfers in flight (MPI progresses only inside MPI calls), writes store rows of the
     result, joins wait, releases drop an exchange."""
 
-    def __init__(self, eqn, dg: DistributedGraph, fields: list, module, lower):
+    def __init__(self, eqn, dg: DistributedGraph, fields: list, module, lower, paged=None):
         self.eqn, self.dg, self.fields, self.module = eqn, dg, list(fields), module
         self.lower = lower
+        self.paged = paged      # the one-page module of a paged local relation's walk
         self.by = eqn.params["reduce_by"]
         self.position = {v.name: i - 1 for i, v in enumerate(module.body.args)}
         self.supply = exchanged(eqn)
@@ -342,7 +351,7 @@ class _HaloHandlers:
         else:
             graph, fields, into = self.dg.full, self._sources(True), None
         t0 = time.perf_counter()
-        got = launch(self.eqn, graph, fields, self.lower, into, held_kernel(op))
+        got = launch(self.eqn, graph, fields, self.lower, into, held_kernel(op), self.paged)
         self.seconds["boundary" if op.task_kind == "boundary" else "interior"] += (
             time.perf_counter() - t0)
         for j, (v, g) in enumerate(zip(op.results[:-1], got)):

@@ -97,9 +97,10 @@ class PagedRun:
     this thread, a write stores the page's rows (on disk through the writer thread), the
     join waits for the last writes."""
 
-    def __init__(self, eqn, graph, values, walk: Walk, tasks, lower, triton=None):
+    def __init__(self, eqn, graph, values, walk: Walk, tasks, lower, page, triton=None):
         self.eqn, self.graph, self.walk, self.tasks = eqn, graph, walk, tasks
         self.lower = lower
+        self.page = page                     # the one-page Task module the plan unrolls
         self.triton = triton                 # TritonPages, or None: the cpu-llvm route
         self.reader = walk.reader
         self.roles = eqn.params["roles"]
@@ -171,7 +172,7 @@ class PagedRun:
         self.module = paging_plan.page_module(
             self.walk, self.tasks, self.roles, tiers, self.stats.result_tier,
             tier_of(self.reader), threads=self.kernel_threads, loaders=n, lookahead=LOOKAHEAD,
-            lower=self.lower, **route_args(self.triton))
+            page=self.page, **route_args(self.triton))
         if config.check:
             self.module.verify()
         self.writes, self.last_load = paging_plan.page_ops(self.module)

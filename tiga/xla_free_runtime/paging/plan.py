@@ -1,8 +1,8 @@
 """runtime: the page plan of a paged propagate as a Task-IR module.
 
 The plan is the one-page Task IR of the kernel that runs on every page (the propagate over a
-CSR relation, lowered through the same stages as any program by the executor's Lowering,
-`lower.page`), unrolled over the pages by the lowering pass lower/passes/plan_paged_tasks:
+CSR relation, lowered through the same stages as any program, with the call's signature: the
+executor hands the module down), unrolled over the pages by the lowering pass lower/passes/plan_paged_tasks:
 per page, the relation's rows and each field's rows or gathered distinct rows (transfers on
 the page's loader stream, issued a few launches ahead), the kernel region (task_kind
 "page"), the page's writes into the result; the releases and a join last. On the Triton route
@@ -25,17 +25,17 @@ from .gather import kernel_name as gather_kernel
 def page_module(walk, tasks, roles: tuple, tiers: list, result_tier: str,
                 relation_tier: str = "disk", name: str = "paged",
                 threads: int | None = None, loaders: int = 1, lookahead: int = 4, *,
-                lower, device: str | None = None, schedule=None) -> TaskModule:
+                page: TaskModule, device: str | None = None, schedule=None) -> TaskModule:
     """The page plan of `walk` over `tasks` (PageTasks): `roles` are the propagate's field
     roles (as called, not swapped), `tiers` each field's tier ("host", "disk" or "param"),
     `relation_tier` where the relation's rows are read from (a store on disk, a relation
     held in memory), `threads` the threads a page's kernel runs on, `loaders` the loader
-    streams, `lower` the executor's Lowering (its `page(eqn, name)`: the one-page Task
-    module, memoised there); `device` the tier the kernel reads its page buffers from (None:
+    streams, `page` the one-page Task module of `walk.eqn` (the call's lowering gives it);
+    `device` the tier the kernel reads its page buffers from (None:
     the host), `schedule` the kernel schedule of the backend the pages run on (None: the
     one-page module's, cpu-llvm)."""
     module = plan_paged_tasks(
-        lower.page(walk.eqn, name), [(t.index, t.rows, t.edges) for t in tasks], roles,
+        page, [(t.index, t.rows, t.edges) for t in tasks], roles,
         tuple(tiers), walked=walk.rows, edges_in_order=walk.edge_perm is None,
         reduce_by=walk.eqn.params["reduce_by"], result_tier=result_tier,
         relation_tier=relation_tier, name=name, threads=threads, loaders=loaders,

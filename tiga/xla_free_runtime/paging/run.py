@@ -72,11 +72,18 @@ class PagedPlan:
 
     lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
 
-    def __init__(self, lower, reader=None, backend: str | None = None, page_plan=None):
+    def __init__(self, lower, reader=None, backend: str | None = None, page_plan=None,
+                 page=None):
         self.lower = lower        # the executor's Lowering
         self.reader = reader      # None: the store version of a paged relation
         self.backend = backend    # a Triton backend, or None: cpu-llvm
         self.page_plan = page_plan    # (eqn, page-local CSR) -> its Triton plan or Fallback
+        self.page = page          # the one-page Task module its pages unroll (bound: below)
+
+    def bound(self, page):
+        """This plan with the one-page Task module of its call's lowering (the executor
+        binds every paged plan before it runs or describes it: nothing here lowers)."""
+        return PagedPlan(self.lower, self.reader, self.backend, self.page_plan, page)
 
     def triton_pages(self, walk: Walk, graph) -> TritonPages | None:
         """The Triton route of a run's pages (its kernel planned once, from an empty page),
@@ -101,7 +108,7 @@ class PagedPlan:
         triton = self.triton_pages(walk, graph)
         if config.strict:
             _refuse_fallback(page_kernel(walk, self.lower, triton)[0])
-        run = PagedRun(eqn, graph, values, walk, tasks, self.lower, triton)
+        run = PagedRun(eqn, graph, values, walk, tasks, self.lower, self.page, triton)
         outs = run.execute()
         record("paged", graph, dataclasses.replace(run.stats, module=run.module))
         return outs
@@ -121,7 +128,7 @@ class PagedPlan:
             return
         walk = walk_of(eqn, graph, build=False)
         triton = self.triton_pages(walk, graph)
-        module = plan_of(eqn, graph, values or [None] * len(p["roles"]), self.lower, walk,
+        module = plan_of(eqn, graph, values or [None] * len(p["roles"]), self.page, walk,
                          triton)
         pages = sum(isinstance(op, TaskLaunchOp) for op in module.body.ops)
         if p["reduce_by"] == "src":
@@ -181,10 +188,11 @@ def _refuse_fallback(why: str | None) -> None:
                                "tg.config.strict")
 
 
-def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None,
+def plan_of(eqn, graph, values: list, page, walk: Walk | None = None,
             triton: TritonPages | None = None):
     """The page plan (Task module) a call of `eqn` over the paged relation `graph` with
-    these field values runs, as PagedRun builds it (`triton`: its Triton route, if any);
+    these field values runs, as PagedRun builds it (`page`: the one-page Task module of the
+    call's lowering; `triton`: its Triton route, if any);
     None when the call reads the CSR whole. Builds nothing: a walk by source whose
     transposed relation is not built yet shows its pages without edge offsets. A value of
     None is taken to be on the host."""
@@ -202,7 +210,7 @@ def plan_of(eqn, graph, values: list, lower, walk: Walk | None = None,
     return paging_plan.page_module(walk, tasks, eqn.params["roles"],
                                    [tier for _, tier in fields],
                                    "disk" if on_disk else "host", threads=threads,
-                                   loaders=loaders, lookahead=LOOKAHEAD, lower=lower,
+                                   loaders=loaders, lookahead=LOOKAHEAD, page=page,
                                    **route_args(triton))
 
 
@@ -222,9 +230,10 @@ def maps(eqn, walk: Walk, fields: list, triton=None) -> bool:
 
 
 
-def call_plan(program, args: list, lower):
+def call_plan(program, args: list, lower, pages: dict):
     """The page plan of a call of `program` when it is one propagate over a paged relation
-    (what ir("task") prints for it, and explain() counts), else None."""
+    (what ir("task") prints for it, and explain() counts), else None. `pages`: {id(eqn): the
+    one-page Task module} of the call's lowering."""
     eqns = program.eqns
     if (len(eqns) != 1 or eqns[0].primitive is not propagate_p
             or getattr(args[0] if args else None, "kind", None) != "paged"):
@@ -233,13 +242,13 @@ def call_plan(program, args: list, lower):
     if walk is None:         # (the CSR is read whole: no page plan)
         return None
     triton = plan_paged(eqns[0], args[0], lower).triton_pages(walk, args[0])
-    return plan_of(eqns[0], args[0], list(args[1:]), lower, walk, triton)
+    return plan_of(eqns[0], args[0], list(args[1:]), pages[id(eqns[0])], walk, triton)
 
 
-def task_ir(program, args: list, lower) -> str | None:
+def task_ir(program, args: list, lower, pages: dict) -> str | None:
     """The Task IR a call of `program` runs when it is one propagate over a paged relation
     (the page plan, as PagedRun interprets it), else None."""
-    module = call_plan(program, args, lower)
+    module = call_plan(program, args, lower, pages)
     return None if module is None else str(module)
 
 
