@@ -3,9 +3,10 @@
 The executor is the one place the runtime asks lower/pipeline for IR. A call signature is
 lowered once, with its binding (binding.call_binding): `pipeline.lower_call` gives the bound
 Task module, whose launches hold the Kernel ops that run, and the one-page modules of the
-propagates it runs by pages (`pipeline.lower_pages` for a distributed call's halo plans).
-`LOWERING` (`kernel`, `page`) is what is still handed down for the kernels no bound module
-holds (explain() before a call, the Triton planners, a degree count, a CSR read whole).
+propagates it runs by pages (`pipeline.lower_pages` for a distributed call's halo plans), which
+the executor hands down as data (TaskWalk.pages, PagedPlan.bound, run_distributed's pages).
+`LOWERING` (`task`, `kernel`) is what is still handed down, for the kernels no bound module
+holds (the Triton planners, a degree count over a generated relation, a CSR read whole).
 
 A call runs its program's Task IR (interpreter.py). Each `propagate` (top level or inside a
 repeat/while body) runs as a fused cpu-llvm kernel when its edge function, reducer and update
