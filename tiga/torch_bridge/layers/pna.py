@@ -8,12 +8,14 @@ scalers and the post-networks are dense torch.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import torch
 
 from ...core.graph import Graph
 from .aggr import Aggregation, resolve
-from .common import LayerArgumentError, check_positive, relation
+from .common import LayerArgumentError, _remember, check_positive, relation
 from .inputs import adjacency, check_flow
 
 SCALERS = ("identity", "amplification", "attenuation", "linear", "inverse_linear")
@@ -27,10 +29,23 @@ ACTIVATIONS = {"relu": torch.nn.ReLU, "elu": torch.nn.ELU, "leaky_relu": torch.n
 def edges_to_destinations(graph: Graph) -> tuple:
     """(relation whose source k is the relation's edge k and whose destinations are its
     destinations, the relation's edge_index in that edge order): per-edge messages are
-    its source rows."""
+    its source rows. Memoised per relation object (relations are immutable, and
+    relation() hands the same object to every call on the same edge_index)."""
+    found = _EDGES.get(id(graph))
+    if found is not None and found[0]() is graph:
+        _EDGES.move_to_end(id(graph))
+        return found[1]
     ei = graph.to_edge_index()
     e = ei.shape[1]
-    return Graph.from_coo(np.arange(e), ei[1], num_src=e, num_dst=graph.num_dst), ei
+    # derived from a validated relation: nothing to check again
+    edges = Graph.from_coo(np.arange(e), ei[1], num_src=e, num_dst=graph.num_dst,
+                           validate="none", copy=False)
+    _remember(_EDGES, id(graph), graph, (edges, ei))
+    return edges, ei
+
+
+# a cache (DESIGN.md: caches are the only module-level state), as common.py's relation memos
+_EDGES: OrderedDict = OrderedDict()
 
 
 class DegreeScalerAggregation(Aggregation):
