@@ -614,3 +614,16 @@ def test_tg_graph_relation_is_the_edge_index(name):
     layer = make(tg.nn).double()
     torch.testing.assert_close(call(layer, x, graph, w), call(layer, x, ei, w), rtol=1e-12,
                                atol=1e-12)
+
+
+def test_rgcn_edge_type_edited_in_place_is_not_served_stale():
+    """The typed relation is memoised per edge_type tensor; an edit through .data (which
+    keeps the version counter) builds it anew."""
+    ei, x, types = _rgcn_inputs(0, torch.float64)
+    layer = tg.nn.RGCNConv(4, 6, 3).double()
+    first = layer(x, ei, types)
+    assert torch.equal(layer(x, ei, types), first)
+    types.data[:] = (types.data + 1) % 3
+    torch.testing.assert_close(layer(x, ei, types), _rgcn_dense(layer, x, ei, types),
+                               rtol=1e-9, atol=1e-11)
+    assert not torch.allclose(layer(x, ei, types), first)

@@ -10,11 +10,24 @@ W_r[j] themselves, read through edges (r, j) -> (i, r).
 """
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
+
 import torch
 
 from ...core.errors import ShapeError
+from ...core.graph import Graph
 from .aggr import over, resolve
-from .common import LayerArgumentError, check_positive, edge_index_like, glorot_, relation
+from .common import (
+    LayerArgumentError,
+    _remember,
+    check_positive,
+    edge_index_like,
+    glorot_,
+    relation,
+    snapshot,
+    unchanged,
+)
 from .inputs import adjacency, check_flow, check_in_channels
 
 
@@ -140,19 +153,51 @@ class RGCNConv(torch.nn.Module):
         if tuple(edge_type.shape) != (graph.num_edges,):
             raise ShapeError(f"{name}: edge_type is {tuple(edge_type.shape)}, expected "
                              f"({graph.num_edges},): one type per edge")
-        t = edge_type.detach().to(torch.int64)
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= r):
-            raise LayerArgumentError(f"{name}: edge_type has values outside [0, {r})")
+        if x_src.is_floating_point():
+            return typed_relation(name, graph, edge_type, r)
+        t = _types(name, edge_type, r)
         ei = edge_index_like(graph, x_src).to(t.device)
-        src, n_src = ei[0], x_src.size(0)
-        if not x_src.is_floating_point():
-            src, n_src = t * self.in_channels_l + x_src.to(t.device)[src], r * self.in_channels_l
+        src = t * self.in_channels_l + x_src.to(t.device)[ei[0]]
         typed = torch.stack([src, ei[1] * r + t])
-        return relation(name, typed, n_src, graph.num_dst * r)
+        return relation(name, typed, r * self.in_channels_l, graph.num_dst * r)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
                 f"num_relations={self.num_relations})")
+
+
+def _types(name: str, edge_type, r: int) -> torch.Tensor:
+    """edge_type as int64 (detached), checked to lie in [0, r)."""
+    t = edge_type.detach().to(torch.int64)
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= r):
+        raise LayerArgumentError(f"{name}: edge_type has values outside [0, {r})")
+    return t
+
+
+@torch.compiler.disable(reason="tg.nn layers build their tg.Graph from edge_index eagerly")
+def typed_relation(name: str, graph: Graph, edge_type: torch.Tensor, r: int) -> Graph:
+    """The relation's edges j -> i of type t as j -> i * r + t (N * r destinations),
+    memoised per (relation object, edge_type tensor and version, r) and checked against a
+    copy of the types it was built from (as relation()'s memo: an edit through .data is
+    never served stale)."""
+    key = (id(graph), id(edge_type), edge_type._version, r)
+    found = _TYPED.get(key)
+    if found is not None and found[0]() is edge_type:
+        held_graph, copy, typed = found[1]
+        if held_graph() is graph and unchanged(edge_type, copy):
+            _TYPED.move_to_end(key)
+            return typed
+    t = _types(name, edge_type, r).cpu().numpy()
+    ei = graph.to_edge_index()
+    # types checked and the relation validated: the derived one needs no second check
+    typed = Graph.from_coo(ei[0], ei[1] * r + t, num_src=graph.num_src,
+                           num_dst=graph.num_dst * r, validate="none", copy=False)
+    _remember(_TYPED, key, edge_type, (weakref.ref(graph), snapshot(edge_type), typed))
+    return typed
+
+
+# a cache (DESIGN.md: caches are the only module-level state), as common.py's relation memos
+_TYPED: OrderedDict = OrderedDict()
 
 
 class FastRGCNConv(RGCNConv):
