@@ -30,7 +30,8 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import tiga as tg  # noqa: E402
 from tiga.core.prims.graph import propagate_p  # noqa: E402
-from tiga.torch_bridge import autograd as bridge  # noqa: E402
+from tiga.torch_bridge import autograd  # noqa: E402
+from tiga.torch_bridge import program_node as bridge  # noqa: E402
 
 N, E, F, B = 5, 11, 3, 4
 
@@ -179,6 +180,7 @@ def test_jvp_runs_tiga_jvp_program_not_a_transposed_vjp(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("forward mode derived a VJP program")
     monkeypatch.setattr(bridge, "vjp_program", refuse)
+    monkeypatch.setattr(autograd, "vjp_program", refuse)
 
     class Fresh(tg.MessagePassing):       # a structure no earlier test derived
         reducer = tg.sum()
