@@ -4,7 +4,12 @@ nodes, duplicate edges, existing and doubled self loops, no edges, int32 indices
 - against a dense-torch oracle written here from the layer's formula over a dense
   adjacency (needs no PyG, so the file checks something without it);
 - against PyG with its state dict loaded, float32: outputs and the gradients of inputs
-  (edge weights included) and parameters.
+  (edge weights included) and parameters;
+
+and against PyG on random bipartite relations (sources and destinations of their own
+widths and counts, x_dst None with size=), with flow="target_to_source", with a tg.Graph
+for the relation, and TransformerConv's attention weights and RGCNConv's featureless input
+and typed-relation memo.
 
 Where PyG's gradient is not the derivative it is not the reference: for the GCN-normalised
 layers a node's doubled self loop keeps only its last copy's weight (as PyG), so the other
@@ -19,12 +24,27 @@ import pytest
 
 import tiga as tg
 
-from .test_hostile_aggregations import hostile
-
 torch = pytest.importorskip("torch")
 
 SEEDS = range(8)
 RTOL, ATOL = 1e-4, 1e-5       # float32
+
+
+def hostile(seed: int) -> tuple:
+    """(edge_index, num_nodes) of a random hostile graph: no edges on seed 3, doubled self
+    loops on multiples of 3, duplicate edges on even seeds, an extra isolated node on
+    seeds 1 mod 4, int32 indices on odd seeds."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    e = 0 if seed % 7 == 3 else int(rng.integers(1, 3 * n + 1))
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    if e and seed % 3 == 0:
+        loop = int(rng.integers(0, n))
+        src, dst = np.concatenate([src, [loop, loop]]), np.concatenate([dst, [loop, loop]])
+    if e and seed % 2 == 0:
+        src, dst = np.concatenate([src, src[:2]]), np.concatenate([dst, dst[:2]])
+    dtype = torch.int32 if seed % 2 else torch.int64
+    return torch.tensor(np.stack([src, dst]), dtype=dtype), n + int(seed % 4 == 1)
 
 
 def _t(*shape, seed: int = 1, dtype=torch.float64, positive: bool = False):
