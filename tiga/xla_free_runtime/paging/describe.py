@@ -8,12 +8,13 @@ import dataclasses
 from ...core.program import Var
 from ..backends.cpu.propagate import Fallback, plan_propagate
 from .device import TritonPages, device_route
+from .plan import kernel_launch
 
 
-def page_kernel(walk, lower, triton: TritonPages | None) -> tuple:
+def page_kernel(walk, page, triton: TritonPages | None) -> tuple:
     """(why the pages run the reference interpreter, or None; explain()'s words for what
-    runs on each page)."""
-    fallback = (_page_fallback(walk, lower) if triton is None else
+    runs on each page); `page`: the one-page Task module the pages unroll."""
+    fallback = (_page_fallback(walk, page) if triton is None else
         getattr(triton.plan, "reason", None))
     if fallback:
         return fallback, f"reference interpreter ({fallback})"
@@ -31,12 +32,13 @@ def triton_kernel_text(triton: TritonPages) -> str:
     return text + f" on the host page buffers ({device_route(triton.backend)[1]})"
 
 
-def _page_fallback(walk, lower) -> str | None:
-    """Why a page's kernel would run on the reference interpreter, or None (it compiles)."""
+def _page_fallback(walk, page) -> str | None:
+    """Why a page's kernel would run on the reference interpreter, or None (it compiles):
+    the Kernel op of the one-page module `page`, planned without compiling."""
     eqn = walk.eqn
     csr = Var(dataclasses.replace(eqn.inputs[0].type, kind="csr"))
     found = plan_propagate(dataclasses.replace(eqn, inputs=(csr,) + tuple(eqn.inputs[1:])),
-                           None, compile=False, lower=lower)
+                           None, compile=False, lower=None, held=kernel_launch(page))
     return found.reason if isinstance(found, Fallback) else None
 
 

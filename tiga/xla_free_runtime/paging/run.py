@@ -107,7 +107,7 @@ class PagedPlan:
                 walk.reader.num_dst, walk.reader.page_bounds(rows), rows)
         triton = self.triton_pages(walk, graph)
         if config.strict:
-            _refuse_fallback(page_kernel(walk, self.lower, triton)[0])
+            _refuse_fallback(page_kernel(walk, self.page, triton)[0])
         run = PagedRun(eqn, graph, values, walk, tasks, self.lower, self.page, triton)
         outs = run.execute()
         record("paged", graph, dataclasses.replace(run.stats, module=run.module))
@@ -136,7 +136,7 @@ class PagedPlan:
                                 "stored beside the relation (built once, out of core, into a "
                                 "new store version when missing)")
         kind = "source" if p["reduce_by"] == "src" else "destination"
-        fallback, kernel = page_kernel(walk, self.lower, triton)
+        fallback, kernel = page_kernel(walk, self.page, triton)
         mapped = walk.reader is not None and maps(
             eqn, walk, _fields(values or [None] * len(p["roles"]), p["roles"]), triton)
         per_page = ("map the CSR rows and disk fields from the page cache (read in where it "
