@@ -499,3 +499,22 @@ def test_custom_rules_in_an_edge_function_are_used_by_torch_func():
     in_degree = torch.zeros(N, dtype=torch.float64).index_add(0, DST, torch.ones(
         E, dtype=torch.float64))
     close(y_dot, 5.0 * in_degree[:, None].expand(N, F))
+
+
+def test_rgcn_typed_relation_under_torch_func():
+    torch.manual_seed(2)
+    conv = tg.nn.RGCNConv(IN, 2, num_relations=2).double()
+    types = torch.arange(EDGE_INDEX.size(1)) % 2
+    f = lambda x: conv(x, EDGE_INDEX, types)  # noqa: E731
+    x, t = inputs(32)[0], inputs(33)[0]
+    xs = torch.randn(B, N, IN, dtype=torch.float64)
+    close(vmap(f)(xs), torch.stack([f(a) for a in xs]))
+    jac = torch.autograd.functional.jacobian(f, x)
+    close(jvp(f, (x,), (t,))[1], torch.einsum("nkij,ij->nk", jac, t))
+    params = {k: v.detach() for k, v in conv.named_parameters()}
+    got = grad(lambda p: functional_call(conv, p, (x, EDGE_INDEX, types)).tanh().sum())(params)
+    for k, v in conv.named_parameters():
+        (want,) = torch.autograd.grad(f(x).tanh().sum(), v)
+        torch.testing.assert_close(got[k], want)
+    with pytest.raises(tg.UnsupportedError, match="RGCNConv: edge_type: is batched"):
+        vmap(lambda ty: conv(x, EDGE_INDEX, ty))(torch.stack([types, 1 - types]))

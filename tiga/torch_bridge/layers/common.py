@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 import math
 import secrets
 import weakref
@@ -73,16 +74,20 @@ _OUTSIDE_DYNAMO = "tg.nn layers build their tg.Graph from edge_index eagerly"
 
 
 def below_functorch(fn):
-    """`fn(...)` on the values of its tensor arguments (an edge_index), with torch.func's
-    transforms off: inside torch.func.grad / vmap / jvp every torch op's result is wrapped
-    for the transform (a wrapper has no storage to read), and a relation is built from the
-    values. An edge_index batched by vmap raises, saying what to batch instead."""
+    """`fn(...)` on the values of its tensor arguments (an edge_index, edge types), with
+    torch.func's transforms off: inside torch.func.grad / vmap / jvp every torch op's result
+    is wrapped for the transform (a wrapper has no storage to read), and a relation is
+    built from the values. A relation argument batched by vmap raises, saying what to batch
+    instead."""
+    params = [("edge_index" if p == "t" else p) for p in inspect.signature(fn).parameters]
+
     @functools.wraps(fn)
     def inner(*args):
         if torch._C._functorch.peek_interpreter_stack() is None:
             return fn(*args)
-        name = f"{args[0]}: edge_index" if isinstance(args[0], str) else "edge_index"
-        args = [plain(a, name) if isinstance(a, torch.Tensor) else a for a in args]
+        layer = f"{args[0]}: " if isinstance(args[0], str) else ""
+        args = [plain(a, layer + p) if isinstance(a, torch.Tensor) else a
+                for a, p in zip(args, params + ["argument"] * len(args))]
         with torch._C._DisableFuncTorch():
             return fn(*args)
     return inner

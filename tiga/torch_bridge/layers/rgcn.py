@@ -21,6 +21,7 @@ from .aggr import over, resolve
 from .common import (
     LayerArgumentError,
     _remember,
+    below_functorch,
     check_positive,
     edge_index_like,
     glorot_,
@@ -175,6 +176,7 @@ def _types(name: str, edge_type, r: int) -> torch.Tensor:
 
 
 @torch.compiler.disable(reason="tg.nn layers build their tg.Graph from edge_index eagerly")
+@below_functorch
 def typed_relation(name: str, graph: Graph, edge_type: torch.Tensor, r: int) -> Graph:
     """The relation's edges j -> i of type t as j -> i * r + t (N * r destinations),
     memoised per (relation object, edge_type tensor and version, r) and checked against a
