@@ -647,3 +647,28 @@ def test_rgcn_edge_type_edited_in_place_is_not_served_stale():
     torch.testing.assert_close(layer(x, ei, types), _rgcn_dense(layer, x, ei, types),
                                rtol=1e-9, atol=1e-11)
     assert not torch.allclose(layer(x, ei, types), first)
+
+
+@pytest.mark.parametrize("name", ["APPNP", "TransformerConv"])
+def test_training_dropout_draws_pyg_mask(name):
+    """dropout > 0 in training: F.dropout's draw on the same edges in the same order, so
+    the same torch seed gives PyG's mask and PyG's outputs (and gradients)."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ei, x, e = _inputs(0, torch.float32, 2)
+
+    def make(lib):
+        if name == "APPNP":
+            return lib.APPNP(3, 0.1, dropout=0.5)
+        return lib.TransformerConv(4, 3, heads=2, dropout=0.5, edge_dim=2)
+
+    theirs, ours = make(pyg), make(tg.nn)
+    ours.load_state_dict(theirs.state_dict())
+    outs = []
+    for layer, edges in ((ours, ei), (theirs, ei.long())):
+        torch.manual_seed(4)
+        leaf = x.clone().requires_grad_()
+        out = layer(leaf, edges) if name == "APPNP" else layer(leaf, edges, e)
+        out.sum().backward()
+        outs.append((out.detach(), leaf.grad))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=RTOL, atol=ATOL)

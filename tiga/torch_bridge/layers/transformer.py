@@ -144,7 +144,7 @@ class TransformerConv(torch.nn.Module):
                 out = b * skip + (1 - b) * out
             else:
                 out = out + skip
-        return out if alpha is None else (out, (where, alpha))
+        return (out, (where, alpha)) if return_attention_weights else out
 
     def _per_edge(self, adj, q, k, v, e, dropping: bool) -> tuple:
         """(out (N, H, C), the relation as given back, alpha (E, H)) with the scores formed
