@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import tiga as tg
 from tiga.core.graph import Graph
 from tiga.xla_free_runtime.backends.cpu import generated as lg
-from tiga.xla_free_runtime.executor import LOWERING
+from tiga.xla_free_runtime.executor import count_launch
 
 from .oracle import knn_rows, radius_rows
 
@@ -209,7 +209,8 @@ def test_explain_describes_relations_generated_in_jit_and_grad(kind, kw):
 def test_fused_degrees_match_the_oracle(recorder, kind, kw, by):
     rng = np.random.default_rng(9)
     pos = np.round(rng.random((150, 3)) * 10) / 10     # lattice: pairs exactly at the cutoff
-    got = lg.fused_degrees(_make(kind, pos, kw), by, LOWERING)
+    graph = _make(kind, pos, kw)
+    got = lg.fused_degrees(graph, by, count_launch(graph))
     rows = _rows(kind, pos, kw)
     if by == "dst":
         want = np.array([len(r) for r in rows])

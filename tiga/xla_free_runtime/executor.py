@@ -6,7 +6,8 @@ Task module, whose launches hold the Kernel ops that run, and the one-page modul
 propagates it runs by pages (`pipeline.lower_pages` for a distributed call's halo plans), which
 the executor hands down as data (TaskWalk.pages, PagedPlan.bound, run_distributed's pages).
 `LOWERING` (`task`, `kernel`) is what is still handed down, for the kernels no bound module
-holds (the Triton planners, a degree count over a generated relation, a CSR read whole).
+holds (the Triton planners, a CSR read whole); a degree count over a radius relation is
+lowered here (count_launch) and handed down.
 
 A call runs its program's Task IR (interpreter.py). Each `propagate` (top level or inside a
 repeat/while body) runs as a fused cpu-llvm kernel when its edge function, reducer and update
@@ -41,7 +42,7 @@ from ..lower.binding import page_program
 from ..lower.passes.plan_halo_tasks import NAME as HALO_MODULE
 from ..lower.backends import selected_backend
 from .backend_table import plan
-from .backends.cpu.generated import fused_degrees, generated_relations
+from .backends.cpu.generated import count_eqn, fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
 from .backends.cpu.propagate import Fallback, equation_text, run_propagate
@@ -428,8 +429,20 @@ def _degrees(eqn, vals):
     if kind not in GENERATED and kind != "paged":
         return None
     deg = (paged_degrees(vals[0], eqn.params["by"]) if kind == "paged" else
-           fused_degrees(vals[0], eqn.params["by"], LOWERING))
+           fused_degrees(vals[0], eqn.params["by"], count_launch(vals[0])))
     return None if deg is None else [deg]
+
+
+def count_launch(graph):
+    """The Kernel op of the degree count over a radius relation (count_eqn: one equation per
+    coordinate dims and dtype, so kernel_op lowers it once), or None (a kNN relation's degrees
+    are k; an equation the stages do not express)."""
+    if graph.kind != "radius":
+        return None
+    try:
+        return kernel_op(count_eqn(graph))
+    except TigaError:
+        return None
 
 
 # (dot_rule: an entity-level matmul as tile_matmul on a Triton backend; it declines in

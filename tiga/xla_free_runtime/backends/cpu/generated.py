@@ -101,11 +101,13 @@ def _launch(eqn, graph, swap: bool, lower, held=None):
     propagate over a symmetric relation is lowered as the destination-grouped one with the
     roles swapped, which is what runs), or None when the IR does not express it: `held`, the
     op the call's bound Task module holds for it, else asked of `lower`, the executor's
-    Lowering (explain() before a call)."""
+    Lowering (explain() before a call; None: the caller handed down the op it has)."""
     gtype = eqn.inputs[0].type      # (its sizes are the ones the field types use)
     if (held is not None and held.comp.relation.type.kind == gtype.kind
             and held.ordering != "source-major"):
         return held
+    if lower is None:
+        return None
     per_eqn = kept(eqn, "generated")   # {"swapped": eqn, (spec, swap, pool): cache key}
     lowered = per_eqn.get("swapped") if swap else eqn
     if lowered is None:
@@ -509,6 +511,12 @@ def _count_edge(src, dst, edge):
 _COUNT_EQNS: dict = {}  # (dims, dtype) -> the degree-count equation (a memo of structure)
 
 
+def count_eqn(graph):
+    """The degree-count equation of a radius relation (its coordinates' dims and dtype)."""
+    pos = graph.params["positions"]
+    return _count_eqn(pos.shape[1], np.dtype(pos.dtype))
+
+
 def _count_eqn(dims: int, dtype: np.dtype):
     """A propagate equation summing ones over a radius relation (staged once per coordinate
     dims and dtype; the relation itself is supplied at the call)."""
@@ -526,12 +534,12 @@ def _count_eqn(dims: int, dtype: np.dtype):
     return eqn
 
 
-def fused_degrees(graph, by: str, lower) -> np.ndarray | None:
+def fused_degrees(graph, by: str, launch) -> np.ndarray | None:
     """Degrees of a radius/knn relation without materialising it: every knn row has
     exactly k sources; a radius row's count is a fused sum of ones (out-degrees of a
     symmetric relation are the in-degrees). None where only the CSR knows them (out-degrees
-    of an asymmetric relation; a count kernel that does not compile). `lower`: the
-    executor's Lowering, for the count kernel's launch."""
+    of an asymmetric relation; a count kernel that does not compile). `launch`: the Kernel op
+    of the count (count_eqn), lowered by the executor; None: not expressed."""
     if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if by == "src" and not symmetric(graph):
@@ -548,7 +556,7 @@ def fused_degrees(graph, by: str, lower) -> np.ndarray | None:
         return np.diff(graph.resolve_csr()[0]).astype(np.int64)
     pos = graph.params["positions"]
     eqn = _count_eqn(pos.shape[1], pos.dtype)
-    plan = plan_generated(eqn, graph, True, lower)
+    plan = plan_generated(eqn, graph, True, None, launch)
     if not isinstance(plan, GeneratedPlan):
         return None
     counts = plan.run(eqn, graph, [pos, np.ascontiguousarray(graph.query_positions)])[0]
@@ -558,4 +566,4 @@ def fused_degrees(graph, by: str, lower) -> np.ndarray | None:
 
 
 __all__ = ["plan_generated", "GeneratedPlan", "GeneratedType", "directory_arrays",
-           "generated_relations", "symmetric", "fused_degrees", "resolved"]
+           "generated_relations", "symmetric", "fused_degrees", "count_eqn", "resolved"]
