@@ -31,7 +31,7 @@ def test_one_key_function_serves_every_backend(monkeypatch):
     assert cpu != key(OP + " ", "cpu-llvm", ("3.8.0",), ("csr",))     # the printed op
     assert cpu != key(OP, "cpu-llvm", ("3.8.0",), ("stencil",))       # the render's extra
     assert cpu == key(OP, "cpu-llvm", ("3.8.0",), ("csr",))
-    monkeypatch.setattr(artifacts, "_TIGA_KEY", ["another tiga source tree"])
+    monkeypatch.setattr(artifacts, "tiga_key", lambda: "another tiga source tree")
     assert cpu != key(OP, "cpu-llvm", ("3.8.0",), ("csr",))           # Tiga's sources
 
 

@@ -36,6 +36,7 @@ Everything else is here, once:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -56,20 +57,18 @@ SUFFIX = ".tga"
 # no kernel artifact comes near this; a larger "entry" is not ours and is never read in
 MAX_ENTRY_BYTES = 1 << 30
 MAX_HEADER_BYTES = 1 << 20
-_TIGA_KEY: list = []     # the source hash, computed once (constant for the process)
 
 
+@functools.cache     # the sources are constant for the process: hashed once
 def tiga_key() -> str:
     """Hash of every source file under tiga/lower (the renderers included): a compiler
     change invalidates every entry."""
-    if not _TIGA_KEY:
-        root = Path(__file__).resolve().parents[1] / "lower"
-        h = hashlib.sha256()
-        for path in sorted(root.rglob("*.py")):
-            h.update(path.relative_to(root).as_posix().encode())
-            h.update(path.read_bytes())
-        _TIGA_KEY.append(h.hexdigest())
-    return _TIGA_KEY[0]
+    root = Path(__file__).resolve().parents[1] / "lower"
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def cache_dir() -> Path:

@@ -7,6 +7,7 @@ never loads MPI. Every wait on another rank is bounded by TIGA_DIST_TIMEOUT seco
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -130,11 +131,10 @@ def _cancel(requests) -> None:
             pass
 
 
+@functools.cache     # one world communicator per process
 def init() -> Comm:
     """MPI's world communicator (MPI is initialised by mpi4py on first use)."""
-    if not _WORLD:
-        _WORLD.append(Comm(mpi().COMM_WORLD))
-    return _WORLD[0]
+    return Comm(mpi().COMM_WORLD)
 
 
 __all__ = ["Comm", "init", "mpi", "timeout", "DEFAULT_TIMEOUT"]

@@ -11,6 +11,7 @@ thread pool.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 from dataclasses import dataclass, replace
@@ -498,15 +499,11 @@ def _huge_pages(arr: np.ndarray) -> None:
             pass
 
 
-_LIBC: list = []           # libc, loaded once
-
-
+@functools.cache           # libc, loaded once
 def _libc():
-    if not _LIBC:
-        libc = ctypes.CDLL(None)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _LIBC.append(libc)
-    return _LIBC[0]
+    libc = ctypes.CDLL(None)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
 
 
 def _aligned_copy(arr: np.ndarray, slot: int, native=None) -> np.ndarray:

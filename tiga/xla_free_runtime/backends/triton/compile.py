@@ -7,6 +7,7 @@ never imports torch) and a result as the executor holds it.
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -146,13 +147,14 @@ def import_text(text: str, tag: str, backend: str):
 _FIXED: dict = {}
 
 
+# true once triton's library was seen interpreted (fixed at import); a failure raises, which
+# functools.cache does not keep, so the next call asks again
+@functools.cache
 def ensure_interpreter() -> None:
     """Triton decides at its own import whether its library functions (tl.sum, tl.zeros...)
     are interpreted: TRITON_INTERPRET=1 must be set before triton is first imported. It is
     set here when triton is not imported yet; a triton imported without it cannot run the
     interpreter, which is an error naming the variable. (Checked once: a warm call asks.)"""
-    if _INTERPRETS:
-        return
     if "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
     import triton.language as tl
@@ -163,10 +165,6 @@ def ensure_interpreter() -> None:
             "library functions are compiled-only and cannot run in the interpreter",
             hint="set TRITON_INTERPRET=1 in the environment (or select the backend before "
                  "anything imports triton)")
-    _INTERPRETS.append(True)
-
-
-_INTERPRETS: list = []   # [True] once triton's library was seen interpreted (fixed at import)
 
 
 @contextmanager

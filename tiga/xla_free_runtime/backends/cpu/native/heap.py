@@ -19,6 +19,7 @@ TIGA_PIN_MALLOC=0.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -59,9 +60,6 @@ def pin() -> str:
     return "pinned" if ok else "left alone: mallopt refused"
 
 
-_DONE: list = []    # the process-wide outcome of pin() (a setting, not a per-call value)
-
-
-def pin_once() -> None:
-    if not _DONE:
-        _DONE.append(pin())
+@functools.cache    # the process-wide outcome of pin() (a setting, not a per-call value)
+def pin_once() -> str:
+    return pin()

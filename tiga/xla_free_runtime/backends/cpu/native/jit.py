@@ -12,6 +12,7 @@ compiled kernels go through ctypes, which releases the GIL.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -26,8 +27,6 @@ from dataclasses import dataclass
 from .....core.errors import CompilationError
 
 _LOCK = threading.RLock()
-_STATE: dict = {}
-_HOST: list = []
 
 KERNEL_CTYPE = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 # <kernel>_drive(bounds, n_chunks, next_chunk, argv): the chunk loop (lower/llvm/kernel.py)
@@ -47,10 +46,9 @@ def _llvm():
     return llvm
 
 
+@functools.cache    # one LLVM set-up per process
 def _init() -> dict:
     """Target machines + MCJIT engine, created once (under the lock)."""
-    if _STATE:
-        return _STATE
     llvm = _llvm()
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
@@ -64,18 +62,16 @@ def _init() -> dict:
     pic = target.create_target_machine(cpu=cpu, features=features, opt=OPT_LEVEL,
                                        reloc="pic", codemodel="default")
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
-    _STATE.update(tm=tm, pic_tm=pic, engine=engine, triple=llvm.get_process_triple(),
-                  cpu=cpu, features=features, loaded={})
-    return _STATE
+    return dict(tm=tm, pic_tm=pic, engine=engine, triple=llvm.get_process_triple(),
+                cpu=cpu, features=features, loaded={})
 
 
+@functools.cache    # the host does not change within a process
 def host_description() -> str:
     """The host CPU (model and instruction-set flags) and code options: part of every cache
     key, since object code is host-specific. Read from /proc/cpuinfo where there is one, so
     a warm start computes its cache keys without loading LLVM."""
-    if not _HOST:
-        _HOST.append(_cpuinfo_description() or _llvm_description())
-    return _HOST[0]
+    return _cpuinfo_description() or _llvm_description()
 
 
 def _cpuinfo_description() -> str | None:
@@ -128,7 +124,7 @@ def compile_ir(text: str, *, pic: bool = False) -> bytes:
     library; otherwise for the MCJIT engine)."""
     with _LOCK:
         mod = _optimized_module(text)
-        return bytes(_STATE["pic_tm" if pic else "tm"].emit_object(mod))
+        return bytes(_init()["pic_tm" if pic else "tm"].emit_object(mod))
 
 
 def optimized_ir(text: str) -> str:

@@ -7,6 +7,7 @@ executor path (threads.run_jobs).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -17,7 +18,6 @@ POOL_RUN_CTYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 _NATIVE: dict = {}
 _NATIVE_LOCK = threading.Lock()
-_PINNED: list = []
 
 
 def _forget_native_pool() -> None:
@@ -48,7 +48,7 @@ def _pool_entries(fn):
             addrs = [ctypes.cast(fn.library[n], ctypes.c_void_p).value for n in names]
         else:
             with jit._LOCK:
-                addrs = [jit._STATE["engine"].get_function_address(n) for n in names]
+                addrs = [jit._init()["engine"].get_function_address(n) for n in names]
         if not all(addrs):
             raise LookupError
         found = (POOL_RUN_CTYPE(addrs[0]), addrs[1],
@@ -76,16 +76,20 @@ def _native_state(worker: int, owner, helpers: int):
             break
         st["workers"] += 1
         st["owners"].append(owner)    # the module whose worker loop the thread runs
-        if owner.library is None and not _PINNED:
-            # MCJIT code: the engine must outlive interpreter shutdown, since the workers
-            # keep running its code until the process exits (a shared library is never
-            # unloaded by ctypes)
-            from . import jit
-            engine = jit._STATE.get("engine")
-            if engine is not None:
-                ctypes.pythonapi.Py_IncRef(ctypes.py_object(engine))
-                _PINNED.append(engine)
+        if owner.library is None:
+            _pin_engine()
     return st
+
+
+@functools.cache    # once per process: one reference more is enough
+def _pin_engine() -> None:
+    """MCJIT code: the engine must outlive interpreter shutdown, since the workers keep
+    running its code until the process exits (a shared library is never unloaded by
+    ctypes). Its code is loaded, so the engine exists."""
+    from . import jit
+    with jit._LOCK:
+        engine = jit._init()["engine"]
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(engine))
 
 
 def _start_worker(worker: int, state: int) -> bool:
