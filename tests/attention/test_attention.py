@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.xla_free_runtime.backends.cpu import attention as attention_route
+from tiga.xla_free_runtime.run_report import COUNTERS
 
 torch = pytest.importorskip("torch")
 
@@ -265,10 +266,10 @@ def test_vjp_reuses_forward_statistics_and_fuses_dq():
     (opt.attention_pairing): no walk of their own runs."""
     graph = relation("triangular", 97)
     q, k, v = fields(97, 2, 8, np.float64)
-    before = dict(attention_route.STATS)
+    before = COUNTERS.copy()
     check(Attention(), graph, q, k, v, 0.5, *TOL[np.float64])
-    assert attention_route.STATS["stats_walks"] == before["stats_walks"]
-    assert attention_route.STATS["dq_walks"] == before["dq_walks"]
+    assert COUNTERS["stats_walks"] == before["stats_walks"]
+    assert COUNTERS["dq_walks"] == before["dq_walks"]
 
 
 @pytest.mark.parametrize("argnum", [0, 1, 2])
@@ -329,10 +330,10 @@ def test_llvm_forward_kernel_matches_numpy_tiles_and_oracle(kind, n, monkeypatch
     graph = relation(kind, n)
     q, k, v = fields(n, 2, 32, np.float32, seed=n)
     program = Attention()
-    before = attention_route.STATS["native_calls"]
+    before = COUNTERS["native_calls"]
     y = np.asarray(program(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                            scale=0.3))
-    assert attention_route.STATS["native_calls"] == before + 1
+    assert COUNTERS["native_calls"] == before + 1
     monkeypatch.setattr(attention_route, "NATIVE_FORWARD", False)
     y_np = np.asarray(program(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                               scale=0.3))
@@ -354,10 +355,10 @@ def test_llvm_forward_kernel_several_key_blocks_and_jobs(kind, head_major):
     if head_major:
         q, k, v = (np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)
                    for x in (q, k, v))
-    before = attention_route.STATS["native_calls"]
+    before = COUNTERS["native_calls"]
     y = np.asarray(Attention()(graph=graph, src={"key": k, "value": v}, dst={"query": q},
                                scale=0.125))
-    assert attention_route.STATS["native_calls"] == before + 1
+    assert COUNTERS["native_calls"] == before + 1
     ts = [torch.tensor(x, dtype=torch.float64) for x in (q, k, v)]
     ref = oracle(*ts, allowed_mask(graph), 0.125).numpy()
     np.testing.assert_allclose(y, ref, rtol=2e-4, atol=2e-5)

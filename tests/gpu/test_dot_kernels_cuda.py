@@ -19,6 +19,7 @@ from tiga.testing import reference_grad  # noqa: E402
 from tiga.xla_free_runtime import executor  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import attention as triton_attention  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import linear  # noqa: E402
+from tiga.xla_free_runtime.run_report import COUNTERS  # noqa: E402
 
 pytestmark = MARKS
 
@@ -95,8 +96,8 @@ def tile_products(monkeypatch):
     monkeypatch.setitem(executor.OVERRIDES, dot_general_p, linear.dot_rule)
     monkeypatch.setattr(executor, "_RULES", {})
     monkeypatch.setattr(executor, "_PREPARED", {})
-    before = linear.STATS["tile_matmuls"]
-    return lambda: linear.STATS["tile_matmuls"] - before
+    before = COUNTERS["tile_matmuls"]
+    return lambda: COUNTERS["tile_matmuls"] - before
 
 
 def _edge_graph(n=500, deg=6, seed=2):

@@ -17,6 +17,7 @@ from tiga.core.eval import eval_program
 from tiga.testing import reference_grad
 from tiga.xla_free_runtime.backends.cpu import attention as attention_route
 from tiga.xla_free_runtime.executor import execute
+from tiga.xla_free_runtime.run_report import COUNTERS
 
 
 class Attention(tg.MessagePassing):
@@ -122,10 +123,10 @@ def test_gradient_of_queries_only_runs_dq_alone():
     graph = relation("triangular", 20)
     q, k, v, ct = fields(20, 2, 4)
     f = call(Attention(), graph)
-    before = dict(attention_route.STATS)
+    before = COUNTERS.copy()
     dq = tg.grad(lambda q: (f(q, k, v) * ct).sum())(q)
-    assert attention_route.STATS["dq_walks"] == before["dq_walks"] + 1
-    assert attention_route.STATS["stats_walks"] == before["stats_walks"]
+    assert COUNTERS["dq_walks"] == before["dq_walks"] + 1
+    assert COUNTERS["stats_walks"] == before["stats_walks"]
     want = reference_grad(lambda q: (Attention().reference(
         graph=graph, src={"key": k, "value": v}, dst={"query": q}, scale=0.7) * ct).sum())(q)
     np.testing.assert_allclose(np.asarray(dq), np.asarray(want), rtol=1e-9, atol=1e-11)
@@ -165,8 +166,8 @@ def test_no_module_state_holds_per_call_values(dtype):
     one(0)
     one(1)          # warm: every memo (programs, kernels, scratch shapes) filled
     before = _module_state()
-    walks = (attention_route.STATS["stats_walks"], attention_route.STATS["dq_walks"])
+    walks = (COUNTERS["stats_walks"], COUNTERS["dq_walks"])
     for seed in range(2, 6):
         one(seed)
     assert _module_state() == before
-    assert (attention_route.STATS["stats_walks"], attention_route.STATS["dq_walks"]) == walks
+    assert (COUNTERS["stats_walks"], COUNTERS["dq_walks"]) == walks

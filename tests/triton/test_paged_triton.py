@@ -18,6 +18,7 @@ import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, TransferOp, parse_task
 from tiga.xla_free_runtime.backends.triton import launch
+from tiga.xla_free_runtime.run_report import COUNTERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stand_in_cuda import StandInRuntime  # noqa: E402
@@ -262,7 +263,7 @@ def test_device_route_parameters_all_edges_and_split_rows(tmp_path, stand_in):
     runs = prof.measured("paged")
     kinds = {op.kind for s in runs for op in s.module.body.ops if isinstance(op, TransferOp)
              and op.src_tier == "device"}
-    assert kinds == {"write", "accumulate"} and launch.STATS["split_launches"] > 0
+    assert kinds == {"write", "accumulate"} and COUNTERS["split_launches"] > 0
     assert not stand_in.buffers
 
 

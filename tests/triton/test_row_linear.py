@@ -18,6 +18,7 @@ from tiga.trace import math as m
 from tiga.trace.staging import trace_flat
 from tiga.xla_free_runtime import executor
 from tiga.xla_free_runtime.backends.triton import linear
+from tiga.xla_free_runtime.run_report import COUNTERS
 
 FORMS = {(1, 0): lambda x, y: x @ y, (1, 1): lambda x, y: x @ y.T,
          (0, 0): lambda x, y: x.T @ y, (0, 1): lambda x, y: x.T @ y.T}
@@ -92,8 +93,8 @@ def tile_products(interpreter):
     """The launches tile_matmul made since the test began (the rule is the executor's own
     override: an ordinary call runs it)."""
     assert executor.OVERRIDES[dot_general_p] is linear.dot_rule
-    before = linear.STATS["tile_matmuls"]
-    return lambda: linear.STATS["tile_matmuls"] - before
+    before = COUNTERS["tile_matmuls"]
+    return lambda: COUNTERS["tile_matmuls"] - before
 
 
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-5), (np.float64, 1e-10)])

@@ -14,12 +14,20 @@ measured. Both are context variables: a thread or task sees only its own calls.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 KINDS = ("paged", "halo", "pruned_blocks")
+
+# Process-wide counts of which kernel paths ran, for diagnostics and for tests that assert a
+# path was taken; one registry for every backend (a call's own figures go to its RunReport):
+#   CPU attention: native_calls, stats_walks, dq_walks, native_backward_calls
+#   Triton: knn_selects, knn_shell_walks, radius_directories (generated relations),
+#           split_launches (rows that ran the split path), tile_matmuls (row linears)
+COUNTERS: collections.Counter = collections.Counter()
 
 
 @dataclass

@@ -33,12 +33,11 @@ from ....lower.attention_walk import claim_attention
 from ....lower.llvm import attention as kernel
 from ...equation_cache import kept
 from ...explain import launch_facts, schedule_line
-from ...run_report import NOT_RUN, measured, record
+from ...run_report import COUNTERS, NOT_RUN, measured, record
 from ...threads import num_threads, run_jobs
 from . import attention_tiles as tiles
 from .attention_native import (
     _FALLBACK,
-    STATS,
     _bwd_fast_math_exact,
     _bwd_native_key,
     _native_backward,
@@ -144,13 +143,13 @@ class AttentionPlan:
             q, k, scale = values[:3]
             heads = np.asarray(q).ndim == 3
             top, mass = self._stats(eqn, graph, q, k, float(scale), heads, lo, hi)
-            STATS["stats_walks"] += 1
+            COUNTERS["stats_walks"] += 1
             out = top if self.kind == "rowmax" else mass
             return [np.asarray(out, dtype=eqn.outputs[0].type.dtype.np).copy()]
         q, k, v, scale, do, lse, delta = values
         heads = np.asarray(q).ndim == 3
         if self.kind == "dq":
-            STATS["dq_walks"] += 1
+            COUNTERS["dq_walks"] += 1
             dq = self._dq(eqn, graph, q, k, v, float(scale), do, lse, delta, heads, lo, hi)
             return [np.asarray(dq, eqn.outputs[0].type.dtype.np)]
         return self._dkdv(eqn, graph, values, heads, lo, hi)
@@ -174,7 +173,7 @@ class AttentionPlan:
         if (prune is None and n > 0 and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and
                 _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top,
                                 mass, lo, hi, scale, self.launch)):
-            STATS["native_calls"] += 1
+            COUNTERS["native_calls"] += 1
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),
                                     top, mass, lo, hi, scale, prune, _jobs)

@@ -9,13 +9,10 @@ import numpy as np
 from ....core.errors import TigaError
 from ....lower.llvm import attention as kernel
 from ....lower.schedule import CHUNKS_PER_THREAD, attention_tiles
+from ...run_report import COUNTERS
 from ...threads import num_threads, run_jobs
 from .. import KernelArgs
 from .. import launch as launch_kernel
-
-# diagnostics: how often each route ran (process counters; a pruned call's block counts
-# go to its run report, run_report.record)
-STATS = {"native_calls": 0, "stats_walks": 0, "dq_walks": 0, "native_backward_calls": 0}
 
 
 def _launch_tiles(launch, which: str) -> dict:
@@ -367,7 +364,7 @@ def _native_backward(q, k, v, do, lse, delta, dq, dk, dv, lo, hi, scale, launch)
     else:       # no query rows or no keys: the kernel, which writes dk and dv, does not run
         outs[1][...] = 0
         outs[2][...] = 0
-    STATS["native_backward_calls"] += 1
+    COUNTERS["native_backward_calls"] += 1
     if splits > 1 and dq is not None:
         outs[0] = outs[0].base.sum(axis=0)
     copies = [(want, got) for want, got in zip((dq, dk, dv), outs)

@@ -20,12 +20,12 @@ import numpy as np
 from ....core import graph_generated as geo
 from ....lower.triton.generated import knn_source
 from ....lower.triton.knn_tiles import knn_tile_source
+from ...run_report import COUNTERS
 from .compile import import_text, interpret, tensors
 
 KNN_BLOCK = 64
 KNN_SHELL_DIMS = 3     # cell shells up to here; more coordinates scan every source
 KNN_TILE_ROWS = 16     # rows per knn_tiles program
-STATS = {"knn_selects": 0, "knn_shell_walks": 0, "radius_directories": 0}
 
 
 def generated_walk(graph, relation: tuple, device: str) -> dict:
@@ -51,7 +51,7 @@ def _radius_walk(graph, device: str) -> dict:
         np.arange(query.shape[0], dtype=np.int64), "int64", device)
     scal = np.array([inv_w, geo.squared_cutoff(float(p["cutoff"]), pos.dtype),
                      float(exclude_self)], np.float64)
-    STATS["radius_directories"] += 1
+    COUNTERS["radius_directories"] += 1
     return {"wpos": tpos, "wqpos": buf.from_array(query, pos.dtype.name, device),
             "cell_start": start, "cell_order": order, "row_order": rows,
             "grid_lo": buf.from_array(lo, "float64", device),
@@ -82,7 +82,7 @@ def _knn_walk(graph, device: str) -> dict:
             mod = import_text(knn_source(), "knn", backend)
             with interpret(backend):
                 mod.knn_select[(n,)](tpos, tq, cols, pos.shape[0], k, DIMS=dims, **flags)
-    STATS["knn_selects"] += 1
+    COUNTERS["knn_selects"] += 1
     row_ptr = buf.from_array(np.arange(n + 1, dtype=np.int64) * k, "int64", device)
     return {"row_ptr": row_ptr, "col_idx": cols, "edge_perm": None}
 
@@ -111,4 +111,4 @@ def _knn_shells(tpos, tq, cols, pos: np.ndarray, k: int, backend: str, device: s
             buf.from_array(gdims, "int64", device),
             buf.from_array(np.array([inv_w, width], np.float64), "float64", device),
             n, pos.shape[0], k, BLOCK_R=KNN_TILE_ROWS, **flags)
-    STATS["knn_shell_walks"] += 1
+    COUNTERS["knn_shell_walks"] += 1

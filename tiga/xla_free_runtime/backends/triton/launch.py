@@ -32,6 +32,7 @@ from ....lower.triton import TritonUnsupported, render_launch
 from ...cache import CACHE
 from ...equation_cache import kept
 from ...paging.run import plan_paged
+from ...run_report import COUNTERS
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
 from ..cpu.propagate import plan_propagate as llvm_plan
 from .attention import attention_plan
@@ -48,7 +49,6 @@ from .compile import (
 from .generated import generated_walk
 
 _PLANS: dict = {}            # (structure key, relation type) -> TritonPlan (a warm call's)
-STATS = {"split_launches": 0}   # launches that ran the split path (tests read it)
 _TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
 
 
@@ -207,7 +207,7 @@ class TritonPlan:
         if plan is None:
             return
         heavy, first, chunk_row, chunk_lo = plan
-        STATS["split_launches"] += 1
+        COUNTERS["split_launches"] += 1
         buf = tensors()
         parts = [buf.zeros((chunk_row.shape[0], n), d, device) for n, d in sig.split_states]
         launch = dict(BLOCK_R=sig.block_rows, BLOCK_N=sig.block_neighbors,

@@ -19,10 +19,10 @@ from ....core.eval import on_device
 from ....lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
 from ....lower.schedule import triton_dot_precision, triton_matmul_blocks
 from ....lower.triton.linear import linear_source
+from ...run_report import COUNTERS
 from .attention import HALF, operand_types, tf32_allowed
 from .compile import import_text, interpret, launch_result, tensors
 
-STATS = {"tile_matmuls": 0}   # launches (tests read it)
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -79,7 +79,7 @@ def matmul(x, y, form: tuple, out: str, backend: str):
                 a, b, c, m, n, k, sam, sak, sbk, sbn, IT=getattr(tl, it), CT=getattr(tl, ct),
                 PREC=triton_dot_precision(it, tf32_allowed()), BLOCK_M=bm, BLOCK_N=bn,
                 BLOCK_K=bk, num_warps=warps, num_stages=stages)
-        STATS["tile_matmuls"] += 1
+        COUNTERS["tile_matmuls"] += 1
     return launch_result(buf, c, out, device)
 
 
