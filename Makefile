@@ -21,6 +21,8 @@ PYTEST_ARGS ?=
 # tests/gpu without CUDA: 1 runs its CUDA-route tests through Triton's interpreter (slow: see the
 # test target), 0 lets them skip, saying "no CUDA device"
 GPU_TESTS_ON_CPU ?= 0
+# ci: every hypothesis property runs >= 25 examples (tests/conftest.py); dev: as each one's @settings
+HYPOTHESIS_PROFILE ?= ci
 # Examples run by `make demo`, in order; missing ones are skipped.
 DEMO_EXAMPLES := examples/weighted_sum.py examples/edge_nn.py examples/causal_attention.py \
 	examples/gnn_layers.py examples/node_classification.py examples/dgcnn_edgeconv.py \
@@ -114,8 +116,8 @@ docs: $(DOCS_STAMP)
 # GPU_TESTS_ON_CPU=1 runs it through the interpreter (TIGA_GPU_TESTS_ON_CPU=1).
 test: $(TEST_STAMP)
 	@$(VPY) -c '$(EXTRAS_CHECK)' || { echo "make test: the gpu or dist extra is installed but unusable (above); rm $(TEST_STAMP) to reinstall"; exit 1; }
-	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short --hypothesis-profile=ci --ignore=tests/gpu $(PYTEST_ARGS)
-	TIGA_GPU_TESTS_ON_CPU=$(GPU_TESTS_ON_CPU) $(VPY) -m pytest -q --tb=short -r s --hypothesis-profile=ci tests/gpu
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short --hypothesis-profile=$(HYPOTHESIS_PROFILE) --ignore=tests/gpu $(PYTEST_ARGS)
+	TIGA_GPU_TESTS_ON_CPU=$(GPU_TESTS_ON_CPU) $(VPY) -m pytest -q --tb=short -r s --hypothesis-profile=$(HYPOTHESIS_PROFILE) tests/gpu
 
 golden: $(TEST_STAMP)
 	$(VPY) tests/lower/update_golden.py --update
