@@ -672,3 +672,27 @@ def test_training_dropout_draws_pyg_mask(name):
         outs.append((out.detach(), leaf.grad))
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_graph_without_nodes(name):
+    """x (0, F) and no edges: a (0, C) output, PyG's shape where PyG is installed."""
+    make, call, _, _, width = LAYERS[name]
+    ei = torch.zeros(2, 0, dtype=torch.int64)
+    x = torch.zeros(0, 4)
+    w = torch.zeros(0, width) if width else torch.zeros(0)
+    out = call(make(tg.nn), x, ei, w)
+    assert out.size(0) == 0
+    try:
+        import torch_geometric.nn as pyg
+    except ImportError:
+        return
+    assert out.shape == call(make(pyg), x, ei, w).shape
+
+
+@pytest.mark.parametrize("config", sorted(RGCN))
+def test_rgcn_graph_without_nodes(config):
+    layer = tg.nn.RGCNConv(4, 6, 3, **RGCN[config])
+    out = layer(torch.zeros(0, 4), torch.zeros(2, 0, dtype=torch.int64),
+                torch.zeros(0, dtype=torch.int64))
+    assert out.shape == (0, 6)

@@ -129,10 +129,10 @@ class RGCNConv(torch.nn.Module):
         weight = self._weights()
         r, o = self.num_relations, self.out_channels
         if x_src.is_floating_point():
-            agg = over(self.aggr_module, typed, x_src).view(n_dst, r, -1)
+            agg = over(self.aggr_module, typed, x_src).view(n_dst, r, x_src.size(-1))
             if self.num_blocks is not None:
                 k = self.num_blocks
-                h = torch.einsum("nrbc,rbcd->nrbd", agg.view(n_dst, r, k, -1), weight)
+                h = torch.einsum("nrbc,rbcd->nrbd", agg.view(n_dst, r, k, x_src.size(-1) // k), weight)
                 out = h.reshape(n_dst, r, o).sum(dim=1)
             else:
                 out = torch.einsum("nrf,rfo->no", agg, weight)

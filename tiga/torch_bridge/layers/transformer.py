@@ -126,8 +126,13 @@ class TransformerConv(torch.nn.Module):
         q = self.lin_query(x_dst).view(-1, h, c) / math.sqrt(c)
         k = self.lin_key(x_src).view(-1, h, c)
         v = self.lin_value(x_src).view(-1, h, c)
+        if edge_attr is None and adj.values is not None and adj.values.dim() >= 2:
+            edge_attr = adj.values      # a torch.sparse adj_t's edge features (PyG)
+        if self.lin_edge is not None and edge_attr is None:
+            raise LayerArgumentError("TransformerConv: edge_attr is None, but the layer has "
+                                     "edge_dim set: give the edge features (E, edge_dim)")
         e = None
-        if self.lin_edge is not None and edge_attr is not None:
+        if self.lin_edge is not None:
             e = self.lin_edge(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr)
             e = e.view(-1, h, c)
         dropping = self.training and self.dropout > 0.0
