@@ -132,7 +132,8 @@ class RGCNConv(torch.nn.Module):
             agg = over(self.aggr_module, typed, x_src).view(n_dst, r, x_src.size(-1))
             if self.num_blocks is not None:
                 k = self.num_blocks
-                h = torch.einsum("nrbc,rbcd->nrbd", agg.view(n_dst, r, k, x_src.size(-1) // k), weight)
+                blocks = agg.view(n_dst, r, k, x_src.size(-1) // k)
+                h = torch.einsum("nrbc,rbcd->nrbd", blocks, weight)
                 out = h.reshape(n_dst, r, o).sum(dim=1)
             else:
                 out = torch.einsum("nrf,rfo->no", agg, weight)
