@@ -28,6 +28,7 @@ AGGREGATIONS = ("Aggregation", "SumAggregation", "MeanAggregation", "MaxAggregat
                 "LSTMAggregation", "MLPAggregation")
 FUNCTIONS = ("gcn_norm", "global_add_pool", "global_mean_pool", "global_max_pool",
              "global_softmax_pool")
+FUNCTIONS = (*FUNCTIONS, "NeighborLoader")   # neighbour-sampled mini-batches (API.md section 12)
 
 
 def _needs_torch(what: str, exc: ImportError) -> UnsupportedError:

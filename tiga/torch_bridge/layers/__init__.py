@@ -26,6 +26,7 @@ from .gat_conv import GATConv, GATv2Conv
 from .gcn import GCNConv, gcn_norm
 from .gen import GENConv, MessageNorm
 from .graph_conv import GraphConv, ResGatedGraphConv
+from .loader import NeighborLoader, SampledSubgraph
 from .pna import PNAConv
 from .pool import global_add_pool, global_max_pool, global_mean_pool, global_softmax_pool
 from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
@@ -42,3 +43,4 @@ __all__ = ["APPNP", "Aggregation", "ChebConv", "DynamicEdgeConv", "EdgeConv",
            "SAGEConv", "SGConv", "SoftmaxAggregation", "StdAggregation", "SumAggregation",
            "TAGConv", "TransformerConv", "VarAggregation", "gcn_norm", "global_add_pool",
            "global_max_pool", "global_mean_pool", "global_softmax_pool"]
+__all__ += ["NeighborLoader", "SampledSubgraph"]
