@@ -53,8 +53,9 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("TIGA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setattr(artifacts, "_KEYS", {})
-    monkeypatch.setattr(artifacts, "_WARNED", set())
-    return tmp_path
+    artifacts._warn_once.cache_clear()      # each test sees its warnings, whatever ran before
+    yield tmp_path
+    artifacts._warn_once.cache_clear()      # and leaves none of its own remembered
 
 
 def _mode(p) -> int:

@@ -90,7 +90,6 @@ def cache_key_path() -> Path:
     return root / "tiga" / "cache-key"
 
 
-_WARNED: set = set()     # warnings given (each once per process)
 _KEYS: dict = {}         # key file path -> its key, read once it passed the checks
 _KEY_LOCK = threading.Lock()
 
@@ -98,9 +97,12 @@ _KEY_LOCK = threading.Lock()
 def _warn(path, problem: str, fix: str) -> None:
     msg = (f"tiga: running without the disk cache: {path} {problem}; a cache entry is code "
            f"Tiga runs, so only you may be able to write it. {fix}")
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        warnings.warn(msg, CacheTrustWarning, stacklevel=5)
+    _warn_once(msg)
+
+
+@functools.cache    # each warning once per process (keyed by its text)
+def _warn_once(msg: str) -> None:
+    warnings.warn(msg, CacheTrustWarning, stacklevel=6)
 
 
 def _dir_fix(path) -> str:

@@ -13,6 +13,7 @@ the caller's arrays), so several Python threads may launch kernels at once. TIGA
 """
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +38,6 @@ class _Pinned(threading.local):
 
 
 _PINNED = _Pinned()   # .n: the pool size of the call running on this thread
-_PARSED: dict = {}            # TIGA_NUM_THREADS as found -> its thread count (a memo)
 
 
 def num_threads() -> int:
@@ -47,14 +47,14 @@ def num_threads() -> int:
     n = _PINNED.n
     if n is not None:
         return n
-    raw = env("TIGA_NUM_THREADS")
-    n = _PARSED.get(raw)
-    if n is None:   # parsed once per value: a bad one raises every time, a capped one warns once
-        n = env_num_threads(TigaError)
-        if len(_PARSED) > 64:
-            _PARSED.clear()
-        _PARSED[raw] = n
-    return n
+    return _parsed(env("TIGA_NUM_THREADS"))
+
+
+# parsed once per value of TIGA_NUM_THREADS (the key; env_num_threads reads the same
+# variable): a bad one raises every time (lru_cache keeps no exception), a capped one warns once
+@functools.lru_cache(maxsize=64)
+def _parsed(raw) -> int:
+    return env_num_threads(TigaError)
 
 
 def pin_threads() -> int | None:

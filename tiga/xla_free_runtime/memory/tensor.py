@@ -1,6 +1,7 @@
 """runtime: tg.Tensor, a typed value over one storage tier; asarray and DLPack import."""
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import shutil
@@ -350,16 +351,12 @@ def _wrap(arr: np.ndarray) -> Tensor:
         arr = np.asarray(arr)
     # (TensorTypes are immutable: one per shape and dtype serves every result of that type;
     # building one costs a warm call ~1 us)
-    found = _TYPES.get((arr.shape, arr.dtype))
-    if found is None:
-        found = TensorType(arr.shape, as_dtype(arr.dtype))
-        if len(_TYPES) > 1024:
-            _TYPES.clear()
-        _TYPES[(arr.shape, arr.dtype)] = found
-    return Tensor(HostStorage(arr), found)
+    return Tensor(HostStorage(arr), _tensor_type(arr.shape, arr.dtype))
 
 
-_TYPES: dict = {}    # (shape, numpy dtype) -> its TensorType: a memo of a pure function
+@functools.lru_cache(maxsize=1024)     # a memo of a pure function of (shape, numpy dtype)
+def _tensor_type(shape: tuple, dtype: np.dtype) -> TensorType:
+    return TensorType(shape, as_dtype(dtype))
 
 
 def asarray(obj, dtype=None, device: str = "cpu") -> Tensor:
