@@ -696,3 +696,27 @@ def test_rgcn_graph_without_nodes(config):
     out = layer(torch.zeros(0, 4), torch.zeros(2, 0, dtype=torch.int64),
                 torch.zeros(0, dtype=torch.int64))
     assert out.shape == (0, 6)
+
+
+@pytest.mark.parametrize("how", ["data", "numpy", "index_put"])
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_in_place_edge_index_edits_are_seen(name, how):
+    """An edge_index changed in place between calls (issue 40 item 6: through .data or
+    .numpy(), which keep the version counter, or index_put_) is never served stale from
+    a memo (relations, PNAConv's and GENConv's edges -> destinations relation)."""
+    make, call, _, _, width = LAYERS[name]
+    torch.manual_seed(0)
+    layer = make(tg.nn).eval()
+    x = torch.randn(5, 4)
+    ei = torch.tensor([[0, 2, 3, 4], [1, 1, 0, 2]])
+    w = torch.rand(4, width) if width else torch.rand(4)
+    before = call(layer, x, ei, w)
+    if how == "data":
+        ei.data[1, 0] = 3
+    elif how == "numpy":
+        ei.numpy()[1, 0] = 3
+    else:
+        ei.index_put_((torch.tensor([1]), torch.tensor([0])), torch.tensor(3))
+    got = call(layer, x, ei, w)
+    assert torch.equal(got, call(layer, x, ei.clone(), w))
+    assert not torch.equal(got, before)
