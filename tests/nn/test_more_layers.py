@@ -156,6 +156,14 @@ def _graph_mean_dense(m, x, ei, w):
     return m.lin_rel(dense(ei, x.size(0), w) @ x / count) + m.lin_root(x)
 
 
+def _graph_max_dense(m, x, ei, w):
+    src, dst = ei[0].long(), ei[1].long()
+    w = torch.ones(ei.size(1), dtype=x.dtype) if w is None else w
+    msg = w[:, None] * x[src]
+    agg = _per_dst(x.size(0), dst, lambda k: msg[k].max(0).values, 4, x.dtype)
+    return m.lin_rel(agg) + m.lin_root(x)
+
+
 def _cheb(lib):
     return lib.ChebConv(4, 3, K=3)
 
@@ -356,6 +364,8 @@ LAYERS = {
     "GraphConv": (_graph, _plain_call, _graph_dense, False, 0),
     "GraphConv-mean": (lambda lib: _graph(lib, "mean"), _plain_call, _graph_mean_dense,
                        False, 0),
+    "GraphConv-max": (lambda lib: _graph(lib, "max"), _plain_call, _graph_max_dense, False,
+                      0),
     "ChebConv": (_cheb, _cheb_call, _cheb_dense, False, 0),
     "ResGatedGraphConv": (_gated, _gated_call, _gated_dense, False, 2),
     "TransformerConv": (_transformer, _gated_call, _transformer_dense, False, 2),

@@ -88,7 +88,9 @@ class GraphConv(torch.nn.Module):
 
     Parameter names (`lin_rel.weight`, `lin_rel.bias`, `lin_root.weight`) and arguments
     are PyG's; aggr ("add" default) as SAGEConv's: a name, a list, or an aggregation
-    module (aggr_kwargs for it); in_channels may be a pair or -1 (lazy).
+    module (aggr_kwargs for it); lin_rel reads in_channels[0] columns whatever aggr is (as
+    PyG's), so a list must combine to that width (aggr_kwargs=dict(mode="sum"), "mean",
+    "proj", ...). in_channels may be a pair or -1 (lazy).
     forward(x, edge_index, edge_weight=None, size=None): x (N, F), (B, N, F) or a pair
     (x_src, x_dst), x_dst None allowed (then no root term; size= gives the destinations);
     edge_weight (E,) in the relation's edge order (a torch.sparse adj_t's values when not
