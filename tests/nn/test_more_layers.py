@@ -730,3 +730,28 @@ def test_in_place_edge_index_edits_are_seen(name, how):
     got = call(layer, x, ei, w)
     assert torch.equal(got, call(layer, x, ei.clone(), w))
     assert not torch.equal(got, before)
+
+
+@pytest.mark.parametrize("normalization", ["sym", "rw", None])
+@pytest.mark.parametrize("seed", [0, 2, 4])
+def test_cheb_batched_lambda_matches_pyg(normalization, seed):
+    """ChebConv over a batch of graphs with one lambda_max per graph, every normalization:
+    outputs and the gradients of x and the edge weights."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ei, x, w = _inputs(seed, torch.float32)
+    n = x.size(0)
+    batch = (torch.arange(n) >= n // 2).long()
+    lam = torch.tensor([1.5, 2.5])
+    torch.manual_seed(seed)
+    theirs = pyg.ChebConv(4, 3, K=3, normalization=normalization)
+    ours = tg.nn.ChebConv(4, 3, K=3, normalization=normalization)
+    ours.load_state_dict(theirs.state_dict())
+    outs = []
+    for layer, edges in ((ours, ei), (theirs, ei.long())):
+        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+        out = layer(leaves[0], edges, leaves[1], batch, lam)
+        cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+        outs.append((out, torch.autograd.grad((out * cot).sum(), leaves)))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=RTOL, atol=ATOL)
+    for g, v in zip(outs[0][1], outs[1][1]):
+        torch.testing.assert_close(g, v, rtol=RTOL, atol=ATOL)
