@@ -31,20 +31,33 @@ _LOCK = threading.Lock()
 _POOL: dict = {}
 
 
-class _Pinned(threading.local):
+class _PerThread(threading.local):
+    """What one thread keeps: the pool size of the call running on it and its work arrays."""
+
     # (a class default: getattr(local, name, None) on a missing attribute raises and catches
     # an AttributeError inside, ~0.7 us, and a warm call asks several times)
     n: int | None = None
 
+    def __init__(self):     # (run once in each thread that uses it)
+        self.arrays = {}
 
-_PINNED = _Pinned()   # .n: the pool size of the call running on this thread
+
+_THREAD = _PerThread()
+
+
+def work_arrays() -> dict:
+    """This thread's reusable work arrays, keyed by (owner, role) (attention's backward, the
+    page gather's mark array, O_DIRECT staging): kept between calls, since fresh multi-MiB
+    allocations come back from the OS untouched and their first-touch page faults measured a
+    large part of those kernels' time. Their contents are never read across calls."""
+    return _THREAD.arrays
 
 
 def num_threads() -> int:
     """TIGA_NUM_THREADS (default: all cores), capped at 4 x the cores with a warning; the
     kernel schedule (lower/passes/select_kernel_schedule.py) reads the same value. Inside
     `pin_threads` the value read when the call started."""
-    n = _PINNED.n
+    n = _THREAD.n
     if n is not None:
         return n
     return _parsed(env("TIGA_NUM_THREADS"))
@@ -60,15 +73,15 @@ def _parsed(raw) -> int:
 def pin_threads() -> int | None:
     """Read the pool size once for a call on this thread (a warm call asks for it several
     times: kernel variant, schedule, staging); returns what `unpin_threads` restores."""
-    before = _PINNED.n
+    before = _THREAD.n
     if before is None:
-        _PINNED.n = num_threads()
+        _THREAD.n = num_threads()
     return before
 
 
 def unpin_threads(before: int | None) -> None:
     """Undo the matching `pin_threads` (an outer call's pin stays)."""
-    _PINNED.n = before
+    _THREAD.n = before
 
 
 def pool(threads: int) -> ThreadPoolExecutor:

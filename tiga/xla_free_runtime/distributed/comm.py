@@ -17,7 +17,6 @@ import numpy as np
 from ...core.errors import DistributedError, UnsupportedError
 
 DEFAULT_TIMEOUT = 60.0
-_WORLD: list = []          # the Comm that init() returned (one per process)
 
 
 def mpi():

@@ -13,6 +13,7 @@ the caller keeps numpy's way.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -21,12 +22,11 @@ from ...core.errors import CompilationError
 from ...lower.abi import KernelSignature
 from ..backends import FixedKernel, KernelArgs, launch
 from ..cache import CACHE, full_key
+from ..threads import work_arrays
 
 KEY = ("paging.page_distinct", 1)     # the kernel's own part of the cache key
 KEEP_ENTRIES = 1 << 24                # larger scratch is made per call, not kept by a thread
-_KERNELS: dict = {}                   # id bits -> Executable, or None (not buildable)
 _LOCK = threading.Lock()
-_SCRATCH = threading.local()
 
 
 def _signature(symbol: str, bits: int) -> KernelSignature:
@@ -42,23 +42,20 @@ def kernel_name(bits: int) -> str:
     return f"page_distinct_i{bits}"
 
 
+@functools.cache     # per id width: the Executable, or None (not buildable)
 def kernel(bits: int):
     """The compiled page_distinct for ids of `bits` bits, built (or read from disk) once;
     None where it cannot be (no LLVM, a failed build): numpy's way then."""
-    if bits in _KERNELS:
-        return _KERNELS[bits]
-    with _LOCK:
-        if bits not in _KERNELS:
-            try:
-                from ...lower.llvm import page_distinct
-                exe = CACHE.get(full_key(KEY + (bits,)), lambda symbol: (
-                    page_distinct.emit(symbol, bits), _signature(symbol, bits)))
-                if exe.kernel is None:
-                    exe.kernel = FixedKernel(kernel_name(bits))
-                _KERNELS[bits] = exe
-            except (ImportError, CompilationError, OSError):
-                _KERNELS[bits] = None
-    return _KERNELS[bits]
+    with _LOCK:     # (threads racing on a first page build it once: CACHE holds it after)
+        try:
+            from ...lower.llvm import page_distinct
+            exe = CACHE.get(full_key(KEY + (bits,)), lambda symbol: (
+                page_distinct.emit(symbol, bits), _signature(symbol, bits)))
+            if exe.kernel is None:
+                exe.kernel = FixedKernel(kernel_name(bits))
+            return exe
+        except (ImportError, CompilationError, OSError):
+            return None
 
 
 def _scratch(span: int, dtype: np.dtype) -> np.ndarray:
@@ -66,9 +63,10 @@ def _scratch(span: int, dtype: np.dtype) -> np.ndarray:
     fault in per page), or a fresh one past KEEP_ENTRIES."""
     if span > KEEP_ENTRIES:
         return np.empty(span, dtype)
-    held = getattr(_SCRATCH, "mark", None)
+    have = work_arrays()
+    held = have.get(("page-gather", "mark"))
     if held is None or held.dtype != dtype or len(held) < span:
-        held = _SCRATCH.mark = np.empty(span + span // 8, dtype)
+        held = have["page-gather", "mark"] = np.empty(span + span // 8, dtype)
     return held[:span]
 
 

@@ -10,7 +10,7 @@ from ....core.errors import TigaError
 from ....lower.llvm import attention as kernel
 from ....lower.schedule import CHUNKS_PER_THREAD, attention_tiles
 from ...run_report import COUNTERS
-from ...threads import num_threads, run_jobs
+from ...threads import num_threads, run_jobs, work_arrays
 from .. import KernelArgs
 from .. import launch as launch_kernel
 
@@ -270,20 +270,14 @@ def _strided_ok(x: np.ndarray) -> bool:
         all(s >= 0 and s % 4 == 0 for s in st))
 
 
-# The backward's work arrays (packed q and dO, dq sums) are kept between calls: fresh
-# multi-MiB allocations come back from the OS untouched, and their first-touch page faults
-# measured a fifth of the backward at N = 1024 (as for the forward's scratch).
-_BWD_LOCAL = threading.local()
-
-
 def _bwd_scratch(role, shape) -> np.ndarray:
-    """A float32 work array of `shape` for this thread (the latest shape per role)."""
-    have = getattr(_BWD_LOCAL, "arrays", None)
-    if have is None:
-        have = _BWD_LOCAL.arrays = {}
-    found = have.get(role)
+    """A float32 work array of `shape` for this thread (the latest shape per role). The
+    backward's work arrays (packed q and dO, dq sums) are kept between calls: their
+    first-touch page faults measured a fifth of the backward at N = 1024."""
+    have, key = work_arrays(), ("attention-backward", role)
+    found = have.get(key)
     if found is None or found.shape != tuple(shape):
-        found = have[role] = np.empty(shape, np.float32)
+        found = have[key] = np.empty(shape, np.float32)
     return found
 
 

@@ -20,16 +20,15 @@ import platform
 import stat
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from ....core.errors import StorageError
+from ...threads import work_arrays
 
 BLOCK = 4096                   # O_DIRECT transfers: address, offset and length in blocks
 DIRECT_ALIGN = 512             # O_DIRECT reads: the buffer's address, in sectors
-_STAGING = threading.local()     # per thread: block-aligned chunk buffers (_staging)
 _READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) |
                getattr(os, "O_CLOEXEC", 0))
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -172,10 +171,10 @@ def write_file(path: Path, body: np.ndarray, trailer: bytes) -> None:
 def _staging(use: str, n: int) -> np.ndarray:
     """This thread's block-aligned buffer of at least `n` bytes for `use` (O_DIRECT needs
     aligned memory; a chunk that is not goes through it)."""
-    buf = getattr(_STAGING, use, None)
+    have = work_arrays()
+    buf = have.get(("staging", use))
     if buf is None or len(buf) < n:
-        buf = aligned_empty((n,), np.uint8, BLOCK)
-        setattr(_STAGING, use, buf)
+        buf = have["staging", use] = aligned_empty((n,), np.uint8, BLOCK)
     return buf
 
 
