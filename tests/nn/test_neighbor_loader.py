@@ -286,3 +286,20 @@ def test_graphsage_epoch_trains_on_the_batches():
         a = conv2(conv1(sub.x, sub.edge_index).relu(), sub.edge_index)
         b = conv2(conv1(sub.x, sub.graph).relu(), sub.graph)
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_dense_and_sorted_node_maps_agree(monkeypatch):
+    """Graphs up to DENSE_MAP_NODES nodes map ids through a reused array, larger ones through
+    sorted arrays: the batches are the same, and the array is left all -1 after each batch."""
+    from tiga.torch_bridge.layers import loader as module
+    ei, n = _edge_index(seed=12)
+    g = tg.Graph.from_edge_index(ei, num_nodes=n)
+    dense = _loader(g, replace=True, seed=4)
+    want = _ids(dense)
+    assert dense._table is not None and bool(np.all(dense._table == -1))
+    monkeypatch.setattr(module, "DENSE_MAP_NODES", 0)
+    sorted_ = _loader(g, replace=True, seed=4)
+    assert _ids(sorted_) == want and sorted_._table is None
+    one = _loader(g).sample([5, 5, 7], rng=1)
+    monkeypatch.undo()
+    assert one.n_id.tolist() == _loader(g).sample([5, 5, 7], rng=1).n_id.tolist()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 
 import numpy as np
 import torch
@@ -197,12 +198,53 @@ class NodeMap:
         return local[inverse.reshape(-1)], uniq[fresh]
 
 
+class DenseNodeMap:
+    """NodeMap over a reused array of the graph's size (-1: not in the batch): no sorting,
+    each hop a few gathers and scatters. `release()` clears the entries the batch set, so
+    the next batch finds the array all -1 again."""
+
+    def __init__(self, table: np.ndarray, seeds: np.ndarray):
+        self.table, self.size = table, len(seeds)
+        table[seeds[::-1]] = np.arange(len(seeds) - 1, -1, -1)   # a repeated seed: its first
+        self.touched = [seeds]
+
+    def add(self, nodes: np.ndarray) -> tuple:
+        table = self.table
+        fresh = nodes[table[nodes] < 0]
+        # each fresh node's first place among `fresh`: written last-to-first, the first write
+        # of a repeated index is the one that stays (values below -1 stay apart from -1)
+        place = np.arange(len(fresh), dtype=np.int64)
+        table[fresh[::-1]] = -2 - place[::-1]
+        new = fresh[table[fresh] == -2 - place]
+        table[new] = self.size + np.arange(len(new), dtype=np.int64)
+        self.size += len(new)
+        self.touched.append(new)
+        return table[nodes].astype(np.int64, copy=False), new
+
+    def release(self) -> None:
+        for ids in self.touched:
+            self.table[ids] = -1
+        self.touched = []
+
+
+DENSE_MAP_NODES = 1 << 26     # graphs up to this many nodes use DenseNodeMap (256 MiB at most)
+
+
 def sample_subgraph(rows, seeds: np.ndarray, num_neighbors, replace: bool,
-                    rng: np.random.Generator) -> dict:
+                    rng: np.random.Generator, table: np.ndarray | None = None) -> dict:
     """One batch's sample (numpy): n_id (seeds first, then each hop's new nodes), the local
-    edge_index, e_id, and the per-hop counts."""
+    edge_index, e_id, and the per-hop counts. `table`: an int32 array of the graph's size
+    holding -1 everywhere (DenseNodeMap's; left as it was found), else the sorted NodeMap."""
     seeds = np.asarray(seeds, dtype=np.int64)
-    nodes = NodeMap(seeds)
+    nodes = NodeMap(seeds) if table is None else DenseNodeMap(table, seeds)
+    try:
+        return _grow(rows, seeds, nodes, num_neighbors, replace, rng)
+    finally:
+        if table is not None:
+            nodes.release()
+
+
+def _grow(rows, seeds, nodes, num_neighbors, replace, rng) -> dict:
     n_id, src, dst, e_id = [seeds], [], [], []
     counts_n, counts_e = [len(seeds)], []
     frontier, lo = seeds, 0
@@ -233,6 +275,11 @@ def _take_field(value, index: np.ndarray):
     only the chunks holding those rows); torch tensors come back as torch tensors, the others
     as torch tensors made from the rows read."""
     if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and not value.requires_grad:
+            try:        # numpy's row gather is several times faster than index_select's
+                return torch.from_numpy(np.take(value.numpy(), index, axis=0))
+            except (TypeError, RuntimeError):       # bfloat16 and others numpy lacks
+                pass
         return value.index_select(0, torch.from_numpy(index).to(value.device))
     storage = getattr(value, "_storage", None)
     if getattr(value, "tier", None) == "disk" and hasattr(storage, "take_rows"):
@@ -447,6 +494,7 @@ class NeighborLoader:
             (edge if _is_edge_name(name) else node)[name] = value
         self.node_fields, self.edge_fields = node, edge
         self.input_nodes = _input_nodes(input_nodes, self.rows.num_nodes)
+        self._table, self._table_lock = None, threading.Lock()
 
     def __len__(self) -> int:
         n = len(self.input_nodes)
@@ -481,7 +529,17 @@ class NeighborLoader:
     def _batch(self, input_id, rng: np.random.Generator, seeds=None):
         if seeds is None:
             seeds = self.input_nodes[input_id]
-        out = sample_subgraph(self.rows, seeds, self.num_neighbors, self.replace, rng)
+        table = None
+        if self.rows.num_nodes <= DENSE_MAP_NODES and self._table_lock.acquire(blocking=False):
+            if self._table is None:        # (another thread sampling meanwhile: the sorted map)
+                self._table = np.full(self.rows.num_nodes, -1, np.int32)
+            table = self._table
+        try:
+            out = sample_subgraph(self.rows, seeds, self.num_neighbors, self.replace, rng,
+                                  table)
+        finally:
+            if table is not None:
+                self._table_lock.release()
         n_id, e_id = out["n_id"], out["e_id"]
         attrs = {name: _take_field(v, n_id) for name, v in self.node_fields.items()}
         attrs.update({name: _take_field(v, e_id) for name, v in self.edge_fields.items()})
