@@ -755,3 +755,25 @@ def test_cheb_batched_lambda_matches_pyg(normalization, seed):
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=RTOL, atol=ATOL)
     for g, v in zip(outs[0][1], outs[1][1]):
         torch.testing.assert_close(g, v, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("seed", [0, 2, 5])
+def test_gen_softmax_semi_grad_matches_pyg(seed):
+    """aggr="softmax_sg": the softmax weights get no gradient (PyG's semi_grad), so x's
+    gradient comes through the weighted messages alone."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    ei, x, e = _inputs(seed, torch.float32, 2)
+
+    def make(lib):
+        return lib.GENConv(4, 3, aggr="softmax_sg", t=0.6, edge_dim=2, norm="layer")
+
+    theirs, ours = make(pyg), make(tg.nn)
+    ours.load_state_dict(theirs.state_dict())
+    grads = []
+    for layer, edges in ((ours, ei), (theirs, ei.long())):
+        leaves = [x.clone().requires_grad_(), e.clone().requires_grad_()]
+        out = layer(leaves[0], edges, leaves[1])
+        cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+        grads.append((out, *torch.autograd.grad((out * cot).sum(), leaves)))
+    for g, v in zip(*grads):
+        torch.testing.assert_close(g, v, rtol=RTOL, atol=ATOL)

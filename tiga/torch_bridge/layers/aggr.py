@@ -136,7 +136,8 @@ _SOFTMAX = _SoftmaxMessages()
 
 class SoftmaxAggregation(Aggregation):
     """PyG's softmax aggregation: sum_j softmax over j of (t * x_j), times x_j, per
-    feature; t a float, or a learned Parameter `t` of shape (channels,) with learn=True."""
+    feature; t a float, or a learned Parameter `t` of shape (channels,) with learn=True.
+    semi_grad=True (fixed t only) gives the softmax weights no gradient, as PyG's."""
 
     def __init__(self, t: float = 1.0, learn: bool = False, semi_grad: bool = False,
                  channels: int = 1):
@@ -160,9 +161,10 @@ class SoftmaxAggregation(Aggregation):
         t = self.t
         if not isinstance(t, torch.Tensor):
             t = torch.tensor([float(t)], dtype=x.dtype, device=x.device)
-        if self.semi_grad:
-            t = t.detach()
-        out = _SOFTMAX(graph=graph, src={"x": x, "v": x.unsqueeze(-1)}, t=t.to(x.dtype))
+        # semi_grad (PyG: the softmax weights computed without gradient): the scores read
+        # a detached x, so the gradient reaches x through the weighted values alone
+        scores = x.detach() if self.semi_grad else x
+        out = _SOFTMAX(graph=graph, src={"x": scores, "v": x.unsqueeze(-1)}, t=t.to(x.dtype))
         return out.squeeze(-1)
 
     def __repr__(self) -> str:

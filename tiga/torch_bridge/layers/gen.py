@@ -153,7 +153,7 @@ class GENConv(torch.nn.Module):
             raise LayerArgumentError(f"GENConv: edge features have width {e.size(-1)}, "
                                      f"the messages {h_src.size(-1)}: give edge_dim")
         edges, ei = edges_to_destinations(graph)
-        src = torch.from_numpy(ei[0]).to(h_src.device)
+        src = torch.tensor(ei[0], device=h_src.device)    # (the memo's array is read-only)
         return over(self.aggr_module, edges, (h_src[src] + e).relu() + self.eps)
 
     def __repr__(self) -> str:

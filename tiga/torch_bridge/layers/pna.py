@@ -190,7 +190,7 @@ class PNAConv(torch.nn.Module):
             h = x.view(n, 1, self.F_in).expand(n, t, self.F_in)
         graph = relation("PNAConv", adj.relation, n, n)
         edges, ei = edges_to_destinations(graph)
-        ei = torch.from_numpy(ei).to(x.device)
+        ei = torch.tensor(ei, device=x.device)    # (the memo's array is read-only)
         parts = [h[ei[1]], h[ei[0]]]
         if self.edge_encoder is not None and edge_attr is not None:
             if edge_attr.size(0) != graph.num_edges:
