@@ -5,7 +5,8 @@ kernel region every launch runs; the call's lowering gives it, the executor hand
 over this rank's halo plan by the lowering pass lower/passes/plan_halo_tasks (its docstring
 lists the ops). This module is the runtime's side: it hands the pass this rank's plan as plain
 numbers, caches the module on the graph per (equation, schedule) and its interpreter steps
-per module, and verifies the module when tg.config.check. `run.py`'s halo handlers run the steps.
+per module in the equation's weak cache, and verifies the module when tg.config.check.
+`run.py`'s halo handlers run the steps.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import weakref
 from ...core.config import config
 from ...lower.ir.task import TaskModule
 from ...lower.passes.plan_halo_tasks import plan_halo_tasks
+from ..equation_cache import kept
 from ..interpreter import op_steps
 
 
@@ -35,18 +37,18 @@ def exchanged(eqn) -> dict:
 def halo_plan(eqn, dg, page) -> tuple:
     """(module, steps): the plan of `eqn` over `dg` and its ops as interpreter steps."""
     module = task_module(eqn, dg, page)
-    entry = _STEPS.get(id(module))
+    # id(plan module) -> (weak module, its op_steps): a module is fixed once built, and its
+    # steps are read on every call (dropped with the module, i.e. with its graph's plan
+    # cache, or with the equation)
+    per_module = kept(eqn, "halo_steps")
+    key = id(module)
+    entry = per_module.get(key)
     if entry is not None and entry[0]() is module:
         return module, entry[1]
     steps = op_steps(module)
-    key = id(module)
-    _STEPS[key] = (weakref.ref(module, lambda _, key=key: _STEPS.pop(key, None)), steps)
+    per_module[key] = (weakref.ref(module, lambda _, key=key: per_module.pop(key, None)),
+                       steps)
     return module, steps
-
-
-# id(plan module) -> (weak module, its op_steps): a module is fixed once built, and its steps
-# are read on every call (dropped with the module, i.e. with its graph's plan cache)
-_STEPS: dict = {}
 
 
 def task_module(eqn, dg, page: TaskModule) -> TaskModule:

@@ -33,9 +33,8 @@ from ....lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
 from ....lower.schedule import triton_attention_blocks, triton_dot_precision
 from ....lower.triton.attention import attention_source
 from ....lower.triton.emitter import pow2
-from .compile import import_text, interpret, launch_result, tensors
+from .compile import fixed_held, import_text, interpret, launch_result, tensors
 
-_SEEN: set = set()     # backends whose attention module was imported
 CLAIMED = ("dq", "dkdv", "dkdvq")      # canonical VJP propagates run by the attention kernels
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 HALF = ("float16", "bfloat16")
@@ -118,7 +117,6 @@ class _Launch:
         self.scale = self.buf.from_array(np.array([scale], self.ct), self.ct, self.device)
         self.ranges = [self.buf.from_array(a, "int64", self.device) for a in row_ranges(graph)]
         self.mod = _kernels(backend)
-        _SEEN.add(backend)
 
     def t(self, x, dtype: str | None = None):
         """A field as a contiguous tensor on the launch device (in its own dtype)."""
@@ -284,4 +282,5 @@ class TritonAttentionPlan:
                        f"num_warps={warps}, num_stages={stages} (attention: head width padded "
                        "to a power of two >= 16, masked)")
         ex.cache_lines.append("triton attention kernels: " + (
-            "hit (memory)" if self.backend in _SEEN else "miss (compiled on the first call)"))
+            "hit (memory)" if fixed_held(attention_source(), "attention", self.backend)
+            else "miss (compiled on the first call)"))

@@ -147,6 +147,12 @@ def import_text(text: str, tag: str, backend: str):
 _FIXED: dict = {}
 
 
+def fixed_held(text: str, tag: str, backend: str) -> bool:
+    """Whether import_text holds this fixed module in memory (explain's cache line)."""
+    found = _FIXED.get((text, tag, backend))
+    return found is not None and CACHE.current(found)
+
+
 # true once triton's library was seen interpreted (fixed at import); a failure raises, which
 # functools.cache does not keep, so the next call asks again
 @functools.cache
@@ -209,4 +215,4 @@ def launch_result(buf, x, dtype: str, device: str):
 
 __all__ = ["TritonArtifact", "TritonModule", "module_key", "symbol_for", "import_text",
            "ensure_interpreter", "interpret", "tensors", "launch_result", "triton_version",
-           "HOOKS"]
+           "fixed_held", "HOOKS"]
