@@ -135,6 +135,16 @@ def _gcn2_dense(m, x, ei, w):
     return (1 - b) * h + b * h @ m.weight1 + (1 - b) * x0 + b * x0 @ m.weight2
 
 
+def _gcn2_shared(lib):
+    return lib.GCN2Conv(4, alpha=0.1)
+
+
+def _gcn2_shared_dense(m, x, ei, w):
+    """beta = 1 (no theta, layer): x' = ((1 - alpha) A_hat x + alpha x_0) W1."""
+    p = 0.9 * (gcn_dense(ei, x.size(0), w) @ x) + 0.1 * x.flip(0)
+    return p @ m.weight1
+
+
 def _gcn2_call(m, x, ei, w):
     return m(x, x.flip(0), ei, w)
 
@@ -361,6 +371,7 @@ LAYERS = {
     "APPNP": (_appnp, _plain_call, _appnp_dense, True, 0),
     "TAGConv": (_tag, _plain_call, _tag_dense, False, 0),
     "GCN2Conv": (_gcn2, _gcn2_call, _gcn2_dense, True, 0),
+    "GCN2Conv-shared": (_gcn2_shared, _gcn2_call, _gcn2_shared_dense, True, 0),
     "GraphConv": (_graph, _plain_call, _graph_dense, False, 0),
     "GraphConv-mean": (lambda lib: _graph(lib, "mean"), _plain_call, _graph_mean_dense,
                        False, 0),
