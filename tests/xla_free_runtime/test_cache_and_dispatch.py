@@ -24,8 +24,8 @@ from tiga.trace.message_passing import PropagateCall
 from tiga.xla_free_runtime import artifacts
 from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
-from tiga.xla_free_runtime.backends.cpu.propagate import _argv, plan_propagate
-from tiga.xla_free_runtime.executor import LOWERING, execute
+from tiga.xla_free_runtime.backends.cpu.propagate import _argv
+from tiga.xla_free_runtime.executor import execute, kernel_op, planned
 from tiga.xla_free_runtime.relation_cache import memo
 from tiga.xla_free_runtime.threads import row_chunks, run_chunks
 
@@ -275,7 +275,7 @@ def test_native_chunk_loop_equals_one_call_and_serves_concurrent_callers(monkeyp
     m = WeightedSum()
     want = np.asarray(m(graph=g, src={"x": x}, edge={"w": w}))
     program, _ = m._call(g, {"x": x}, {}, {"w": w}, {}).staged_program()
-    exe = plan_propagate(program.eqns[0], g, lower=LOWERING)
+    exe = planned(program.eqns[0], g)
     assert exe.native.drive is not None           # the kernel carries its chunk loop
     out = np.empty_like(want)
     argv = _argv(exe.signature, {"row_ptr": row_ptr, "col_idx": col, "edge_perm": None,
@@ -348,7 +348,7 @@ def test_runtime_chunks_rows_as_the_launch_schedule_says(monkeypatch, kind):
         program = tg.make_program(f)(g, x)
         execute(program, [g, x])
     eqn = program.eqns[0]
-    s = lp.launch_op(eqn, g, LOWERING).schedule
+    s = lp.launch_op(eqn, g, kernel_op(eqn)).schedule   # (the op the executor lowers for it)
     assert s.target == "cpu-llvm" and s.threads == 2 and s.chunks_per_thread == 16
     assert s.row_partition == ("edge-balanced" if kind == "csr" else "row-balanced")
     chunks = memo(g)["chunks"]

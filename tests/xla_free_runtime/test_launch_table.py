@@ -9,7 +9,7 @@ from tiga.xla_free_runtime import backend_table as launch
 from tiga.xla_free_runtime.backends.cpu import attention as attention_route
 from tiga.xla_free_runtime.backends.cpu import generated as generated_route
 from tiga.xla_free_runtime.cache import Executable
-from tiga.xla_free_runtime.executor import LOWERING
+from tiga.xla_free_runtime.executor import planned
 
 ROOT = Path(tg.__file__).resolve().parent
 
@@ -33,7 +33,7 @@ def test_plan_routes_a_stored_relation_to_the_generic_kernel():
         lambda x: tg.propagate(g, lambda s, d, ed: s.x * 2.0, tg.sum(), src={"x": x}))(x)
     eqn = next(q for q in program.eqns if q.primitive.name == "propagate")
     graph = eqn.inputs[0].value if hasattr(eqn.inputs[0], "value") else g
-    found = launch.plan(eqn, graph, lower=LOWERING)
+    found = planned(eqn, graph)
     assert isinstance(found, Executable)
     # the memory cache: the same kernel
-    assert launch.plan(eqn, graph, lower=LOWERING) is found
+    assert planned(eqn, graph) is found

@@ -16,8 +16,8 @@ import tiga as tg
 from tiga.lower.llvm import pool as protocol
 from tiga.xla_free_runtime import threads as T
 from tiga.xla_free_runtime.backends.cpu.native import pool as native_pool
-from tiga.xla_free_runtime.backends.cpu.propagate import _argv, plan_propagate, walked_csr
-from tiga.xla_free_runtime.executor import LOWERING
+from tiga.xla_free_runtime.backends.cpu.propagate import _argv, walked_csr
+from tiga.xla_free_runtime.executor import planned
 
 pytestmark = pytest.mark.skipif(not protocol.supported(),
                                 reason="the native pool is built for x86-64 Linux only")
@@ -43,7 +43,7 @@ def _kernel(row_ptr, col, x, w):
     g = tg.Graph.from_csr(row_ptr, col, num_src=len(row_ptr) - 1)
     m = WeightedSum()
     program, _ = m._call(g, {"x": x}, {}, {"w": w}, {}).staged_program()
-    return g, m, plan_propagate(program.eqns[0], g, lower=LOWERING)
+    return g, m, planned(program.eqns[0], g)
 
 
 def _run(exe, row_ptr, col, x, w, threads):

@@ -4,14 +4,16 @@
 propagate?"): the executor, explain(), the distributed runtime. The selected backend
 (lower/backends.py) decides first: a Triton backend plans through triton_launch; cpu-llvm
 tries the specialised planners of `PLANNERS` in order and then the generic fused kernel
-(propagate.plan_propagate). The planners import propagate.py, never this module, so
+(propagate.generic_plan). The planners import propagate.py, never this module, so
 the dispatch sits above them and no import order fills a registry.
 
-A planner is `planner(eqn, graph, compile, lower) -> None | Fallback | plan` (None: not
+A planner is `planner(eqn, graph, compile, held) -> None | Fallback | plan` (None: not
 mine). A plan has `run(eqn, graph, values) -> outputs` and `describe(explanation, eqn, graph,
-where)`; `compile=False` plans must not compile anything (explain() before a call). `lower` is
-the executor's Lowering (executor.LOWERING): a planner asks it for the Kernel op it binds and
-keeps that op in its plan, so nothing below the executor lowers.
+where)`; `compile=False` plans must not compile anything (explain() before a call). `held` is
+the Kernel op handed down for the equation (the call's bound Task module's); a cpu-llvm
+planner it does not fit answers an Unbound naming the launch to lower, which the executor
+lowers and plans again with (executor.planned): nothing below the executor lowers. (`lower`,
+the executor's Lowering, is still handed to the Triton planners.)
 
 Per target the table (lower/backends.BACKENDS) names the renderer; the launcher registered
 here for it names the planner (`plan`) and the artifact kind its compiler produces
@@ -26,7 +28,7 @@ import weakref
 from ..lower import CPU_LLVM_AVAILABLE
 from ..lower.backends import TRITON_BACKENDS, register_launcher, selected_backend
 from .backends.cpu import attention, generated
-from .backends.cpu.propagate import Fallback, plan_propagate
+from .backends.cpu.propagate import Fallback, generic_plan
 from .backends.triton.launch import backend_plan
 from .cache import CACHE, Executable, LLVMArtifact
 from .equation_cache import kept
@@ -34,8 +36,8 @@ from .paging import run as paging
 from .threads import num_threads
 
 
-def _paged(eqn, graph, compile: bool, lower, held=None):
-    return paging.plan_paged(eqn, graph, lower)   # (reads rows per page; nothing compiles ahead)
+def _paged(eqn, graph, compile: bool, held=None):
+    return paging.plan_paged(eqn, graph)   # (reads rows per page; nothing compiles ahead)
 
 
 # Tried in this order before the generic fused kernel: a stored relation pages whatever its
@@ -43,15 +45,16 @@ def _paged(eqn, graph, compile: bool, lower, held=None):
 PLANNERS = (_paged, attention.plan_attention, generated.plan_generated)
 
 
-def plan_cpu(eqn, graph, *, lower, compile: bool = True, held=None):
+def plan_cpu(eqn, graph, *, compile: bool = True, held=None):
     """The cpu-llvm route: the first specialised planner that claims the equation, else the
-    generic fused kernel (an Executable, its key when compile=False, or a Fallback)."""
+    generic fused kernel (an Executable, its key when compile=False, or a Fallback; an
+    Unbound when `held`, the Kernel op handed down, does not fit the walk it binds)."""
     if graph is not None and CPU_LLVM_AVAILABLE:
         for planner in PLANNERS:
-            found = planner(eqn, graph, compile, lower, held)
+            found = planner(eqn, graph, compile, held)
             if found is not None:
                 return found
-    return plan_propagate(eqn, graph, compile=compile, held=held, lower=lower)
+    return generic_plan(eqn, graph, compile=compile, held=held)
 
 
 def plan(eqn, graph, *, lower, compile: bool = True, held=None):
@@ -63,7 +66,7 @@ def plan(eqn, graph, *, lower, compile: bool = True, held=None):
     if selected_backend() in TRITON_BACKENDS:
         return backend_plan(eqn, graph, compile=compile, lower=lower)
     if not compile or graph is None:
-        return plan_cpu(eqn, graph, compile=compile, lower=lower, held=held)
+        return plan_cpu(eqn, graph, compile=compile, held=held)
     threads = num_threads()
     # {id(graph): (weak graph, pool threads, Executable)}: the generic kernel a warm call of
     # this propagate over this relation runs, reused while the cache still holds it (the
@@ -73,7 +76,7 @@ def plan(eqn, graph, *, lower, compile: bool = True, held=None):
     if (found is not None and found[0]() is graph and found[1] == threads
             and CACHE.current(found[2])):
         return found[2]
-    route = plan_cpu(eqn, graph, held=held, lower=lower)
+    route = plan_cpu(eqn, graph, held=held)
     # (a generated relation changes route once it is materialised: planned every call)
     if (isinstance(route, Executable)
             and getattr(graph, "kind", None) not in generated.GENERATED_KINDS):

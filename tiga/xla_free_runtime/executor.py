@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -45,7 +45,13 @@ from .backend_table import plan
 from .backends.cpu.generated import count_eqn, fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
-from .backends.cpu.propagate import Fallback, equation_text, run_propagate
+from .backends.cpu.propagate import (
+    NOT_LOWERED,
+    Fallback,
+    Unbound,
+    equation_text,
+    run_propagate,
+)
 from .backends.triton.compile import HOOKS as TRITON_HOOKS
 from .backends.triton.launch import call_backend as triton_call_backend
 from .backends.triton.linear import dot_rule
@@ -65,10 +71,10 @@ from .interpreter import (
     task_walk,
 )
 from .paging.degrees import paged_degrees
-from .paging.pages import walked_eqn
+from .paging.pages import pageable, walked_eqn
 from .paging.resident import plan_resident
 from .paging.run import PagedPlan, task_ir
-from .routes import describe_program, paged_propagates
+from .routes import describe_program, paged_propagates, propagates_of
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
 
@@ -156,6 +162,24 @@ def _pages(program: GraphProgram, args: list, walk=None) -> dict:
     return {id(e): _page(walk, e) for e in paged_propagates(program, args)}
 
 
+def planned(eqn, graph, *, held=None, compile: bool = True):
+    """The route of one propagate (backend_table.plan) over `graph` with the Kernel op it
+    binds: `held` (the call's Task module's), else, when the planner answers Unbound (the
+    call's module holds no op for the walk it binds: a program the Task stages do not walk,
+    a relation computed in the program), the launch it names, lowered here, once per
+    equation and relation type (kernel_op)."""
+    route = plan(eqn, graph, held=held, compile=compile, lower=LOWERING)
+    if not isinstance(route, Unbound):
+        return route
+    try:
+        op = kernel_op(route.eqn, route.relation)
+    except TigaError:
+        return Fallback(NOT_LOWERED)
+    route = plan(eqn, graph, held=op, compile=compile, lower=LOWERING)
+    # (a planner that names a launch accepts it: one that did not would be a Tiga bug)
+    return Fallback(NOT_LOWERED) if isinstance(route, Unbound) else route
+
+
 def _graph_of(eqn, env_or_args):
     src = eqn.inputs[0]
     if isinstance(src, Lit):
@@ -173,8 +197,8 @@ def plan_routes(program: GraphProgram, args: list, launches: dict | None = None)
     routes = {}
     for eqn in program.eqns:
         if eqn.primitive is propagate_p:
-            routes[id(eqn)] = plan(eqn, _graph_of(eqn, known), lower=LOWERING,
-                                   held=(launches or {}).get(id(eqn)))
+            routes[id(eqn)] = planned(eqn, _graph_of(eqn, known),
+                                      held=(launches or {}).get(id(eqn)))
     return routes
 
 
@@ -209,8 +233,8 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
 
 def _routed(program: GraphProgram, args: list) -> list:
     if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
-        return run_distributed(program, list(args), LOWERING, _halo_pages(program, args),
-                               _local_pages(program, args))
+        return run_distributed(program, list(args), _halo_pages(program, args),
+                               _local_pages(program, args), _local_launches(program, args))
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
         return _run(program, list(args))
@@ -234,6 +258,14 @@ def _halo_pages(program: GraphProgram, args: list) -> dict:
         for k, page in lowered.items():
             memo(top[k])["page_module"] = page
     return {id(e): page_module(e, HALO_MODULE) for e in eqns}
+
+
+def _local_launches(program: GraphProgram, args: list) -> dict:
+    """{id(propagate): the Kernel op it binds} for the propagates of a distributed call over
+    a relation that is not distributed (a rank's own graph beside the DistributedGraph)."""
+    if not any(isinstance(a, Graph) for a in args):
+        return {}
+    return _bound_launches(program, args, None, lambda g: isinstance(g, Graph))
 
 
 def _local_pages(program: GraphProgram, args: list) -> dict:
@@ -346,7 +378,7 @@ def _prepared_launch(walk: TaskWalk, eqn, graph):
     kind = getattr(graph, "kind", None)
     if kind in GENERATED or kind == "paged" or kind is None:
         return None
-    route = plan(eqn, graph, held=walk.launches.get(id(eqn)), lower=LOWERING)
+    route = planned(eqn, graph, held=walk.launches.get(id(eqn)))
     if isinstance(route, Fallback):
         return None
     launch = prepare(route, eqn, graph)
@@ -390,18 +422,33 @@ def _propagate(routes, walk, eqn, vals):
     # fields over the host budget: by pages
     paged = plan_resident(eqn, vals[0], vals[1:], LOWERING)
     if paged is not None:
-        return paged.bound(_page(walk, eqn)).run(eqn, vals[0], vals[1:])
+        return _bound(paged, walk, eqn).run(eqn, vals[0], vals[1:])
     route = routes.get(id(eqn)) if routes is not None else None
     if route is None or (isinstance(route, Fallback) and
                          getattr(vals[0], "kind", None) in GENERATED):
         # (a relation generated inside the program is concrete only now)
         held = walk.launches.get(id(eqn)) if walk is not None else None
-        route = plan(eqn, vals[0], held=held, lower=LOWERING)
+        route = planned(eqn, vals[0], held=held)
     if isinstance(route, Fallback):
         return None
     if isinstance(route, PagedPlan):
-        route = route.bound(_page(walk, eqn))
+        route = _bound(route, walk, eqn)
     return run_propagate(route, eqn, vals[0], vals[1:])
+
+
+def _bound(route: PagedPlan, walk, eqn) -> PagedPlan:
+    """A paged plan with what the call's lowering gives it: the one-page Task module its
+    pages unroll, or, for a grouping pages cannot complete, the Kernel op of the CSR it
+    reads whole (the call's module holds it: the binding reads it as a CSR)."""
+    if pageable(eqn.params):
+        return route.bound(_page(walk, eqn))
+    held = walk.launches.get(id(eqn)) if isinstance(walk, TaskWalk) else None
+    if held is None or held.comp.relation.type.kind != "csr":
+        try:
+            held = kernel_op(eqn, replace(eqn.inputs[0].type, kind="csr", coord_dims=None))
+        except TigaError:
+            held = None
+    return route.bound(None, held)
 
 
 def _call(closed, args: list) -> list:
@@ -481,9 +528,31 @@ def explain_program(program: GraphProgram, args: list) -> Explanation:
             from .distributed.report import explain_distributed
             local = [getattr(a, "full", a) if getattr(a, "tiga_distributed", False) is True
                      else a for a in args]
-            return explain_distributed(program, args, CACHE, LOWERING, _pages(program, local))
+            return explain_distributed(program, args, CACHE, LOWERING, _pages(program, local),
+                                       _bound_launches(program, local, None))
         walk = task_walk(program, task_module, call_binding(program, args))
-        return describe_program(program, args, CACHE, LOWERING, _pages(program, args, walk))
+        return describe_program(program, args, CACHE, LOWERING, _pages(program, args, walk),
+                                _bound_launches(program, args, walk))
+
+
+def _bound_launches(program: GraphProgram, args: list, walk, wanted=None) -> dict:
+    """{id(propagate): the Kernel op it binds} for every propagate of a call (loop bodies
+    too; `wanted(relation)`: only those over such relations): the call's Task module's, else
+    the one its planner names (an Unbound), lowered here."""
+    held = walk.launches if isinstance(walk, TaskWalk) else {}
+    out = {}
+    for eqn, graph, _ in propagates_of(program, args):
+        if wanted is not None and not wanted(graph):
+            continue
+        op = held.get(id(eqn))
+        route = plan(eqn, graph, compile=False, held=op, lower=LOWERING)
+        if isinstance(route, Unbound):
+            try:
+                op = kernel_op(route.eqn, route.relation)
+            except TigaError:
+                op = None
+        out[id(eqn)] = op
+    return out
 
 
 def paged_task_ir(program: GraphProgram, args: list) -> str | None:

@@ -21,7 +21,7 @@ from .backends.cpu.walk_tables import chunks_of
 from .backends.triton.launch import relabel_routes
 from .explain import Explanation, launch_facts, schedule_line
 from .binding import call_binding
-from .interpreter import TaskWalk, describe_walk, task_walk
+from .interpreter import describe_walk, task_walk
 from .paging.pages import pageable
 from .paging.plan import describe_plan
 from .paging.resident import RESIDENT_KINDS
@@ -46,25 +46,24 @@ VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a p
              "edges")
 
 
-def describe_program(program: GraphProgram, args: list, cache, lower,
-                     pages: dict) -> Explanation:
+def describe_program(program: GraphProgram, args: list, cache, lower, pages: dict,
+                     held: dict) -> Explanation:
     """What a call of `program` on `args` runs (`pages`: {id(propagate): its one-page Task
-    module} for the propagates it runs by pages, from the call's lowering)."""
+    module} for the propagates it runs by pages; `held`: {id(propagate): the Kernel op it
+    binds}, loop bodies too: what the executor hands down)."""
     given = {id(v): a for v, a in zip(program.in_binders, args)}
-    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
-    known.update(generated_relations(program))   # radius/knn generated in the program
     ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
                      program=str(program))
     compiled = fallen = 0
     # (what a call runs: the program's Task module bound to these relations, whose launches
     # hold the Kernel ops the kernels render; loop bodies are bound when they run)
     walk = task_walk(program, lower.task, call_binding(program, args))
-    held = walk.launches if isinstance(walk, TaskWalk) else {}
-    for eqn, graph, where in _propagates(program, known, ""):
+    for eqn, graph, where in propagates_of(program, args):
         found = plan(eqn, graph, compile=False, lower=lower, held=held.get(id(eqn)))
         if getattr(found, "lazy_fields", False):    # paged: its plan reads the fields' tiers
             compiled += 1
-            found.bound(pages.get(id(eqn))).describe(ex, eqn, graph, where, [given.get(id(a)) for a in eqn.inputs[1:]])
+            found.bound(pages.get(id(eqn))).describe(ex, eqn, graph, where,
+                                                     [given.get(id(a)) for a in eqn.inputs[1:]])
         elif hasattr(found, "describe"):
             compiled += 1
             found.describe(ex, eqn, graph, where)
@@ -76,7 +75,7 @@ def describe_program(program: GraphProgram, args: list, cache, lower,
             compiled += 1
             typed = isinstance(graph, GeneratedType)   # concrete only at the call
             _explain_compiled(ex, eqn, None if typed else graph, cache.status(found), where,
-                              lower, held.get(id(eqn)))
+                              held.get(id(eqn)))
             last = (measured("paged", graph)
                     if getattr(graph, "kind", None) in RESIDENT_KINDS else None)
             if last is not None:
@@ -109,11 +108,18 @@ def describe_program(program: GraphProgram, args: list, cache, lower,
     return ex
 
 
+def propagates_of(program: GraphProgram, args: list):
+    """(eqn, its relation: concrete, a GeneratedType or None, location) for every propagate of
+    a call of `program` on `args`, loop bodies too."""
+    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    known.update(generated_relations(program))   # radius/knn generated in the program
+    return _propagates(program, known, "")
+
+
 def paged_propagates(program: GraphProgram, args: list) -> list:
     """The propagates (loop bodies too) a call of `program` on `args` runs by pages of a
     stored relation: the ones whose one-page Task module its explanation prints."""
-    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
-    return [e for e, g, _ in _propagates(program, known, "")
+    return [e for e, g, _ in propagates_of(program, args)
             if getattr(g, "kind", None) == "paged" and pageable(e.params)]
 
 
@@ -167,10 +173,10 @@ def _summarise(ex, compiled, fallen, others) -> None:
                       "numpy")
 
 
-def _explain_compiled(ex, eqn, graph, status: str, where: str, lower, held=None) -> None:
+def _explain_compiled(ex, eqn, graph, status: str, where: str, held=None) -> None:
     p = eqn.params
     kind = graph.kind if graph is not None else eqn.inputs[0].type.kind
-    op = launch_op(eqn, graph, lower, held)   # the scheduled Kernel IR it renders and runs by
+    op = launch_op(eqn, graph, held)   # the scheduled Kernel IR it renders and runs by
     ex.routes.append((op.schedule.target if op is not None else "cpu-llvm",
                       f"{where}propagate[{p['reducer'].pp_param()}] by {p['reduce_by']}",
                       "compiles"))

@@ -27,7 +27,7 @@ from ...core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...core.types import GraphType
-from ..backend_table import plan_cpu as plan_propagate  # (the cpu-llvm route table)
+from ..backend_table import plan_cpu  # (the cpu-llvm route table)
 from ..backends.cpu.propagate import Fallback, run_propagate
 from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, held_kernel, interpret
 from ..run_report import record
@@ -79,12 +79,13 @@ def _scan(program: GraphProgram, literals: list, readers: set) -> None:
                 _scan(p.program, literals, readers)
 
 
-def run_distributed(program: GraphProgram, args: list, lower, pages: dict,
-                    paged: dict) -> list:
-    """Run `program` over its DistributedGraph(s) on this rank; `lower`: the executor's
-    Lowering (the kernels' launches), `pages`: {id(propagate): the one-page Task module its
-    halo plan unrolls}, from the call's lowering (loop bodies' propagates too); `paged`: the
-    same for the page walks of a rank's paged local relation (one run by pages)."""
+def run_distributed(program: GraphProgram, args: list, pages: dict, paged: dict,
+                    held: dict) -> list:
+    """Run `program` over its DistributedGraph(s) on this rank. The executor hands down
+    `pages`: {id(propagate): the one-page Task module its halo plan unrolls} (loop bodies'
+    propagates too), `paged`: the same for the page walks of a rank's paged local relation,
+    `held`: {id(propagate): its Kernel op} for the propagates over a relation that is not
+    distributed (the halo plans' launches hold their own)."""
     graphs = _graphs(list(args) + list(_facts(program)[0]))
     for dg in graphs:
         if dg.broken:
@@ -92,7 +93,7 @@ def run_distributed(program: GraphProgram, args: list, lower, pages: dict,
                                    f"failed earlier ({dg.broken}); partition again")
         _agree(dg, program, args)
     try:
-        return _Rules(graphs[0], lower, program, pages, paged).run(program, list(args))
+        return _Rules(graphs[0], program, pages, paged, held).run(program, list(args))
     except DistributedError as exc:
         for dg in graphs:
             dg.broken = str(exc)
@@ -148,9 +149,9 @@ class _Rules:
     other equation reading a DistributedGraph is refused. Built per call (it holds the
     call's graph): nothing of a call is kept."""
 
-    def __init__(self, dg: DistributedGraph, lower, program: GraphProgram, pages: dict,
-                 paged: dict):
-        self.dg, self.lower, self.pages, self.paged = dg, lower, pages, paged
+    def __init__(self, dg: DistributedGraph, program: GraphProgram, pages: dict, paged: dict,
+                 held: dict):
+        self.dg, self.pages, self.paged, self.held = dg, pages, paged, held
         self.rules = {prim: _refuse for prim in _facts(program)[1]}
         self.rules.update({propagate_p: self.propagate, repeat_p: self.repeat,
                            while_loop_p: self.while_loop, degrees_p: self.degrees,
@@ -164,9 +165,10 @@ class _Rules:
 
     def propagate(self, eqn, vals: list) -> list:
         if is_distributed(vals[0]):
-            return propagate(eqn, vals[0], vals[1:], self.lower, self.pages[id(eqn)],
+            return propagate(eqn, vals[0], vals[1:], self.pages[id(eqn)],
                              self.paged.get(id(eqn)))
-        return launch(eqn, vals[0], vals[1:], self.lower, page=self.paged.get(id(eqn)))
+        return launch(eqn, vals[0], vals[1:], held=self.held.get(id(eqn)),
+                      page=self.paged.get(id(eqn)))
 
     def repeat(self, eqn, vals: list) -> list:
         return run_repeat(self.call, vals, **eqn.params)
@@ -203,7 +205,7 @@ def _refuse(eqn, vals: list):
     return None
 
 
-def launch(eqn, graph, values: list, lower, outs: list | None = None, held=None,
+def launch(eqn, graph, values: list, outs: list | None = None, held=None,
            page=None) -> list:
     """The equation on one (local, concrete) relation: the compiled kernel (`held`: the
     Kernel op the plan's launch op holds; `page`: the one-page Task module a paged relation's
@@ -214,7 +216,7 @@ def launch(eqn, graph, values: list, lower, outs: list | None = None, held=None,
         lead = 0
         return [np.zeros((lead,) + tuple(v.type.shape[1:]), v.type.dtype.np)
                 for v in eqn.outputs]
-    route = plan_propagate(eqn, graph, lower=lower, held=held)
+    route = plan_cpu(eqn, graph, held=held)
     if isinstance(route, Fallback):
         if config.strict:
             raise UnsupportedError(f"strict mode: a distributed propagate would fall back to "
@@ -241,7 +243,7 @@ def _rows(eqn, fields: list, rows: tuple, edges: tuple) -> list:
     return out
 
 
-def propagate(eqn, dg: DistributedGraph, fields: list, lower, page, paged=None) -> list:
+def propagate(eqn, dg: DistributedGraph, fields: list, page, paged=None) -> list:
     """Walk the equation's Task-IR plan (plan.py) on this call's fields."""
     r = eqn.params["reducer"]
     if eqn.params["reduce_by"] == "src" and not (r.builtin and r.name == "sum"):
@@ -249,7 +251,7 @@ def propagate(eqn, dg: DistributedGraph, fields: list, lower, page, paged=None) 
                                "DistributedGraph: ghost rows can only be added back",
                                hint="use tg.sum() (VJP source cotangents are sums)")
     module, steps = halo_plan(eqn, dg, page)
-    return _HaloHandlers(eqn, dg, fields, module, lower, paged).run(steps)
+    return _HaloHandlers(eqn, dg, fields, module, paged).run(steps)
 
 
 class _HaloHandlers:
@@ -259,9 +261,8 @@ class _HaloHandlers:
     transfers in flight (MPI progresses only inside MPI calls), writes store rows of the
     result, joins wait, releases drop an exchange."""
 
-    def __init__(self, eqn, dg: DistributedGraph, fields: list, module, lower, paged=None):
+    def __init__(self, eqn, dg: DistributedGraph, fields: list, module, paged=None):
         self.eqn, self.dg, self.fields, self.module = eqn, dg, list(fields), module
-        self.lower = lower
         self.paged = paged      # the one-page module of a paged local relation's walk
         self.by = eqn.params["reduce_by"]
         self.position = {v.name: i - 1 for i, v in enumerate(module.body.args)}
@@ -351,7 +352,7 @@ class _HaloHandlers:
         else:
             graph, fields, into = self.dg.full, self._sources(True), None
         t0 = time.perf_counter()
-        got = launch(self.eqn, graph, fields, self.lower, into, held_kernel(op), self.paged)
+        got = launch(self.eqn, graph, fields, into, held_kernel(op), self.paged)
         self.seconds["boundary" if op.task_kind == "boundary" else "interior"] += (
             time.perf_counter() - t0)
         for j, (v, g) in enumerate(zip(op.results[:-1], got)):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...core.program import Var
-from ..backends.cpu.propagate import Fallback, plan_propagate
+from ..backends.cpu.propagate import Fallback, generic_plan
 from .device import TritonPages, device_route
 from .plan import kernel_launch
 
@@ -37,8 +37,8 @@ def _page_fallback(walk, page) -> str | None:
     the Kernel op of the one-page module `page`, planned without compiling."""
     eqn = walk.eqn
     csr = Var(dataclasses.replace(eqn.inputs[0].type, kind="csr"))
-    found = plan_propagate(dataclasses.replace(eqn, inputs=(csr,) + tuple(eqn.inputs[1:])),
-                           None, compile=False, lower=None, held=kernel_launch(page))
+    found = generic_plan(dataclasses.replace(eqn, inputs=(csr,) + tuple(eqn.inputs[1:])),
+                         None, compile=False, held=kernel_launch(page))
     return found.reason if isinstance(found, Fallback) else None
 
 

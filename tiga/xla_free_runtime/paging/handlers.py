@@ -25,7 +25,7 @@ from ...core.graph import Graph
 from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...core.types import TensorType
-from ..backends.cpu.propagate import Fallback, plan_propagate, run_propagate
+from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
 from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, held_kernel, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
@@ -97,9 +97,8 @@ class PagedRun:
     this thread, a write stores the page's rows (on disk through the writer thread), the
     join waits for the last writes."""
 
-    def __init__(self, eqn, graph, values, walk: Walk, tasks, lower, page, triton=None):
+    def __init__(self, eqn, graph, values, walk: Walk, tasks, page, triton=None):
         self.eqn, self.graph, self.walk, self.tasks = eqn, graph, walk, tasks
-        self.lower = lower
         self.page = page                     # the one-page Task module the plan unrolls
         self.triton = triton                 # TritonPages, or None: the cpu-llvm route
         self.reader = walk.reader
@@ -457,7 +456,7 @@ class PagedRun:
         if self.triton is not None:
             res = self.triton.compute(op, self, page, vals)
         else:
-            route = plan_propagate(eqn, page.graph, lower=self.lower, held=held_kernel(op))
+            route = generic_plan(eqn, page.graph, held=held_kernel(op))
             res = (impl_rules[propagate_p](page.graph, *vals, **eqn.params)
                 if isinstance(route, Fallback) else
                 run_propagate(route, eqn, page.graph, vals, page.into, self.kernel_threads))

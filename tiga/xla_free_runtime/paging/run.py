@@ -10,8 +10,8 @@ would not fit the host budget. The plan is Task IR (lower/passes/plan_paged_task
 its transfers on a loader stream, issued a few launches ahead, one gf_task.launch and its
 writes), run by the interpreter's one loop with the handlers of handlers.py: a transfer is a job on
 its loader thread, so the next pages load while one computes (reused page buffers:
-buffers.py). The executor's Lowering (`lower`) gives the one-page Task module and the page
-kernel's launch (nothing here lowers); explain() prints the pages with the last run's
+buffers.py). The executor hands down the one-page Task module its pages unroll and the
+Kernel op a CSR read whole runs (nothing here lowers); explain() prints the pages with the last run's
 measurements. Under a Triton backend the pages run its kernel, streamed through the device
 tier where there is one (device.py: TritonPages, the handlers the device ops delegate to).
 """
@@ -29,7 +29,7 @@ from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
 from ...lower.ir.task import TaskLaunchOp
-from ..backends.cpu.propagate import Fallback, plan_propagate, run_propagate
+from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
 from ..backends.triton.compile import tensors
 from ..explain import launch_facts, schedule_line
 from ..memory import scope as sc
@@ -72,18 +72,19 @@ class PagedPlan:
 
     lazy_fields = True      # the executor hands fields over as they are (disk stays disk)
 
-    def __init__(self, lower, reader=None, backend: str | None = None, page_plan=None,
-                 page=None):
-        self.lower = lower        # the executor's Lowering
+    def __init__(self, reader=None, backend: str | None = None, page_plan=None, page=None,
+                 held=None):
         self.reader = reader      # None: the store version of a paged relation
         self.backend = backend    # a Triton backend, or None: cpu-llvm
         self.page_plan = page_plan    # (eqn, page-local CSR) -> its Triton plan or Fallback
         self.page = page          # the one-page Task module its pages unroll (bound: below)
+        self.held = held          # the Kernel op of the CSR read whole (a grouping pages lack)
 
-    def bound(self, page):
-        """This plan with the one-page Task module of its call's lowering (the executor
-        binds every paged plan before it runs or describes it: nothing here lowers)."""
-        return PagedPlan(self.lower, self.reader, self.backend, self.page_plan, page)
+    def bound(self, page, held=None):
+        """This plan with the one-page Task module of its call's lowering and the Kernel op
+        a CSR read whole runs (the executor binds every paged plan before it runs or
+        describes it: nothing here lowers)."""
+        return PagedPlan(self.reader, self.backend, self.page_plan, page, held)
 
     def triton_pages(self, walk: Walk, graph) -> TritonPages | None:
         """The Triton route of a run's pages (its kernel planned once, from an empty page),
@@ -97,7 +98,7 @@ class PagedPlan:
     def run(self, eqn, graph, values) -> list:
         walk = walk_of(eqn, graph, reader=self.reader)
         if walk is None:
-            return _materialised(eqn, graph, values, self.lower, self.page_plan)
+            return _materialised(eqn, graph, values, self.held, self.page_plan)
         _check_lengths(eqn, graph, values)
         rows = sc.page_rows()
         key = (str(walk.reader.vdir), walk.rows, rows)     # the stored relation is immutable
@@ -108,7 +109,7 @@ class PagedPlan:
         triton = self.triton_pages(walk, graph)
         if config.strict:
             _refuse_fallback(page_kernel(walk, self.page, triton)[0])
-        run = PagedRun(eqn, graph, values, walk, tasks, self.lower, self.page, triton)
+        run = PagedRun(eqn, graph, values, walk, tasks, self.page, triton)
         outs = run.execute()
         record("paged", graph, dataclasses.replace(run.stats, module=run.module))
         return outs
@@ -161,7 +162,7 @@ class PagedPlan:
                             f"paged: run {NOT_RUN}")
 
 
-def _materialised(eqn, graph, values, lower, page_plan=None) -> list:
+def _materialised(eqn, graph, values, held, page_plan=None) -> list:
     """Groupings a page cannot complete (by source, all edges): the in-memory route on the
     whole stored CSR (the Triton kernel under a Triton backend: `page_plan`)."""
     rp, ci = graph.resolve_csr()
@@ -172,7 +173,7 @@ def _materialised(eqn, graph, values, lower, page_plan=None) -> list:
         buf = tensors()
         return [r if isinstance(r, np.ndarray) else buf.to_numpy(r, d)
                 for r, d in zip(kernel.run(eqn, mem, vals), kernel.source.signature.out_dtypes)]
-    route = plan_propagate(eqn, mem, lower=lower)
+    route = generic_plan(eqn, mem, held=held)
     if isinstance(route, Fallback):
         _refuse_fallback(route.reason if config.strict else None)
         return impl_rules[propagate_p](mem, *vals, **eqn.params)
@@ -252,12 +253,13 @@ def task_ir(program, args: list, lower, pages: dict) -> str | None:
     return None if module is None else str(module)
 
 
-def plan_paged(eqn, graph, lower):
+def plan_paged(eqn, graph, lower=None):
     """The route of a propagate over a stored ("paged") relation, or None (not paged); its
-    pages run the selected backend's kernel."""
+    pages run the selected backend's kernel (`lower`: the executor's Lowering, which a
+    Triton backend's page planner still asks for its kernel)."""
     if getattr(graph, "kind", None) != "paged":
         return None
-    return PagedPlan(lower, **backend_pages(lower))
+    return PagedPlan(**backend_pages(lower))
 
 
 def backend_pages(lower) -> dict:

@@ -31,7 +31,6 @@ from ....autodiff.rules.attention import STREAMING_KINDS
 from ....core.blas_threads import thread_local_setter
 from ....lower.attention_walk import claim_attention
 from ....lower.llvm import attention as kernel
-from ...equation_cache import kept
 from ...explain import launch_facts, schedule_line
 from ...run_report import COUNTERS, NOT_RUN, measured, record
 from ...threads import num_threads, run_jobs
@@ -44,6 +43,7 @@ from .attention_native import (
     _native_forward,
     _native_key,
 )
+from .propagate import unbound
 
 KINDS = STREAMING_KINDS
 # per relation, its (lo, hi) row ranges: derived from the relation alone (a memo)
@@ -70,48 +70,19 @@ def row_ranges(graph) -> tuple:
     return found
 
 
-def plan_attention(eqn, graph, compile: bool, lower, held=None):
+def plan_attention(eqn, graph, compile: bool, held=None):
     """The tiled attention route (a backend_table.PLANNERS entry), or None: not attention;
-    `held`: the launch the call's bound Task module holds for it (else asked of `lower`, the
-    executor's Lowering: explain() before a call)."""
+    `held`: the attention-tiles launch handed down for it (the call's bound Task module's),
+    else an Unbound naming the equation to lower."""
     # the Iter stage's predicate (lower/attention_walk.py): what it claims lowers to an
-    # attention-tiles launch (attention_launch), and that is what runs here
+    # attention-tiles launch, and that is what runs here
     found = claim_attention(getattr(graph, "kind", None), eqn.params,
                             [a.type for a in eqn.inputs[1:]])
     if found is None:
         return None
     if held is not None and held.coordinate_hierarchy == "attention-tiles":
         return AttentionPlan(*found, held)
-    return AttentionPlan(*found, attention_launch(eqn, lower))
-
-
-# The scheduled `gf_kernel.launch` of each claimed equation (TIGA_DUMP writes it when it is
-# lowered): a memo per equation over one per kernel structure and pool size. Lowering is
-# the cold path only; what these hold is derived from types, never from a call's values.
-_LAUNCHES: dict = {}    # (types, threads) -> launch op: a memo derived from types
-
-
-def attention_launch(eqn, lower):
-    """The attention-tiles launch this equation runs by (lowered by `lower`, the executor's
-    Lowering, when no equation of its structure has been at this pool size): its schedule's
-    tiles are the kernels' tile sizes, and explain() prints its attributes."""
-    threads = num_threads()
-    per_eqn = kept(eqn, "attention_launch")     # {pool threads: launch op}
-    found = per_eqn.get(threads)
-    if found is not None:
-        return found
-    p = eqn.params
-    key = (p["edge_fn"].structure_key(), repr(p["reducer"]._key()), p["roles"], p["names"],
-           p["reduce_by"], tuple(a.type for a in eqn.inputs),
-           tuple(v.type for v in eqn.outputs), threads)
-    found = _LAUNCHES.get(key)
-    if found is None:
-        found = lower.kernel(eqn, name=f"attention_{len(_LAUNCHES)}")
-        if len(_LAUNCHES) >= 256:
-            _LAUNCHES.pop(next(iter(_LAUNCHES)))
-        _LAUNCHES[key] = found
-    per_eqn[threads] = found
-    return found
+    return unbound(eqn)
 
 
 def _heads(x: np.ndarray, heads: bool = True) -> np.ndarray:

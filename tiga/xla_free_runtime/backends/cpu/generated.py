@@ -40,7 +40,7 @@ import numpy as np
 
 from ....core import graph_generated as geo
 from ....core.dtypes import int64
-from ....core.errors import CompilationError, TigaError
+from ....core.errors import CompilationError
 from ....core.reducers import sum as sum_reducer
 from ....lower import CPU_LLVM_AVAILABLE
 from ....lower import schedule as knobs
@@ -55,7 +55,15 @@ from ...equation_cache import kept
 from ...relation_cache import memo
 from ...threads import num_threads, row_chunks
 from .. import FixedKernel, KernelArgs, launch
-from .propagate import Fallback, _address, _check_field, _np_dtype, kernel_text
+from .propagate import (
+    Fallback,
+    Unbound,
+    _address,
+    _check_field,
+    _np_dtype,
+    kernel_text,
+    unbound,
+)
 
 if CPU_LLVM_AVAILABLE:
     from ....core.program import Eqn
@@ -96,27 +104,21 @@ def _gtype(graph):
     return graph.type if isinstance(graph, GeneratedType) else graph.type()
 
 
-def _launch(eqn, graph, swap: bool, lower, held=None):
+def _launch(eqn, swap: bool, held=None):
     """The scheduled `gf_kernel.launch` of the walk this planner runs (a source-grouped
     propagate over a symmetric relation is lowered as the destination-grouped one with the
-    roles swapped, which is what runs), or None when the IR does not express it: `held`, the
-    op the call's bound Task module holds for it, else asked of `lower`, the executor's
-    Lowering (explain() before a call; None: the caller handed down the op it has)."""
+    roles swapped, which is what runs): `held`, the op handed down for it (the call's bound
+    Task module's), else an Unbound naming the equation to lower."""
     gtype = eqn.inputs[0].type      # (its sizes are the ones the field types use)
     if (held is not None and held.comp.relation.type.kind == gtype.kind
             and held.ordering != "source-major"):
         return held
-    if lower is None:
-        return None
     per_eqn = kept(eqn, "generated")   # {"swapped": eqn, (spec, swap, pool): cache key}
     lowered = per_eqn.get("swapped") if swap else eqn
     if lowered is None:
         lowered = per_eqn["swapped"] = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params),
                                            eqn.outputs)
-    try:
-        return lower.kernel(lowered, gtype)
-    except TigaError:
-        return None
+    return unbound(lowered, gtype)
 
 
 def _run_schedule(launch):
@@ -226,7 +228,7 @@ def directory_kernels(graph) -> tuple:
     return (directory_kernel(d, np.dtype(p["positions"].dtype).name),)
 
 
-def plan_generated(eqn, graph, compile: bool, lower, held=None):
+def plan_generated(eqn, graph, compile: bool, held=None):
     if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if resolved(graph):
@@ -236,10 +238,9 @@ def plan_generated(eqn, graph, compile: bool, lower, held=None):
     if (p["reduce_by"] != "dst" and not swap) or "edge" in p["roles"]:
         _materialise(graph)     # kNN / truncated radius / query: transposed where needed
         return None
-    launch = _launch(eqn, graph, swap, lower, held)
-    if launch is None:
-        _materialise(graph)     # no launch to render: the stored-CSR kernel's route
-        return None
+    launch = _launch(eqn, swap, held)
+    if isinstance(launch, Unbound):
+        return launch
     spec = _spec(graph, dict(launch.schedule.tiles))
     key = _key(eqn, spec, launch, swap)
 
@@ -556,7 +557,7 @@ def fused_degrees(graph, by: str, launch) -> np.ndarray | None:
         return np.diff(graph.resolve_csr()[0]).astype(np.int64)
     pos = graph.params["positions"]
     eqn = _count_eqn(pos.shape[1], pos.dtype)
-    plan = plan_generated(eqn, graph, True, None, launch)
+    plan = plan_generated(eqn, graph, True, launch)
     if not isinstance(plan, GeneratedPlan):
         return None
     counts = plan.run(eqn, graph, [pos, np.ascontiguousarray(graph.query_positions)])[0]

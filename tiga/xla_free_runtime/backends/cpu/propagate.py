@@ -1,9 +1,10 @@
 """runtime: the cpu-llvm route of one `propagate` equation: plan, compile (cached), run.
 
-`plan_propagate` decides the route of an equation for a concrete relation: a compiled
+`generic_plan` decides the route of an equation for a concrete relation: a compiled
 Executable, or a Fallback carrying the reason the reference interpreter runs it instead. The
-kernel is the Kernel op the call's Task module holds, or the one the executor's Lowering
-(`lower.kernel`) gives for the walk bound here; this module never lowers.
+kernel is the Kernel op handed down (the call's Task module's); where none fits the walk
+bound here, the plan is an Unbound naming the launch, which the executor lowers and plans
+again with: this module never lowers.
 `run_propagate` binds the relation's CSR (or its cached transpose for reduce_by='src'), the
 field arrays and fresh outputs to the kernel's pointer slots and runs row chunks on the
 thread pool.
@@ -41,7 +42,7 @@ if CPU_LLVM_AVAILABLE:
     from ....lower.llvm.render import CallData
 
 
-_NOT_LOWERED = ("the IR stages do not express this propagate (lowering it to a "
+NOT_LOWERED = ("the IR stages do not express this propagate (lowering it to a "
                 "gf_kernel.launch failed), so there is no launch to render")
 
 
@@ -50,6 +51,22 @@ class Fallback:
     """The reference interpreter runs this propagate; `reason` is what explain() says."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class Unbound(Fallback):
+    """A planner's answer when it was handed no Kernel op for the walk it binds: `eqn` over
+    a relation of type `relation` (None: the equation's own) is what to lower. The executor
+    lowers it and plans again with it held; for anyone else it is a Fallback (the planners
+    never lower)."""
+
+    eqn: object = None
+    relation: object = None
+
+
+def unbound(eqn, relation=None) -> Unbound:
+    return Unbound("no Kernel op was bound for this walk (the call's Task module holds "
+                   "another): the executor lowers it", eqn, relation)
 
 
 _UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile (memo)
@@ -103,11 +120,10 @@ def kernel_text(op, eqn) -> str:
     return print_op(replace(op, schedule=replace(op.schedule, threads=0)))
 
 
-def _kernel_of(eqn, graph, lower, held=None) -> tuple:
-    """(cache key, launch op or None) of the generic kernel over this relation's walk,
-    memoised per equation (lowering and hashing cost far more than a warm call); `held`: the
-    call's Task-IR Kernel op for the equation, `lower`: the executor's Lowering for another
-    binding (see _launch_op)."""
+def _kernel_of(eqn, graph, held=None):
+    """(cache key, launch op) of the generic kernel over this relation's walk, memoised per
+    equation (hashing costs far more than a warm call), or an Unbound naming the launch to
+    lower; `held`: the Kernel op handed down for the equation (see _launch_op)."""
     walk = _walk(eqn.params)
     relation = relation_descriptor(graph, walk, target="cpu-llvm")
     has_perm = graph.edge_perm is not None if walk == "dst" else True
@@ -115,7 +131,9 @@ def _kernel_of(eqn, graph, lower, held=None) -> tuple:
     per_eqn = kept(eqn, "kernels")     # {variant: (cache key, launch op)}
     found = per_eqn.get(variant)
     if found is None:
-        op = _launch_op(eqn, relation, lower, held)
+        op = _launch_op(eqn, relation, held)
+        if isinstance(op, Unbound):
+            return op
         # the walk's binding (relation layout constants, edge permutation) is the part of
         # the render's input the op does not print
         key = llvm_key(kernel_text(op, eqn), ("propagate", relation, has_perm,
@@ -124,23 +142,22 @@ def _kernel_of(eqn, graph, lower, held=None) -> tuple:
     return found
 
 
-def _key_of(eqn, graph, lower) -> str:
-    return _kernel_of(eqn, graph, lower)[0]
-
-
-def plan_propagate(eqn, graph, *, lower, compile: bool = True, held=None):
+def generic_plan(eqn, graph, *, compile: bool = True, held=None):
     """The generic fused kernel: Executable (compile=True) or key (compile=False), else a
-    Fallback. Specialised routes (paged, attention, generated) are tried before it by
-    backend_table.plan, the function callers use. `lower`: the executor's Lowering; `held`:
-    the Kernel op the call's Task module holds for the equation."""
+    Fallback (an Unbound: `held` does not fit the walk). Specialised routes (paged,
+    attention, generated) are tried before it by backend_table.plan, the function callers
+    use. `held`: the Kernel op handed down for the equation (the call's Task module's)."""
     if not CPU_LLVM_AVAILABLE:
         return Fallback("llvmlite is not installed, so the cpu-llvm backend is unavailable")
     if graph is None:
         if compile:
             return Fallback("the relation is not known until the call")
         graph = _TypeOnly(eqn.inputs[0].type)  # explain before a call: decide from types
-    key, op = _kernel_of(eqn, graph, lower, held)
-    reason = _UNSUPPORTED.get(key) or (None if op is not None else _NOT_LOWERED)
+    found = _kernel_of(eqn, graph, held)
+    if isinstance(found, Unbound):
+        return found
+    key, op = found
+    reason = _UNSUPPORTED.get(key) or (None if op is not None else NOT_LOWERED)
     if reason is not None:
         return Fallback(reason)
     if compile:     # (the schedule its calls chunk rows by: resolved here, read by the run)
@@ -179,37 +196,27 @@ def plan_propagate(eqn, graph, *, lower, compile: bool = True, held=None):
                         "this is a Tiga bug, please report")
 
 
-def _lowered(lower, eqn, gtype):
-    """The equation's `gf_kernel.launch` over a relation of type `gtype` (the executor's
-    Lowering lowers it, once per kernel and pool size, and TIGA_DUMP writes it there), or None
-    for an equation the IR stages do not express yet."""
-    try:
-        return lower.kernel(eqn, gtype)
-    except TigaError:
-        return None
-
-
-def _launch_op(eqn, relation: tuple, lower, held=None):
-    """The launch for the walk the runtime binds: a relation resolved to its CSR is lowered
-    as a CSR. `held`: the Kernel op the call's Task module holds for this equation (lowered
-    with the whole program at this pool size); it is the launch whenever the relation is
-    bound as it was lowered, so nothing is lowered again."""
+def _launch_op(eqn, relation: tuple, held=None):
+    """The launch for the walk the runtime binds (a relation resolved to its CSR walks as a
+    CSR): `held`, the Kernel op handed down for this equation (the call's Task module's,
+    lowered with the whole program at this pool size), when the relation is bound as it was
+    lowered; else an Unbound naming the launch to lower."""
     gtype = eqn.inputs[0].type
     bound = "csr" if relation == ("csr",) and gtype.kind != "csr" else gtype.kind
     if held is not None and held.comp.relation.type.kind == bound:
         return held
     if bound != gtype.kind:
-        return _lowered(lower, eqn, replace(gtype, kind="csr", coord_dims=None))
-    return _lowered(lower, eqn, gtype)
+        return unbound(eqn, replace(gtype, kind="csr", coord_dims=None))
+    return unbound(eqn)
 
 
-def launch_op(eqn, graph, lower, held=None):
+def launch_op(eqn, graph, held=None):
     """The scheduled launch the compiled kernel of this equation renders and its calls run:
-    `held`, the one the call's bound Task module holds, where it fits (else asked of `lower`,
-    the executor's Lowering; None when the IR stages do not express the equation). `graph`
-    None: decided from the relation's type, as explain() before a call."""
+    `held` where it fits the walk, else None. `graph` None: decided from the relation's type,
+    as explain() before a call."""
     graph = _TypeOnly(eqn.inputs[0].type) if graph is None else graph
-    return _kernel_of(eqn, graph, lower, held)[1]
+    found = _kernel_of(eqn, graph, held)
+    return None if isinstance(found, Unbound) else found[1]
 
 
 def _planned_schedule(eqn, key: str, op) -> None:

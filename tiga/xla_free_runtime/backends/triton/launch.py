@@ -34,7 +34,7 @@ from ...equation_cache import kept
 from ...paging.run import plan_paged
 from ...run_report import COUNTERS
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
-from ..cpu.propagate import plan_propagate as llvm_plan
+from ..cpu.propagate import generic_plan as llvm_plan
 from .attention import attention_plan
 from .compile import (
     TritonArtifact,
@@ -80,7 +80,7 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
     the executor's Lowering)."""
     name = selected_backend()
     if name not in TRITON_BACKENDS:
-        return llvm_plan(eqn, graph, compile=compile, lower=lower)
+        return llvm_plan(eqn, graph, compile=compile)
     ok, why = BACKENDS[name].available()
     if not ok:
         raise UnsupportedError(f"backend {name!r} is unavailable: {why}",
