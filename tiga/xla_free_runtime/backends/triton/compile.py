@@ -130,27 +130,23 @@ def import_text(text: str, tag: str, backend: str):
     one cache under its key, imported once per backend."""
     if BACKENDS[backend].interpreter:
         ensure_interpreter()
-    memo = (text, tag, backend)
-    found = _FIXED.get(memo)
-    if found is None or not CACHE.current(found):    # (cleared since: asked again)
-        key = module_key(text, backend, (tag,))
-        found = CACHE.get(key, TritonArtifact(backend, lambda symbol: KernelSource(text, None),
-                                              lambda key: f"tiga_triton_{tag}_{key[:16]}"))
-        if len(_FIXED) > 64:
-            _FIXED.clear()
-        _FIXED[memo] = found
-    return found.module()
+    key, kind = _fixed(text, tag, backend)
+    return CACHE.get(key, kind).module()     # (a memory hit once imported; cleared: again)
 
 
-# (source text, tag, backend) -> its TritonModule: a launch asks for its fixed module every
-# call, and hashing the source for the key each time costs more than the dict lookup
-_FIXED: dict = {}
+# a launch asks for its fixed module every call, and hashing the source for the key each
+# time costs more than the cache lookup: the key and artifact kind are a memo of the value
+@functools.lru_cache(maxsize=64)
+def _fixed(text: str, tag: str, backend: str) -> tuple:
+    """(artifact key, artifact kind) of a fixed source for `backend`."""
+    return module_key(text, backend, (tag,)), TritonArtifact(
+        backend, lambda symbol: KernelSource(text, None),
+        lambda key: f"tiga_triton_{tag}_{key[:16]}")
 
 
 def fixed_held(text: str, tag: str, backend: str) -> bool:
-    """Whether import_text holds this fixed module in memory (explain's cache line)."""
-    found = _FIXED.get((text, tag, backend))
-    return found is not None and CACHE.current(found)
+    """Whether the one cache holds this fixed module in memory (explain's cache line)."""
+    return CACHE.status(_fixed(text, tag, backend)[0]) == "memory"
 
 
 # true once triton's library was seen interpreted (fixed at import); a failure raises, which
