@@ -7,9 +7,10 @@ graph the size of ogbn-arxiv (169,343 nodes, 1,166,243 edges, 128 features, 40 c
 
 Seeds: a fixed 90,941 training nodes (ogbn-arxiv's train split size), batches of 1024,
 num_neighbors [15, 10], shuffled, seed 0. Modes: "memory" (the CSR in memory, sampling
-only), "memory+features" (also slicing x and y into each batch) and "paged" (the graph written
-to a tg.store and opened as a paged tg.Graph, x a store field on disk: each hop reads only the
-row_ptr and col_idx entries it samples, each batch the x rows of its nodes). Sampled edges per
+only), "memory+features" (also slicing x and y into each batch), "paged" (the graph written
+to a tg.store and opened as a paged tg.Graph: each hop reads only the row_ptr and col_idx
+entries it samples) and "paged+features" (also x, a store field on disk, read by the rows of
+each batch's nodes: scattered rows touch most of its chunks). Sampled edges per
 second = edges of the sampled subgraphs / wall time of iterating the loader. "sage" times a
 GraphSAGE step (2 x tg.nn.SAGEConv, hidden 256, forward, backward, Adam) on each batch of
 the memory+features loader, after one warm-up batch. PyG's NeighborLoader
@@ -150,10 +151,12 @@ def main() -> None:
                                          limit))
     with tempfile.TemporaryDirectory() as tmp:
         paged = write_store(Path(tmp) / "arxiv", row_ptr, col_idx, x)
-        loader = tg.nn.NeighborLoader(paged, y=yt, **common)
+        loader = tg.nn.NeighborLoader(paged, store_fields=False, **common)
         res = run_loader(loader, limit)
         res["entries_read"] = loader.rows.entries_read
         report("paged", res)
+        report("paged+features", run_loader(tg.nn.NeighborLoader(paged, y=yt, **common),
+                                            limit))
     if not args.no_sage:
         report("sage", run_sage(tg.nn.NeighborLoader(graph, x=xt, y=yt, **common),
                                 sage_limit))

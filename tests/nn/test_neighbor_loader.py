@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tiga as tg
 
@@ -60,7 +62,9 @@ def _check_batch(sub, ei, num_nodes, fanouts, replace=False):
         assert bool(torch.isin(hop_edges[1], frontier).all())
         counts = torch.bincount(hop_edges[1] - lo_n, minlength=width)
         deg = in_deg[n_id[frontier]]
-        if replace:
+        if fanout < 0:                                           # -1: every edge
+            assert torch.equal(counts, deg)
+        elif replace:
             assert torch.equal(counts, torch.where(deg > 0, fanout, 0))
         else:       # all of a row within its fan-out, else exactly the fan-out
             assert torch.equal(counts, torch.minimum(deg, torch.tensor(fanout)))
@@ -104,7 +108,7 @@ def test_fanouts_and_all_neighbours(fanouts):
     loader = _loader(tg.Graph.from_edge_index(ei, num_nodes=n), num_neighbors=fanouts,
                      batch_size=40)
     for sub in loader:
-        _check_batch(sub, ei, n, [n if f < 0 else f for f in fanouts])
+        _check_batch(sub, ei, n, fanouts)
 
 
 def test_sampling_with_replacement():
@@ -303,3 +307,39 @@ def test_dense_and_sorted_node_maps_agree(monkeypatch):
     one = _loader(g).sample([5, 5, 7], rng=1)
     monkeypatch.undo()
     assert one.n_id.tolist() == _loader(g).sample([5, 5, 7], rng=1).n_id.tolist()
+
+
+def test_store_fields_can_be_left_out(tmp_path):
+    ei, n = _edge_index(num_nodes=200, num_edges=1000, seed=13)
+    x = np.ones((n, 2), np.float32)
+    paged, _ = _paged(tmp_path, ei, n, x)
+    sub = next(iter(_loader(paged)))
+    assert torch.equal(sub.x, torch.ones(sub.num_nodes, 2))
+    bare = next(iter(_loader(paged, store_fields=False)))
+    assert "x" not in bare and torch.equal(bare.n_id, sub.n_id)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 40), e=st.integers(0, 160), seed=st.integers(0, 2 ** 16),
+       fanouts=st.lists(st.integers(-1, 4), min_size=1, max_size=3),
+       batch=st.integers(1, 12), replace=st.booleans(), int32=st.booleans())
+def test_any_graph_keeps_the_rules(n, e, seed, fanouts, batch, replace, int32):
+    """Random small graphs (isolated nodes, duplicates, self loops; int32 or int64 ids),
+    fan-outs (-1, 0 included), batch sizes, with and without replacement."""
+    rng = np.random.default_rng(seed)
+    ei = torch.from_numpy(rng.integers(0, n, (2, e)))
+    g = tg.Graph.from_edge_index(ei.int() if int32 else ei, num_nodes=n)
+    loader = _loader(g, num_neighbors=fanouts, batch_size=batch, replace=replace, seed=seed)
+    seeds = []
+    for sub in loader:
+        _check_batch(sub, ei, n, fanouts, replace=replace)
+        seeds.append(sub.n_id[:sub.batch_size])
+    assert torch.equal(torch.sort(torch.cat(seeds)).values, torch.arange(n))
+
+
+def test_graph_without_edges_and_empty_inputs():
+    g = tg.Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.int64), num_nodes=5)
+    subs = list(_loader(g, batch_size=2))
+    assert [s.batch_size for s in subs] == [2, 2, 1]
+    assert all(s.num_edges == 0 and s.num_sampled_nodes == [s.batch_size, 0, 0] for s in subs)
+    assert list(_loader(g, input_nodes=torch.zeros(0, dtype=torch.int64))) == []

@@ -441,7 +441,8 @@ class NeighborLoader:
     each batch), or a store from tg.store.open. Node fields of a tg.Graph are passed as
     keywords (`x=`, `y=`, any name; a name containing "edge" is an edge field, sliced by
     e_id): torch tensors, numpy arrays or tg.Tensors (a disk tensor reads only the rows a
-    batch needs). A paged graph's store fields come along by their role.
+    batch needs). A paged graph's store fields come along by their role (not with
+    `store_fields=False`).
 
     `num_neighbors[h]`: edges sampled per node at hop h (-1: all). `input_nodes`: the seed
     nodes (ids or a bool mask; None: every node), split into batches of `batch_size`
@@ -454,7 +455,8 @@ class NeighborLoader:
 
     def __init__(self, graph, num_neighbors, batch_size: int = 1, shuffle: bool = False,
                  input_nodes=None, replace: bool = False, seed: int | None = None,
-                 generator=None, drop_last: bool = False, **fields):
+                 generator=None, drop_last: bool = False, store_fields: bool = True,
+                 **fields):
         self.num_neighbors = _check_fanouts(num_neighbors)
         if isinstance(batch_size, bool) or operator.index(batch_size) < 1:
             raise LayerArgumentError(f"NeighborLoader: batch_size is {batch_size!r}, "
@@ -477,7 +479,7 @@ class NeighborLoader:
             graph = Graph.from_edge_index(graph.edge_index, num_nodes=num_nodes)
             node, edge, self._other = _pyg_fields(self._pyg, graph.num_dst,
                                                   int(graph.num_edges))
-        elif graph.kind == "paged":
+        elif graph.kind == "paged" and store_fields:
             node, edge = _store_fields(graph)
         self.graph = graph
         self.rows = relation_rows(graph)
