@@ -23,8 +23,6 @@ way, so what one kernel hands the next is a program value, never state kept here
 """
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from ....autodiff.rules.attention import STREAMING_KINDS
@@ -32,6 +30,7 @@ from ....core.blas_threads import thread_local_setter
 from ....lower.attention_walk import claim_attention
 from ....lower.llvm import attention as kernel
 from ...explain import launch_facts, schedule_line
+from ...relation_cache import memo
 from ...run_report import COUNTERS, NOT_RUN, measured, record
 from ...threads import num_threads, run_jobs
 from . import attention_tiles as tiles
@@ -46,13 +45,13 @@ from .attention_native import (
 from .propagate import unbound
 
 KINDS = STREAMING_KINDS
-# per relation, its (lo, hi) row ranges: derived from the relation alone (a memo)
-_RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def row_ranges(graph) -> tuple:
-    """(lo, hi) int64 arrays: destination row i reads sources lo[i] <= j < hi[i]."""
-    found = _RANGES.get(graph)
+    """(lo, hi) int64 arrays: destination row i reads sources lo[i] <= j < hi[i] (derived
+    from the relation alone: kept in its weak cache)."""
+    per_graph = memo(graph)
+    found = per_graph.get("attention_row_ranges")
     if found is not None:
         return found
     graph.ensure_valid()
@@ -66,7 +65,7 @@ def row_ranges(graph) -> tuple:
         lens = np.diff(cu)
         lo = np.repeat(cu[:-1], lens)
         hi = np.arange(1, n + 1, dtype=i64) if p["causal"] else np.repeat(cu[1:], lens)
-    _RANGES[graph] = found = (lo, hi)
+    per_graph["attention_row_ranges"] = found = (lo, hi)
     return found
 
 

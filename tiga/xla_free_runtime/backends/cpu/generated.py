@@ -34,6 +34,7 @@ its degrees are the row lengths.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -509,9 +510,6 @@ def _count_edge(src, dst, edge):
     return tm.ones_like(edge.distance)
 
 
-_COUNT_EQNS: dict = {}  # (dims, dtype) -> the degree-count equation (a memo of structure)
-
-
 def count_eqn(graph):
     """The degree-count equation of a radius relation (its coordinates' dims and dtype)."""
     pos = graph.params["positions"]
@@ -521,18 +519,20 @@ def count_eqn(graph):
 def _count_eqn(dims: int, dtype: np.dtype):
     """A propagate equation summing ones over a radius relation (staged once per coordinate
     dims and dtype; the relation itself is supplied at the call)."""
-    key = (dims, dtype.str)
-    eqn = _COUNT_EQNS.get(key)
-    if eqn is None:
-        from ....core.graph import Graph
-        from ....core.prims.graph import propagate_p
-        from ....trace.staging import make_program
+    return _staged_count(dims, np.dtype(dtype).str)
 
-        prog = make_program(lambda p: propagate(Graph.radius(p, 1.0), _count_edge,
-                                                sum_reducer()))(np.zeros((2, dims), dtype))
-        eqn = _COUNT_EQNS.setdefault(key, next(e for e in prog.eqns
-                                               if e.primitive is propagate_p))
-    return eqn
+
+# (dims, dtype) -> the degree-count equation: a memo of structure, so the equation's own
+# weak cache (its kernels) serves every radius relation of those coordinates
+@functools.cache
+def _staged_count(dims: int, dtype: str):
+    from ....core.graph import Graph
+    from ....core.prims.graph import propagate_p
+    from ....trace.staging import make_program
+
+    prog = make_program(lambda p: propagate(Graph.radius(p, 1.0), _count_edge,
+                                            sum_reducer()))(np.zeros((2, dims), dtype))
+    return next(e for e in prog.eqns if e.primitive is propagate_p)
 
 
 def fused_degrees(graph, by: str, launch) -> np.ndarray | None:

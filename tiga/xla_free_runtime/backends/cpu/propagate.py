@@ -320,14 +320,9 @@ def _chunks(graph, walk, row_ptr, launch) -> list:
         return per_graph[key]
 
 
-_NP_DTYPES: dict = {}      # dtype name -> numpy dtype (a memo)
-
-
+@functools.cache           # dtype name -> numpy dtype (a memo of a pure function)
 def _np_dtype(name: str) -> np.dtype:
-    d = _NP_DTYPES.get(name)
-    if d is None:
-        d = _NP_DTYPES[name] = as_dtype(name).np
-    return d
+    return as_dtype(name).np
 
 
 def _check_field(x, i: int, sig, lead, name: str) -> np.ndarray:

@@ -32,6 +32,7 @@ from ....lower.triton import TritonUnsupported, render_launch
 from ...cache import CACHE
 from ...equation_cache import kept
 from ...paging.run import plan_paged
+from ...relation_cache import memo
 from ...run_report import COUNTERS
 from ..cpu.propagate import Fallback, walk_arrays, walked_csr
 from ..cpu.propagate import generic_plan as llvm_plan
@@ -49,7 +50,6 @@ from .compile import (
 from .generated import generated_walk
 
 _PLANS: dict = {}            # (structure key, relation type) -> TritonPlan (a warm call's)
-_TORCH_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> tensors
 
 
 def call_devices(call) -> dict:
@@ -292,11 +292,21 @@ def split_rows(row_ptr: np.ndarray, split: int):
     return heavy, first, chunk_row, chunk_lo
 
 
+def _walks_of(graph) -> dict:
+    """The launch tensors kept for `graph` (its walks and split plans, per walk and device),
+    in the relation's weak cache."""
+    per_graph = memo(graph)
+    found = per_graph.get("triton_walks")
+    if found is None:
+        found = per_graph.setdefault("triton_walks", {})
+    return found
+
+
 def _split_plan(graph, sig, device: str, row_ptr):
     """split_rows of the walked CSR (`row_ptr`: the launch's tensor) as launch tensors,
     cached per relation like the walk."""
     key = ("split", sig.walk, sig.split_degree, device)
-    per_graph = _TORCH_WALKS.setdefault(graph, {})
+    per_graph = _walks_of(graph)
     if key not in per_graph:
         buf = tensors()
         found = split_rows(buf.to_numpy(row_ptr, "int64"), sig.split_degree)
@@ -308,13 +318,13 @@ def _split_plan(graph, sig, device: str, row_ptr):
 def _torch_walk(graph, sig, device: str) -> dict:
     """{slot: tensor} of the walk a kernel reads (cached per relation, walk and device)."""
     relation = tuple(sig.relation)
-    per_graph = _TORCH_WALKS.get(graph)
-    found = per_graph.get((sig.walk, relation, device)) if per_graph is not None else None
+    per_graph = _walks_of(graph)
+    found = per_graph.get((sig.walk, relation, device))
     if found is None:
         if relation[0] == "radius" or (getattr(graph, "kind", None) == "knn" and
                                        sig.walk == "dst" and "edge_perm" not in sig.slots):
             found = generated_walk(graph, relation, device)
-            _TORCH_WALKS.setdefault(graph, {})[(sig.walk, relation, device)] = found
+            per_graph[(sig.walk, relation, device)] = found
             return found
         if relation == ("csr",):
             rp, ci, perm = walked_csr(graph, sig.walk)
@@ -326,7 +336,7 @@ def _torch_walk(graph, sig, device: str) -> dict:
         buf = tensors()
         found = {k: None if a is None else buf.from_array(a, a.dtype.name, device)
                  for k, a in arrays.items()}
-        _TORCH_WALKS.setdefault(graph, {})[(sig.walk, relation, device)] = found
+        per_graph[(sig.walk, relation, device)] = found
     return found
 
 
