@@ -1,9 +1,11 @@
-"""Issue 40's thirteen more layers inside torch.compile (aot_eager): the eight whose relation
-work is one opaque `tiga::layer` op (SGConv, APPNP, TAGConv, ChebConv, GraphConv, GCN2Conv,
-ResGatedGraphConv, TransformerConv) compile with no graph break; the five that form
-per-edge messages with torch networks (NNConv, PNAConv, RGCNConv, GENConv, PointNetConv)
-break the graph at their relation work and still compile. Both give PyG's outputs and
-input gradients with PyG's state dict loaded (float64)."""
+"""Issue 40's thirteen more layers inside torch.compile (aot_eager): the ten whose relation
+work is opaque `tiga::layer` ops (SGConv, APPNP, TAGConv, ChebConv, GraphConv, GCN2Conv,
+ResGatedGraphConv, TransformerConv, NNConv: its edge order, then the reduction of the
+messages its nn forms in the traced graph; RGCNConv, plain and featureless) compile with no
+graph break; PNAConv, GENConv and PointNetConv (relations derived per call: edges ->
+destinations, remade self loops) break the graph at their relation work and still
+compile. All give PyG's outputs and input gradients with PyG's state dict loaded
+(float64)."""
 from __future__ import annotations
 
 import pytest
@@ -31,13 +33,16 @@ FUSED = {
                           lambda m, x: m(x, EI, E)),
     "TransformerConv": (lambda nn: nn.TransformerConv(5, 3, heads=2, edge_dim=2),
                         lambda m, x: m(x, EI, E)),
+    "NNConv": (lambda nn: nn.NNConv(5, 3, torch.nn.Linear(2, 15), aggr="max"),
+               lambda m, x: m(x, EI, E)),
+    "RGCNConv": (lambda nn: nn.RGCNConv(5, 3, 3, num_bases=2), lambda m, x: m(x, EI, TYPES)),
+    "RGCNConv-featureless": (lambda nn: nn.RGCNConv(7, 3, 3),
+                             lambda m, x: m(None, EI, TYPES) + x[:, :3]),
 }
 PER_EDGE = {
-    "NNConv": (lambda nn: nn.NNConv(5, 3, torch.nn.Linear(2, 15)), lambda m, x: m(x, EI, E)),
     "PNAConv": (lambda nn: nn.PNAConv(5, 4, ["mean", "max", "std"], ["identity", "linear"],
                                       torch.tensor([1, 2, 3]), edge_dim=2),
                 lambda m, x: m(x, EI, E)),
-    "RGCNConv": (lambda nn: nn.RGCNConv(5, 3, 3, num_bases=2), lambda m, x: m(x, EI, TYPES)),
     "GENConv": (lambda nn: nn.GENConv(5, 3, edge_dim=2, norm="layer"),
                 lambda m, x: m(x, EI, E)),
     "PointNetConv": (lambda nn: nn.PointNetConv(torch.nn.Linear(8, 3)),

@@ -5,9 +5,11 @@ reduction of the messages into each destination is a Tiga propagate."""
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
+from ...core.graph import Graph
 from .aggr import fused_names, resolve
 from .common import (
     REDUCERS,
@@ -28,6 +30,7 @@ from .inputs import (
     node_count,
     node_inputs,
 )
+from .opaque import region
 
 
 def reduce_messages(aggr, graph, msgs, ei):
@@ -38,6 +41,32 @@ def reduce_messages(aggr, graph, msgs, ei):
     if names in REDUCERS:
         return edge_reduce(graph, msgs, names)
     return aggr(msgs, ei[1], dim_size=graph.num_dst, dim=0)
+
+
+def _opaque(edge_index) -> bool:
+    """Whether the relation argument can be an opaque op's (a tg.Graph or a tensor)."""
+    return isinstance(edge_index, (Graph, torch.Tensor))
+
+
+def _edge_count(edge_index):
+    """The relation's edge count where it is known before the op runs."""
+    if isinstance(edge_index, Graph):
+        return int(edge_index.num_edges)
+    return operator.index(edge_index.size(1))
+
+
+def _edge_order_region(edge_index, settings, x_src, x_dst):
+    """The relation's edge_index (2, E) in its edge order (opaque.region)."""
+    graph = relation(settings[0], edge_index, x_src.size(0), x_dst.size(0))
+    return edge_index_like(graph, x_src)
+
+
+def _reduce_region(edge_index, settings, msgs, x_src, x_dst):
+    """Per-edge messages reduced into the relation's destinations (opaque.region): rows of
+    x_dst."""
+    name, reducer = settings
+    graph = relation(name, edge_index, x_src.size(0), x_dst.size(0))
+    return edge_reduce(graph, msgs, reducer)
 
 
 class NNConv(torch.nn.Module):
@@ -105,18 +134,32 @@ class NNConv(torch.nn.Module):
         if edge_attr is None:
             raise LayerArgumentError("NNConv: edge_attr is None, expected the edge features "
                                      "(E, D) its nn maps to weights")
-        graph = relation("NNConv", adj.relation, x_src.size(0), n_dst)
-        if edge_attr.size(0) != graph.num_edges:
-            raise LayerArgumentError(f"NNConv: edge_attr has {edge_attr.size(0)} rows, "
-                                     f"expected {graph.num_edges} (one per edge)")
-        ei = edge_index_like(graph, x_src)
-        weight = self.nn(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr)
-        weight = weight.view(-1, self.in_channels_l, self.out_channels)
-        msgs = torch.matmul(x_src[ei[0]].unsqueeze(1), weight).squeeze(1)
-        out = reduce_messages(self.aggr_module, graph, msgs, ei)
+        names = fused_names(self.aggr_module)
+        if x_dst is not None and names in REDUCERS and _opaque(adj.relation):
+            # the relation work as two opaque ops inside torch.compile (no graph break):
+            # its edge order, then the reduction of the messages formed here in torch
+            ei = region(_edge_order_region, adj.relation, ("NNConv",), (x_src, x_dst),
+                        (("edge_index", _edge_count(adj.relation)),))
+            msgs = self._messages(x_src, ei, edge_attr)
+            out = region(_reduce_region, adj.relation, ("NNConv", names),
+                         (msgs, x_src, x_dst), ((2, 0, (self.out_channels,)),))
+        else:
+            graph = relation("NNConv", adj.relation, x_src.size(0), n_dst)
+            ei = edge_index_like(graph, x_src)
+            msgs = self._messages(x_src, ei, edge_attr)
+            out = reduce_messages(self.aggr_module, graph, msgs, ei)
         if x_dst is not None and self.lin is not None:
             out = out + self.lin(x_dst)
         return out if self.bias is None else out + self.bias
+
+    def _messages(self, x_src, ei, edge_attr):
+        """x_j . reshape(nn(e_ji), (in, out)) per edge, in the relation's edge order."""
+        if edge_attr.size(0) != ei.size(1):
+            raise LayerArgumentError(f"NNConv: edge_attr has {edge_attr.size(0)} rows, "
+                                     f"expected {ei.size(1)} (one per edge)")
+        weight = self.nn(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr)
+        weight = weight.view(-1, self.in_channels_l, self.out_channels)
+        return torch.matmul(x_src[ei[0]].unsqueeze(1), weight).squeeze(1)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "

@@ -17,7 +17,7 @@ import torch
 
 from ...core.errors import ShapeError
 from ...core.graph import Graph
-from .aggr import over, resolve
+from .aggr import fused_names, over, over_names, resolve
 from .common import (
     LayerArgumentError,
     _remember,
@@ -30,6 +30,7 @@ from .common import (
     unchanged,
 )
 from .inputs import adjacency, check_flow, check_in_channels
+from .opaque import region
 
 
 def _parameter(*shape) -> torch.nn.Parameter:
@@ -123,49 +124,69 @@ class RGCNConv(torch.nn.Module):
         if edge_type is None:
             raise LayerArgumentError(f"{name}: edge_type is None, expected the type of "
                                      "every edge (E,)")
-        n_src, n_dst = x_src.size(0), x_dst.size(0)
-        graph = relation(name, adj.relation, n_src, n_dst)
-        typed = self._typed(graph, edge_type, x_src)
+        n_dst = x_dst.size(0)
         weight = self._weights()
         r, o = self.num_relations, self.out_channels
-        if x_src.is_floating_point():
-            agg = over(self.aggr_module, typed, x_src).view(n_dst, r, x_src.size(-1))
-            if self.num_blocks is not None:
-                k = self.num_blocks
-                blocks = agg.view(n_dst, r, k, x_src.size(-1) // k)
-                h = torch.einsum("nrbc,rbcd->nrbd", blocks, weight)
-                out = h.reshape(n_dst, r, o).sum(dim=1)
-            else:
-                out = torch.einsum("nrf,rfo->no", agg, weight)
+        if not x_src.is_floating_point() and self.num_blocks is not None:
+            raise LayerArgumentError(f"{name}: block-diagonal decomposition not "
+                                     "supported for non-continuous input features")
+        # the aggregated rows: x_src's, or for node indices the stacked W_r's
+        rows = x_src if x_src.is_floating_point() else weight.reshape(-1, o)
+        agg = self._aggregate(adj, edge_type, rows, x_src, x_dst)
+        if not x_src.is_floating_point():
+            out = agg.view(n_dst, r, o).sum(dim=1)
+        elif self.num_blocks is not None:
+            k = self.num_blocks
+            blocks = agg.view(n_dst, r, k, x_src.size(-1) // k)
+            h = torch.einsum("nrbc,rbcd->nrbd", blocks, weight)
+            out = h.reshape(n_dst, r, o).sum(dim=1)
         else:
-            if self.num_blocks is not None:
-                raise LayerArgumentError(f"{name}: block-diagonal decomposition not "
-                                         "supported for non-continuous input features")
-            out = over(self.aggr_module, typed, weight.reshape(-1, o)).view(n_dst, r, o)
-            out = out.sum(dim=1)
+            out = torch.einsum("nrf,rfo->no", agg.view(n_dst, r, x_src.size(-1)), weight)
         if self.root is not None:
             out = out + (self.root[x_dst] if not x_dst.is_floating_point() else
                          x_dst @ self.root)
         return out if self.bias is None else out + self.bias
 
-    def _typed(self, graph, edge_type, x_src):
-        """The relation with destinations (i, r) -> i * R + r; its sources are the rows of
-        x_src, or for node indices the rows r * in + x_src[j] of the stacked W_r."""
+    def _aggregate(self, adj, edge_type, rows, x_src, x_dst):
+        """aggr per (destination, type) of the typed relation's source rows: (N_dst,
+        R * width). One opaque op inside torch.compile for parameter-free aggregations."""
         name, r = type(self).__name__, self.num_relations
-        if tuple(edge_type.shape) != (graph.num_edges,):
-            raise ShapeError(f"{name}: edge_type is {tuple(edge_type.shape)}, expected "
-                             f"({graph.num_edges},): one type per edge")
-        if x_src.is_floating_point():
-            return typed_relation(name, graph, edge_type, r)
-        t = _types(name, edge_type, r)
-        ei = edge_index_like(graph, x_src).to(t.device)
-        src = t * self.in_channels_l + x_src.to(t.device)[ei[0]]
-        typed = torch.stack([src, ei[1] * r + t])
-        return relation(name, typed, r * self.in_channels_l, graph.num_dst * r)
+        names = fused_names(self.aggr_module)
+        settings = (name, r, self.in_channels_l, names)
+        if names is not None and isinstance(adj.relation, (Graph, torch.Tensor)):
+            width = rows.size(-1) * len(names.split("|"))
+            return region(_typed_region, adj.relation, settings,
+                          (edge_type, rows, x_src, x_dst), ((3, 1, (r * width,)),))
+        graph = relation(name, adj.relation, x_src.size(0), x_dst.size(0))
+        typed = typed_sources(settings, graph, edge_type, x_src)
+        out = over(self.aggr_module, typed, rows)
+        return out.reshape(x_dst.size(0), r * out.size(-1))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
                 f"num_relations={self.num_relations})")
+
+
+def typed_sources(settings: tuple, graph: Graph, edge_type, x_src) -> Graph:
+    """The relation with destinations (i, r) -> i * R + r; its sources are the rows of
+    x_src, or for node indices the rows r * in + x_src[j] of the stacked W_r."""
+    name, r, in_l = settings[:3]
+    if tuple(edge_type.shape) != (graph.num_edges,):
+        raise ShapeError(f"{name}: edge_type is {tuple(edge_type.shape)}, expected "
+                         f"({graph.num_edges},): one type per edge")
+    if x_src.is_floating_point():
+        return typed_relation(name, graph, edge_type, r)
+    t = _types(name, edge_type, r)
+    ei = edge_index_like(graph, x_src).to(t.device)
+    src = t * in_l + x_src.to(t.device)[ei[0]]
+    return relation(name, torch.stack([src, ei[1] * r + t]), r * in_l, graph.num_dst * r)
+
+
+def _typed_region(edge_index, settings, edge_type, rows, x_src, x_dst):
+    """RGCN's typed aggregation (opaque.region): (N_dst, R * width) rows of x_dst."""
+    graph = relation(settings[0], edge_index, x_src.size(0), x_dst.size(0))
+    out = over_names(settings[3], typed_sources(settings, graph, edge_type, x_src), rows)
+    return out.reshape(x_dst.size(0), settings[1] * out.size(-1))
 
 
 def _types(name: str, edge_type, r: int) -> torch.Tensor:
