@@ -142,7 +142,7 @@ class AttentionPlan:
         # may not be (a NaN, inf or overflow-prone operand), the NaN-safe tiles redo the call
         if (prune is None and n > 0 and _native_ok(q, k, v, dtype) and 0 < scale < np.inf and
                 _native_forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h), top,
-                                mass, lo, hi, scale, self.launch)):
+                                mass, lo, hi, scale, self.launch, memo(graph))):
             COUNTERS["native_calls"] += 1
         else:
             skipped = tiles.forward(_heads(q, h), _heads(k, h), _heads(v, h), _heads(out, h),

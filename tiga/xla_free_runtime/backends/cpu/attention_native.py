@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 
@@ -100,11 +99,12 @@ def _rendered(launch, width: int, key: str):
     return exe
 
 
-def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> bool:
+def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch, kept: dict) -> bool:
     """Run the LLVM kernel of the forward `launch` (its schedule's tiles: kernel.TILES): its
     phase 0 packs K^T (any K strides), phase 1 writes the normalised output (any strides)
     and the per-row top and mass. scale > 0. Returns whether that result is exact
-    (_exact_bounds on the norms the kernel summed); when not, the caller recomputes."""
+    (_exact_bounds on the norms the kernel summed); when not, the caller recomputes.
+    (lo, hi): the relation's row ranges; `kept`: its weak cache entry (relation_cache.memo)."""
     import ctypes
     nh, n, width = q.shape
     s = k.shape[1]
@@ -134,7 +134,7 @@ def _native_forward(q, k, v, out, top, mass, lo, hi, scale, launch) -> bool:
         run_jobs(pack, _head_jobs(nh), threads)
     scratch = _take_scratch((nh, kpad // ks, width, ks))
     (kt,) = scratch
-    lop, hip, glo, ghi, blo, bhi = _group_ranges(lo, hi, n, npad, rb, gb, ks)
+    lop, hip, glo, ghi, blo, bhi = _group_ranges(lo, hi, n, npad, rb, gb, ks, kept)
     qblocks = npad // rows
     scbits = int(np.array(scale, f32).view(np.uint32))
     prm = {"npad": npad, "kpad": kpad, "nks": kpad // ks, "qblocks": qblocks,
@@ -176,18 +176,14 @@ def _cost_chunks(blo, bhi, nh: int, threads: int, ks: int) -> list:
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-# (id(lo), id(hi), n, npad, tiles) -> (weakrefs to lo and hi, arrays)
-_GROUPS: dict = {}      # row-group tables of a relation's ranges (memo; weakly checked)
-
-
-def _group_ranges(lo, hi, n, npad, rb: int, gb: int, ks: int):
+def _group_ranges(lo, hi, n, npad, rb: int, gb: int, ks: int, kept: dict):
     """Padded per-row ranges, per group of rb rows ks-aligned key ranges (glo, ghi) and per
-    row block (gb groups) key ranges (blo, bhi); kept per relation (row_ranges returns the
-    same arrays)."""
-    key = (id(lo), id(hi), n, npad, rb, gb, ks)
-    found = _GROUPS.get(key)
-    if found is not None and found[0]() is lo and found[1]() is hi:
-        return found[2]
+    row block (gb groups) key ranges (blo, bhi); kept per relation and tiles in `kept`, the
+    relation's weak cache entry (lo, hi are its row ranges, derived from it alone)."""
+    key = ("attention_groups", n, npad, rb, gb, ks)
+    found = kept.get(key)
+    if found is not None:
+        return found
     lop = np.zeros(npad, np.int64)
     hip = np.zeros(npad, np.int64)
     lop[:n], hip[:n] = lo, hi
@@ -197,15 +193,7 @@ def _group_ranges(lo, hi, n, npad, rb: int, gb: int, ks: int):
     glo = np.where(ghi > 0, glo, 0) // ks * ks
     blo = glo.reshape(-1, gb).min(1)
     bhi = ghi.reshape(-1, gb).max(1)
-    arrays = (lop, hip, glo, ghi, blo, bhi)
-    try:
-        refs = (weakref.ref(lo), weakref.ref(hi))
-    except TypeError:
-        return arrays
-    with _SCRATCH_LOCK:
-        if len(_GROUPS) >= 8:
-            _GROUPS.pop(next(iter(_GROUPS)))
-        _GROUPS[key] = refs + (arrays,)
+    kept[key] = arrays = (lop, hip, glo, ghi, blo, bhi)
     return arrays
 
 
