@@ -18,8 +18,9 @@ PIP := $(VPY) -m pip --disable-pip-version-check
 TORCH_PIN := torch==2.13.0
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
-# tests/gpu without CUDA: 1 runs its CUDA-route tests through Triton's interpreter (slow: see the
-# test target), 0 lets them skip, saying "no CUDA device"
+# tests/gpu without CUDA: 1 runs its 59 CUDA-route tests through Triton's interpreter, with xdist
+# (about 9 CPU-minutes at hypothesis's dev counts, so off by default), 0 lets them skip, saying
+# "no CUDA device"
 GPU_TESTS_ON_CPU ?= 0
 # ci: every hypothesis property runs >= 25 examples (tests/conftest.py); dev: as each one's @settings
 HYPOTHESIS_PROFILE ?= ci
@@ -117,7 +118,8 @@ docs: $(DOCS_STAMP)
 test: $(TEST_STAMP)
 	@$(VPY) -c '$(EXTRAS_CHECK)' || { echo "make test: the gpu or dist extra is installed but unusable (above); rm $(TEST_STAMP) to reinstall"; exit 1; }
 	$(VPY) -m pytest -n $(PYTEST_WORKERS) -q --tb=short --hypothesis-profile=$(HYPOTHESIS_PROFILE) --ignore=tests/gpu $(PYTEST_ARGS)
-	TIGA_GPU_TESTS_ON_CPU=$(GPU_TESTS_ON_CPU) $(VPY) -m pytest -q --tb=short -r s --hypothesis-profile=$(HYPOTHESIS_PROFILE) tests/gpu
+	TIGA_GPU_TESTS_ON_CPU=$(GPU_TESTS_ON_CPU) $(VPY) -m pytest -q --tb=short -r s --hypothesis-profile=$(HYPOTHESIS_PROFILE) \
+		$(if $(filter 1,$(GPU_TESTS_ON_CPU)),-n $(PYTEST_WORKERS)) tests/gpu
 
 golden: $(TEST_STAMP)
 	$(VPY) tests/lower/update_golden.py --update
