@@ -69,8 +69,6 @@ def unbound(eqn, relation=None) -> Unbound:
                    "another): the executor lowers it", eqn, relation)
 
 
-_UNSUPPORTED: dict[str, str] = {}       # kernel key -> why it does not compile (memo)
-_UNSUPPORTED_LOCK = threading.Lock()
 _CHUNK_LOCK = threading.Lock()
 
 
@@ -157,7 +155,10 @@ def generic_plan(eqn, graph, *, compile: bool = True, held=None):
     if isinstance(found, Unbound):
         return found
     key, op = found
-    reason = _UNSUPPORTED.get(key) or (None if op is not None else NOT_LOWERED)
+    # {kernel key: why it does not compile}, in the equation's weak cache (what its
+    # kernels are is derived from the equation and the relation type alone)
+    unsupported = kept(eqn, "unsupported")
+    reason = unsupported.get(key) or (None if op is not None else NOT_LOWERED)
     if reason is not None:
         return Fallback(reason)
     if compile:     # (the schedule its calls chunk rows by: resolved here, read by the run)
@@ -182,8 +183,7 @@ def generic_plan(eqn, graph, *, compile: bool = True, held=None):
             exe.kernel = op
         return exe
     except CodegenUnsupported as exc:
-        with _UNSUPPORTED_LOCK:
-            _UNSUPPORTED[key] = str(exc)
+        unsupported[key] = str(exc)
         return Fallback(str(exc))
     except CompilationError as exc:
         return Fallback(f"LLVM compilation failed ({exc}); this is a Tiga bug, please report")
