@@ -1,11 +1,11 @@
-"""Issue 40's thirteen more layers inside torch.compile (aot_eager): the ten whose relation
-work is opaque `tiga::layer` ops (SGConv, APPNP, TAGConv, ChebConv, GraphConv, GCN2Conv,
-ResGatedGraphConv, TransformerConv, NNConv: its edge order, then the reduction of the
-messages its nn forms in the traced graph; RGCNConv, plain and featureless) compile with no
-graph break; PNAConv, GENConv and PointNetConv (relations derived per call: edges ->
-destinations, remade self loops) break the graph at their relation work and still
-compile. All give PyG's outputs and input gradients with PyG's state dict loaded
-(float64)."""
+"""Issue 40's thirteen more layers inside torch.compile (aot_eager): the eleven whose
+relation work is opaque `tiga::layer` ops (SGConv, APPNP, TAGConv, ChebConv, GraphConv,
+GCN2Conv, ResGatedGraphConv, TransformerConv; NNConv and PNAConv: the edge order, then the
+reduction of the messages their networks form in the traced graph; RGCNConv, plain and
+featureless) compile with no graph break; GENConv (its softmax and power-mean
+aggregations hold parameters) and PointNetConv (self loops remade per call) break the graph
+at their relation work and still compile. All give PyG's outputs and input gradients with
+PyG's state dict loaded (float64)."""
 from __future__ import annotations
 
 import pytest
@@ -38,11 +38,11 @@ FUSED = {
     "RGCNConv": (lambda nn: nn.RGCNConv(5, 3, 3, num_bases=2), lambda m, x: m(x, EI, TYPES)),
     "RGCNConv-featureless": (lambda nn: nn.RGCNConv(7, 3, 3),
                              lambda m, x: m(None, EI, TYPES) + x[:, :3]),
-}
-PER_EDGE = {
     "PNAConv": (lambda nn: nn.PNAConv(5, 4, ["mean", "max", "std"], ["identity", "linear"],
                                       torch.tensor([1, 2, 3]), edge_dim=2),
                 lambda m, x: m(x, EI, E)),
+}
+PER_EDGE = {
     "GENConv": (lambda nn: nn.GENConv(5, 3, edge_dim=2, norm="layer"),
                 lambda m, x: m(x, EI, E)),
     "PointNetConv": (lambda nn: nn.PointNetConv(torch.nn.Linear(8, 3)),

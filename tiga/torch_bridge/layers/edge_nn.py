@@ -48,14 +48,14 @@ def _opaque(edge_index) -> bool:
     return isinstance(edge_index, (Graph, torch.Tensor))
 
 
-def _edge_count(edge_index):
+def edge_count(edge_index):
     """The relation's edge count where it is known before the op runs."""
     if isinstance(edge_index, Graph):
         return int(edge_index.num_edges)
     return operator.index(edge_index.size(1))
 
 
-def _edge_order_region(edge_index, settings, x_src, x_dst):
+def edge_order_region(edge_index, settings, x_src, x_dst):
     """The relation's edge_index (2, E) in its edge order (opaque.region)."""
     graph = relation(settings[0], edge_index, x_src.size(0), x_dst.size(0))
     return edge_index_like(graph, x_src)
@@ -138,8 +138,8 @@ class NNConv(torch.nn.Module):
         if x_dst is not None and names in REDUCERS and _opaque(adj.relation):
             # the relation work as two opaque ops inside torch.compile (no graph break):
             # its edge order, then the reduction of the messages formed here in torch
-            ei = region(_edge_order_region, adj.relation, ("NNConv",), (x_src, x_dst),
-                        (("edge_index", _edge_count(adj.relation)),))
+            ei = region(edge_order_region, adj.relation, ("NNConv",), (x_src, x_dst),
+                        (("edge_index", edge_count(adj.relation)),))
             msgs = self._messages(x_src, ei, edge_attr)
             out = region(_reduce_region, adj.relation, ("NNConv", names),
                          (msgs, x_src, x_dst), ((2, 0, (self.out_channels,)),))
@@ -215,4 +215,4 @@ class PointNetConv(torch.nn.Module):
                 f"global_nn={self.global_nn})")
 
 
-__all__ = ["NNConv", "PointNetConv", "reduce_messages"]
+__all__ = ["NNConv", "PointNetConv", "edge_count", "edge_order_region", "reduce_messages"]

@@ -14,9 +14,11 @@ import numpy as np
 import torch
 
 from ...core.graph import Graph
-from .aggr import Aggregation, resolve
+from .aggr import Aggregation, fused_names, over_names, resolve
 from .common import LayerArgumentError, _remember, check_positive, relation
+from .edge_nn import edge_count, edge_order_region
 from .inputs import adjacency, check_flow
+from .opaque import region
 
 SCALERS = ("identity", "amplification", "attenuation", "linear", "inverse_linear")
 ACTIVATIONS = {"relu": torch.nn.ReLU, "elu": torch.nn.ELU, "leaky_relu": torch.nn.LeakyReLU,
@@ -86,7 +88,11 @@ class DegreeScalerAggregation(Aggregation):
 
     def over(self, graph, x):
         out = self.aggr.over(graph, x)
-        deg = torch.from_numpy(graph.degrees("dst").astype(np.float64)).to(out)
+        return self.scale(out, in_degrees(graph, out))
+
+    def scale(self, out, deg):
+        """The aggregated rows `out` (N, ...) repeated once per scaler, scaled by the
+        in-degrees deg (N,)."""
         deg = deg.clamp(min=1).view((-1,) + (1,) * (out.dim() - 1))
         outs = []
         for s in self.scaler:
@@ -101,6 +107,21 @@ class DegreeScalerAggregation(Aggregation):
             else:
                 outs.append(out * (self.avg_deg_lin / deg))
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
+
+def in_degrees(graph: Graph, like: torch.Tensor) -> torch.Tensor:
+    """The relation's in-degree per destination (edges counted with multiplicity), as
+    `like`'s dtype and device."""
+    return torch.from_numpy(graph.degrees("dst").astype(np.float64)).to(like)
+
+
+def _pna_region(edge_index, settings, msgs, x):
+    """PNA's aggregators over each node's incoming messages (per-edge rows of msgs, in the
+    relation's edge order) and the in-degrees (opaque.region): rows of x."""
+    name, names = settings
+    graph = relation(name, edge_index, x.size(0), x.size(0))
+    out = over_names(names, edges_to_destinations(graph)[0], msgs)
+    return out, in_degrees(graph, out)
 
 
 def _activation(act, act_kwargs):
@@ -188,21 +209,38 @@ class PNAConv(torch.nn.Module):
             h = x.view(n, t, self.F_in)
         else:
             h = x.view(n, 1, self.F_in).expand(n, t, self.F_in)
-        graph = relation("PNAConv", adj.relation, n, n)
-        edges, ei = edges_to_destinations(graph)
-        ei = torch.tensor(ei, device=x.device)    # (the memo's array is read-only)
+        names = fused_names(self.aggr_module.aggr)
+        if names is not None and isinstance(adj.relation, (Graph, torch.Tensor)):
+            # inside torch.compile: opaque ops for the edge order and the aggregation,
+            # the tower networks and the scalers in the traced graph
+            ei = region(edge_order_region, adj.relation, ("PNAConv",), (x, x),
+                        (("edge_index", edge_count(adj.relation)),))
+            msgs = self._messages(h, ei, edge_attr)
+            width = self.F_in * len(names.split("|"))
+            agg, deg = region(_pna_region, adj.relation, ("PNAConv", names), (msgs, x),
+                              ((1, 0, (t, width)), (1, 0, ())))
+            agg = self.aggr_module.scale(agg, deg)
+        else:
+            graph = relation("PNAConv", adj.relation, n, n)
+            edges, ei = edges_to_destinations(graph)
+            ei = torch.tensor(ei, device=x.device)    # (the memo's array is read-only)
+            agg = self.aggr_module.over(edges, self._messages(h, ei, edge_attr))
+        out = torch.cat([h, agg], dim=-1)
+        out = torch.cat([nn(out[:, i]) for i, nn in enumerate(self.post_nns)], dim=1)
+        return self.lin(out)
+
+    def _messages(self, h, ei, edge_attr):
+        """The towers' pre-network messages (E, towers, F_in) from [x_i, x_j(, E e_ji)]."""
+        t = self.towers
         parts = [h[ei[1]], h[ei[0]]]
         if self.edge_encoder is not None and edge_attr is not None:
-            if edge_attr.size(0) != graph.num_edges:
+            if edge_attr.size(0) != ei.size(1):
                 raise LayerArgumentError(f"PNAConv: edge_attr has {edge_attr.size(0)} rows, "
-                                         f"expected {graph.num_edges} (one per edge)")
+                                         f"expected {ei.size(1)} (one per edge)")
             e = self.edge_encoder(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr)
             parts.append(e.view(-1, 1, self.F_in).expand(-1, t, self.F_in))
         z = torch.cat(parts, dim=-1)
-        msgs = torch.stack([nn(z[:, i]) for i, nn in enumerate(self.pre_nns)], dim=1)
-        out = torch.cat([h, self.aggr_module.over(edges, msgs)], dim=-1)
-        out = torch.cat([nn(out[:, i]) for i, nn in enumerate(self.post_nns)], dim=1)
-        return self.lin(out)
+        return torch.stack([nn(z[:, i]) for i, nn in enumerate(self.pre_nns)], dim=1)
 
     @staticmethod
     def get_degree_histogram(loader) -> torch.Tensor:
