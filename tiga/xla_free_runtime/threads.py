@@ -95,22 +95,29 @@ def pool(threads: int) -> ThreadPoolExecutor:
         return _POOL["pool"]
 
 
+class RowChunks(list):
+    """row_chunks' [(begin, end), ...] (never changed once made), with the int64 bounds
+    array the native pool reads, made on its first parallel run (_bounds)."""
+
+    bounds: np.ndarray | None = None
+
+
 def row_chunks(row_ptr: np.ndarray, threads: int, partition: str = "edge-balanced",
-               per_thread: int = CHUNKS_PER_THREAD) -> list[tuple[int, int]]:
+               per_thread: int = CHUNKS_PER_THREAD) -> RowChunks:
     """[(begin, end), ...] covering every row: about `threads * per_thread` chunks of the
     same rows + edges ("edge-balanced") or the same rows ("row-balanced"); one chunk when
     the rows + edges are below SMALL_WORK or there is one thread."""
     n = len(row_ptr) - 1
     work = int(row_ptr[-1]) + n if n > 0 else 0
     if n <= 0:
-        return []
+        return RowChunks()
     if threads <= 1 or work < SMALL_WORK:
-        return [(0, n)]
+        return RowChunks([(0, n)])
     k = min(n, threads * per_thread)
     if partition == "row-balanced":
         cuts = (np.arange(1, k, dtype=np.int64) * n) // k
         bounds = [0] + [c for c in cuts.tolist() if 0 < c < n] + [n]
-        return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return RowChunks((a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a)
     if partition != "edge-balanced":
         raise TigaError(f"row_chunks: partition must be 'edge-balanced' or 'row-balanced', "
                         f"found {partition!r}")
@@ -123,7 +130,7 @@ def row_chunks(row_ptr: np.ndarray, threads: int, partition: str = "edge-balance
         if bounds[-1] < c < n:
             bounds.append(c)
     bounds.append(n)
-    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return RowChunks((a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a)
 
 
 def run_chunks(fn, chunks: list, argv, threads: int) -> None:
@@ -185,15 +192,12 @@ def _run_native_loop(drive, jobs: list, threads: int) -> None:
             raise exc
 
 
-_BOUNDS: dict = {}     # id(chunk list) -> (chunk list, int64 bounds): chunk lists are cached
-
-
 def _bounds(chunks) -> np.ndarray:
-    found = _BOUNDS.get(id(chunks))
-    if found is not None and found[0] is chunks:
-        return found[1]
-    bounds = np.array(chunks, dtype=np.int64).reshape(-1)
-    if len(_BOUNDS) > 256:
-        _BOUNDS.clear()
-    _BOUNDS[id(chunks)] = (chunks, bounds)
-    return bounds
+    """The chunks' (begin, end) pairs as one int64 array for the native pool: kept on the
+    chunk list row_chunks made (those are cached per relation and schedule)."""
+    if type(chunks) is RowChunks:
+        found = chunks.bounds
+        if found is None:
+            found = chunks.bounds = np.array(chunks, dtype=np.int64).reshape(-1)
+        return found
+    return np.array(chunks, dtype=np.int64).reshape(-1)
