@@ -13,7 +13,7 @@ from ._blocks import python_blocks
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # pages edited elsewhere that have not adopted the visible line yet
-PENDING = {"from-pyg.md"}
+PENDING: set[str] = set()
 NOTE = "# continuing the example above"
 
 
