@@ -2,10 +2,11 @@
 
 `plan(eqn, graph)` is the one question every caller asks ("which plan runs this
 propagate?"): the executor, explain(), the distributed runtime. The selected backend
-(lower/backends.py) decides first: a Triton backend plans through triton_launch; cpu-llvm
-tries the specialised planners of `PLANNERS` in order and then the generic fused kernel
-(propagate.generic_plan). The planners import propagate.py, never this module, so
-the dispatch sits above them and no import order fills a registry.
+(lower/backends.py) decides first, through the planner its launcher names (`launcher.plan`:
+a Triton backend's is triton/launch.backend_plan, registered when this module imports it);
+cpu-llvm tries the specialised planners of `PLANNERS` in order and then the generic fused
+kernel (propagate.generic_plan). The planners import propagate.py, never this module, so
+the dispatch sits above them.
 
 A planner is `planner(eqn, graph, compile, held) -> None | Fallback | plan` (None: not
 mine). A plan has `run(eqn, graph, values) -> outputs` and `describe(explanation, eqn, graph,
@@ -26,10 +27,10 @@ from __future__ import annotations
 import weakref
 
 from ..lower import CPU_LLVM_AVAILABLE
-from ..lower.backends import TRITON_BACKENDS, register_launcher, selected_backend
+from ..lower.backends import BACKENDS, register_launcher, selected_backend
 from .backends.cpu import attention, generated
 from .backends.cpu.propagate import Fallback, generic_plan
-from .backends.triton.launch import backend_plan
+from .backends.triton import launch as _triton_launch  # noqa: F401  (its launcher: registered)
 from .cache import CACHE, Executable, LLVMArtifact
 from .equation_cache import kept
 from .paging import run as paging
@@ -57,14 +58,14 @@ def plan_cpu(eqn, graph, *, compile: bool = True, held=None):
     return generic_plan(eqn, graph, compile=compile, held=held)
 
 
-def plan(eqn, graph, *, lower, compile: bool = True, held=None):
+def plan(eqn, graph, *, compile: bool = True, held=None):
     """The plan of one propagate on the selected backend, or a Fallback naming why the
     reference interpreter runs it (`graph` None: decided from the relation's type; `held`:
-    the Kernel op the call's Task module holds for the equation, the cpu-llvm launch when
-    it fits the binding; `lower`: the executor's Lowering, for the kernels the Task module
-    does not hold)."""
-    if selected_backend() in TRITON_BACKENDS:
-        return backend_plan(eqn, graph, compile=compile, lower=lower)
+    the Kernel op handed down for the equation; an Unbound when it does not fit the walk
+    bound here: the executor lowers the launch it names and asks again)."""
+    launcher = getattr(BACKENDS.get(selected_backend()), "launcher", None)
+    if launcher is not None and launcher.plan is not plan_cpu:   # (a Triton backend's own)
+        return launcher.plan(eqn, graph, compile=compile, held=held)
     if not compile or graph is None:
         return plan_cpu(eqn, graph, compile=compile, held=held)
     threads = num_threads()

@@ -38,9 +38,9 @@ from ..core.prims.linalg import dot_general_p
 from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower import pipeline
+from ..lower.backends import selected_backend
 from ..lower.binding import page_program
 from ..lower.passes.plan_halo_tasks import NAME as HALO_MODULE
-from ..lower.backends import selected_backend
 from .backend_table import plan
 from .backends.cpu.generated import count_eqn, fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
@@ -73,7 +73,7 @@ from .interpreter import (
 from .paging.degrees import paged_degrees
 from .paging.pages import pageable, walked_eqn
 from .paging.resident import plan_resident
-from .paging.run import PagedPlan, task_ir
+from .paging.run import PagedPlan, plan_paged, task_ir
 from .routes import describe_program, paged_propagates, propagates_of
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
@@ -157,9 +157,9 @@ def _page(walk, eqn):
 
 
 def _pages(program: GraphProgram, args: list, walk=None) -> dict:
-    """{id(propagate): its one-page Task module} for every propagate a call runs by pages of
-    a stored relation (loop bodies too): what explain() and ir("task") print."""
-    return {id(e): _page(walk, e) for e in paged_propagates(program, args)}
+    """{id(propagate): its PagedPlan, bound (_bound)} for every propagate a call runs by
+    pages of a stored relation (loop bodies too): what explain() and ir("task") print."""
+    return {id(e): _bound(plan_paged(e, g), walk, e, g) for e, g in paged_propagates(program, args)}
 
 
 def planned(eqn, graph, *, held=None, compile: bool = True):
@@ -168,14 +168,14 @@ def planned(eqn, graph, *, held=None, compile: bool = True):
     call's module holds no op for the walk it binds: a program the Task stages do not walk,
     a relation computed in the program), the launch it names, lowered here, once per
     equation and relation type (kernel_op)."""
-    route = plan(eqn, graph, held=held, compile=compile, lower=LOWERING)
+    route = plan(eqn, graph, held=held, compile=compile)
     if not isinstance(route, Unbound):
         return route
     try:
-        op = kernel_op(route.eqn, route.relation)
-    except TigaError:
-        return Fallback(NOT_LOWERED)
-    route = plan(eqn, graph, held=op, compile=compile, lower=LOWERING)
+        op = kernel_op(route.eqn, route.relation, target=route.target)
+    except TigaError as exc:
+        return Fallback(f"{NOT_LOWERED} ({exc})")
+    route = plan(eqn, graph, held=op, compile=compile)
     # (a planner that names a launch accepts it: one that did not would be a Tiga bug)
     return Fallback(NOT_LOWERED) if isinstance(route, Unbound) else route
 
@@ -420,9 +420,9 @@ def _propagate(routes, walk, eqn, vals):
     when its disk-tier fields and result would not fit the host budget; None: the reference
     impl rule runs it. A paged plan runs the one-page Task module `walk` holds."""
     # fields over the host budget: by pages
-    paged = plan_resident(eqn, vals[0], vals[1:], LOWERING)
+    paged = plan_resident(eqn, vals[0], vals[1:])
     if paged is not None:
-        return _bound(paged, walk, eqn).run(eqn, vals[0], vals[1:])
+        return _bound(paged, walk, eqn, vals[0]).run(eqn, vals[0], vals[1:])
     route = routes.get(id(eqn)) if routes is not None else None
     if route is None or (isinstance(route, Fallback) and
                          getattr(vals[0], "kind", None) in GENERATED):
@@ -432,23 +432,40 @@ def _propagate(routes, walk, eqn, vals):
     if isinstance(route, Fallback):
         return None
     if isinstance(route, PagedPlan):
-        route = _bound(route, walk, eqn)
+        route = _bound(route, walk, eqn, vals[0])
     return run_propagate(route, eqn, vals[0], vals[1:])
 
 
-def _bound(route: PagedPlan, walk, eqn) -> PagedPlan:
+def _bound(route: PagedPlan, walk, eqn, graph) -> PagedPlan:
     """A paged plan with what the call's lowering gives it: the one-page Task module its
-    pages unroll, or, for a grouping pages cannot complete, the Kernel op of the CSR it
-    reads whole (the call's module holds it: the binding reads it as a CSR)."""
+    pages unroll and, on a Triton backend, the page kernel's Kernel op; for a grouping pages
+    cannot complete, the Kernel op of the CSR it reads whole (on cpu-llvm the call's module
+    holds it: the binding reads it as a CSR)."""
+    target = "triton" if route.backend is not None else "cpu-llvm"
     if pageable(eqn.params):
-        return route.bound(_page(walk, eqn))
-    held = walk.launches.get(id(eqn)) if isinstance(walk, TaskWalk) else None
+        walked = walked_eqn(eqn)
+        held = (None if target == "cpu-llvm" else
+                _lowered_or_none(walked, _csr(walked, graph, target), target))
+        return route.bound(_page(walk, eqn), held)
+    held = (walk.launches.get(id(eqn)) if isinstance(walk, TaskWalk) and target == "cpu-llvm"
+            else None)
     if held is None or held.comp.relation.type.kind != "csr":
-        try:
-            held = kernel_op(eqn, replace(eqn.inputs[0].type, kind="csr", coord_dims=None))
-        except TigaError:
-            held = None
+        held = _lowered_or_none(eqn, _csr(eqn, graph, target), target)
     return route.bound(None, held)
+
+
+def _csr(eqn, graph, target: str):
+    """The relation type a kernel over `graph`'s CSR walks (a Triton kernel's carries the
+    relation's index dtype: it renders per index width)."""
+    gtype = replace(eqn.inputs[0].type, kind="csr", coord_dims=None)
+    return gtype if target == "cpu-llvm" else replace(gtype, index_dtype=graph.index_dtype)
+
+
+def _lowered_or_none(eqn, relation, target: str):
+    try:
+        return kernel_op(eqn, relation, target=target)
+    except TigaError:
+        return None
 
 
 def _call(closed, args: list) -> list:
@@ -545,10 +562,10 @@ def _bound_launches(program: GraphProgram, args: list, walk, wanted=None) -> dic
         if wanted is not None and not wanted(graph):
             continue
         op = held.get(id(eqn))
-        route = plan(eqn, graph, compile=False, held=op, lower=LOWERING)
+        route = plan(eqn, graph, compile=False, held=op)
         if isinstance(route, Unbound):
             try:
-                op = kernel_op(route.eqn, route.relation)
+                op = kernel_op(route.eqn, route.relation, target=route.target)
             except TigaError:
                 op = None
         out[id(eqn)] = op
@@ -558,7 +575,7 @@ def _bound_launches(program: GraphProgram, args: list, walk, wanted=None) -> dic
 def paged_task_ir(program: GraphProgram, args: list) -> str | None:
     """The page plan a call of `program` runs when it is one propagate over a paged relation
     (what ir("task") prints for it), else None."""
-    return task_ir(program, args, LOWERING, _call_pages(program, args))
+    return task_ir(program, args, _call_pages(program, args))
 
 
 def _call_pages(program: GraphProgram, args: list) -> dict:
@@ -576,7 +593,7 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
     if distributed_call(program, args):
         from .distributed.report import distributed_task_ir
         return distributed_task_ir(program, args, _halo_pages(program, args))
-    text = task_ir(program, args, LOWERING, _call_pages(program, args))
+    text = task_ir(program, args, _call_pages(program, args))
     if text is not None:
         return text
     # (TIGA_DUMP writes the stages of what is printed, as for any ir() of a program)

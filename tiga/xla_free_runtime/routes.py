@@ -19,10 +19,9 @@ from .backends.cpu.generated import GeneratedType, generated_relations
 from .backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .backends.cpu.walk_tables import chunks_of
 from .backends.triton.launch import relabel_routes
-from .explain import Explanation, launch_facts, schedule_line
 from .binding import call_binding
+from .explain import Explanation, launch_facts, schedule_line
 from .interpreter import describe_walk, task_walk
-from .paging.pages import pageable
 from .paging.plan import describe_plan
 from .paging.resident import RESIDENT_KINDS
 from .paging.run import call_plan, describe_stats
@@ -48,9 +47,9 @@ VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a p
 
 def describe_program(program: GraphProgram, args: list, cache, lower, pages: dict,
                      held: dict) -> Explanation:
-    """What a call of `program` on `args` runs (`pages`: {id(propagate): its one-page Task
-    module} for the propagates it runs by pages; `held`: {id(propagate): the Kernel op it
-    binds}, loop bodies too: what the executor hands down)."""
+    """What a call of `program` on `args` runs (`pages`: {id(propagate): its PagedPlan, bound
+    by the executor} for the propagates over a stored relation; `held`: {id(propagate): the
+    Kernel op it binds}, loop bodies too: what the executor hands down)."""
     given = {id(v): a for v, a in zip(program.in_binders, args)}
     ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
                      program=str(program))
@@ -59,11 +58,10 @@ def describe_program(program: GraphProgram, args: list, cache, lower, pages: dic
     # hold the Kernel ops the kernels render; loop bodies are bound when they run)
     walk = task_walk(program, lower.task, call_binding(program, args))
     for eqn, graph, where in propagates_of(program, args):
-        found = plan(eqn, graph, compile=False, lower=lower, held=held.get(id(eqn)))
+        found = pages.get(id(eqn)) or plan(eqn, graph, compile=False, held=held.get(id(eqn)))
         if getattr(found, "lazy_fields", False):    # paged: its plan reads the fields' tiers
             compiled += 1
-            found.bound(pages.get(id(eqn))).describe(ex, eqn, graph, where,
-                                                     [given.get(id(a)) for a in eqn.inputs[1:]])
+            found.describe(ex, eqn, graph, where, [given.get(id(a)) for a in eqn.inputs[1:]])
         elif hasattr(found, "describe"):
             compiled += 1
             found.describe(ex, eqn, graph, where)
@@ -99,7 +97,7 @@ def describe_program(program: GraphProgram, args: list, cache, lower, pages: dic
         ex.reason += (f"; {', '.join(loops)} steps run in the executor, so the propagates in "
                       "their bodies take the routes listed")
     ex.estimated_bytes = sum(b for _, b, _ in ex.materialized)
-    paged = call_plan(program, args, lower, pages)  # one paged propagate: its plan is the Task IR
+    paged = call_plan(program, args, pages)   # one paged propagate: its plan is the Task IR
     ex.tasks = describe_plan(paged) if paged is not None else describe_walk(walk)
     ex.vjp_route = VJP_ROUTE
     stats = cache.stats.as_dict()
@@ -117,10 +115,10 @@ def propagates_of(program: GraphProgram, args: list):
 
 
 def paged_propagates(program: GraphProgram, args: list) -> list:
-    """The propagates (loop bodies too) a call of `program` on `args` runs by pages of a
-    stored relation: the ones whose one-page Task module its explanation prints."""
-    return [e for e, g, _ in propagates_of(program, args)
-            if getattr(g, "kind", None) == "paged" and pageable(e.params)]
+    """(eqn, its relation) for the propagates (loop bodies too) a call of `program` on `args`
+    runs over a stored relation: the ones whose bound page plan its explanation prints."""
+    return [(e, g) for e, g, _ in propagates_of(program, args)
+            if getattr(g, "kind", None) == "paged"]
 
 
 def _propagates(program: GraphProgram, graphs: dict, where: str):

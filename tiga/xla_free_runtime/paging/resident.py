@@ -72,10 +72,10 @@ def _bytes(shape, dtype) -> int:
         np.dtype(getattr(dtype, "np", dtype)).itemsize)
 
 
-def plan_resident(eqn, graph, values: list, lower=None):
+def plan_resident(eqn, graph, values: list):
     """A PagedPlan for `eqn` over `graph` held in memory when a host budget is set and the
     call's disk-tier fields and its result would not fit what is left of it; else None (the
-    in-memory route). `lower`: the executor's Lowering, for a Triton backend's page planner."""
+    in-memory route); the executor binds its Kernel op."""
     p = eqn.params
     if getattr(graph, "kind", None) not in RESIDENT_KINDS or not pageable(p):
         return None
@@ -94,7 +94,7 @@ def plan_resident(eqn, graph, values: list, lower=None):
                         v.type.dtype) for v in eqn.outputs)
     if disk + result <= owner.budgets["host"] - owner.used["host"]:
         return None
-    return PagedPlan(reader_of(graph, by), **backend_pages(lower))
+    return PagedPlan(reader_of(graph, by), **backend_pages())
 
 
 __all__ = ["plan_resident", "ResidentRows", "reader_of", "RESIDENT_KINDS"]

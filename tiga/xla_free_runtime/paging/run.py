@@ -27,7 +27,7 @@ from ...core.errors import ShapeError, UnsupportedError
 from ...core.graph import Graph
 from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
-from ...lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
+from ...lower.backends import BACKENDS, selected_backend
 from ...lower.ir.task import TaskLaunchOp
 from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
 from ..backends.triton.compile import tensors
@@ -76,9 +76,10 @@ class PagedPlan:
                  held=None):
         self.reader = reader      # None: the store version of a paged relation
         self.backend = backend    # a Triton backend, or None: cpu-llvm
-        self.page_plan = page_plan    # (eqn, page-local CSR) -> its Triton plan or Fallback
+        self.page_plan = page_plan    # (eqn, page-local CSR, op) -> its Triton plan or Fallback
         self.page = page          # the one-page Task module its pages unroll (bound: below)
-        self.held = held          # the Kernel op of the CSR read whole (a grouping pages lack)
+        self.held = held          # the Kernel op of the page kernel on a Triton backend, or
+        #                           of the CSR read whole (a grouping pages cannot complete)
 
     def bound(self, page, held=None):
         """This plan with the one-page Task module of its call's lowering and the Kernel op
@@ -92,7 +93,7 @@ class PagedPlan:
         if self.backend is None:
             return None
         tier, _ = device_route(self.backend)
-        kernel = self.page_plan(walk.eqn, empty_page(graph.index_dtype))
+        kernel = self.page_plan(walk.eqn, empty_page(graph.index_dtype), self.held)
         return TritonPages(kernel, self.backend, tier)
 
     def run(self, eqn, graph, values) -> list:
@@ -168,7 +169,7 @@ def _materialised(eqn, graph, values, held, page_plan=None) -> list:
     rp, ci = graph.resolve_csr()
     mem = Graph.from_csr(rp, ci, num_src=graph.num_src, validate="none", copy=False)
     vals = [np.asarray(v) for v in values]
-    kernel = page_plan(eqn, mem) if page_plan is not None else None
+    kernel = page_plan(eqn, mem, held) if page_plan is not None else None
     if kernel is not None and not isinstance(kernel, Fallback):
         buf = tensors()
         return [r if isinstance(r, np.ndarray) else buf.to_numpy(r, d)
@@ -231,10 +232,10 @@ def maps(eqn, walk: Walk, fields: list, triton=None) -> bool:
 
 
 
-def call_plan(program, args: list, lower, pages: dict):
+def call_plan(program, args: list, bound: dict):
     """The page plan of a call of `program` when it is one propagate over a paged relation
-    (what ir("task") prints for it, and explain() counts), else None. `pages`: {id(eqn): the
-    one-page Task module} of the call's lowering."""
+    (what ir("task") prints for it, and explain() counts), else None. `bound`: {id(eqn): its
+    PagedPlan bound by the executor} (one-page module, Kernel op)."""
     eqns = program.eqns
     if (len(eqns) != 1 or eqns[0].primitive is not propagate_p
             or getattr(args[0] if args else None, "kind", None) != "paged"):
@@ -242,35 +243,35 @@ def call_plan(program, args: list, lower, pages: dict):
     walk = walk_of(eqns[0], args[0], build=False)
     if walk is None:         # (the CSR is read whole: no page plan)
         return None
-    triton = plan_paged(eqns[0], args[0], lower).triton_pages(walk, args[0])
-    return plan_of(eqns[0], args[0], list(args[1:]), pages[id(eqns[0])], walk, triton)
+    plan = bound[id(eqns[0])]
+    return plan_of(eqns[0], args[0], list(args[1:]), plan.page, walk,
+                   plan.triton_pages(walk, args[0]))
 
 
-def task_ir(program, args: list, lower, pages: dict) -> str | None:
+def task_ir(program, args: list, bound: dict) -> str | None:
     """The Task IR a call of `program` runs when it is one propagate over a paged relation
     (the page plan, as PagedRun interprets it), else None."""
-    module = call_plan(program, args, lower, pages)
+    module = call_plan(program, args, bound)
     return None if module is None else str(module)
 
 
-def plan_paged(eqn, graph, lower=None):
+def plan_paged(eqn, graph):
     """The route of a propagate over a stored ("paged") relation, or None (not paged); its
-    pages run the selected backend's kernel (`lower`: the executor's Lowering, which a
-    Triton backend's page planner still asks for its kernel)."""
+    pages run the selected backend's kernel (the executor binds its Kernel op)."""
     if getattr(graph, "kind", None) != "paged":
         return None
-    return PagedPlan(**backend_pages(lower))
+    return PagedPlan(**backend_pages())
 
 
-def backend_pages(lower) -> dict:
+def backend_pages() -> dict:
     """PagedPlan's arguments for the selected backend: a Triton backend and its launcher's
-    page-kernel planner (`page_plan(backend, lower, eqn, page-local CSR)`: a TritonPlan or a
+    page-kernel planner (`page_plan(backend, eqn, page-local CSR, op)`: a TritonPlan or a
     Fallback), or none (cpu-llvm)."""
     name = selected_backend()
-    if name not in TRITON_BACKENDS:
+    page_plan = getattr(getattr(BACKENDS.get(name), "launcher", None), "page_plan", None)
+    if page_plan is None:      # (cpu-llvm: its pages run the one-page module's kernel)
         return {}
-    return {"backend": name,
-            "page_plan": functools.partial(BACKENDS[name].launcher.page_plan, name, lower)}
+    return {"backend": name, "page_plan": functools.partial(page_plan, name)}
 
 
 __all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "call_plan", "plan_of", "PageTask",

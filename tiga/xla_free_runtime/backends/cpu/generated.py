@@ -45,14 +45,14 @@ from ....core.errors import CompilationError
 from ....core.reducers import sum as sum_reducer
 from ....lower import CPU_LLVM_AVAILABLE
 from ....lower import schedule as knobs
+from ....lower.binding import RelationBinding, swapped_params
 from ....lower.ir.iter import KNN_TILED, hierarchy_for
 from ....lower.ir.syntax import AttrDict
 from ....trace import math as tm
 from ....trace.message_passing import propagate
 from ...cache import CACHE, full_key, llvm_key
-from ...explain import launch_facts, schedule_line
-from ....lower.binding import RelationBinding, swapped_params
 from ...equation_cache import kept
+from ...explain import launch_facts, schedule_line
 from ...relation_cache import memo
 from ...threads import num_threads, row_chunks
 from .. import FixedKernel, KernelArgs, launch

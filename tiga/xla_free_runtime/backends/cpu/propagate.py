@@ -62,11 +62,12 @@ class Unbound(Fallback):
 
     eqn: object = None
     relation: object = None
+    target: str = "cpu-llvm"
 
 
-def unbound(eqn, relation=None) -> Unbound:
+def unbound(eqn, relation=None, target: str = "cpu-llvm") -> Unbound:
     return Unbound("no Kernel op was bound for this walk (the call's Task module holds "
-                   "another): the executor lowers it", eqn, relation)
+                   "another): the executor lowers it", eqn, relation, target)
 
 
 _CHUNK_LOCK = threading.Lock()

@@ -2,9 +2,9 @@
 
 `backend_plan` is the executor's planner: it reads the selected backend (lower/backends.py)
 and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
-A TritonPlan takes the equation's Kernel op for target triton from the executor's Lowering
-(`lower.kernel`; the schedule printed there is the one rendered; this module never
-lowers), renders it (lower/triton) into a Triton module artifact of the one artifact cache
+A TritonPlan renders the equation's Kernel op for target triton, handed down by the executor
+(where none fits, the plan is an Unbound naming it, which the executor lowers and plans again
+with; the schedule printed there is the one rendered; this module never lowers); it renders it (lower/triton) into a Triton module artifact of the one artifact cache
 (artifacts.py: keyed by the printed op, the backend, triton's version and Tiga's source hash;
 stored on disk like every backend's artifacts) and imports it on first launch (compile.py;
 with TRITON_INTERPRET=1 for the interpreter: Triton decides at decoration time), then launches
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ....core.config import config
-from ....core.errors import TigaError, UnsupportedError
+from ....core.errors import UnsupportedError
 from ....core.graph_validate import input_device
 from ....lower.abi import KernelSource, relation_descriptor
 from ....lower.backends import (
@@ -34,7 +34,7 @@ from ...equation_cache import kept
 from ...paging.run import plan_paged
 from ...relation_cache import memo
 from ...run_report import COUNTERS
-from ..cpu.propagate import Fallback, walk_arrays, walked_csr
+from ..cpu.propagate import Fallback, Unbound, unbound, walk_arrays, walked_csr
 from ..cpu.propagate import generic_plan as llvm_plan
 from .attention import attention_plan
 from .compile import (
@@ -75,12 +75,12 @@ def call_backend(call) -> str | None:
                              gpu=BACKENDS["triton"].available())
 
 
-def backend_plan(eqn, graph, *, lower, compile: bool = True):
-    """The plan of one propagate on the selected backend (the executor's planner; `lower`:
-    the executor's Lowering)."""
+def backend_plan(eqn, graph, *, compile: bool = True, held=None):
+    """The plan of one propagate on the selected backend (the executor's planner; `held`:
+    the Kernel op handed down for it, rendered when its target is triton)."""
     name = selected_backend()
     if name not in TRITON_BACKENDS:
-        return llvm_plan(eqn, graph, compile=compile)
+        return llvm_plan(eqn, graph, compile=compile, held=held)
     ok, why = BACKENDS[name].available()
     if not ok:
         raise UnsupportedError(f"backend {name!r} is unavailable: {why}",
@@ -95,12 +95,14 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
     if hit is not None and hit[0]() is graph:
         return hit[1]
     # a stored relation pages: each page runs this backend's kernel of the page-local CSR
-    found = plan_paged(eqn, graph, lower) or attention_plan(eqn, graph, name)
+    found = plan_paged(eqn, graph) or attention_plan(eqn, graph, name)
     if found is None:
         try:
-            found = TritonPlan.build(eqn, graph, name, lower)
+            found = TritonPlan.build(eqn, graph, name, held)
         except TritonUnsupported as exc:
             return Fallback(f"{name}: {exc}")
+        if isinstance(found, Unbound):
+            return found
     if getattr(graph, "kind", None) not in ("radius", "knn"):   # (planned from their state)
         if len(per_eqn) > 64:
             per_eqn.clear()
@@ -108,11 +110,12 @@ def backend_plan(eqn, graph, *, lower, compile: bool = True):
     return found
 
 
-def _page_plan(backend: str, lower, eqn, graph):
-    """The TritonPlan of a paged run's page kernel over the page-local CSR `graph`, or a
-    Fallback naming why its pages run the reference interpreter."""
+def _page_plan(backend: str, eqn, graph, held):
+    """The TritonPlan of a paged run's page kernel over the page-local CSR `graph` (`held`:
+    its Kernel op, handed down), or a Fallback naming why its pages run the reference
+    interpreter."""
     try:
-        return TritonPlan.build(eqn, graph, backend, lower)
+        return TritonPlan.build(eqn, graph, backend, held)
     except TritonUnsupported as exc:
         return Fallback(f"{backend}: {exc}")
 
@@ -128,7 +131,9 @@ class TritonPlan:
     artifact: TritonModule
 
     @classmethod
-    def build(cls, eqn, graph, backend: str, lower) -> TritonPlan:
+    def build(cls, eqn, graph, backend: str, held=None):
+        """The plan rendering `held` (the Kernel op handed down for the walk bound here),
+        or an Unbound naming the launch to lower when it does not fit."""
         walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
         has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
         relation = relation_descriptor(graph, walk, target="triton")
@@ -147,13 +152,12 @@ class TritonPlan:
         warm = _PLANS.get((key, repr(gtype)))
         if warm is not None:   # (lowering through the Kernel stage costs ~1.5 ms a call)
             return warm
-        try:
-            op = lower.kernel(eqn, replace(gtype, index_dtype=index),
-                              name=f"propagate_{key[:16]}", target="triton")
-        except TritonUnsupported:
-            raise
-        except TigaError as exc:
-            raise TritonUnsupported(f"the Kernel IR stages do not express it ({exc})") from None
+        bound = replace(gtype, index_dtype=index)
+        if (held is None or held.schedule.target != "triton"
+                or held.comp.relation.type.kind != bound.kind
+                or held.comp.relation.type.index_dtype != index):
+            return unbound(eqn, bound, target="triton")
+        op = held
         mkey = module_key(str(op), backend, (relation, has_perm))
         artifact = CACHE.get(mkey, TritonArtifact(backend, lambda symbol: render_launch(
             op, symbol=symbol, has_perm=has_perm, relation=relation)))
