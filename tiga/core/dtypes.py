@@ -1,18 +1,29 @@
 """core: Tiga's dtypes, their numpy storage types and the promotion lattice."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import DTypeError
 
-try:  # bfloat16 storage comes from ml_dtypes, the package JAX uses for it
-    import ml_dtypes as _ml_dtypes
+# bfloat16 storage comes from ml_dtypes, the package JAX uses for it. Importing it costs
+# 0.6-0.8 s (most of `import tiga`), and only bfloat16 needs it: it is imported the first
+# time a bfloat16 numpy dtype is asked for.
+_BF16_CACHE: list = []
 
-    _BF16 = np.dtype(_ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
-    _BF16 = None
+
+def _bf16_np():
+    """ml_dtypes' bfloat16 numpy dtype (importing ml_dtypes on first use), or None."""
+    if not _BF16_CACHE:
+        try:
+            import ml_dtypes as _ml_dtypes
+
+            _BF16_CACHE.append(np.dtype(_ml_dtypes.bfloat16))
+        except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
+            _BF16_CACHE.append(None)
+    return _BF16_CACHE[0]
 
 
 @dataclass(frozen=True)
@@ -27,9 +38,10 @@ class DType:
     @property
     def np(self) -> np.dtype:
         if self.name == "bfloat16":
-            if _BF16 is None:
+            bf16 = _bf16_np()
+            if bf16 is None:
                 raise DTypeError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
-            return _BF16
+            return bf16
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
     @property
@@ -90,7 +102,8 @@ def _as_dtype_slow(obj) -> DType:
         npd = np.dtype(obj)
     except TypeError as exc:
         raise DTypeError(f"dtype: expected a Tiga, numpy or torch dtype, found {obj!r}") from exc
-    if _BF16 is not None and npd == _BF16:
+    # an ml_dtypes bfloat16 can only be here if ml_dtypes is already imported
+    if "ml_dtypes" in sys.modules and npd == _bf16_np():
         return bfloat16
     if npd.kind == "b":
         return bool_
