@@ -25,7 +25,7 @@ LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", 
 AGGREGATIONS = ("Aggregation", "SumAggregation", "MeanAggregation", "MaxAggregation",
                 "MinAggregation", "MulAggregation", "VarAggregation", "StdAggregation",
                 "SoftmaxAggregation", "PowerMeanAggregation", "MultiAggregation",
-                "LSTMAggregation", "MLPAggregation")
+                "LSTMAggregation", "MLPAggregation", "DegreeScalerAggregation")
 FUNCTIONS = ("gcn_norm", "global_add_pool", "global_mean_pool", "global_max_pool",
              "global_softmax_pool")
 FUNCTIONS = (*FUNCTIONS, "NeighborLoader")   # neighbour-sampled mini-batches (API.md section 12)
@@ -75,6 +75,8 @@ modules the layers' `aggr=` takes by name, as a list or as a module (API.md sect
 Sum, Mean, Max, Min, Mul, Var, Std, Softmax (learnable temperature), PowerMean: each one
 Tiga propagate (forward and backward compiled); MultiAggregation combines several;
 LSTMAggregation and MLPAggregation (order-dependent, as PyG's) run densely in torch.
+DegreeScalerAggregation (PNAConv's: aggregators times in-degree scalers) reduces with the
+fused ones and scales in torch.
 `resolve(name_or_list_or_module, **kwargs)` gives the module a layer's `aggr=` means.
 Torch-free on import, as tg.nn: the classes load with torch on first access.
 """
@@ -91,10 +93,11 @@ def _aggr_module() -> types.ModuleType:
         if name not in names:
             raise AttributeError(f"module 'tiga.nn.aggr' has no attribute {name!r}")
         try:
-            from .torch_bridge.layers import aggr
+            from .torch_bridge import layers
         except ImportError as exc:  # torch is not installed
             raise _needs_torch(f"tg.nn.aggr.{name}", exc) from exc
-        return getattr(aggr, name)
+        # DegreeScalerAggregation lives beside PNAConv (pna.py), the others in aggr.py
+        return getattr(layers.aggr if name == "resolve" else layers, name)
 
     module.__getattr__ = getattr_
     module.__dir__ = lambda: sorted(names)

@@ -27,7 +27,7 @@ from .gcn import GCNConv, gcn_norm
 from .gen import GENConv, MessageNorm
 from .graph_conv import GraphConv, ResGatedGraphConv
 from .loader import NeighborLoader, SampledSubgraph
-from .pna import PNAConv
+from .pna import DegreeScalerAggregation, PNAConv
 from .pool import global_add_pool, global_max_pool, global_mean_pool, global_softmax_pool
 from .propagation import APPNP, GCN2Conv, SGConv, TAGConv
 from .rgcn import FastRGCNConv, RGCNConv
@@ -43,4 +43,4 @@ __all__ = ["APPNP", "Aggregation", "ChebConv", "DynamicEdgeConv", "EdgeConv",
            "SAGEConv", "SGConv", "SoftmaxAggregation", "StdAggregation", "SumAggregation",
            "TAGConv", "TransformerConv", "VarAggregation", "gcn_norm", "global_add_pool",
            "global_max_pool", "global_mean_pool", "global_softmax_pool"]
-__all__ += ["NeighborLoader", "SampledSubgraph"]
+__all__ += ["DegreeScalerAggregation", "NeighborLoader", "SampledSubgraph"]
