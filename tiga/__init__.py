@@ -16,7 +16,9 @@ from .core.errors import (
                           DTypeError,
                           FieldError,
                           GraphValidationError,
+                          LayerArgumentError,
                           ProgramError,
+                          RequiresGradError,
                           ShapeError,
                           StorageError,
                           TigaError,
@@ -30,10 +32,12 @@ from .core.program import ClosedProgram, GraphProgram
 from .core.reducers import Reducer, argmax, argmin, max, mean, min, online_softmax, prod, sum
 from .core.types import GraphType, TensorType
 from .trace import math
-from .trace.control import repeat, while_loop
+from .trace.control import checkpoint, fori_loop, repeat, scan, while_loop
+from .trace.cond import cond, switch
 from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
 from .trace.unroll import TraceWarning
+from .autodiff.fixed_point import fixed_point
 from ._transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
 from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.artifacts import CacheTrustWarning
@@ -50,11 +54,12 @@ __all__ = [
     "bfloat16", "bool_", "float16", "float32", "float64", "int32", "int64",
     "CompilationError", "DistributedError", "DTypeError", "FieldError", "GraphValidationError",
     "ProgramError", "ShapeError", "StorageError", "TigaError", "TraceError", "UnsupportedError",
-    "ConfigError", "CacheTrustWarning", "TraceWarning",
+    "ConfigError", "CacheTrustWarning", "TraceWarning", "LayerArgumentError", "RequiresGradError",
     "eval_program", "Graph", "pp_program", "ClosedProgram", "GraphProgram", "Reducer", "max",
     "mean", "min", "online_softmax", "prod", "sum", "GraphType", "TensorType", "math", "repeat",
     "while_loop", "MessagePassing", "propagate", "make_program", "Explanation", "Tensor",
     "asarray", "from_dlpack", "nn", "distributed", "argmin", "argmax", "edge_map", "profile",
     "Profile", "RunReport", "scope", "memory", "store", "load", "save",
     "jvp", "linearize", "jacfwd", "jacrev", "hessian", "vmap", "custom_vjp", "custom_jvp",
+    "scan", "fori_loop", "cond", "switch", "checkpoint", "fixed_point",
 ]

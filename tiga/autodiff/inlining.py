@@ -51,7 +51,7 @@ def has_custom_calls(program: GraphProgram) -> bool:
         if e.primitive in CUSTOM_CALLS:
             return True
         if any(isinstance(p, ClosedProgram) and has_custom_calls(p.program)
-               for p in e.params.values()):
+               for p in _closed_params(e.params)):
             return True
     return False
 
@@ -73,7 +73,15 @@ def inline_custom_calls(program: GraphProgram) -> GraphProgram:
     return prog
 
 
+def _closed_params(params: dict):
+    """Every sub-program param, those inside a tuple too (a cond's branches)."""
+    for p in params.values():
+        yield from (p if isinstance(p, tuple) else (p,))
+
+
 def _inlined(param):
+    if isinstance(param, tuple):
+        return tuple(_inlined(p) for p in param)
     if isinstance(param, ClosedProgram) and has_custom_calls(param.program):
         return ClosedProgram(inline_custom_calls(param.program), param.consts)
     return param

@@ -58,7 +58,7 @@ def register_lowered(backend: str) -> None:
         elif lowered:
             REFERENCE_ONLY[p] = _OTHER_BACKENDS.format(lowered=", ".join(lowered),
                                                        missing=", ".join(missing))
-        elif p.name in ("repeat", "while_loop"):
+        elif p.name in ("repeat", "while_loop", "cond"):
             REFERENCE_ONLY[p] = _LOOPS.format(name=p.name)
         else:
             REFERENCE_ONLY[p] = _TOP_LEVEL_ONLY.format(name=p.name)

@@ -7,7 +7,7 @@ keeps its state (the body's result is selected per instance).
 """
 from __future__ import annotations
 
-from ...core.prims.control import repeat_p, while_loop_p
+from ...core.prims.control import cond_p, repeat_p, while_loop_p
 from ...core.program import ClosedProgram
 from ...trace import math as m
 from ...trace.staging import inline_program, trace_flat
@@ -103,5 +103,31 @@ def _selecting_body(cond_b, body_b, ncc, nbc) -> ClosedProgram:
     return ClosedProgram(prog)
 
 
+def cond_batch_rule(ins, batched, size, *, branches):
+    """An unbatched index keeps one cond (an output is batched where any branch batches
+    it); a batched index runs every branch on the batch and selects per instance."""
+    index, ops, flags = ins[0], list(ins[1:]), list(batched[1:])
+    no = len(branches[0].out_types)
+    if not batched[0]:
+        out_b = [False] * no
+        for b in branches:
+            out_b = [x or y for x, y in zip(out_b, batch_closed(b, flags, size)[1])]
+        progs = tuple(batch_closed(b, flags, size, out_b)[0] for b in branches)
+        return list(bind(cond_p, index, *ops, branches=progs)), out_b
+    index = m.minimum(m.maximum(index, 0), len(branches) - 1)
+    results = []
+    for b in branches:
+        closed, _ = batch_closed(b, flags, size, [True] * no)
+        results.append(inline_program(closed.program, *closed.consts, *ops))
+    out = list(results[0])
+    for k, res in enumerate(results[1:], start=1):
+        for j, r in enumerate(res):
+            t = aval_of(r)
+            p = m.reshape(m.equal(index, k), (size,) + (1,) * (t.ndim - 1))
+            out[j] = m.where(m.broadcast_to(p, t.shape), r, out[j])
+    return out, [True] * no
+
+
 batch_rules[repeat_p] = repeat_batch_rule
+batch_rules[cond_p] = cond_batch_rule
 batch_rules[while_loop_p] = while_loop_batch_rule

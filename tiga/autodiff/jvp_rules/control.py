@@ -1,7 +1,7 @@
 """autodiff: JVP rules of repeat and while_loop (the body's JVP, carried with the state)."""
 from __future__ import annotations
 
-from ...core.prims.control import repeat_p, while_loop_p
+from ...core.prims.control import cond_p, repeat_p, while_loop_p
 from ...core.program import ClosedProgram
 from ...core.types import TensorType
 from ...trace.staging import inline_program, trace_flat
@@ -104,5 +104,31 @@ def while_loop_jvp_rule(primals, tangents, *, cond, body, cond_nconsts, body_nco
     return list(res[:nk]), _scatter(nk, k_idx, res[nk:])
 
 
+def cond_jvp_rule(primals, tangents, *, branches):
+    """A cond over the branches' JVPs: operands bring their tangents along, and every
+    floating output gets one (whichever branch runs)."""
+    index, ops, tops = primals[0], list(primals[1:]), list(tangents[1:])
+    n = len(ops)
+    x_idx = _present(ops, tops)
+    out_types = branches[0].out_types
+    no = len(out_types)
+    y_idx = [j for j, t in enumerate(out_types) if differentiable(t)]
+    t_x = [type_of(v) for v in ops]
+
+    def branch_jvp(branch):
+        def fn(*a):
+            tan = [None] * len(branch.consts) + _scatter(n, x_idx, a[n:])
+            outs, touts = forward_pass(branch.program, list(branch.consts) + list(a[:n]), tan)
+            return outs + [instantiate(touts[j], outs[j]) for j in y_idx]
+
+        prog, _, _ = trace_flat(fn, t_x + [t_x[i] for i in x_idx])
+        return ClosedProgram(prog)
+
+    res = bind(cond_p, index, *ops, *[tops[i] for i in x_idx],
+               branches=tuple(branch_jvp(b) for b in branches))
+    return list(res[:no]), _scatter(no, y_idx, res[no:])
+
+
 jvp_rules[repeat_p] = repeat_jvp_rule
+jvp_rules[cond_p] = cond_jvp_rule
 jvp_rules[while_loop_p] = while_loop_jvp_rule

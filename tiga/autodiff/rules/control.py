@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ...core.errors import UnsupportedError
 from ...core.passes import cse, dce
-from ...core.prims.control import repeat_p, while_loop_p
+from ...core.prims.control import cond_p, repeat_p, while_loop_p
 from ...core.program import ClosedProgram
 from ...core.types import TensorType
 from ...trace import math as m
@@ -91,9 +91,42 @@ def _backward_body(body, consts, carry, xs, ct_ys, num_consts, num_carry):
 
 def while_loop_vjp_rule(ct_outs, outs, *operands, **params):
     raise UnsupportedError(
-        "while_loop has a data-dependent trip count, so its VJP is not defined here",
-        hint="use tg.repeat(n, body, init) with a static n for differentiated loops")
+        "tg.grad through tg.while_loop: the loop has a data-dependent trip count, so its "
+        "VJP is not defined (while_loop_vjp_rule)",
+        hint="for an iteration run to convergence use tg.fixed_point(step, init, tol=..., "
+             "max_iterations=...), whose gradient is the implicit one; for a fixed number "
+             "of steps use tg.repeat(n, body, init) or tg.scan")
+
+
+def cond_vjp_rule(ct_outs, outs, index, *operands, branches):
+    """The taken branch's VJP: a cond over every branch's VJP program (each replays its
+    branch forward on the operands, then pulls the cotangents back), so only the taken
+    branch runs in the backward pass too."""
+    wrt = [i for i, v in enumerate(operands) if differentiable(_type_of(v))]
+    if not wrt:
+        return (None,) * (1 + len(operands))
+    cts = [c if c is not None else m.zeros_like(o) for c, o in zip(ct_outs, outs)]
+    avals = [_type_of(v) for v in operands] + _strong(cts)
+    n = len(operands)
+
+    def branch_vjp(branch):
+        def fn(*a):
+            _, in_cts = backward_pass(branch.program, list(branch.consts) + list(a[:n]),
+                                      list(a[n:]))
+            in_cts = in_cts[len(branch.consts):]
+            return [in_cts[i] if in_cts[i] is not None else m.zeros_like(a[i]) for i in wrt]
+
+        prog, _, _ = trace_flat(fn, avals)
+        return ClosedProgram(dce(cse(prog)))
+
+    res = bind(cond_p, index, *operands, *cts,
+               branches=tuple(branch_vjp(b) for b in branches))
+    out = [None] * n
+    for i, c in zip(wrt, res):
+        out[i] = c
+    return (None, *out)
 
 
 vjp_rules[repeat_p] = repeat_vjp_rule
 vjp_rules[while_loop_p] = while_loop_vjp_rule
+vjp_rules[cond_p] = cond_vjp_rule

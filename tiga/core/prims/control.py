@@ -1,4 +1,5 @@
-"""core: structured control primitives: repeat (behind tg.repeat) and bounded while_loop."""
+"""core: structured control primitives: repeat (tg.repeat, tg.scan, tg.fori_loop), bounded
+while_loop, and cond (tg.cond, tg.switch)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +12,10 @@ from ..types import TensorType
 
 repeat_p = primitive("repeat", "control", multiple_results=True)
 while_loop_p = primitive("while_loop", "control", multiple_results=True)
+# cond(index, *operands; branches=(ClosedProgram, ...)): runs branches[index] on the operands.
+# Every branch takes the same operands (the values any branch closes over included), so one
+# operand list serves the one that runs.
+cond_p = primitive("cond", "control", multiple_results=True)
 
 # The primitive's own bound of a loop that counts its steps against a runtime bound
 # (tg.while_loop with a numpy or traced bound, trace/control.py `_counted`): its carried
@@ -122,6 +127,41 @@ def while_loop_abstract_eval_rule(*operands, cond, body, cond_nconsts, body_ncon
     return [t.strong() for t in carry]
 
 
+def cond_abstract_eval_rule(index, *operands, branches):
+    if not isinstance(branches, tuple) or not branches:
+        raise TigaError(f"cond: branches must be a non-empty tuple of programs, found "
+                        f"{branches!r}")
+    if not isinstance(index, TensorType) or index.shape != () or not index.dtype.is_int:
+        raise DTypeError(f"cond: the index operand must be an integer scalar, found {index}")
+    first = [t.strong() for t in branches[0].out_types]
+    for k, b in enumerate(branches):
+        if not _same(b.in_types, list(operands)):
+            raise ShapeError(f"cond: branch {k} binders ({', '.join(map(str, b.in_types))}) "
+                             f"do not match the operands ({', '.join(map(str, operands))})")
+        if [t.strong() for t in b.out_types] != first:
+            raise ShapeError(f"cond: branch {k} returns {', '.join(map(str, b.out_types))} "
+                             f"but branch 0 returns {', '.join(map(str, first))}; every "
+                             "branch must return the same types")
+    return first
+
+
+def branch_index(index, n: int) -> int:
+    """The branch an index selects: clamped into [0, n) as jax.lax.switch does."""
+    return int(min(max(int(np.asarray(index)), 0), n - 1))
+
+
+def run_cond(call, operands, *, branches):
+    """The selected branch run by `call`, as run_repeat runs a loop body."""
+    k = branch_index(operands[0], len(branches))
+    return [np.asarray(o) for o in call(branches[k], list(operands[1:]))]
+
+
+def cond_impl_rule(*operands, branches):
+    return run_cond(_eval_call, operands, branches=branches)
+
+
 abstract_eval_rules.update({repeat_p: repeat_abstract_eval_rule,
-                            while_loop_p: while_loop_abstract_eval_rule})
-impl_rules.update({repeat_p: repeat_impl_rule, while_loop_p: while_loop_impl_rule})
+                            while_loop_p: while_loop_abstract_eval_rule,
+                            cond_p: cond_abstract_eval_rule})
+impl_rules.update({repeat_p: repeat_impl_rule, while_loop_p: while_loop_impl_rule,
+                   cond_p: cond_impl_rule})
