@@ -83,6 +83,22 @@ def test_vmap_of_a_propagate_is_one_propagate(name):
     assert _propagates(tg.vmap(f, in_axes=(0, None, None, None)), batched[0], *xs[1:]) == 1
 
 
+def test_vmap_over_rows_first_fields_moves_nothing():
+    """in_axes=1 / out_axes=1 on (rows, B, F) fields: the batch is already where the
+    propagate's rule wants it (behind the rows), so the program has no transpose."""
+    from tiga.core.passes import dce
+    f = _functional(tg.sum())
+    x, h, w, s = _fields(np.random.default_rng(3))
+    xs = np.stack([x, 2 * x, -x], axis=1)
+    vf = tg.vmap(f, in_axes=(1, None, None, None), out_axes=1)
+    prog = dce(tg.make_program(vf)(xs, h, w, s))
+    assert [e.primitive.name for e in prog.eqns].count("transpose") == 0
+    got = np.asarray(vf(xs, h, w, s))
+    for k in range(3):
+        np.testing.assert_allclose(got[:, k], np.asarray(f(xs[:, k], h, w, s)),
+                                   rtol=1e-12, atol=1e-12)
+
+
 def test_per_sample_gradients():
     f = _functional(tg.max())
 

@@ -16,7 +16,7 @@ from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import TensorType
 from ..trace import math as m
 from ..trace.staging import trace_flat
-from ..trace.tracer import aval_of, bind
+from ..trace.tracer import Tracer, aval_of, bind
 from .inlining import bind_inlined
 
 batch_rules: dict[Primitive, Callable] = {}
@@ -33,14 +33,33 @@ def broadcast_batch(x, size):
                 broadcast_dimensions=tuple(range(1, t.ndim + 1)))
 
 
+# Transposes move_axis emitted in the batched program being traced: id(result) ->
+# (result, operand, permutation). A move that undoes an earlier one returns that move's
+# operand instead of a second transpose: `vmap(f, in_axes=1)` of a propagate moves the
+# batch to the front (batch_program) and straight back behind the rows (the propagate's
+# rule), and the results the other way; composed, nothing moves. (One table per
+# batch_program trace; entries hold their result, so an id is never reused while listed.)
+_moves: list[dict] = []
+
+
 def move_axis(x, src: int, dst: int):
-    """Move axis `src` of `x` to position `dst` (a transpose; none when equal)."""
+    """Move axis `src` of `x` to position `dst` (a transpose; none when equal, nor when it
+    undoes the transpose that made `x`)."""
     nd = aval_of(x).ndim
     if src == dst:
         return x
     order = [i for i in range(nd) if i != src]
     order.insert(dst, src)
-    return m.transpose(x, tuple(order))
+    moves = _moves[-1] if _moves and isinstance(x, Tracer) else None
+    if moves is not None:
+        made = moves.get(id(x))
+        if made is not None and made[0] is x and \
+                tuple(made[2][i] for i in order) == tuple(range(nd)):
+            return made[1]
+    out = m.transpose(x, tuple(order))
+    if moves is not None and isinstance(out, Tracer):
+        moves[id(out)] = (out, x, tuple(order))
+    return out
 
 
 def batch_replay(program: GraphProgram, args, batched, size):
@@ -114,7 +133,11 @@ def batch_program(program: GraphProgram, batched, size, in_axes, out_axes) -> Gr
         outs = [o if b else broadcast_batch(o, size) for o, b in zip(outs, obs)]
         return [move_axis(o, 0, ax) for o, ax in zip(outs, out_axes)]
 
-    prog, caps, _ = trace_flat(fn, avals)
+    _moves.append({})
+    try:
+        prog, caps, _ = trace_flat(fn, avals)
+    finally:
+        _moves.pop()
     if caps:
         raise TigaError("vmap: the program closes over outer values")
     # (custom calls stay, batched with their rules: a transformation around the vmap may
