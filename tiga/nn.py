@@ -15,7 +15,7 @@ import sys
 import types
 
 from .core import graph_batch  # noqa: F401  (attaches tg.Graph.batch: batches of small graphs)
-from .core.errors import UnsupportedError
+from .core.errors import LayerArgumentError, UnsupportedError
 
 LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", "EdgeConv",
           "DynamicEdgeConv", "GraphConv", "SGConv", "APPNP", "TAGConv", "ChebConv",
@@ -108,4 +108,4 @@ def _aggr_module() -> types.ModuleType:
 aggr = sys.modules.setdefault("tiga.nn.aggr", _aggr_module())
 
 
-__all__ = ["trace", *LAYERS, *AGGREGATIONS, *FUNCTIONS]
+__all__ = ["trace", *LAYERS, *AGGREGATIONS, *FUNCTIONS, "LayerArgumentError"]

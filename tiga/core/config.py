@@ -83,7 +83,10 @@ _SEEN: dict = {}   # name -> (the encoded value last read, decoded): replaced as
 class ConfigError(TigaError, ValueError, TypeError):
     """A setting has a value outside its documented set: a tg.config field given a value of
     the wrong type, or a TIGA_* environment variable with an unknown value. The message
-    names the setting, the accepted values and what was found."""
+    names the setting, the accepted values and what was found.
+
+    What to do: set the value to one the message lists (see the environment page).
+    """
 
 
 TRUE = ("1", "true", "yes", "on")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import as_dtype
-from ..core.errors import TraceError
+from ..core.errors import RequiresGradError, TraceError
 from ..core.primitive import Primitive, abstract_eval_rules, impl_rules
 from ..core.program import Eqn, GraphProgram, Lit, Var
 from ..core.types import Dim, GraphType, TensorType
@@ -196,8 +196,10 @@ class resolving:
         _state.resolvers.pop()
 
 
-class NeedsTorchBridge(TraceError):
-    """A torch tensor that requires grad met a trace with no resolver installed."""
+# a torch tensor that requires grad met a trace with no resolver installed: the message
+# propagate routes catch it and reroute through the torch bridge; anywhere else the user
+# sees it as tg.RequiresGradError
+NeedsTorchBridge = RequiresGradError
 
 
 def host_array(x) -> np.ndarray:
@@ -208,8 +210,11 @@ def host_array(x) -> np.ndarray:
         return view
     if getattr(x, "requires_grad", False) is True:
         # numpy cannot read it; the caller reroutes through the torch bridge (autograd)
-        raise NeedsTorchBridge(f"a torch tensor that requires grad ({tuple(x.shape)}) can only "
-                               "enter Tiga through tg.propagate / MessagePassing calls")
+        raise NeedsTorchBridge(
+            f"a torch tensor that requires grad ({tuple(x.shape)}) cannot enter tg.jit, "
+            "tg.grad or another Tiga transformation: call the propagate or layer outside "
+            "them and use torch's .backward() (Tiga's compiled backward runs inside it), or "
+            "pass x.detach() to differentiate with tg.grad")
     return np.asarray(x)
 
 

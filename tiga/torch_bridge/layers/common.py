@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ...core.errors import ShapeError, TigaError
+from ...core.errors import LayerArgumentError, ShapeError
 from ...core.graph import Graph
 from ...core.reducers import max as max_r
 from ...core.reducers import mean as mean_r
@@ -26,11 +26,6 @@ from ...core.reducers import prod as prod_r
 from ...core.reducers import sum as sum_r
 from ...trace.message_passing import MessagePassing
 from ..transforms import plain
-
-
-class LayerArgumentError(TigaError, ValueError):
-    """A tg.nn layer got a constructor or forward argument it cannot accept."""
-
 
 REDUCERS = {"add": sum_r, "sum": sum_r, "mean": mean_r, "max": max_r, "min": min_r,
             "mul": prod_r}
