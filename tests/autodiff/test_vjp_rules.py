@@ -437,6 +437,27 @@ case("repeat-xs", ["repeat"], _repeat_xs(False), several(normal(2), normal(2), n
 case("repeat-xs-reverse", ["repeat"], _repeat_xs(True), several(normal(2), normal(2), normal(3, 2)))
 
 
+def _cond(pick: float):
+    """tg.cond whose predicate reads x (no gradient through it); the true branch also
+    closes over y, so the branches' captured operands get cotangents too."""
+    def f(x, y):
+        pred = m.sum(x) * 0.0 + pick > 0.5
+        return tg.cond(pred, lambda a: (m.sin(a) * y, a * 2.0), lambda a: (a * a, m.exp(a)), x)
+    return f
+
+
+case("cond-true", ["cond"], _cond(1.0), several(normal(3), normal(3)))
+case("cond-false", ["cond"], _cond(0.0), several(normal(3), normal(3)))
+
+
+def _switch(x, y):
+    branches = [lambda a, b: a * b, lambda a, b: m.tanh(a) + b * b, lambda a, b: a - b]
+    return tg.switch(np.int32(7), branches, x, y)     # clamped: the last branch
+
+
+case("switch-clamped", ["cond"], _switch, several(normal(2, 2), normal(2, 2)))
+
+
 # ---- custom rules (tg.custom_vjp / tg.custom_jvp): here each rule is the true derivative ------
 
 

@@ -335,7 +335,8 @@ def _find_invariant(edge: GraphProgram, roles):
 
 
 def _has_region(e) -> bool:
-    return any(isinstance(v, ClosedProgram) for v in e.params.values())
+    return any(isinstance(v, ClosedProgram) or (isinstance(v, tuple) and any(
+        isinstance(x, ClosedProgram) for x in v)) for v in e.params.values())  # (cond branches)
 
 
 def _invariant_rewrite(eqn, plan: _Invariant, ins, notes):
