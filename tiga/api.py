@@ -10,6 +10,7 @@ import numpy as np
 
 from . import opt
 from .autodiff import vjp_program
+from .autodiff.inlining import inline_custom_calls
 from .core.errors import DTypeError, ShapeError, TigaError
 from .core.passes import bind_constants, dce
 from .core.program import GraphProgram, Lit
@@ -57,9 +58,12 @@ def _staged_passes(program):
 
 
 def _executed_passes(program, kinds: dict):
-    """`program` after the passes of stage "execute" (`kinds`: opt.relation_kinds)."""
+    """`program` after the passes of stage "execute" (`kinds`: opt.relation_kinds), its
+    custom_vjp / custom_jvp calls inlined first: their rules matter to the transformations
+    only, and a call run as such would run its function on the reference interpreter (a
+    tg.fixed_point's loop and propagates included) instead of compiling it."""
     facts = opt.ProgramFacts("execute", relation_kinds=tuple(sorted(kinds.items())))
-    return opt.optimize_program(program, facts)[0]
+    return opt.optimize_program(inline_custom_calls(program), facts)[0]
 
 
 def run_staged(program, args, memo: dict | None = None) -> list:
