@@ -108,6 +108,21 @@ class ChebConv(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_weight=None, batch=None, lambda_max=None):
+        """Sum over k < K of lins[k](T_k(L_hat) x), the Chebyshev basis of the scaled Laplacian.
+
+        Args:
+            x: node features (N, in_channels).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_weight: optional (E,) edge weights (1 when None).
+            batch: optional graph id per node (N,) for a batch of graphs (one lambda_max each).
+            lambda_max: the largest eigenvalue (a float, or one per graph of batch); 2.0 when
+                None, which only normalization='sym' may assume.
+
+        Returns:
+            Tensor (N, out_channels).
+        """
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ShapeError(f"ChebConv: x is {found}, expected a 2-D tensor (nodes, "

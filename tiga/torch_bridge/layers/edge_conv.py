@@ -100,6 +100,18 @@ class EdgeConv(Keyed):
         reset_children(self.nn)
 
     def forward(self, x, edge_index):
+        """aggr over edges j -> i of nn([x_i, x_j - x_i]).
+
+        Args:
+            x: node features (N, F_in), or a pair (x_src, x_dst) of them for a bipartite
+                relation.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+
+        Returns:
+            Tensor (N_dst, F_out), F_out the width nn gives.
+        """
         x_src, x_dst = node_pair("EdgeConv", x)
         edge_index = adjacency("EdgeConv", edge_index, self.flow).relation
         if compiling():
@@ -135,6 +147,17 @@ class DynamicEdgeConv(Keyed):
         reset_children(self.nn)
 
     def forward(self, x, batch=None):
+        """EdgeConv over the k nearest neighbours of each row in feature space.
+
+        Args:
+            x: node features (N, F), or a pair (x_src, x_dst): neighbours of each x_dst row
+                among x_src.
+            batch: optional sorted graph id per row (N,) (or a pair): neighbours stay within a
+                graph.
+
+        Returns:
+            Tensor (N_dst, F_out), F_out the width nn gives.
+        """
         x_src, x_dst = node_pair("DynamicEdgeConv", x)
         same = x_src is x_dst
         b_src, b_dst = batch if isinstance(batch, (tuple, list)) else (batch, batch)

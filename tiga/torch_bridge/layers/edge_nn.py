@@ -125,6 +125,22 @@ class NNConv(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_attr=None, size=None):
+        """aggr over j -> i of x_j times the (F_in, out_channels) matrix nn(e_ji), plus the root
+        term.
+
+        Args:
+            x: node features (N, F_in), or a pair (x_src, x_dst) of them for a bipartite
+                relation. x_dst may be None with `size`.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: edge features (E, D) that nn maps to F_in * out_channels weights (a
+                torch.sparse adj_t's values when None).
+            size: (N_src, N_dst) when x_dst is None or the counts are not read from x.
+
+        Returns:
+            Tensor (N_dst, out_channels).
+        """
         x_src, x_dst = node_inputs("NNConv", x, static=False)
         adj = adjacency("NNConv", edge_index, self.flow)
         n_dst = adj.num_dst("NNConv", size, x_dst)
@@ -192,6 +208,19 @@ class PointNetConv(torch.nn.Module):
                 reset_children(net)
 
     def forward(self, x, pos, edge_index):
+        """global_nn(max over j -> i of local_nn([x_j, pos_j - pos_i])).
+
+        Args:
+            x: optional source features (N_src, F) (or a pair whose first is used; None:
+                positions only).
+            pos: positions (N, D), or a pair (pos_src, pos_dst).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+
+        Returns:
+            Tensor (N_dst, F_out), F_out the width global_nn (else local_nn) gives.
+        """
         x_src = x[0] if isinstance(x, (tuple, list)) else x
         pos_src, pos_dst = node_inputs("PointNetConv", pos, static=False)
         if pos_dst is None:

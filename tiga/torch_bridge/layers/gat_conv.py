@@ -103,6 +103,25 @@ class GATConv(_AttentionBase):
 
     def forward(self, x, edge_index, edge_attr=None, size=None,
                 return_attention_weights=None):
+        """Attention-weighted sum of the projected source rows, per head.
+
+        Args:
+            x: node features (N, F_in), or a pair (x_src, x_dst) of them for a bipartite
+                relation (x_dst may be None with `size`).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: optional edge features (E, edge_dim) (needs edge_dim); the added self
+                loops get fill_value's.
+            size: (N_src, N_dst) when x_dst is None or the counts are not read from x.
+            return_attention_weights: True to return the attention weights too.
+
+        Returns:
+            Tensor (N_dst, heads * out_channels) with concat=True, else (N_dst, out_channels);
+                with return_attention_weights, (out, (edge_index, alpha)): the edges used (self
+                loops included; a torch.sparse adjacency for a sparse input) and alpha (E',
+                heads).
+        """
         x_src, x_dst, res = self._project(x)
         adj = adjacency("GATConv", edge_index, self.flow)
         n_dst = x_dst.size(0) if x_dst is not None else adj.num_dst("GATConv", size, None)
@@ -167,6 +186,21 @@ class GATv2Conv(_AttentionBase):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
+        """Attention (scores from the summed projections) over the source rows, per head.
+
+        Args:
+            x: node features (N, F_in), or a pair (x_src, x_dst) of them for a bipartite
+                relation. x_dst must not be None.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: optional edge features (E, edge_dim) (needs edge_dim).
+            return_attention_weights: True to return the attention weights too.
+
+        Returns:
+            Tensor (N_dst, heads * out_channels) with concat=True, else (N_dst, out_channels);
+                with return_attention_weights, (out, (edge_index, alpha)), alpha (E', heads).
+        """
         x_src, x_dst = node_inputs("GATv2Conv", x, static=False)
         if x_dst is None:
             raise ShapeError("GATv2Conv: x_dst is None, expected a tensor (the scores "

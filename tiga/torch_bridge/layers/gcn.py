@@ -111,6 +111,19 @@ class GCNConv(Keyed):
         return None if self._cache is None else self._cache.norm[:2]
 
     def forward(self, x, edge_index, edge_weight=None):
+        """Normalized neighbourhood sum of the projected features, plus bias.
+
+        Args:
+            x: node features (N, in_channels), or a static-graph batch (B, N, in_channels)
+                sharing one edge_index.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_weight: optional (E,) edge weights (1 when None).
+
+        Returns:
+            Tensor (N, out_channels) ((B, N, out_channels) for a 3-D x).
+        """
         if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
             found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ShapeError(f"GCNConv: x is {found}, expected a 2-D tensor (nodes, "

@@ -40,6 +40,16 @@ class MessageNorm(torch.nn.Module):
             self.scale.fill_(1.0)
 
     def forward(self, x, msg, p: float = 2.0):
+        """The messages scaled to the norm of x: normalize(msg) * ||x|| * scale, per row.
+
+        Args:
+            x: node features (N, F).
+            msg: aggregated messages (N, F').
+            p: the norm's order.
+
+        Returns:
+            Tensor (N, F').
+        """
         return F.normalize(msg, p=p, dim=-1) * x.norm(p=p, dim=-1, keepdim=True) * self.scale
 
     def __repr__(self) -> str:
@@ -123,6 +133,20 @@ class GENConv(torch.nn.Module):
                 child.reset_parameters()
 
     def forward(self, x, edge_index, edge_attr=None, size=None):
+        """mlp(aggregate of relu(x_j + e_ji) + eps, normalized with msg_norm, plus x_i).
+
+        Args:
+            x: node features (N, F_in), or a pair (x_src, x_dst) of them for a bipartite
+                relation. x_dst may be None with `size`.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: optional edge features (E, F) (edge_dim wide when edge_dim is set).
+            size: (N_src, N_dst) when x_dst is None or the counts are not read from x.
+
+        Returns:
+            Tensor (N_dst, out_channels).
+        """
         x_src, x_dst = node_inputs("GENConv", x, static=False)
         adj = adjacency("GENConv", edge_index, self.flow)
         n_dst = adj.num_dst("GENConv", size, x_dst)

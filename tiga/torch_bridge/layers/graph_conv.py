@@ -120,6 +120,21 @@ class GraphConv(torch.nn.Module):
         self.lin_root.reset_parameters()
 
     def forward(self, x, edge_index, edge_weight=None, size=None):
+        """lin_rel of the (weighted) aggregate of the neighbours plus lin_root of x_i.
+
+        Args:
+            x: node features (N, F_in), a pair (x_src, x_dst) of them for a bipartite relation
+                (x_dst may be None with `size`), or a 3-D static-graph batch (B, N, F_in)
+                sharing one edge_index.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_weight: optional (E,) edge weights (1 when None).
+            size: (N_src, N_dst) when x_dst is None or the counts are not read from x.
+
+        Returns:
+            Tensor (N_dst, out_channels) ((B, N_dst, out_channels) for a 3-D x).
+        """
         x_src, x_dst = node_inputs("GraphConv", x)
         adj = adjacency("GraphConv", edge_index, self.flow)
         n_dst = adj.num_dst("GraphConv", size, x_dst)
@@ -219,6 +234,19 @@ class ResGatedGraphConv(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_attr=None):
+        """Gated sum: sum over j -> i of act(k_i + q_j) * v_j, plus the skip and bias.
+
+        Args:
+            x: node features (N, F_in), or a pair (x_src, x_dst) of them for a bipartite
+                relation. x_dst must not be None.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: optional edge features (E, edge_dim), needed when edge_dim is set.
+
+        Returns:
+            Tensor (N_dst, out_channels).
+        """
         name = "ResGatedGraphConv"
         x_src, x_dst = node_inputs(name, x, static=False)
         if x_dst is None:

@@ -198,6 +198,19 @@ class PNAConv(torch.nn.Module):
                     child.reset_parameters()
 
     def forward(self, x, edge_index, edge_attr=None):
+        """Per tower: pre-network messages, aggregators times degree scalers, post-network; then
+        lin.
+
+        Args:
+            x: node features (N, in_channels).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: edge features (E, edge_dim), used when edge_dim is set.
+
+        Returns:
+            Tensor (N, out_channels).
+        """
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise LayerArgumentError(f"PNAConv: x is {found}, expected a 2-D tensor")

@@ -77,6 +77,18 @@ class SGConv(torch.nn.Module):
         self._cache = None
 
     def forward(self, x, edge_index, edge_weight=None):
+        """K normalized propagation steps, then the linear layer.
+
+        Args:
+            x: node features (N, in_channels) (or a static-graph batch (B, N, in_channels)).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_weight: optional (E,) edge weights (1 when None).
+
+        Returns:
+            Tensor (N, out_channels) ((B, N, out_channels) for a 3-D x).
+        """
         _check_x("SGConv", x)
         adj = adjacency("SGConv", edge_index, self.flow)
         edge_weight = edge_weight_of(adj, edge_weight, x)
@@ -163,6 +175,18 @@ class APPNP(torch.nn.Module):
         self._cache = None
 
     def forward(self, x, edge_index, edge_weight=None):
+        """K steps of personalized propagation: x <- (1 - alpha) A_hat x + alpha x_0.
+
+        Args:
+            x: node features (N, F) (or a static-graph batch (B, N, F)).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_weight: optional (E,) edge weights (1 when None).
+
+        Returns:
+            Tensor shaped as x: (N, F) or (B, N, F).
+        """
         _check_x("APPNP", x)
         adj = adjacency("APPNP", edge_index, self.flow)
         edge_weight = edge_weight_of(adj, edge_weight, x)
@@ -236,6 +260,18 @@ class TAGConv(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_weight=None):
+        """Sum over hops k = 0..K of lins[k](A_hat^k x), plus bias.
+
+        Args:
+            x: node features (N, in_channels) (or a static-graph batch (B, N, in_channels)).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_weight: optional (E,) edge weights (1 when None).
+
+        Returns:
+            Tensor (N, out_channels) ((B, N, out_channels) for a 3-D x).
+        """
         _check_x("TAGConv", x)
         adj = adjacency("TAGConv", edge_index, self.flow)
         edge_weight = edge_weight_of(adj, edge_weight, x)
@@ -306,6 +342,19 @@ class GCN2Conv(torch.nn.Module):
         self._cache = None
 
     def forward(self, x, x_0, edge_index, edge_weight=None):
+        """One GCNII layer: propagation with an initial residual and an identity map.
+
+        Args:
+            x: node features (N, channels).
+            x_0: the initial features (N', channels), N' >= N (its first N rows are used).
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_weight: optional (E,) edge weights (1 when None).
+
+        Returns:
+            Tensor (N, channels).
+        """
         for name, t in (("x", x), ("x_0", x_0)):
             if not isinstance(t, torch.Tensor) or t.dim() != 2:
                 found = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__

@@ -111,6 +111,20 @@ class RGCNConv(torch.nn.Module):
             self.num_relations, self.in_channels_l, self.out_channels)
 
     def forward(self, x, edge_index, edge_type=None):
+        """Root term plus, per relation type r, aggr over edges of type r of x_j W_r.
+
+        Args:
+            x: node features (N, in_channels), a 1-D integer tensor of node indices or None
+                (featureless), or a pair (x_src, x_dst) of those.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_type: (E,) integer types in [0, num_relations), in the relation's edge order
+                (a torch.sparse adj_t's values when None).
+
+        Returns:
+            Tensor (N_dst, out_channels).
+        """
         name = type(self).__name__
         x_src, x_dst = x if isinstance(x, (tuple, list)) else (x, x)
         dev = self.weight.device

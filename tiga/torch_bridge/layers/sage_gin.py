@@ -104,6 +104,21 @@ class SAGEConv(torch.nn.Module):
                 lin.reset_parameters()
 
     def forward(self, x, edge_index, size=None):
+        """lin_l of the aggregated source rows plus lin_r of the destination rows.
+
+        Args:
+            x: node features (N, F_in), a pair (x_src, x_dst) of them for a bipartite relation
+                (x_dst may be None with `size`), or a 3-D static-graph batch (B, N, F_in)
+                sharing one edge_index.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            size: (N_src, N_dst) when x_dst is None or the counts are not read from x.
+
+        Returns:
+            Tensor (N_dst, out_channels) ((B, N_dst, out_channels) for a 3-D x); L2-normalized
+                rows with normalize=True.
+        """
         x_src, x_dst = node_inputs("SAGEConv", x)
         adj = adjacency("SAGEConv", edge_index, self.flow)
         n_dst = adj.num_dst("SAGEConv", size, x_dst)
@@ -155,6 +170,20 @@ class GINConv(torch.nn.Module):
         reset_children(self.nn)
 
     def forward(self, x, edge_index, size=None):
+        """nn((1 + eps) x_i + sum of the neighbours' rows x_j).
+
+        Args:
+            x: node features (N, F_in), a pair (x_src, x_dst) of them for a bipartite relation
+                (x_dst may be None with `size`), or a 3-D static-graph batch (B, N, F_in)
+                sharing one edge_index.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            size: (N_src, N_dst) when x_dst is None or the counts are not read from x.
+
+        Returns:
+            Tensor (N_dst, F_out), F_out the width nn gives ((B, N_dst, F_out) for a 3-D x).
+        """
         name = type(self).__name__
         x_src, x_dst = node_inputs(name, x)
         adj = adjacency(name, edge_index, self.flow)
@@ -235,6 +264,22 @@ class GINEConv(torch.nn.Module):
             self.lin.reset_parameters()
 
     def forward(self, x, edge_index, edge_attr=None, size=None):
+        """nn((1 + eps) x_i + sum over edges of relu(x_j + e_ji)).
+
+        Args:
+            x: node features (N, F_in), a pair (x_src, x_dst) of them for a bipartite relation
+                (x_dst may be None with `size`), or a 3-D static-graph batch (B, N, F_in)
+                sharing one edge_index.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: edge features (E, F_in), or (E, edge_dim) projected to F_in when
+                edge_dim is set; a torch.sparse adj_t's values when None.
+            size: (N_src, N_dst) when x_dst is None or the counts are not read from x.
+
+        Returns:
+            Tensor (N_dst, F_out), F_out the width nn gives.
+        """
         x_src, x_dst = node_inputs("GINEConv", x)
         adj = adjacency("GINEConv", edge_index, self.flow)
         n_dst = adj.num_dst("GINEConv", size, x_dst)

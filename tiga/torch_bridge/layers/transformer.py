@@ -117,6 +117,23 @@ class TransformerConv(torch.nn.Module):
                 lin.reset_parameters()
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
+        """Scaled dot-product attention of each destination's query over its sources' keys and
+        values, per head.
+
+        Args:
+            x: node features (N, F_in), or a pair (x_src, x_dst) of them for a bipartite
+                relation. x_dst must not be None.
+            edge_index: the relation: a (2, E) integer tensor of (source, destination) rows
+                (int32 or int64), or a torch.sparse adjacency adj_t (N_dst, N_src; CSR or COO),
+                whose values are read as edge weights or features where the layer takes them.
+            edge_attr: optional edge features (E, edge_dim), needed when edge_dim is set (added
+                to keys and values).
+            return_attention_weights: True to return the attention weights too.
+
+        Returns:
+            Tensor (N_dst, heads * out_channels) with concat=True, else (N_dst, out_channels);
+                with return_attention_weights, (out, (edge_index, alpha)), alpha (E, heads).
+        """
         x_src, x_dst = node_inputs("TransformerConv", x, static=False)
         if x_dst is None:
             raise LayerArgumentError("TransformerConv: x_dst is None, expected the "

@@ -1,0 +1,167 @@
+"""The API reference shows users what they can use and nothing of the runtime: every error
+and warning class a user can meet is `tg.<Name>` and has an entry in docs/api/errors.md
+saying what to do; every tg.nn layer's `forward` documents its arguments and what it
+returns (help() shows that, not torch's generic text); the reference's directives and the
+anchors of the built site name no private (`_`) object and nothing under the runtime
+(tiga.xla_free_runtime) or the code generators (tiga.lower)."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tiga as tg
+
+ROOT = Path(__file__).resolve().parents[2]
+API = ROOT / "docs" / "api"
+ERRORS_PAGE = (API / "errors.md").read_text()
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+# UnsupportedError subclasses that only signal between a code generator and the runtime,
+# which catches them and falls back; one that escaped is still a tg.UnsupportedError
+GENERATOR_SIGNALS = {"TritonUnsupported", "CodegenUnsupported"}
+# members of documented classes that only the runtime calls (hidden with `members:`)
+PLUMBING = {"pp_param", "with_stats", "with_regions", "row_offsets", "local_offsets",
+            "page_bounds", "read_inputs", "attach"}
+RUNTIME_PATHS = ("tiga.xla_free_runtime", "tiga.lower")
+
+
+def _import_all_of_tiga() -> None:
+    """Every tiga module that imports here (optional dependencies may be missing)."""
+    for info in pkgutil.walk_packages(tg.__path__, "tiga."):
+        if info.name.startswith("tiga.torch_bridge") and not HAS_TORCH:
+            continue
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001  (triton, mpi4py, ... not installed)
+            continue
+
+
+def _subclasses(base: type) -> list:
+    _import_all_of_tiga()
+    seen, walked, todo = {}, set(), [base]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub in walked:
+                continue
+            walked.add(sub)
+            todo.append(sub)      # through builtins too (UserWarning)
+            if sub.__module__.split(".")[0] == "tiga":
+                seen[f"{sub.__module__}.{sub.__qualname__}"] = sub
+    return sorted(seen.values(), key=lambda c: c.__name__)
+
+
+def _user_visible(classes: list) -> list:
+    return [c for c in classes if not c.__name__.startswith("_")
+            and c.__name__ not in GENERATOR_SIGNALS and "<locals>" not in c.__qualname__]
+
+
+def test_every_error_class_is_exported_and_documented():
+    classes = _user_visible(_subclasses(tg.TigaError))
+    names = {c.__name__ for c in classes}
+    # the ones this test was written against: a shrinking list means a walk that broke
+    assert {"LayerArgumentError", "RequiresGradError", "ConfigError", "ShapeError"} <= names
+    for cls in classes:
+        name = cls.__name__
+        assert getattr(tg, name, None) is cls, f"{cls.__module__}.{name} is not tg.{name}"
+        assert name in tg.__all__, f"tg.{name} is not in tiga.__all__"
+        assert f"::: tiga.{name}\n" in ERRORS_PAGE, f"tg.{name} is not in docs/api/errors.md"
+        assert "What to do" in (cls.__doc__ or ""), f"tg.{name}'s docstring says no fix"
+
+
+def test_generator_signals_are_unsupported_errors():
+    for cls in _subclasses(tg.TigaError):
+        if cls.__name__ in GENERATOR_SIGNALS:
+            assert issubclass(cls, tg.UnsupportedError), cls
+
+
+def test_every_warning_class_is_exported_and_documented():
+    classes = _user_visible(_subclasses(Warning))
+    assert {"TraceWarning", "CacheTrustWarning"} <= {c.__name__ for c in classes}
+    for cls in classes:
+        assert getattr(tg, cls.__name__, None) is cls, cls
+        assert f"::: tiga.{cls.__name__}\n" in ERRORS_PAGE, cls
+
+
+def test_requires_grad_error_is_what_a_user_meets_and_says_what_to_do():
+    torch = pytest.importorskip("torch")
+    g = tg.Graph.from_csr([0, 1, 2], [1, 0], num_src=2)
+    x = torch.ones(2, 3, requires_grad=True)
+
+    def f(x):
+        return tg.propagate(g, lambda src, dst, edge: src.x, tg.sum(), src={"x": x})
+
+    with pytest.raises(tg.RequiresGradError, match=r"\.backward\(\).*x\.detach\(\)"):
+        tg.jit(f)(x)
+    assert isinstance(tg.RequiresGradError("m"), tg.TraceError)
+    assert f(x).shape == (2, 3)       # outside tg.jit it runs, under torch.autograd
+
+
+def test_layer_argument_error_is_what_the_layers_raise():
+    pytest.importorskip("torch")
+    assert tg.nn.LayerArgumentError is tg.LayerArgumentError
+    with pytest.raises(tg.LayerArgumentError, match="SAGEConv"):
+        tg.nn.SAGEConv(4, 2, aggr="median")
+    assert issubclass(tg.LayerArgumentError, ValueError)   # as PyG raises
+
+
+def _forward_layers() -> list:
+    return [n for n in tg.nn.LAYERS] + ["Aggregation", "DegreeScalerAggregation"]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="the tg.nn layers need torch")
+@pytest.mark.parametrize("name", _forward_layers())
+def test_layer_forward_documents_its_arguments_and_result(name):
+    import pydoc
+
+    cls = getattr(tg.nn, name)
+    forward = cls.forward
+    doc = inspect.getdoc(forward) or ""
+    assert doc and "Should be overridden by all subclasses" not in doc, \
+        f"tg.nn.{name}.forward has torch's generic docstring"
+    params = [p for p in inspect.signature(forward).parameters if p != "self"]
+    if cls.__module__.endswith(".aggr") or name.endswith("Aggregation"):
+        missing = [p for p in params if not re.search(rf"\b{p}\b", doc)]
+    else:
+        args = doc.split("Args:", 1)[-1].split("Returns:", 1)[0] if "Args:" in doc else ""
+        missing = [p for p in params if not re.search(rf"^\s+{p}: \S", args, re.M)]
+        returns = doc.split("Returns:", 1)[-1] if "Returns:" in doc else ""
+        assert re.search(r"\([^)]*\bN", returns), f"{name}.forward: no output shape"
+    assert not missing, f"tg.nn.{name}.forward's docstring does not name {missing}"
+    assert doc.splitlines()[0] in pydoc.render_doc(forward, renderer=pydoc.plaintext)
+
+
+def _directives() -> list:
+    out = []
+    for page in sorted(API.glob("*.md")):
+        out += [(page.name, m) for m in re.findall(r"^::: ([\w.]+)", page.read_text(), re.M)]
+    return out
+
+
+@pytest.mark.parametrize("page, path", _directives())
+def test_reference_directive_names_no_internal(page, path):
+    assert not any(part.startswith("_") for part in path.split(".")), (page, path)
+    assert not path.startswith(RUNTIME_PATHS), f"{page}: {path} is runtime plumbing"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocstrings") is None,
+                    reason="needs the docs extra: pip install -e '.[docs]'")
+def test_built_reference_anchors_name_no_internal(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "-q", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ids = set()
+    for html in (tmp_path / "site" / "api").rglob("index.html"):
+        ids |= set(re.findall(r'id="(tiga\.[^"]+)"', html.read_text()))
+    assert any(i.endswith("GCNConv.forward") for i in ids)    # layer pages show forward
+    bad = sorted(i for i in ids if i.startswith(RUNTIME_PATHS)
+                 or any(p.startswith("_") for p in i.split("."))
+                 or i.rsplit(".", 1)[-1] in PLUMBING)
+    assert not bad, f"the reference shows internals: {bad}"
