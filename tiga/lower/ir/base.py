@@ -8,7 +8,7 @@ value name is unique within its region and a nested region starts a fresh scope.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -343,8 +343,19 @@ def print_module(module: Module) -> str:
 
 
 def print_op(op) -> str:
-    """One op as it prints inside a module (regions included): the compile cache's key."""
-    return "\n".join(_print_ops([op], 0)) + "\n"
+    """One op as it prints inside a module (regions included): the compile cache's key.
+
+    Its own operands and results print by position (`%in0`, `%out0`; a value passed twice
+    keeps one name), not by the module's names for them: those never change the code (a
+    region is isolated from above), and two launches that differ only there (the 50 sweeps
+    of a Python loop unrolled under tg.jit) must share one compiled kernel, not build 50."""
+    if isinstance(op, TensorOp) and not op.regions:
+        return "\n".join(_print_ops([op], 0)) + "\n"
+    g = _to_generic(op)
+    ins: dict = {}
+    operands = tuple(Value(ins.setdefault(v.name, f"in{len(ins)}"), v.type) for v in g.operands)
+    results = tuple(Value(f"out{i}", v.type) for i, v in enumerate(g.results))
+    return "\n".join(_print_generic(replace(g, operands=operands, results=results), 0)) + "\n"
 
 
 def _result_sig(values) -> str:
