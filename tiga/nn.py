@@ -13,9 +13,57 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import TYPE_CHECKING
 
 from .core import graph_batch  # noqa: F401  (attaches tg.Graph.batch: batches of small graphs)
 from .core.errors import LayerArgumentError, UnsupportedError
+
+if TYPE_CHECKING:   # what __getattr__ hands out, for static tools (mkdocstrings)
+    from .torch_bridge.layers import (  # noqa: F401
+        APPNP,
+        Aggregation,
+        ChebConv,
+        DegreeScalerAggregation,
+        DynamicEdgeConv,
+        EdgeConv,
+        FastRGCNConv,
+        GATConv,
+        GATv2Conv,
+        GCN2Conv,
+        GCNConv,
+        GENConv,
+        GINConv,
+        GINEConv,
+        GraphConv,
+        LSTMAggregation,
+        MaxAggregation,
+        MeanAggregation,
+        MessageNorm,
+        MinAggregation,
+        MLPAggregation,
+        MulAggregation,
+        MultiAggregation,
+        NeighborLoader,
+        NNConv,
+        PNAConv,
+        PointNetConv,
+        PowerMeanAggregation,
+        ResGatedGraphConv,
+        RGCNConv,
+        SAGEConv,
+        SGConv,
+        SoftmaxAggregation,
+        StdAggregation,
+        SumAggregation,
+        TAGConv,
+        TransformerConv,
+        VarAggregation,
+        gcn_norm,
+        global_add_pool,
+        global_max_pool,
+        global_mean_pool,
+        global_softmax_pool,
+    )
 
 LAYERS = ("GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GINConv", "GINEConv", "EdgeConv",
           "DynamicEdgeConv", "GraphConv", "SGConv", "APPNP", "TAGConv", "ChebConv",

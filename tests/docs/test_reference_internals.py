@@ -165,3 +165,34 @@ def test_built_reference_anchors_name_no_internal(tmp_path):
                  or any(p.startswith("_") for p in i.split("."))
                  or i.rsplit(".", 1)[-1] in PLUMBING)
     assert not bad, f"the reference shows internals: {bad}"
+
+
+def _static_nn_names() -> set:
+    """The names tiga/nn.py imports under TYPE_CHECKING (what mkdocstrings reads)."""
+    import ast
+
+    tree = ast.parse((ROOT / "tiga" / "nn.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            return {a.name for imp in node.body for a in imp.names}
+    return set()
+
+
+def test_reference_documents_tg_nn_names_under_tg_nn():
+    """Layer pages anchor at tiga.nn.<Name> (not the torch bridge's module path): tg.nn's
+    lazily loaded names are imported statically for the docs tools, all of them, and every
+    layer, function and NeighborLoader has its entry."""
+    runtime = set(tg.nn.LAYERS + tg.nn.AGGREGATIONS + tg.nn.FUNCTIONS)
+    assert _static_nn_names() == runtime
+    text = (API / "nn.md").read_text()
+    documented = set(re.findall(r"^::: tiga\.nn\.(\w+)$", text, re.M))
+    wanted = set(tg.nn.LAYERS + tg.nn.FUNCTIONS) | {"DegreeScalerAggregation", "trace"}
+    assert wanted <= documented, f"missing from docs/api/nn.md: {sorted(wanted - documented)}"
+    assert documented <= runtime | {"trace"}
+    assert "::: tiga.torch_bridge.layers." not in text.replace(
+        "::: tiga.torch_bridge.layers.loader.SampledSubgraph", "")
+    if HAS_TORCH:
+        from tiga.torch_bridge import layers
+
+        for name in documented - {"trace"}:
+            assert getattr(tg.nn, name) is getattr(layers, name), name
