@@ -51,7 +51,7 @@ def test_two_layer_edge_mlp_forward_and_grad(interpreter):
 def test_a_warm_call_reuses_its_lowering(interpreter, monkeypatch):
     g, x, w1, w2 = operands(3)
     lowered = []
-    lower = executor.pipeline.lower_launch   # (the executor lowers: LOWERING.kernel)
+    lower = executor.pipeline.lower_launch   # (the executor lowers: kernel_op)
 
     def counted(*args, **kwargs):
         if kwargs.get("target") == "triton":

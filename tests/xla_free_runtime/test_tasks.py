@@ -67,7 +67,7 @@ def test_the_call_runs_the_task_ir_in_order_and_matches_the_reference(first, sec
     x = rng.standard_normal((40, width)).astype(np.float32)
     w = np.float32(rng.standard_normal())
     program = tg.make_program(_two_layers(first, second))(g, x, w)
-    walk = tasks.task_walk(program, executor.task_module)
+    walk = executor.task_walk(program)
     assert isinstance(walk, tasks.TaskWalk)
     ran, launched = [], []
     real_eqn, real_launch = tasks.run_eqn, executor.run_propagate
@@ -95,7 +95,7 @@ def test_each_argument_is_transferred_before_its_first_reader_and_released_after
     g, rng = _graph(1)
     x = rng.standard_normal((40, 3)).astype(np.float32)
     program = tg.make_program(_two_layers("sum", "max"))(g, x, np.float32(0.5))
-    steps = tasks.task_walk(program, executor.task_module).steps
+    steps = executor.task_walk(program).steps
     runs = [i for i, (code, _) in enumerate(steps) if code is tasks.RUN]
     for pos, binder in enumerate(program.in_binders):
         readers = [i for i in runs if any(a is binder for a in steps[i][1].inputs)]
@@ -112,7 +112,7 @@ def test_each_intermediate_is_released_once_after_its_last_reader():
     g, rng = _graph(4)
     x = rng.standard_normal((40, 3)).astype(np.float32)
     program = tg.make_program(_two_layers("sum", "max"))(g, x, np.float32(0.5))
-    walk = tasks.task_walk(program, executor.task_module)
+    walk = executor.task_walk(program)
     steps = walk.steps
     returned = {id(v) for v in program.outs}
     made = {id(v): i for i, (c, e) in enumerate(steps) if c is tasks.RUN for v in e.outputs}
@@ -139,7 +139,7 @@ def test_a_released_intermediate_is_gone_for_later_steps():
     g, rng = _graph(5)
     x = rng.standard_normal((40, 2)).astype(np.float32)
     program = tg.make_program(_two_layers("sum", "sum"))(g, x, np.float32(2.0))
-    walk = tasks.task_walk(program, executor.task_module)
+    walk = executor.task_walk(program)
     steps = list(walk.steps)
     first = next(e for c, e in steps if c is tasks.RUN)
     at = next(i for i, (c, v) in enumerate(steps) if c is tasks.RELEASE and
@@ -156,7 +156,7 @@ def test_a_released_argument_is_gone_for_later_steps():
     g, rng = _graph(2)
     x = rng.standard_normal((40, 2)).astype(np.float32)
     program = tg.make_program(_two_layers("sum", "sum"))(g, x, np.float32(2.0))
-    walk = tasks.task_walk(program, executor.task_module)
+    walk = executor.task_walk(program)
     steps = list(walk.steps)
     release = next(i for i, s in enumerate(steps)
                    if s[0] is tasks.RELEASE and s[1] is program.in_binders[1])
@@ -173,8 +173,8 @@ def test_equal_programs_keep_their_own_walks():
     make = tg.make_program(_two_layers("sum", "mean"))
     p1, p2 = make(g, x, np.float32(1.0)), make(g, x, np.float32(1.0))
     assert p1 is not p2
-    w1, w2 = tasks.task_walk(p1, executor.task_module), tasks.task_walk(p2, executor.task_module)
-    assert w1 is not w2 and tasks.task_walk(p1, executor.task_module) is w1
+    w1, w2 = executor.task_walk(p1), executor.task_walk(p2)
+    assert w1 is not w2 and executor.task_walk(p1) is w1
     assert [x for c, x in w2.steps if c is tasks.RUN] == list(p2.eqns)
     for p in (p1, p2, p1):
         np.testing.assert_allclose(execute(p, [g, x, np.float32(1.0)])[0],
@@ -194,12 +194,12 @@ def test_loop_bodies_are_walked_too():
 
     program = tg.make_program(f)(g, x)
     built = []
-    real = tasks._build
+    real = executor.build_walk
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(tasks, "_build", lambda p, of, b: built.append(p) or real(p, of, b))
+        m.setattr(executor, "build_walk", lambda p, *rest: built.append(p) or real(p, *rest))
         got = execute(program, [g, x])
     assert len(built) == 2 and all(
-        isinstance(tasks.task_walk(p, executor.task_module), tasks.TaskWalk)
+        isinstance(executor.task_walk(p), tasks.TaskWalk)
         for p in built)        # the program and its loop body
     np.testing.assert_allclose(got[0], eval_program(program, g, x)[0], rtol=2e-5, atol=2e-5)
 
@@ -213,7 +213,7 @@ def test_a_program_the_ir_does_not_express_runs_under_eval_program(monkeypatch):
         raise UnsupportedError("no stage for this")
 
     monkeypatch.setattr(executor.pipeline, "lower_call", refuse)   # (the executor lowers)
-    walk = tasks.task_walk(program, executor.task_module)
+    walk = executor.task_walk(program)
     assert isinstance(walk, tasks.NoWalk) and "no stage for this" in walk.reason
     np.testing.assert_allclose(execute(program, [g, x, np.float32(1.5)])[0],
                                eval_program(program, g, x, np.float32(1.5))[0], rtol=2e-5,
@@ -276,7 +276,7 @@ def test_a_paged_program_is_walked_and_its_launch_pages(tmp_path):
     with tg.scope(page_rows=16):
         got = tg.jit(f)(paged, x, np.float32(0.5))
     program = tg.make_program(f)(paged, x, np.float32(0.5))
-    assert isinstance(tasks.task_walk(program, executor.task_module), tasks.TaskWalk)
+    assert isinstance(executor.task_walk(program), tasks.TaskWalk)
     mem = tg.Graph.from_csr(rp, ci, num_src=n)
     want = eval_program(tg.make_program(f)(mem, x, np.float32(0.5)), mem, x, np.float32(0.5))
     np.testing.assert_allclose(np.asarray(got), want[0], rtol=2e-5, atol=2e-5)
@@ -295,7 +295,7 @@ def test_large_literals_enter_the_task_ir_as_arguments():
 
     x = rng.standard_normal((40, 5)).astype(np.float32)
     program = tg.make_program(f)(x)
-    walk = tasks.task_walk(program, executor.task_module)
+    walk = executor.task_walk(program)
     args = walk.module.body.args
     assert len(args) == len(program.in_binders) + 1 and tuple(args[-1].type.shape) == (40, 5)
     constants = [op for op in walk.module.body.ops

@@ -36,7 +36,6 @@ else:
     CPU_LLVM_AVAILABLE = True
 
 AUTO = "auto"
-TRITON_BACKENDS = ("triton", "triton-interpreter")
 
 
 def _has(module: str) -> bool:
@@ -116,6 +115,13 @@ BACKENDS: dict[str, Backend] = {
 }
 # the IR stage each backend's text is printed under (program.ir("triton", ...))
 RENDER_STAGES = {"llvm": "cpu-llvm", "triton": "triton"}
+
+
+def targets_triton(name: str) -> bool:
+    """The backend `name` renders Triton kernels (its Kernel ops' target is "triton"): the
+    CUDA backend and its interpreter alike."""
+    found = BACKENDS.get(name)
+    return found is not None and found.target == "triton"
 
 
 def register_launcher(name: str, launcher) -> None:

@@ -13,8 +13,7 @@ mine). A plan has `run(eqn, graph, values) -> outputs` and `describe(explanation
 where)`; `compile=False` plans must not compile anything (explain() before a call). `held` is
 the Kernel op handed down for the equation (the call's bound Task module's); a cpu-llvm
 planner it does not fit answers an Unbound naming the launch to lower, which the executor
-lowers and plans again with (executor.planned): nothing below the executor lowers. (`lower`,
-the executor's Lowering, is still handed to the Triton planners.)
+lowers and plans again with (executor.planned): nothing below the executor lowers.
 
 Per target the table (lower/backends.BACKENDS) names the renderer; the launcher registered
 here for it names the planner (`plan`) and the artifact kind its compiler produces

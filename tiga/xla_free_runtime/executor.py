@@ -5,9 +5,10 @@ lowered once, with its binding (binding.call_binding): `pipeline.lower_call` giv
 Task module, whose launches hold the Kernel ops that run, and the one-page modules of the
 propagates it runs by pages (`pipeline.lower_pages` for a distributed call's halo plans), which
 the executor hands down as data (TaskWalk.pages, PagedPlan.bound, run_distributed's pages).
-`LOWERING` (`task`, `kernel`) is what is still handed down, for the kernels no bound module
-holds (the Triton planners, a CSR read whole); a degree count over a radius relation is
-lowered here (count_launch) and handed down.
+No function that lowers is handed down: where a planner finds no launch of the bound module
+that fits (a loop body's propagate, a CSR read whole, a degree count over a radius relation),
+it answers an Unbound naming the launch, which the executor lowers (kernel_op) and plans
+again with (planned).
 
 A call runs its program's Task IR (interpreter.py). Each `propagate` (top level or inside a
 repeat/while body) runs as a fused cpu-llvm kernel when its edge function, reducer and update
@@ -21,18 +22,17 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 
 from ..core.check import check_program
-from ..core.config import config
+from ..core.config import ConfigError, config
 from ..core.errors import ProgramError, TigaError, UnsupportedError
 from ..core.eval import eval_program, host_array, on_device
 from ..core.graph import Graph
-from ..core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
+from ..core.prims.control import cond_p, repeat_p, run_cond, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.prims.linalg import dot_general_p
 from ..core.program import ClosedProgram, GraphProgram, Lit
@@ -64,11 +64,13 @@ from .explain import Explanation
 from .interpreter import (
     NoWalk,
     TaskWalk,
+    build_walk,
+    cached_walk,
     lifted,
     module_name,
     prepare_walk,
+    remember_walk,
     run_walk,
-    task_walk,
 )
 from .paging.degrees import paged_degrees
 from .paging.pages import pageable, walked_eqn
@@ -135,18 +137,28 @@ def page_module(eqn, name: str = "paged"):
     return found
 
 
-@dataclass(frozen=True)
-class Lowering:
-    """What the interpreter and planners ask of lower/pipeline, handed down by the
-    executor's calls (nothing below the executor imports it): `task(program, name,
-    binding)` and `kernel(eqn, relation_type=None, target=..., name=...)` above. One-page
-    Task modules are not asked for: the executor hands them down (_page, _pages)."""
-
-    task: Callable
-    kernel: Callable
-
-
-LOWERING = Lowering(task_module, kernel_op)
+def task_walk(program: GraphProgram, binding: tuple = ()):
+    """The interpreter's walk of `program` under the call's `binding`: built once per program
+    and binding from the one lowering of the call (task_module); a NoWalk naming why when
+    the IR stages do not express the program (eval_program then runs the same rules)."""
+    found = cached_walk(program, binding)
+    if found is not None:
+        return found
+    threads = num_threads()      # (what the schedule pass reads: read before it runs)
+    try:
+        module, pages = task_module(lifted(program), module_name(program), binding)
+    except ConfigError:
+        raise       # (a setting the user got wrong, TIGA_DUMP say: never a silent fallback)
+    except TigaError as exc:
+        return remember_walk(program, binding, NoWalk(
+            f"the IR stages do not express this program ({exc})"))
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
+        if config.check:
+            raise
+        # a lowering defect must not take the call down: eval_program runs the same rules
+        return remember_walk(program, binding, NoWalk(
+            f"lowering failed ({type(exc).__name__}: {exc}); this is a Tiga bug, please report"))
+    return remember_walk(program, binding, build_walk(program, module, pages, threads))
 
 
 def _page(walk, eqn):
@@ -282,15 +294,16 @@ def _deep_propagates(program: GraphProgram):
         if e.primitive is propagate_p:
             yield e
         for value in e.params.values():
-            if isinstance(value, ClosedProgram):
-                yield from _deep_propagates(value.program)
+            for sub in (value if isinstance(value, tuple) else (value,)):  # (cond branches)
+                if isinstance(sub, ClosedProgram):
+                    yield from _deep_propagates(sub.program)
 
 
 def _run(program: GraphProgram, args: list) -> list:
     """The program's Task IR interpreted with this runtime's rules for compiled propagates
     and loops (eval_program with the same rules when the IR does not express it)."""
     overrides = OVERRIDES
-    walk = task_walk(program, task_module, call_binding(program, args))
+    walk = task_walk(program, call_binding(program, args))
     generates = (walk.generates if isinstance(walk, TaskWalk) else
                  bool(generated_relations(program)))
     if config.strict or generates:
@@ -485,6 +498,11 @@ def _while(eqn, vals):
     return run_while(_call, vals, **eqn.params)
 
 
+def _cond(eqn, vals):
+    """cond, with the taken branch run by this executor (so its propagates compile)."""
+    return run_cond(_call, vals, **eqn.params)
+
+
 def _degrees(eqn, vals):
     """Degrees of a generated relation counted by its fused walk (the relation stays
     unmaterialised), of a paged one by row ranges of its store (never the CSR whole);
@@ -512,7 +530,7 @@ def count_launch(graph):
 # (dot_rule: an entity-level matmul as tile_matmul on a Triton backend; it declines in
 # under a microsecond elsewhere, so the numpy impl rule runs it as before)
 OVERRIDES = {propagate_p: partial(_propagate, None, None), repeat_p: _repeat, while_loop_p: _while,
-             degrees_p: _degrees, dot_general_p: dot_rule}
+             cond_p: _cond, degrees_p: _degrees, dot_general_p: dot_rule}
 
 
 def call_backend(call) -> str | None:
@@ -545,10 +563,11 @@ def explain_program(program: GraphProgram, args: list) -> Explanation:
             from .distributed.report import explain_distributed
             local = [getattr(a, "full", a) if getattr(a, "tiga_distributed", False) is True
                      else a for a in args]
-            return explain_distributed(program, args, CACHE, LOWERING, _pages(program, local),
+            walk = task_walk(program, call_binding(program, local))
+            return explain_distributed(program, args, CACHE, walk, _pages(program, local),
                                        _bound_launches(program, local, None))
-        walk = task_walk(program, task_module, call_binding(program, args))
-        return describe_program(program, args, CACHE, LOWERING, _pages(program, args, walk),
+        walk = task_walk(program, call_binding(program, args))
+        return describe_program(program, args, CACHE, walk, _pages(program, args, walk),
                                 _bound_launches(program, args, walk))
 
 
@@ -582,7 +601,7 @@ def _call_pages(program: GraphProgram, args: list) -> dict:
     """_pages of a call, with the walk its lowering binds (task_walk: built once)."""
     if not paged_propagates(program, args):
         return {}
-    return _pages(program, args, task_walk(program, task_module, call_binding(program, args)))
+    return _pages(program, args, task_walk(program, call_binding(program, args)))
 
 
 def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
@@ -603,7 +622,7 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
 
 __all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select_route",
            "plan_routes", "NUMPY_NOTE",
-           "LOWERING", "Lowering", "kernel_op", "task_module", "page_module", "paged_task_ir",
+           "task_walk", "kernel_op", "task_module", "page_module", "paged_task_ir",
            "call_task_ir", "call_backend", "set_tensor_hook",
            "ir_text", "ir_module_name"]
 

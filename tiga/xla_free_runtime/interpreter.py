@@ -1,8 +1,9 @@
 """runtime: run a program by interpreting its Task IR.
 
-`task_walk(program, module_of)` pairs each op of the program's Task module (one page, one rank:
-lower/passes/plan_distributed_tasks) with what runs it. The module comes from `module_of`, the
-executor's lowering (this module never lowers), once per program:
+`build_walk(program, module, pages, threads)` pairs each op of the program's Task module (one
+page, one rank: lower/passes/plan_distributed_tasks) with what runs it. The module is the one the
+executor lowered for the call's binding (this module never lowers), once per program and
+binding (`cached_walk` / `remember_walk`):
 
     gf_storage.transfer  an argument made ready on the host tier: as numpy, or a disk-tier
                          tensor left lazy (a paged route reads it page by page)
@@ -29,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.config import ConfigError, config
-from ..core.errors import CompilationError, TigaError
+from ..core.config import config
+from ..core.errors import CompilationError
 from ..core.eval import bind_dims, host_value, run_eqn
 from ..core.graph import Graph
 from ..core.prims.graph import propagate_p
@@ -66,25 +67,26 @@ class NoWalk:
     reason: str
 
 
-def task_walk(program: GraphProgram, module_of, binding: tuple = ()) -> TaskWalk | NoWalk:
-    """The walk of `program` under the call's `binding` (binding.call_binding), built once
-    per program object and binding (programs come from the call cache, so a warm call finds
-    its walk here); `module_of(program, name, binding)`: (the bound Task module of a program,
-    {k: the one-page Task module of its k-th propagate, where the binding pages it}), the
-    executor's lowering, asked only when the walk is built."""
+def cached_walk(program: GraphProgram, binding: tuple = ()) -> TaskWalk | NoWalk | None:
+    """The walk built for `program` under `binding` (binding.call_binding), or None: programs
+    come from the call cache, so a warm call finds its walk here without lowering."""
     entry = _WALKS.get(id(program))
     if entry is not None and entry[0]() is program:
-        found = entry[1].get(binding)
-        if found is not None:
-            return found
-    else:
+        return entry[1].get(binding)
+    return None
+
+
+def remember_walk(program: GraphProgram, binding: tuple, walk):
+    """Keep `walk` (a TaskWalk or NoWalk) for `program` under `binding`; returns it."""
+    entry = _WALKS.get(id(program))
+    if entry is None or entry[0]() is not program:
         key = id(program)
         # (keyed by identity: equal programs hold different Vars, and the steps hold this
         # one's)
         entry = _WALKS[key] = (weakref.ref(program, lambda _, key=key: _WALKS.pop(key, None)),
                                {})
-    found = entry[1][binding] = _build(program, module_of, binding)
-    return found
+    entry[1][binding] = walk
+    return walk
 
 
 # id(program) -> (weak program, {binding: its TaskWalk or NoWalk}): derived from the
@@ -96,20 +98,11 @@ def module_name(program: GraphProgram) -> str:
     return "program_" + hashlib.sha256(str(program).encode()).hexdigest()[:16]
 
 
-def _build(program: GraphProgram, module_of, binding: tuple) -> TaskWalk | NoWalk:
-    threads = num_threads()      # (what the schedule pass reads: read before it runs)
-    try:
-        module, pages = module_of(lifted(program), module_name(program), binding)
-    except ConfigError:
-        raise       # (a setting the user got wrong, TIGA_DUMP say: never a silent fallback)
-    except TigaError as exc:
-        return NoWalk(f"the IR stages do not express this program ({exc})")
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
-        if config.check:
-            raise
-        # a lowering defect must not take the call down: eval_program runs the same rules
-        return NoWalk(f"lowering failed ({type(exc).__name__}: {exc}); this is a Tiga bug, "
-                      "please report")
+def build_walk(program: GraphProgram, module: TaskModule, pages: dict,
+               threads: int) -> TaskWalk | NoWalk:
+    """The walk of `program` over `module`, its bound Task module as the executor lowered it
+    (with `pages`, {k: the one-page Task module of its k-th propagate, where the binding pages
+    it}; `threads`: the pool size its schedules were made for). This module never lowers."""
     try:
         steps, launches = _pair(module, program)
     except CompilationError:
@@ -367,5 +360,6 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
     return text + f", {count[RELEASE]} release(s), then a join"
 
 
-__all__ = ["lifted", "held_kernel", "interpret", "op_steps", "task_walk", "run_walk",
-           "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk", "prepare_walk", "warm_steps"]
+__all__ = ["lifted", "held_kernel", "interpret", "op_steps", "cached_walk", "remember_walk",
+           "build_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
+           "prepare_walk", "warm_steps"]

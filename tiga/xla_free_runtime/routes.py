@@ -1,27 +1,26 @@
 """runtime: explain() for a program: route per propagate, traversal, schedule, bytes, cache.
 
 Nothing is compiled or run here: a propagate's support is decided by generating its code
-(cheap), and the cache is only looked up. The IR it reads (the program's Task module, a
-kernel's launch, a page plan) comes from `lower`, the executor's Lowering, under explain's
-quiet dumps.
+(cheap), and the cache is only looked up. The IR it reads (the call's bound Task walk, the
+Kernel ops its propagates hold, the bound page plans) is handed down by the executor, which
+lowered it under explain's quiet dumps: nothing here lowers.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..core.prims.control import repeat_p, while_loop_p
+from ..core.prims.control import cond_p, repeat_p, while_loop_p
 from ..core.prims.graph import propagate_p
 from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
-from ..lower.backends import TRITON_BACKENDS, selected_backend
+from ..lower.backends import selected_backend, targets_triton
 from .backend_table import plan
 from .backends.cpu.generated import GeneratedType, generated_relations
 from .backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .backends.cpu.walk_tables import chunks_of
 from .backends.triton.launch import relabel_routes
-from .binding import call_binding
 from .explain import Explanation, launch_facts, schedule_line
-from .interpreter import describe_walk, task_walk
+from .interpreter import describe_walk
 from .paging.plan import describe_plan
 from .paging.resident import RESIDENT_KINDS
 from .paging.run import call_plan, describe_stats
@@ -45,18 +44,17 @@ VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a p
              "edges")
 
 
-def describe_program(program: GraphProgram, args: list, cache, lower, pages: dict,
+def describe_program(program: GraphProgram, args: list, cache, walk, pages: dict,
                      held: dict) -> Explanation:
-    """What a call of `program` on `args` runs (`pages`: {id(propagate): its PagedPlan, bound
+    """What a call of `program` on `args` runs (`walk`: the call's Task walk, as the executor
+    binds it: its launches hold the Kernel ops the kernels render, loop bodies are bound when
+    they run; `pages`: {id(propagate): its PagedPlan, bound
     by the executor} for the propagates over a stored relation; `held`: {id(propagate): the
     Kernel op it binds}, loop bodies too: what the executor hands down)."""
     given = {id(v): a for v, a in zip(program.in_binders, args)}
     ex = Explanation(route="reference", backend="numpy reference interpreter", reason="",
                      program=str(program))
     compiled = fallen = 0
-    # (what a call runs: the program's Task module bound to these relations, whose launches
-    # hold the Kernel ops the kernels render; loop bodies are bound when they run)
-    walk = task_walk(program, lower.task, call_binding(program, args))
     for eqn, graph, where in propagates_of(program, args):
         found = pages.get(id(eqn)) or plan(eqn, graph, compile=False, held=held.get(id(eqn)))
         if getattr(found, "lazy_fields", False):    # paged: its plan reads the fields' tiers
@@ -88,9 +86,9 @@ def describe_program(program: GraphProgram, args: list, cache, lower, pages: dic
                     "asymmetric and grouped by source: transposed where needed); size "
                     "known then"))
     others = sorted({e.primitive.name for e in program.eqns
-                     if e.primitive not in (propagate_p, repeat_p, while_loop_p)})
+                     if e.primitive not in (propagate_p, repeat_p, while_loop_p, cond_p)})
     loops = sorted({e.primitive.name for e in program.eqns
-                    if e.primitive in (repeat_p, while_loop_p)})
+                    if e.primitive in (repeat_p, while_loop_p, cond_p)})
     _summarise(ex, compiled, fallen, others)
     relabel_routes(ex)
     if loops:
@@ -138,6 +136,9 @@ def _propagates(program: GraphProgram, graphs: dict, where: str):
             carry = list(eqn.inputs[nc + nb:])
             bodies = [("while cond", p["cond"], list(eqn.inputs[:nc]) + carry),
                       ("while body", p["body"], list(eqn.inputs[nc:nc + nb]) + carry)]
+        elif eqn.primitive is cond_p:
+            bodies = [(f"cond branch {k}", b, list(eqn.inputs[1:]))
+                      for k, b in enumerate(p["branches"])]
         else:
             continue
         for label, closed, operands in bodies:
@@ -161,7 +162,7 @@ def _summarise(ex, compiled, fallen, others) -> None:
     else:
         ex.reason = "the program has no propagate"
     tiled = ([o for o in others if o == "dot_general"]
-             if selected_backend() in TRITON_BACKENDS else [])
+             if targets_triton(selected_backend()) else [])
     rest = [o for o in others if o not in tiled]
     if rest:
         ex.reason += f"; other equations ({', '.join(rest)}) run on the numpy impl rules"

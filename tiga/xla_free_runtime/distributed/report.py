@@ -46,12 +46,12 @@ def op_lines(module) -> list:
     return out
 
 
-def explain_distributed(program, args: list, cache, lower, pages: dict,
+def explain_distributed(program, args: list, cache, walk, pages: dict,
                         held: dict) -> Explanation:
     from ..routes import describe_program
 
     local = [a.full if is_distributed(a) else a for a in args]
-    ex = describe_program(program, local, cache, lower, pages, held)
+    ex = describe_program(program, local, cache, walk, pages, held)
     row_bytes = _src_row_bytes(program)
     for dg in _graphs(args):
         ex.traversal.extend(f"distributed halo: {line}" for line in dg.halo_lines(row_bytes))

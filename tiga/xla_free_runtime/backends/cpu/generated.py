@@ -19,8 +19,8 @@ propagates, and propagates with edge fields or unsupported edge functions, resol
 relation to CSR (transposed where needed) and take the generic kernel, which explain()
 reports as the materialised CSR.
 
-The walk's scheduled Kernel op comes from the executor's Lowering (`lower.kernel`), asked at
-plan time and kept in the plan (GeneratedPlan.launch); this module never lowers.
+The walk's scheduled Kernel op is the one the executor hands down (`held`), kept in the
+plan (GeneratedPlan.launch); this module never lowers.
 
 Relations generated inside a traced program are planned before the call from their static
 parameters (GeneratedType), so strict mode and explain() see the route that will run.

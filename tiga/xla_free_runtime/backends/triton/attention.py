@@ -29,7 +29,7 @@ from ....autodiff.rules.attention import (
 from ....core.errors import UnsupportedError
 from ....core.eval import on_device
 from ....core.prims.graph import row_type
-from ....lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
+from ....lower.backends import BACKENDS, selected_backend, targets_triton
 from ....lower.schedule import triton_attention_blocks, triton_dot_precision
 from ....lower.triton.attention import attention_source
 from ....lower.triton.emitter import pow2
@@ -44,7 +44,7 @@ HALF = ("float16", "bfloat16")
 # canonical VJP propagates these kernels run (CLAIMED), as float32 does everywhere
 def _triton_selected() -> bool:
     try:
-        return selected_backend() in TRITON_BACKENDS
+        return targets_triton(selected_backend())
     except UnsupportedError:     # a bad backend name: the call itself reports it
         return False
 

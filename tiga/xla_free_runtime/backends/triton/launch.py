@@ -4,7 +4,8 @@
 and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
 A TritonPlan renders the equation's Kernel op for target triton, handed down by the executor
 (where none fits, the plan is an Unbound naming it, which the executor lowers and plans again
-with; the schedule printed there is the one rendered; this module never lowers); it renders it (lower/triton) into a Triton module artifact of the one artifact cache
+with: this module never lowers, so the schedule printed there is the one rendered) into a
+Triton module artifact of the one artifact cache
 (artifacts.py: keyed by the printed op, the backend, triton's version and Tiga's source hash;
 stored on disk like every backend's artifacts) and imports it on first launch (compile.py;
 with TRITON_INTERPRET=1 for the interpreter: Triton decides at decoration time), then launches
@@ -23,10 +24,10 @@ from ....core.graph_validate import input_device
 from ....lower.abi import KernelSource, relation_descriptor
 from ....lower.backends import (
     BACKENDS,
-    TRITON_BACKENDS,
     register_launcher,
     route_for_devices,
     selected_backend,
+    targets_triton,
 )
 from ....lower.triton import TritonUnsupported, render_launch
 from ...cache import CACHE
@@ -79,7 +80,7 @@ def backend_plan(eqn, graph, *, compile: bool = True, held=None):
     """The plan of one propagate on the selected backend (the executor's planner; `held`:
     the Kernel op handed down for it, rendered when its target is triton)."""
     name = selected_backend()
-    if name not in TRITON_BACKENDS:
+    if not targets_triton(name):
         return llvm_plan(eqn, graph, compile=compile, held=held)
     ok, why = BACKENDS[name].available()
     if not ok:
@@ -262,7 +263,7 @@ def relabel_routes(ex) -> None:
     """explain(): a program whose compiled propagates all run on one Triton backend reports
     that backend as its route (routes.py labels compiled routes cpu-llvm)."""
     compiled = {r for r, _, _ in ex.routes if r != "reference"}
-    if len(compiled) == 1 and next(iter(compiled)) in TRITON_BACKENDS:
+    if len(compiled) == 1 and targets_triton(next(iter(compiled))):
         name = next(iter(compiled))
         fallen = any(r == "reference" for r, _, _ in ex.routes)
         ex.route = "mixed" if fallen else name

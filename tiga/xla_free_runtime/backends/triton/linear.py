@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....core.eval import on_device
-from ....lower.backends import BACKENDS, TRITON_BACKENDS, selected_backend
+from ....lower.backends import BACKENDS, selected_backend, targets_triton
 from ....lower.schedule import triton_dot_precision, triton_matmul_blocks
 from ....lower.triton.linear import linear_source
 from ...run_report import COUNTERS
@@ -29,7 +29,7 @@ FLOATS = ("float16", "bfloat16", "float32", "float64")
 def dot_rule(eqn, values: list):
     """[x @ y] of a 2-D dot_general on the selected Triton backend, else None."""
     backend = selected_backend()
-    if backend not in TRITON_BACKENDS or len(values) != 2:
+    if not targets_triton(backend) or len(values) != 2:
         return None
     interp = BACKENDS[backend].interpreter
     if not interp and not any(on_device(v) for v in values):
