@@ -205,3 +205,31 @@ def test_eager_repeat_over_a_distributed_graph_matches_one_process(method):
     want = tg.repeat(3, step(g, d["w"]), d["x"])
     np.testing.assert_allclose(dg.gather(np.asarray(got)), np.asarray(want), rtol=1e-10,
                                atol=1e-12)
+
+
+def test_scan_and_cond_match_one_process_forward_and_backward():
+    """tg.scan with per-step outputs and a tg.cond whose predicate each rank computes from
+    its own rows (the branch is agreed: taken where any rank's predicate holds, which is the
+    one-process predicate on a max), forward and backward, over a DistributedGraph. With
+    "rows" on 2 ranks the ranks disagree at the first step and the predicate is false at
+    the third, so both branches and the agreement run."""
+    g, d = _problem(seed=11)
+    dg = _dist(g, d, "rows")
+    layer = _layer("sum")
+
+    def f(x, h, w, graph):
+        def step(c, k):
+            c = 0.4 * _call(layer, graph, c, h, w)
+            c = tg.cond(tg.math.max(tg.math.abs(c)) > 4.8, lambda a: 0.5 * a,
+                        lambda a: a + k, c)
+            return c, tg.math.sin(c) * k
+        c, ys = tg.scan(step, x, np.array([0.5, 1.0, 1.5]))
+        return c + tg.math.sum(ys, axis=0)
+
+    xl, hl, wl = dg.local(d["x"]), dg.local(d["h"]), dg.local_edges(d["w"])
+    out, back = tg.vjp(lambda x, h: f(x, h, wl, dg), xl, hl)
+    want, back_g = tg.vjp(lambda x, h: f(x, h, d["w"], g), d["x"], d["h"])
+    np.testing.assert_allclose(dg.gather(np.asarray(out)), want, rtol=1e-10, atol=1e-12)
+    ct = np.random.default_rng(12).standard_normal(np.shape(want))
+    for a, b in zip(back(dg.local(ct)), back_g(ct)):
+        np.testing.assert_allclose(dg.gather(np.asarray(a)), b, rtol=1e-9, atol=1e-10)
