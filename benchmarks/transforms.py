@@ -1,4 +1,5 @@
-"""Benchmark of tg.vmap and tg.jvp over a stored-CSR propagate (issue 38).
+"""Benchmark of tg.vmap and tg.jvp over a stored-CSR propagate (issue 38), and of control
+flow's gradients (issue 39).
 
 Workload: a stored CSR relation of `--rows` destinations with `--neighbors` random sources
 each, and the propagate `sum over edges of src.x * edge.w` (one weight per edge). Measured,
@@ -19,8 +20,16 @@ Ratios: vmap / one propagate (target: at most 1.2) and jvp / primal (target: at 
 Every result is checked against the unbatched call (vmap) and the linear function itself
 (jvp of a linear map is the map of the tangent) before timing.
 
+Control flow (`--control`, issue 39): the gradient of a `--steps`-step tg.scan whose body is
+one propagate over a `--control-rows` relation, with tg.checkpoint policy "all" and "sqrt":
+the residual bytes each keeps (tiga.autodiff.remat.residual_bytes on the gradient program;
+target: sqrt at most 1/16) and the time of each (target: sqrt at most 2x); and a
+tg.fixed_point PageRank over the same relation: its value against its value and implicit
+gradient (target: the gradient costs at most the forward's iterations again, a ratio <= 2).
+
     python benchmarks/transforms.py                  # the issue's size: 131072 rows, 16, 16 x 8
     python benchmarks/transforms.py --quick          # a check that it runs: 4096 rows, 3 reps
+    python benchmarks/transforms.py --control        # scan/checkpoint/fixed_point rows only
 """
 from __future__ import annotations
 
@@ -109,6 +118,61 @@ def run_torch(rows: int, neighbors: int, batch: int, features: int, reps: int) -
     }
 
 
+def run_control(steps: int, rows: int, neighbors: int, reps: int) -> dict:
+    """Gradient of a checkpointed scan (policies "all" and "sqrt") and of a fixed_point."""
+    from tiga.autodiff.remat import residual_bytes
+
+    g = relation(rows, neighbors, seed=2)
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal((rows, 4)) * 0.1
+    kicks = rng.standard_normal((steps, 1)) * 0.01
+
+    def traj(x0):
+        def step(x, k):
+            mean = tg.propagate(g, lambda s, d, e: s.x, tg.mean(), src={"x": x})
+            x = 0.9 * x + 0.1 * tg.math.tanh(mean) + k
+            return x, tg.math.sum(x * x)
+        return tg.math.sum(tg.scan(step, x0, kicks)[1])
+
+    out = {}
+    grads = {}
+    for policy in ("all", "sqrt"):
+        f = tg.grad(tg.checkpoint(traj, policy))
+        grads[policy] = np.asarray(f(x0))
+        out[f"scan {steps} steps, grad, policy={policy}"] = median_ms(lambda f=f: f(x0), reps)
+        program = tg.make_program(f)(x0)
+        out[f"residual bytes, policy={policy}"] = residual_bytes(program)
+    np.testing.assert_allclose(grads["sqrt"], grads["all"], rtol=1e-9, atol=1e-12)
+    deg = np.maximum(np.diff(np.asarray(g.resolve_csr()[0])), 1).astype(np.float64)[:, None]
+    v = np.full((rows, 1), 1.0 / rows)
+
+    def pagerank(v):
+        def sweep(r):
+            return 0.15 * v + 0.85 * tg.propagate(g, lambda s, d, e: s.r, tg.sum(),
+                                                  src={"r": r / deg})
+        return tg.fixed_point(sweep, v, tol=1e-10, max_iterations=1000)
+
+    out["fixed_point PageRank, value"] = median_ms(lambda: pagerank(v), reps)
+    vg = tg.value_and_grad(lambda v: tg.math.sum(pagerank(v)[: rows // 2]))
+    out["fixed_point PageRank, value and implicit grad"] = median_ms(lambda: vg(v), reps)
+    return out
+
+
+def _report_control(args) -> None:
+    res = run_control(args.steps, args.control_rows, args.neighbors, args.reps)
+    print(f"control flow: {args.steps}-step scan over {args.control_rows} rows x "
+          f"{args.neighbors} neighbours (median of {args.reps} warm calls)")
+    for name, v in res.items():
+        print(f"  {name:52s} {v:12.3f}" + ("" if "bytes" in name else " ms"))
+    kept = res["residual bytes, policy=sqrt"] / res["residual bytes, policy=all"]
+    slow = (res[f"scan {args.steps} steps, grad, policy=sqrt"]
+            / res[f"scan {args.steps} steps, grad, policy=all"])
+    fp = (res["fixed_point PageRank, value and implicit grad"]
+          / res["fixed_point PageRank, value"])
+    print(f"sqrt / all residual bytes: {kept:.4f} (target <= 1/16 = 0.0625); time: "
+          f"{slow:.2f} (target <= 2); fixed_point value+grad / value: {fp:.2f} (target <= 2)")
+
+
 def _check(fw, vm, vm_rows, xs, rows_first, w_inst):
     got = np.asarray(vm(xs, w_inst))
     got_rows = np.asarray(vm_rows(rows_first, w_inst))
@@ -129,9 +193,16 @@ def main(argv=None) -> None:
                         help="a check that it runs: 4096 rows, 3 reps (no ratios to record)")
     parser.add_argument("--no-torch", action="store_true",
                         help="skip the torch.func rows (torch bridge)")
+    parser.add_argument("--control", action="store_true",
+                        help="only the control-flow rows (scan + checkpoint, fixed_point)")
+    parser.add_argument("--steps", type=int, default=1024)
+    parser.add_argument("--control-rows", type=int, default=4096)
     args = parser.parse_args(argv)
     if args.quick:
-        args.rows, args.reps = 4096, 3
+        args.rows, args.reps, args.steps, args.control_rows = 4096, 3, 64, 256
+    if args.control:
+        _report_control(args)
+        return
     res = run(args.rows, args.neighbors, args.batch, args.features, args.reps)
     base = res["one propagate, B*F features"]
     print(f"stored CSR, {args.rows} rows x {args.neighbors} neighbours, B = {args.batch} "
