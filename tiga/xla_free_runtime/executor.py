@@ -25,8 +25,6 @@ import weakref
 from dataclasses import replace
 from functools import partial
 
-import numpy as np
-
 from ..core.check import check_program
 from ..core.config import ConfigError, config
 from ..core.errors import ProgramError, TigaError, UnsupportedError
@@ -69,6 +67,8 @@ from .interpreter import (
     lifted,
     module_name,
     prepare_walk,
+    prepared_walk,
+    remember_prepared,
     remember_walk,
     run_walk,
 )
@@ -348,39 +348,17 @@ def prepared_for(program: GraphProgram, args: list) -> bool:
 def _prepared(program: GraphProgram, args: list, host_args: bool = False):
     """The prepared launch list of a warm call of `program` on relations it was prepared
     for, or None (first call, other relations, strict mode or a profile: the full path)."""
-    entry = _PREPARED.get(id(program))
-    if entry is None:
+    prep = prepared_walk(program, args, host_args)
+    if prep is None or config.strict or profiled():
         return None
-    prep = entry[1]
-    if prep is None or entry[0]() is not program or config.strict or profiled():
-        return None
-    if not host_args:
-        if len(args) != len(program.in_binders):
-            return None
-        for a in args:
-            if type(a) is not np.ndarray and not isinstance(a, Graph):
-                return None
     return prep if prep.matches(args, selected_backend()) else None
 
 
 def _prepare(program: GraphProgram, walk: TaskWalk, args: list) -> None:
     """After a call that ran every propagate on the interpreter's held rules: its launch
     list for the next call on the same relations (None remembered: not preparable)."""
-    entry = _PREPARED.get(id(program))
-    if (entry is not None and entry[0]() is program and entry[1] is None
-            and entry[2] == _relations(program, args)):
-        return
-    prep = prepare_walk(walk, program, args, partial(_prepared_launch, walk),
-                        selected_backend())
-    if len(_PREPARED) > 1024:
-        _PREPARED.clear()
-    key = id(program)
-    _PREPARED[key] = (weakref.ref(program, lambda _, key=key: _PREPARED.pop(key, None)), prep,
-                      None if prep is not None else _relations(program, args))
-
-
-def _relations(program, args) -> tuple:
-    return tuple(id(a) for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType))
+    remember_prepared(program, args, lambda: prepare_walk(
+        walk, program, args, partial(_prepared_launch, walk), selected_backend()))
 
 
 def _prepared_launch(walk: TaskWalk, eqn, graph):
@@ -404,11 +382,6 @@ def _prepared_launch(walk: TaskWalk, eqn, graph):
 
 def _run_plan(route, eqn, values: list) -> list:
     return route.run(eqn, values[0], values[1:])
-
-
-# id(program) -> (weak program, its PreparedWalk or None, the relations' ids None was
-# decided for): the launch lists of warm calls, bound to the relations they were prepared for
-_PREPARED: dict = {}
 
 
 def _held_rules(walk: TaskWalk) -> dict:
@@ -488,19 +461,10 @@ def _call(closed, args: list) -> list:
             if prep is not None else _run(closed.program, args))
 
 
-def _repeat(eqn, vals):
-    """repeat, with the body run by this executor (so its propagates compile)."""
-    return run_repeat(_call, vals, **eqn.params)
-
-
-def _while(eqn, vals):
-    """while_loop, with cond and body run by this executor."""
-    return run_while(_call, vals, **eqn.params)
-
-
-def _cond(eqn, vals):
-    """cond, with the taken branch run by this executor (so its propagates compile)."""
-    return run_cond(_call, vals, **eqn.params)
+def _regions(run):
+    """The rule of a control-flow primitive (run_repeat, run_while, run_cond) whose bodies or
+    branches run through this executor, so their propagates compile."""
+    return lambda eqn, vals: run(_call, vals, **eqn.params)
 
 
 def _degrees(eqn, vals):
@@ -529,8 +493,9 @@ def count_launch(graph):
 
 # (dot_rule: an entity-level matmul as tile_matmul on a Triton backend; it declines in
 # under a microsecond elsewhere, so the numpy impl rule runs it as before)
-OVERRIDES = {propagate_p: partial(_propagate, None, None), repeat_p: _repeat, while_loop_p: _while,
-             cond_p: _cond, degrees_p: _degrees, dot_general_p: dot_rule}
+OVERRIDES = {propagate_p: partial(_propagate, None, None), repeat_p: _regions(run_repeat),
+             while_loop_p: _regions(run_while), cond_p: _regions(run_cond),
+             degrees_p: _degrees, dot_general_p: dot_rule}
 
 
 def call_backend(call) -> str | None:

@@ -326,6 +326,44 @@ def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, ba
                         walk.sized, backend)
 
 
+def prepared_walk(program: GraphProgram, args: list, host_args: bool = False):
+    """The PreparedWalk kept for `program` (remember_prepared) when `args` can take it (the
+    caller checks its relations: PreparedWalk.matches), else None. `host_args`: the caller
+    checked that `args` are the program's arguments, each a numpy array or a tg.Graph."""
+    entry = _PREPARED.get(id(program))
+    if entry is None or entry[1] is None or entry[0]() is not program:
+        return None
+    if not host_args:
+        if len(args) != len(program.in_binders):
+            return None
+        for a in args:
+            if type(a) is not np.ndarray and not isinstance(a, Graph):
+                return None
+    return entry[1]
+
+
+def remember_prepared(program: GraphProgram, args: list, make) -> None:
+    """Keep `make()` (a PreparedWalk, or None: not preparable) for `program`; not asked again
+    for the relations None was decided for."""
+    entry = _PREPARED.get(id(program))
+    relations = tuple(id(a) for v, a in zip(program.in_binders, args)
+                      if isinstance(v.type, GraphType))
+    if (entry is not None and entry[0]() is program and entry[1] is None
+            and entry[2] == relations):
+        return
+    prep = make()
+    if len(_PREPARED) > 1024:
+        _PREPARED.clear()
+    key = id(program)
+    _PREPARED[key] = (weakref.ref(program, lambda _, key=key: _PREPARED.pop(key, None)), prep,
+                      None if prep is not None else relations)
+
+
+# id(program) -> (weak program, its PreparedWalk or None, the relations' ids None was
+# decided for): the launch lists of warm calls, bound to the relations they were prepared for
+_PREPARED: dict = {}
+
+
 def warm_steps(steps: tuple) -> tuple:
     """A walk's steps for a prepared call, whose operands are host arrays and relations
     (bound as they are): consecutive transfers as one step (TRANSFER, positions), and no
@@ -362,4 +400,4 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
 
 __all__ = ["lifted", "held_kernel", "interpret", "op_steps", "cached_walk", "remember_walk",
            "build_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
-           "prepare_walk", "warm_steps"]
+           "prepare_walk", "prepared_walk", "remember_prepared", "warm_steps"]
