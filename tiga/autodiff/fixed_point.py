@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..core.errors import ShapeError, TigaError
+from ..core.passes import cse, dce
 from ..core.types import TensorType
 from ..trace import math as m
 from ..trace.control import _eager, hooks, while_loop
@@ -33,17 +34,33 @@ def _checked(tol, max_iterations):
     return float(tol), int(max_iterations)
 
 
-def _distance(new, old):
-    """max |new - old| over every leaf, as a float64 scalar."""
-    d = [m.convert(m.max(m.abs(m.subtract(a, b))), "float64") for a, b in zip(new, old)]
+def _max_abs(leaves):
+    """max |leaf| over every leaf, as a float64 scalar."""
+    d = [m.convert(m.max(m.abs(v)), "float64") for v in leaves]
     out = d[0]
     for x in d[1:]:
         out = m.maximum(out, x)
     return out
 
 
+def _distance(new, old):
+    return _max_abs([m.subtract(a, b) for a, b in zip(new, old)])
+
+
+def _adjoint_tol(tol, ct, x):
+    """The adjoint iteration's stopping distance: the forward's accuracy relative to x*'s
+    size, carried to the cotangent's size (tol · max|ct| / max|x*|; tol where x* = 0). Both
+    iterations contract at the same rate, so the adjoint then takes about as many steps as
+    the forward did, whatever the scales of x* and of the cotangent."""
+    size = _max_abs(x)
+    positive = m.greater(size, 0.0)
+    return m.multiply(tol, m.where(positive, m.divide(_max_abs(ct), m.where(positive, size,
+                                                                             1.0)), 1.0))
+
+
 def _iterate(fn, x0, tol, max_iterations):
-    """x ← fn(x) until max|Δx| <= tol or max_iterations steps."""
+    """x ← fn(x) until max|Δx| <= tol (a float or a traced scalar) or max_iterations
+    steps."""
     def body(state):
         x, _ = state
         new = fn(x)
@@ -64,12 +81,14 @@ def fixed_point(step: Callable, init, *, tol: float, max_iterations: int):
             iteration converges when the forward one does).
         init (State): an array, or a tuple / list / dict of arrays; gets no gradient (the
             fixed point does not depend on it).
-        tol (float): the stopping distance, used by the adjoint iteration too.
+        tol (float): the stopping distance max|step(x) - x| (absolute, over every leaf).
         max_iterations (int): the bound of each iteration (forward and adjoint).
 
     Returns:
-        State: the fixed point x*. Its gradient solves w = ct + (∂step/∂x)ᵀ w with the
-            same bounds; forward mode carries the tangent along the iterations.
+        State: the fixed point x*. Its gradient solves w = ct + (∂step/∂x)ᵀ w by
+            iteration, to the forward's accuracy relative to x*'s size (max|Δw| <= tol ·
+            max|ct| / max|x*|) and at most max_iterations steps; forward mode carries the
+            tangent along the forward iteration.
     """
     tol, max_iterations = _checked(tol, max_iterations)
     if _eager():
@@ -126,11 +145,16 @@ def _solver(prog, caps, wrt, tol, max_iterations):
             _, cts = backward_pass(prog, consts(dcs) + list(x), list(w))
             return cts
 
-        def adjoint(w):
+        def adjoint(*w):
             cts = pull(w)[nc:]
             return [c if g is None else m.add(c, g) for c, g in zip(ct, cts)]
 
-        w = _iterate(adjoint, ct, tol, max_iterations)
+        # one adjoint step as its own program, pruned: the replayed forward of `step` and
+        # the cotangents of its parameters are dead there (only x's cotangent iterates)
+        step_t, step_caps, _ = trace_flat(adjoint, [_type(v) for v in x])
+        step_t = dce(cse(step_t))
+        w = _iterate(lambda w: inline_program(step_t, *step_caps, *w), ct,
+                     _adjoint_tol(tol, ct, x), max_iterations)
         cts = pull(w)[:nc]
         ct_caps = [cts[i] if cts[i] is not None else m.zeros_like(caps[i]) for i in wrt]
         return ct_caps, None
