@@ -53,8 +53,8 @@ def move_axis(x, src: int, dst: int):
     moves = _moves[-1] if _moves and isinstance(x, Tracer) else None
     if moves is not None:
         made = moves.get(id(x))
-        if made is not None and made[0] is x and \
-                tuple(made[2][i] for i in order) == tuple(range(nd)):
+        if (made is not None and made[0] is x
+                and tuple(made[2][i] for i in order) == tuple(range(nd))):
             return made[1]
     out = m.transpose(x, tuple(order))
     if moves is not None and isinstance(out, Tracer):
