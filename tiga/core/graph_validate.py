@@ -55,8 +55,11 @@ def layout_problem(obj: Any) -> tuple[str, str] | None:
     if (layout is not None and str(layout).startswith("torch.") and
             str(layout) != "torch.strided"):
         return (f"torch tensor has layout {layout}, expected torch.strided (dense)",
-                "call .to_dense(), or pass a sparse matrix as the relation "
-                "(tg.Graph.from_csr / tg.Graph.from_coo / tg.Graph.from_scipy)")
+                "a sparse adjacency is a relation, not a field: pass it as the relation "
+                "(a tg.nn layer's edge_index argument takes adj_t as it is; else "
+                "tg.Graph.from_csr(t.crow_indices(), t.col_indices(), num_src=...), "
+                "tg.Graph.from_coo or tg.Graph.from_scipy); only a field that is "
+                "really dense data should be passed as t.to_dense()")
     if getattr(getattr(obj, "device", None), "type", None) == "meta":
         return ("torch tensor is on the meta device and holds no data, expected a CPU or "
                 "CUDA tensor", "materialise it first (e.g. torch.empty_like(t, "
