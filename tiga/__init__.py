@@ -63,3 +63,8 @@ __all__ = [
     "jvp", "linearize", "jacfwd", "jacrev", "hessian", "vmap", "custom_vjp", "custom_jvp",
     "scan", "fori_loop", "cond", "switch", "checkpoint", "fixed_point",
 ]
+
+
+def __dir__() -> list[str]:
+    """dir(tiga): the public API (the subpackages stay importable, but are not listed)."""
+    return sorted(__all__)

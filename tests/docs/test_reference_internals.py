@@ -196,3 +196,10 @@ def test_reference_documents_tg_nn_names_under_tg_nn():
 
         for name in documented - {"trace"}:
             assert getattr(tg.nn, name) is getattr(layers, name), name
+
+
+def test_dir_of_tiga_lists_the_public_api_only():
+    listed = set(dir(tg))
+    assert listed == set(tg.__all__)
+    assert not listed & {"xla_free_runtime", "lower", "core", "trace", "annotations"}
+    assert tg.xla_free_runtime is not None     # still importable, just not listed
