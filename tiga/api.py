@@ -11,6 +11,7 @@ import numpy as np
 from . import opt
 from .autodiff import vjp_program
 from .autodiff.inlining import inline_custom_calls
+from .autodiff.remat import residual_bytes
 from .core.errors import DTypeError, ShapeError, TigaError
 from .core.passes import bind_constants, dce
 from .core.program import GraphProgram, Lit
@@ -179,7 +180,15 @@ class Compiled:
     def explain(self):
         # what a call executes: the relations the program generates have static kinds
         program = _executed_passes(self.program, opt.relation_kinds(self.program))
-        return explain_program(program, [])
+        ex = explain_program(program, [])
+        kept = residual_bytes(program)
+        if kept:     # a gradient through repeat / scan: the carries its backward reads
+            ex.materialized.append((
+                "loop carries kept for the backward pass", kept,
+                "the VJP of repeat/scan/fori_loop stores them in the forward; "
+                "tg.checkpoint(f, policy) keeps fewer and recomputes the rest"))
+            ex.estimated_bytes += kept
+        return ex
 
 
 def jit(fn: Callable | None = None, static_argnums=()):

@@ -75,6 +75,22 @@ def test_sqrt_policy_keeps_a_sixteenth_of_the_residual_bytes_at_1024_steps():
     assert kept["none"] < kept["sqrt"]                    # O(log n) carries
 
 
+def test_explain_reports_the_carries_each_policy_keeps():
+    xs = np.zeros((256, 4))
+
+    def loss(c):
+        return m.sum(tg.scan(_step, c, xs)[1])
+
+    def kept(policy):
+        ex = tg.jit(tg.grad(tg.checkpoint(loss, policy))).lower(np.ones(4)).compile().explain()
+        (what,) = [x for x in ex.materialized if x[0].startswith("loop carries")]
+        assert "loop carries kept for the backward pass" in str(ex)
+        return what[1]
+
+    assert kept("all") == 256 * 4 * 8
+    assert kept("sqrt") == (16 + 16) * 4 * 8
+
+
 def test_checkpoint_policy_errors():
     for bad in ("some", ("every", 0), ("every", 2.0), 3):
         with pytest.raises(tg.TigaError, match="checkpoint: policy must be"):
