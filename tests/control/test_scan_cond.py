@@ -349,3 +349,16 @@ def test_scan_over_a_paged_store(tmp_path):
         got_h, got_ys = traj(paged, x)
     np.testing.assert_allclose(np.asarray(got_h), np.asarray(want_h), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.asarray(got_ys), np.asarray(want_ys), rtol=1e-12, atol=1e-12)
+
+
+def test_cond_prints_its_branches():
+    program = tg.make_program(lambda p, x: tg.cond(p, lambda a: a + 1.0, lambda a: a, x))(
+        True, np.ones(2))
+    assert str(program) == """{ lambda ; a:bool[] b:f64[2]. let
+    c:i32[] = convert[new_dtype=tg.int32] a
+    d:f64[2] = cond[branches=({ lambda ; e:f64[2]. let
+      in (e,) },{ lambda ; f:f64[2]. let
+        g:f64[2] = add f 1.0:f64[]
+      in (g,) })] c b
+  in (d,) }"""
+    tg.check_program(program)

@@ -93,14 +93,18 @@ def switch(index, branches, *operands):
     if _eager():
         return hooks["eager"](lambda st: switch(st[0], branches, *st[1]),
                               (index, tuple(operands)), tuple(branches))
+    i = m.convert(leaf_value(index), int32)
+    if len(branches) > 1:
+        i = m.minimum(m.maximum(i, 0), len(branches) - 1)
+    return _bind_cond(i, branches, operands, "switch")
+
+
+def _bind_cond(index, branches, operands, what):
     leaves, in_tree = tree_flatten(list(operands))
     avals = [_type(leaf_value(x)) for x in leaves]
-    traced, out_tree = _trace_branches(branches, in_tree, avals, "switch")
+    traced, out_tree = _trace_branches(branches, in_tree, avals, what)
     caps, programs = _uniform(traced, avals)
-    i = m.convert(leaf_value(index), int32)
-    if len(programs) > 1:
-        i = m.minimum(m.maximum(i, 0), len(programs) - 1)
-    outs = bind(cond_p, i, *caps, *[leaf_value(x) for x in leaves], branches=programs)
+    outs = bind(cond_p, index, *caps, *[leaf_value(x) for x in leaves], branches=programs)
     return tree_unflatten(out_tree, list(outs))
 
 
@@ -130,5 +134,5 @@ def cond(pred, true_fn: Callable, false_fn: Callable, *operands):
         return hooks["eager"](lambda st: cond(st[0], true_fn, false_fn, *st[1]),
                               (pred, tuple(operands)), (true_fn, false_fn))
     p = leaf_value(pred)
-    index = m.convert(m.not_equal(p, 0) if t.dtype.name != "bool" else p, int32)
-    return switch(index, [false_fn, true_fn], *operands)
+    index = m.convert(m.not_equal(p, 0) if t.dtype.name != "bool" else p, int32)   # 0 or 1
+    return _bind_cond(index, [false_fn, true_fn], operands, "cond")
