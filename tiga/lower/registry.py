@@ -27,6 +27,9 @@ _OTHER_BACKENDS = ("{lowered}: compiled; {missing}: no lowering yet, so the refe
 
 _LOOPS = ("cpu-llvm: the executor steps {name} itself (not compiled), so the propagates in its "
           "body compile; triton: no GPU backend yet")
+_BRANCHES = ("cpu-llvm: the executor runs the taken branch of a cond itself (the branch is "
+             "not fused into a kernel), so the propagates in it compile; triton: no GPU "
+             "backend yet")
 
 
 def register_elementwise(backend: str, unary: Callable, binary: Callable, compare: Callable,
@@ -58,7 +61,9 @@ def register_lowered(backend: str) -> None:
         elif lowered:
             REFERENCE_ONLY[p] = _OTHER_BACKENDS.format(lowered=", ".join(lowered),
                                                        missing=", ".join(missing))
-        elif p.name in ("repeat", "while_loop", "cond"):
+        elif p.name in ("repeat", "while_loop"):
             REFERENCE_ONLY[p] = _LOOPS.format(name=p.name)
+        elif p.name == "cond":
+            REFERENCE_ONLY[p] = _BRANCHES
         else:
             REFERENCE_ONLY[p] = _TOP_LEVEL_ONLY.format(name=p.name)
