@@ -16,9 +16,17 @@ arrays: `torch.func.vmap` of the call over the (B, rows, F) fields (Tiga's batch
 one run) against the call on the (rows, B * F) field, and `torch.func.jvp` of the call
 (Tiga's JVP program) against the call alone.
 
+Two reference rows explain the ratios: `two outputs (x and t) in one walk` is the
+propagate written by hand with the tangent's message next to the primal's (what a fused JVP
+computes: two gathered 128-feature rows per edge), and `transpose of the (B, rows, F)
+fields` is one numpy copy of the layout change a batch-first vmap makes on each side of
+its propagate.
+
 Ratios: vmap / one propagate (target: at most 1.2) and jvp / primal (target: at most 1.5).
 Every result is checked against the unbatched call (vmap) and the linear function itself
-(jvp of a linear map is the map of the tangent) before timing.
+(jvp of a linear map is the map of the tangent) before timing. The cases run interleaved
+(each round calls every case once, `--reps` rounds), so a load that comes and goes on a
+shared machine weighs on all of them alike; the median and the minimum are printed.
 
 Control flow (`--control`, issue 39): the gradient of a `--steps`-step tg.scan whose body is
 one propagate over a `--control-rows` relation, with tg.checkpoint policy "all" and "sqrt":
@@ -60,6 +68,21 @@ def median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def interleaved_ms(cases: dict, reps: int) -> dict:
+    """{name: (median ms, min ms)}: every case warmed (traced, compiled, prepared), then
+    `reps` rounds that call each case once."""
+    for fn in cases.values():
+        fn()
+    times: dict = {k: [] for k in cases}
+    for _ in range(reps):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            out = fn()
+            np.asarray(out if not isinstance(out, tuple) else out[-1])
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {k: (statistics.median(v), min(v)) for k, v in times.items()}
+
+
 def run(rows: int, neighbors: int, batch: int, features: int, reps: int) -> dict:
     g = relation(rows, neighbors)
     rng = np.random.default_rng(1)
@@ -79,14 +102,22 @@ def run(rows: int, neighbors: int, batch: int, features: int, reps: int) -> dict
     tangent = rng.standard_normal(wide.shape).astype(np.float32)
     y_dot = np.asarray(tg.jvp(lambda x: fw(x, wb), (wide,), (tangent,))[1])
     np.testing.assert_allclose(y_dot, np.asarray(fw(tangent, wb)), rtol=1e-4, atol=1e-4)
-    return {
-        "one propagate, B*F features": median_ms(lambda: fw(wide, wb), reps),
-        "vmap over B field sets (batch first)": median_ms(lambda: vm(xs, w_inst), reps),
-        "vmap over B field sets (in/out_axes=1)": median_ms(lambda: vm_rows(rows_first,
-                                                                            w_inst), reps),
-        "jvp of the propagate": median_ms(lambda: tg.jvp(lambda x: fw(x, wb), (wide,),
-                                                         (tangent,)), reps),
-    }
+    def fw2(x, t, w):
+        return tg.propagate(g, lambda s, d, e: (s.x * e.w, s.t * e.w), tg.sum(),
+                            src={"x": x, "t": t}, edge={"w": w})
+
+    def primal(x):
+        return fw(x, wb)
+
+    return interleaved_ms({
+        "one propagate, B*F features": lambda: fw(wide, wb),
+        "vmap over B field sets (batch first)": lambda: vm(xs, w_inst),
+        "vmap over B field sets (in/out_axes=1)": lambda: vm_rows(rows_first, w_inst),
+        "jvp of the propagate": lambda: tg.jvp(primal, (wide,), (tangent,)),
+        "two outputs (x and t) in one walk": lambda: fw2(wide, tangent, wb),
+        "transpose of the (B, rows, F) fields": lambda: np.ascontiguousarray(
+            xs.transpose(1, 0, 2)),
+    }, reps)
 
 
 def run_torch(rows: int, neighbors: int, batch: int, features: int, reps: int) -> dict:
@@ -111,11 +142,11 @@ def run_torch(rows: int, neighbors: int, batch: int, features: int, reps: int) -
         torch.testing.assert_close(got[b], fw(xs[b].contiguous()), rtol=1e-4, atol=1e-4)
     y_dot = jvp(fw, (wide,), (tangent,))[1]
     torch.testing.assert_close(y_dot, fw(tangent), rtol=1e-4, atol=1e-4)
-    return {
-        "torch: the call, B*F features": median_ms(lambda: fw(wide), reps),
-        "torch.func.vmap over B field sets": median_ms(lambda: vm(xs), reps),
-        "torch.func.jvp of the call": median_ms(lambda: jvp(fw, (wide,), (tangent,)), reps),
-    }
+    return interleaved_ms({
+        "torch: the call, B*F features": lambda: fw(wide),
+        "torch.func.vmap over B field sets": lambda: vm(xs),
+        "torch.func.jvp of the call": lambda: jvp(fw, (wide,), (tangent,)),
+    }, reps)
 
 
 def run_control(steps: int, rows: int, neighbors: int, reps: int) -> dict:
@@ -204,15 +235,15 @@ def main(argv=None) -> None:
         _report_control(args)
         return
     res = run(args.rows, args.neighbors, args.batch, args.features, args.reps)
-    base = res["one propagate, B*F features"]
     print(f"stored CSR, {args.rows} rows x {args.neighbors} neighbours, B = {args.batch} "
-          f"field sets x {args.features} features (median of {args.reps} warm calls)")
-    for name, ms in res.items():
-        print(f"  {name:42s} {ms:9.3f} ms   x{ms / base:5.2f}")
-    print(f"vmap / one propagate: {res['vmap over B field sets (batch first)'] / base:.2f} "
+          f"field sets x {args.features} features ({args.reps} interleaved rounds; "
+          f"{_threads()})")
+    ratios = _print(res, "one propagate, B*F features")
+    print(f"vmap / one propagate: {ratios['vmap over B field sets (batch first)']} "
           f"(target <= 1.2); with in/out_axes=1: "
-          f"{res['vmap over B field sets (in/out_axes=1)'] / base:.2f}")
-    print(f"jvp / primal: {res['jvp of the propagate'] / base:.2f} (target <= 1.5)")
+          f"{ratios['vmap over B field sets (in/out_axes=1)']}")
+    print(f"jvp / primal: {ratios['jvp of the propagate']} (target <= 1.5); the hand-fused "
+          f"two-output walk: {ratios['two outputs (x and t) in one walk']}")
     if args.no_torch:
         return
     try:
@@ -221,13 +252,27 @@ def main(argv=None) -> None:
         print("torch.func rows skipped: torch is not installed")
         return
     res = run_torch(args.rows, args.neighbors, args.batch, args.features, args.reps)
-    base = res["torch: the call, B*F features"]
-    for name, ms in res.items():
-        print(f"  {name:42s} {ms:9.3f} ms   x{ms / base:5.2f}")
-    print(f"torch.func.vmap / one call: {res['torch.func.vmap over B field sets'] / base:.2f} "
-          f"(target <= 1.2); torch.func.jvp / call: "
-          f"{res['torch.func.jvp of the call'] / base:.2f} (target <= 1.5)")
+    ratios = _print(res, "torch: the call, B*F features")
+    print(f"torch.func.vmap / one call: {ratios['torch.func.vmap over B field sets']} "
+          f"(target <= 1.2); torch.func.jvp / call: {ratios['torch.func.jvp of the call']} "
+          f"(target <= 1.5)")
 
+
+def _print(res: dict, base_name: str) -> dict:
+    """Rows of median and minimum ms with their ratios to `base_name`'s; the ratios as
+    'median ratio (min ratio)' strings."""
+    base, base_min = res[base_name]
+    ratios = {}
+    for name, (ms, lo) in res.items():
+        print(f"  {name:42s} {ms:9.3f} ms  x{ms / base:5.2f}   min {lo:9.3f} ms  "
+              f"x{lo / base_min:5.2f}")
+        ratios[name] = f"{ms / base:.2f} (min: {lo / base_min:.2f})"
+    return ratios
+
+
+def _threads() -> str:
+    from tiga.xla_free_runtime.threads import num_threads
+    return f"{num_threads()} Tiga threads"
 
 if __name__ == "__main__":
     main()
