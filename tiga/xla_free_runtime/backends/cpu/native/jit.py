@@ -184,16 +184,69 @@ def link_shared(obj: bytes) -> bytes | None:
         o, so = os.path.join(tmp, "kernel.o"), os.path.join(tmp, "kernel.so")
         with open(o, "wb") as f:
             f.write(obj)
-        cmd = cc.split() + ["-shared", "-o", so, o, "-lm"]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, timeout=LINK_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise CompilationError(f"linking the kernel with {cc!r} failed: {exc}") from exc
-        if proc.returncode != 0:
-            raise CompilationError(f"linking the kernel with {cc!r} failed: "
-                                   f"{proc.stderr.decode(errors='replace')[-500:]}")
+        if not _linked_directly(o, so):
+            code, err = _run_linker(cc.split() + ["-shared", "-o", so, o, "-lm"], cc)
+            if code != 0:
+                raise CompilationError(f"linking the kernel with {cc!r} failed: {err[-500:]}")
         with open(so, "rb") as f:
             return f.read()
+
+
+def _run_linker(cmd: list, name: str) -> tuple:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=LINK_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CompilationError(f"linking the kernel with {name!r} failed: {exc}") from exc
+    return proc.returncode, proc.stderr.decode(errors="replace")
+
+
+def _linked_directly(o: str, so: str) -> bool:
+    cmd = _direct_link(o, so)
+    try:
+        return cmd is not None and _run_linker(cmd, cmd[0])[0] == 0
+    except CompilationError:
+        return False
+
+
+def _direct_link(o: str, so: str) -> list | None:
+    """The system linker run directly on the kernel object, or None (use the C driver).
+
+    `cc -shared` costs 40-80 ms (the driver, collect2, then ld, and the C runtime's start
+    files a kernel does not need); ld itself 5-20 ms, most of a cold first call's link. It
+    links against the very libc and libm this process has mapped (a kernel calls memcpy,
+    syscall and libm) with --no-undefined: a kernel that needs anything else (a compiler
+    runtime helper) fails to link here and goes through `cc` as before. Only where no $CC
+    names the toolchain (a user's choice is kept)."""
+    if os.environ.get("CC", "").strip():
+        return None
+    ld = _system_ld()
+    libs = _process_libs()
+    if ld is None or not libs:
+        return None
+    return [ld, "-shared", "--no-undefined", "-o", so, o, *libs]
+
+
+@functools.cache
+def _system_ld() -> str | None:
+    return shutil.which("ld.gold") or shutil.which("ld")
+
+
+@functools.cache
+def _process_libs() -> tuple:
+    """Paths of the libm and libc this process runs on (from /proc/self/maps; () where
+    there is none, or either is missing)."""
+    found = {}
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.rstrip("\n").partition("/")[2]
+                base = os.path.basename(path)
+                for lib in ("libm.so", "libc.so"):
+                    if base.startswith(lib + ".") and lib not in found:
+                        found[lib] = "/" + path
+    except OSError:
+        return ()
+    return (found["libm.so"], found["libc.so"]) if len(found) == 2 else ()
 
 
 def load_shared(data: bytes, symbol: str, workdir=None) -> NativeFunction:
