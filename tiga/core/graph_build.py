@@ -171,13 +171,30 @@ def transpose_rows(row_ptr: np.ndarray, col_idx: np.ndarray, edge_perm,
         user_dst = np.empty_like(dst)
         user_dst[edge_perm] = dst
         src, dst = user_src, user_dst
-    perm = np.argsort(src, kind="stable").astype(_I64, copy=False)
+    perm = _stable_order(src)
     sorted_src = src[perm]
     starts = np.flatnonzero(np.diff(sorted_src, prepend=-1) if len(src) else sorted_src)
     row_ids = sorted_src[starts].astype(_I64, copy=False)
     row_ptr_t = np.append(starts, len(src)).astype(_I64, copy=False)
     col_idx_t = np.ascontiguousarray(dst[perm], dtype=index_dtype)
     return row_ids, row_ptr_t, col_idx_t, perm
+
+
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable") as int64. For non-negative keys whose product with
+    the length fits, an unstable sort of the unique composite key*len + position gives the
+    same order 2-3x faster (numpy's stable sort of int64 is a timsort; this one is its
+    vectorised sort): a first tg.grad transposes its relation here."""
+    n = len(keys)
+    if n > 1 << 16 and keys.dtype.kind in "iu":
+        lo, hi = int(keys.min()), int(keys.max())
+        # (few distinct keys: timsort's long runs win)
+        if lo >= 0 and hi - lo >= 1 << 12 and hi < (1 << 62) // n:
+            composite = keys.astype(_I64) * n
+            composite += np.arange(n, dtype=_I64)
+            composite.sort()
+            return np.remainder(composite, n, out=composite)
+    return np.argsort(keys, kind="stable").astype(_I64, copy=False)
 
 
 def expand_rows(row_ids: np.ndarray, row_ptr_t: np.ndarray, num_rows: int) -> np.ndarray:

@@ -63,11 +63,19 @@ MAX_HEADER_BYTES = 1 << 20
 def tiga_key() -> str:
     """Hash of every source file under tiga/lower (the renderers included): a compiler
     change invalidates every entry."""
-    root = Path(__file__).resolve().parents[1] / "lower"
+    # (os.walk and plain strings, not Path.rglob: pathlib's per-path parsing was 15-20 ms
+    # of a cold first call; the digest is the same, sorted as rglob's paths sort)
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lower")
+    files = []
+    for top, _dirs, names in os.walk(root):
+        rel = os.path.relpath(top, root).replace(os.sep, "/")
+        files += [((name,) if rel == "." else (*rel.split("/"), name), os.path.join(top, name))
+                  for name in names if name.endswith(".py")]
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode())
-        h.update(path.read_bytes())
+    for parts, path in sorted(files):
+        h.update("/".join(parts).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
     return h.hexdigest()
 
 
