@@ -7,6 +7,7 @@ from . import autodiff as _autodiff  # noqa: F401  (registers VJP rules)
 from . import core as _core  # noqa: F401  (registers primitives)
 from . import distributed, nn
 from .api import grad, jit, value_and_grad, vjp
+from .autodiff.fixed_point import fixed_point
 from .core.check import check_program
 from .core.config import ConfigError, config
 from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
@@ -32,12 +33,11 @@ from .core.program import ClosedProgram, GraphProgram
 from .core.reducers import Reducer, argmax, argmin, max, mean, min, online_softmax, prod, sum
 from .core.types import GraphType, TensorType
 from .trace import math
-from .trace.control import checkpoint, fori_loop, repeat, scan, while_loop
 from .trace.cond import cond, switch
+from .trace.control import checkpoint, fori_loop, repeat, scan, while_loop
 from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
 from .trace.unroll import TraceWarning
-from .autodiff.fixed_point import fixed_point
 from ._transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
 from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.artifacts import CacheTrustWarning

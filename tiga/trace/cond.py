@@ -23,7 +23,7 @@ def _type(v):
 def _trace_branches(branches, in_tree, avals, what):
     """Each branch traced on the operands; (programs, captures per branch, output tree)."""
     traced = []
-    for k, fn in enumerate(branches):
+    for fn in branches:
         def flat(*xs, fn=fn):
             return fn(*tree_unflatten(in_tree, list(xs)))
 
