@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/layers.py --models gcn sage      # some of them
     .venv/bin/python benchmarks/layers.py --models molecules     # graph classification only
     .venv/bin/python benchmarks/layers.py --out /tmp/layers.json
+    .venv/bin/python benchmarks/layers.py --plot-from a.json b.json --plot plots/layers.png
 
 Node classification (full batch): a synthetic graph the size of ogbn-arxiv (169,343 nodes,
 1,166,243 directed edges, 128 features, 40 classes; the in-degree follows a power law, ids
@@ -278,6 +279,36 @@ def run_molecules(count: int, batch_size: int, reps: int, warmup: int) -> dict:
             "epoch_speedup": epoch["speedup"], "reps": reps}
 
 
+def plot(results: list, path: str) -> None:
+    """A bar per model: PyG's median step time / Tiga's (the molecules: per batch step and
+    per shuffled epoch)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names, ratios = [], []
+    for r in results:
+        if r["model"] == "molecules":
+            names += ["GIN molecules\n(step)", "GIN molecules\n(epoch, collating)"]
+            ratios += [r["step_speedup"], r["epoch_speedup"]]
+        else:
+            names.append(r["model"])
+            ratios.append(r["speedup"])
+    fig, ax = plt.subplots(figsize=(1.1 * len(names) + 2, 3.6))
+    bars = ax.bar(range(len(names)), ratios, color=["C0" if v >= 1 else "C3" for v in ratios])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_ylabel("PyG time / Tiga time")
+    ax.set_yscale("log")
+    threads = {r.get("threads") for r in results}
+    ax.set_title(f"Training step, tg.nn vs PyG (threads: {', '.join(map(str, threads))})",
+                 fontsize=9)
+    for b, v in zip(bars, ratios):
+        ax.annotate(f"{v:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center",
+                    va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
@@ -288,7 +319,14 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=7, help="timed steps per library")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", help="also write the results as a JSON list here")
+    p.add_argument("--plot", help="write a bar chart of the speedups here (PNG)")
+    p.add_argument("--plot-from", nargs="+", metavar="JSON",
+                   help="plot these --out files instead of running")
     args = p.parse_args(argv)
+    if args.plot_from:
+        plot([r for f in args.plot_from for r in json.loads(Path(f).read_text())],
+             args.plot or "layers.png")
+        return
     if args.quick:
         args.reps, args.warmup = 2, 1
 
@@ -297,20 +335,22 @@ def main(argv=None) -> None:
     meta = {"threads": args.threads, "quick": args.quick,
             "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE")}
     results = []
+
+    def report(res: dict) -> None:
+        results.append(res | meta)
+        print(json.dumps(results[-1]), flush=True)
+        if args.out:      # after each model: a run cut short keeps what it measured
+            Path(args.out).write_text(json.dumps(results, indent=1))
+
     node = [m for m in args.models if m in NODE_MODELS]
     if node:
         data = arxiv_like(args.quick)
         for name in node:
-            res = run_node(name, data, args.reps, args.warmup) | meta
-            results.append(res)
-            print(json.dumps(res), flush=True)
+            report(run_node(name, data, args.reps, args.warmup))
     if "molecules" in args.models:
-        count = 512 if args.quick else 4096
-        res = run_molecules(count, 128, args.reps, args.warmup) | meta
-        results.append(res)
-        print(json.dumps(res), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        report(run_molecules(512 if args.quick else 4096, 128, args.reps, args.warmup))
+    if args.plot:
+        plot(results, args.plot)
 
 
 if __name__ == "__main__":
