@@ -362,3 +362,16 @@ def test_cond_prints_its_branches():
       in (g,) })] c b
   in (d,) }"""
     tg.check_program(program)
+
+
+def test_vmap_of_switch_batched_and_shared_index_and_operand_free_branches():
+    branches = [lambda x: x * 2.0, lambda x: np.full(3, 5.0), lambda x: x - 1.0]
+    got = tg.vmap(lambda i, x: tg.switch(i, branches, x))(np.array([0, 1, 7]), np.ones((3, 3)))
+    np.testing.assert_allclose(np.asarray(got), [[2.0] * 3, [5.0] * 3, [0.0] * 3])
+    # a shared index whose branch ignores the batched operand still answers per instance
+    shared = tg.vmap(lambda x: tg.switch(np.int32(1), branches, x))(np.ones((2, 3)))
+    np.testing.assert_allclose(np.asarray(shared), np.full((2, 3), 5.0))
+    a, b = np.ones(2), np.zeros(2)
+    np.testing.assert_allclose(np.asarray(tg.cond(True, lambda: a, lambda: b)), a)
+    np.testing.assert_allclose(
+        np.asarray(tg.jit(lambda p: tg.cond(p, lambda: a, lambda: b))(False)), b)
