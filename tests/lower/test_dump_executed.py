@@ -69,14 +69,16 @@ def test_dumped_schedule_is_what_the_kernel_runs(tmp_path, F, kind, reducer):
     text, op = texts[0], _launch(dumps[0])
     s = op.schedule
     # independent oracle for the knobs: 4 accumulators of F float32 within 512 bytes, for sums
-    # and means over a contiguous walk only; prefetch only where sources are gathered (CSR)
-    lanes = 1 if reducer == "max" or kind == "stencil" else max(
+    # and means over a contiguous walk or a stencil's static offsets (offset k folds into
+    # accumulator k % 4); prefetch only where sources are gathered (CSR)
+    lanes = 1 if reducer == "max" else max(
         k for k in (1, 2, 4) if k == 1 or k * F * 4 <= 512)
     assert s.edge_unroll == lanes
     assert s.prefetch_distance == (16 if kind == "csr" else 0)
     assert s.parallel == "rows"
     assert op.traversal == ("csr-row" if kind == "csr" else "stencil-row")
-    assert ("edge4" in text) == (lanes > 1)
+    assert ("edge4" in text) == (lanes > 1 and kind == "csr")
+    assert ("stencil.interior" in text) == (kind == "stencil")
     assert ("llvm.prefetch" in text) == (s.prefetch_distance > 0)
     if s.prefetch_distance:
         ahead = re.findall(r"= add nsw i64 %\"[^\"]+\", (\d+)\n", text)

@@ -8,7 +8,9 @@ no Schedule (the generated-relation walks), so each decision has one owner.
   float32/float64 or integers). One accumulator makes every edge wait for the previous add
   (4 cycles), which bounds a 32-feature weighted sum at about 1.5 ns per edge; several let
   edges overlap. The budget keeps every accumulator in vector registers. Only contiguous
-  walks (a row's edges are one id range) unroll, and only row reductions (dst/src).
+  walks (a row's edges are one id range) unroll, and walks of a static pattern (a
+  stencil's offsets, LANE_FOLD_TRAVERSALS: offset k folds into accumulator k % lanes), and
+  only row reductions (dst/src).
 - prefetch_distance: edges ahead for the software prefetch of gathered neighbour rows; only
   compressed-row walks gather at random (implicit walks read regular sources). 16 edges cover
   the memory latency at a few ns per edge.
@@ -40,6 +42,8 @@ NON_CONTIGUOUS_TRAVERSALS = ("stencil-row", "cell-directory-row", "knn-shell-row
                              "knn-tile-row", "transposed-dense-row",
                              "transposed-triangular-row", "transposed-segment-row",
                              "transposed-stencil-row")
+# (a stencil's offsets are static: edge k of the pattern folds into accumulator k % lanes)
+LANE_FOLD_TRAVERSALS = ("stencil-row",)
 CHUNKS_PER_THREAD = 16
 PARALLEL_MIN_WORK = 1 << 15     # rows + edges below which one call on the caller's thread wins
 # every row costs the same (dense, stencil), or its edges are found by the walk itself
@@ -64,7 +68,8 @@ def _nbytes(t) -> int:
 def edge_unroll(reducer_name: str, builtin: bool, state_types: list, reduce_by: str,
                 traversal: str) -> int:
     """Accumulators per row; `state_types` is the accumulator type of each output."""
-    if (reduce_by not in ("dst", "src") or traversal in NON_CONTIGUOUS_TRAVERSALS
+    if (reduce_by not in ("dst", "src") or (traversal in NON_CONTIGUOUS_TRAVERSALS
+                                            and traversal not in LANE_FOLD_TRAVERSALS)
             or EDGE_UNROLL <= 1 or not builtin or reducer_name not in ("sum", "mean")
             or not state_types
             or any(as_dtype(t.dtype).name in ("float16", "bool") for t in state_types)):

@@ -268,8 +268,10 @@ class _KernelBuilder:
             return
         states = [red.init(self.ctx) for red in self.reds]
         lanes = self._lanes()
-        if lanes > 1:
+        if lanes > 1 and self.walk.contiguous:
             self._unrolled_edges(row, rows, states, lanes)
+        elif lanes > 1:
+            self._lane_edges(r, row, rows, states, lanes)
         else:
             self.walk.edges(self, r, row, lambda p, c: self._fold(p, rows, states, c))
         outs = self._finish(states, self.b.sub(e1, e0), rows)
@@ -279,7 +281,8 @@ class _KernelBuilder:
         """How many independent accumulators the edge loop keeps (1: edge order). The
         schedule decides; a walk or fold that cannot reorder edges refuses a wrong one."""
         lanes = self.launch.edge_unroll
-        if lanes > 1 and (not self.walk.contiguous or not all(
+        spreads = self.walk.contiguous or getattr(self.walk, "lane_folds", False)
+        if lanes > 1 and (not spreads or not all(
                 getattr(red, "reassociable", False) for red in self.reds)):
             raise CodegenUnsupported(f"edge_unroll = {lanes} on a walk or reducer that keeps "
                                      "edge order")
@@ -304,6 +307,18 @@ class _KernelBuilder:
         self.ctx.loop(body_end, e1, lambda p: self._fold(p, rows, states,
                                                          self.walk.col(self, p, row)),
                       name="edge")
+        for lane in extra:
+            for red, state, other in zip(self.reds, states, lane):
+                red.merge(self.ctx, state, other)
+
+    def _lane_edges(self, r, row, rows: dict, states: list, lanes: int) -> None:
+        """A walk of a static pattern (stencil offsets): edge k of the pattern folds into
+        accumulator k % lanes, so consecutive folds do not wait on each other; the
+        accumulators are merged in lane order."""
+        extra = [[red.init(self.ctx) for red in self.reds] for _ in range(lanes - 1)]
+        acc = [states] + extra
+        self.walk.edges(self, r, row, lambda p, c, k: self._fold(p, rows, acc[k % lanes], c),
+                        lanes=True)
         for lane in extra:
             for red, state, other in zip(self.reds, states, lane):
                 red.merge(self.ctx, state, other)

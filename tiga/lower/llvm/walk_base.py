@@ -15,6 +15,8 @@ class Walk:
     hierarchy = "compressed-row"
     gathers = False          # sources are random gathers worth a software prefetch
     contiguous = True        # a row's edges are one id range walked in order
+    lane_folds = False       # edges(..., lanes=True) calls body(p, col, k) (k: the edge's
+                             # position in a static pattern: the fold's accumulator k % lanes)
 
     def setup(self, kb) -> None:
         """Per-call values (loaded once in the kernel's entry)."""

@@ -116,16 +116,46 @@ class StencilWalk(Walk):
             e1 = b.add(e1, b.zext(ok, I64))
         return e0, e1, None
 
-    def edges(self, kb, r, row, body) -> None:
+    lane_folds = True        # edges(..., lanes=True) names each offset's index k
+
+    def _interior(self, b, coords):
+        """Whether every offset of the point at `coords` lands inside the lattice (then no
+        offset is skipped or wrapped)."""
+        inside = ir.Constant(I1, 1)
+        for axis, (x, n) in enumerate(zip(coords, self.shape)):
+            lo = max(0, -min((off[axis] for off in self.offsets), default=0))
+            hi = n - max(0, max((off[axis] for off in self.offsets), default=0))
+            if lo > 0:
+                inside = b.and_(inside, b.icmp_signed(">=", x, i64(lo)))
+            inside = b.and_(inside, b.icmp_signed("<", x, i64(hi)))
+        return inside
+
+    def edges(self, kb, r, row, body, lanes: bool = False) -> None:
+        """The row's offsets in order, body(p, col) (body(p, col, k) with `lanes`, k the
+        offset's index, so a reassociable fold may spread them over accumulators). A point
+        whose every neighbour is inside (the bulk of a lattice) takes a branch-free copy of
+        the loop: edge ids e0 + k and sources r + (the offset's constant stride sum)."""
         b, ctx = kb.b, kb.ctx
         e0 = row[0]
         coords, rest = [], r
         for n, s in zip(self.shape, self.strides):
             q = b.sdiv(rest, i64(s)) if s != 1 else rest
             coords.append(b.srem(q, i64(n)) if n != 0 else q)
+        call = body if lanes else (lambda p, col, k: body(p, col))
+        fast = ctx.fn.append_basic_block("stencil.interior")
+        slow = ctx.fn.append_basic_block("stencil.boundary")
+        done = ctx.fn.append_basic_block("stencil.done")
+        b.cbranch(self._interior(b, coords), fast, slow)
+        b.position_at_end(fast)
+        for k, off in enumerate(self.offsets):
+            delta = sum(o * s for o, s in zip(off, self.strides))
+            p = b.add(e0, i64(k), flags=["nsw"]) if k else e0
+            call(p, b.add(r, i64(delta), flags=["nsw"]) if delta else r, k)
+        b.branch(done)
+        b.position_at_end(slow)
         counter = ctx.alloca(I64, 1)
         b.store(e0, counter)
-        for off in self.offsets:
+        for k, off in enumerate(self.offsets):
             col, inside = i64(0), ir.Constant(I1, 1)
             for x, o, n, s in zip(coords, off, self.shape, self.strides):
                 c = b.add(x, i64(o), flags=["nsw"])
@@ -141,7 +171,9 @@ class StencilWalk(Walk):
             b.cbranch(inside, take, nxt)
             b.position_at_end(take)
             p = b.load(counter, typ=I64)
-            body(p, col)
+            call(p, col, k)
             b.store(b.add(p, i64(1), flags=["nsw"]), counter)
             b.branch(nxt)
             b.position_at_end(nxt)
+        b.branch(done)
+        b.position_at_end(done)
