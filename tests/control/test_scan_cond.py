@@ -331,7 +331,7 @@ def test_explain_names_cond_and_its_branch_propagates():
     assert "cond" in text
 
 
-def test_scan_over_a_paged_store(tmp_path):
+def test_scan_and_cond_over_a_paged_store(tmp_path):
     g, x = _graph(seed=2, n=40, e=160)
     rp, ci = g.resolve_csr()[:2]
     rp, ci = np.asarray(rp, np.int64), np.asarray(ci, np.int32)
@@ -344,11 +344,18 @@ def test_scan_over_a_paged_store(tmp_path):
         return tg.scan(lambda h, _: (layer(graph=graph, src={"x": h}, dst={"x": h}),) * 2,
                        h, length=2)
 
+    def branch(graph, p, h):
+        return tg.cond(p > 0, lambda a: layer(graph=graph, src={"x": a}, dst={"x": a}),
+                       lambda a: -a, h)
+
     want_h, want_ys = traj(g, x)
     with tg.scope(page_rows=16):
         got_h, got_ys = traj(paged, x)
+        got_b = branch(paged, np.float64(1.0), x)
     np.testing.assert_allclose(np.asarray(got_h), np.asarray(want_h), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.asarray(got_ys), np.asarray(want_ys), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(got_b), np.asarray(branch(g, np.float64(1.0), x)),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_cond_prints_its_branches():
