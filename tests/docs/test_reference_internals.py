@@ -203,3 +203,31 @@ def test_dir_of_tiga_lists_the_public_api_only():
     assert listed == set(tg.__all__)
     assert not listed & {"xla_free_runtime", "lower", "core", "trace", "annotations"}
     assert tg.xla_free_runtime is not None     # still importable, just not listed
+
+
+def test_error_tracebacks_end_with_their_entry_in_the_errors_page():
+    import pickle
+    import traceback
+
+    with pytest.raises(tg.GraphValidationError) as info:
+        tg.Graph.from_csr([0, 2], [0, 5], num_src=2)
+    err = info.value
+    link = "docs/api/errors.md#tiga.GraphValidationError"
+    assert "errors.md" not in str(err)                    # the message itself is unchanged
+    assert err.__notes__ == [f"See tg.GraphValidationError in the errors reference: {link}"]
+    shown = "".join(traceback.format_exception(err)).rstrip("\n")
+    assert shown.endswith(link)
+    again = pickle.loads(pickle.dumps(err))               # (MPI ranks pickle errors)
+    assert again.__notes__ == err.__notes__ and str(again) == str(err)
+    for cls in _subclasses(tg.TigaError) + [tg.TigaError]:
+        if "<locals>" in cls.__qualname__:
+            continue
+        try:
+            note = cls("m").__notes__[-1]
+        except TypeError:      # a private signal with another constructor
+            continue
+        name = note.rsplit("#tiga.", 1)[1]
+        assert f"::: tiga.{name}\n" in ERRORS_PAGE, (cls, note)
+        assert issubclass(cls, getattr(tg, name)), (cls, note)
+        if cls.__name__ in GENERATOR_SIGNALS:
+            assert name == "UnsupportedError", note

@@ -1,13 +1,34 @@
 """core: the error hierarchy every layer raises (API.md section 9)."""
 from __future__ import annotations
 
+# where the reference documents each error (docs/api/errors.md, one entry per class)
+ERRORS_PAGE = "docs/api/errors.md"
+
 
 class TigaError(Exception):
     """Base class of every error Tiga raises on purpose.
 
     What to do: catch `tg.TigaError` to handle every one of them; the subclass and its
-    message say what was wrong and what to change.
+    message say what was wrong and what to change. A traceback ends with a note naming
+    the error's entry in the errors reference (`err.__notes__`; `str(err)` is the
+    message alone).
     """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.add_note(f"See tg.{documented_name(type(self))} in the errors reference: "
+                      f"{ERRORS_PAGE}#tiga.{documented_name(type(self))}")
+
+
+def documented_name(cls: type) -> str:
+    """The exported error class whose entry documents `cls`: itself, or the nearest
+    base defined beside the documented ones (an internal signal such as a code
+    generator's UnsupportedError subclass points at tg.UnsupportedError)."""
+    for c in cls.__mro__:
+        if (c.__module__ in ("tiga.core.errors", "tiga.core.config")
+                and not c.__name__.startswith("_")):
+            return c.__name__
+    return "TigaError"
 
 
 class GraphValidationError(TigaError, ValueError):
