@@ -409,6 +409,10 @@ def run_configs(cfgs: list, a) -> list:
     env = M.child_env(a.threads, ROOT, cache)
     results = []
     for i, cfg in enumerate(cfgs):
+        if a.deadline and time.time() > a.deadline:
+            print(f"--max-minutes reached: {len(cfgs) - i} configurations not run",
+                  file=sys.stderr, flush=True)
+            break
         spec = {"workload": cfg["workload"], "size": cfg["size"], "peer": cfg["peer"],
                 "threads": a.threads, "warmup": a.warmup, "repeat": a.repeat,
                 "budget_s": a.budget}
@@ -596,6 +600,9 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=9)
     p.add_argument("--budget", type=float, default=2.0)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no configuration after this many minutes (the run stays "
+                        "under a shared lock's time slot; the rest is reported not run)")
     p.add_argument("--out", default=None, help="JSON path (default results/roofline-*.json)")
     p.add_argument("--report", nargs="+", default=None, metavar="JSON",
                    help="only re-render RESULTS.md's Roofline section from these runs")
@@ -603,6 +610,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.warmup, a.repeat, a.budget = 1, 2, 1.0
+    a.deadline = time.time() + 60 * a.max_minutes if a.max_minutes else None
     return a
 
 
