@@ -80,8 +80,10 @@ def _base_env() -> dict:
 def test_unknown_environment_values_are_an_error_naming_the_variable(name, value):
     run = _import_with({name: value})
     assert run.returncode != 0, run.stdout
-    last = run.stderr.strip().splitlines()[-1]
+    # the error line, then the note naming its entry in the errors reference
+    last, note = run.stderr.strip().splitlines()[-2:]
     assert last.startswith("tiga.core.config.ConfigError: "), run.stderr[-2000:]
+    assert note.endswith("docs/api/errors.md#tiga.ConfigError"), note
     assert f"{name}={value!r}" in last
     if name == "TIGA_DUMP":
         assert "bogus" in last and "domain, iter, kernel, task, or all" in last
