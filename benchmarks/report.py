@@ -491,8 +491,10 @@ def write_report(run: dict, dest: str, json_name: str | None = None) -> str:
                               f"{'-quick' if run['settings'].get('quick') else ''}.json")
     path = os.path.join(dest, "RESULTS.md")
     results_dir = os.path.join(dest, "results")
+    # a quick smoke run is never a standing figure: its report's table is its own
     standing = (standing_section(results_dir, os.path.join(dest, "history.csv"))
-                if os.path.isdir(results_dir) else None)
+                if os.path.isdir(results_dir) and not run.get("settings", {}).get("quick")
+                else None)
     md = render(run, json_name, plots, standing)
     if os.path.exists(path):       # sections written by hand stay, before the method
         with open(path) as f:

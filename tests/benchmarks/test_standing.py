@@ -142,3 +142,16 @@ def test_results_md_standing_table_is_generated_from_the_records():
     rows = _rows(committed)
     assert rows and all(r[2] != "–" for r in rows.values()), \
         [k for k, r in rows.items() if r[2] == "–"]
+
+
+def test_a_quick_runs_report_shows_its_own_table(tmp_path):
+    """A --quick smoke run is never a standing figure, so its own report (in its own
+    directory) shows the table of that run rather than an empty one."""
+    dest = _store(tmp_path)
+    with open(os.path.join(dest, "results", "run-2026-01-03-ccccccc-quick.json")) as f:
+        run = json.load(f)
+    run.update(wall_s=1.0, order=[], seed=0)
+    run["machine"].update(versions={}, python="3", physical_cores=2)
+    text = open(report.write_report(run, dest, "results/q.json")).read()
+    table = text.split(report.STANDING_BEGIN)[1].split(report.STANDING_END)[0]
+    assert "| w.fwd | N = 8 | 99 |" in table and "bbbbbbb" not in table
