@@ -1,5 +1,8 @@
 """runtime: tensors and storage tiers, route selection and execution."""
 from .backends import register
 from .backends.cpu.backend import CpuLLVM
+from .backends.triton.backend import Triton
 
-register(CpuLLVM())     # (the backend table's built-in entry; tests may register others)
+# the backend table's built-in entries (tests may register others in their place)
+register(CpuLLVM())
+register(Triton())

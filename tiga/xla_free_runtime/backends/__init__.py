@@ -6,9 +6,11 @@ A backend is an object with
     compile(key, render)                    -> Executable, through the one artifact cache
     launch(exe, launch_op, args, stream)    runs `exe` for `launch_op` on the bound `args`
 and is registered with `register(backend)`, which adds or replaces the entry for its target
-in `BACKENDS` (the runtime package registers the built-in ones on import). Every compiled kernel the runtime runs is launched by `launch(exe, op, args)`
-below, which looks the backend up by `op.target` at each launch: so a backend registered in
-place of another (a recording wrapper in the tests) sees every launch.
+in `BACKENDS` (the runtime package registers the built-in ones, cpu-llvm and triton, on
+import). Compiled kernels are launched by `launch(exe, op, args)` below, which looks the
+backend up by `op.target` at each launch: so a backend registered in place of another (a
+recording wrapper in the tests) sees those launches. (Triton's fixed kernels, attention,
+tile matmul and cell directories, still launch themselves.)
 
 `op` is the Kernel op the kernel was rendered from (a `gf_kernel.launch`, whose `name` the
 call's Task module prints), or a `FixedKernel` for the kernels no propagate lowers to (cell
@@ -25,9 +27,10 @@ BACKENDS: dict = {}     # target -> backend (a registry: written by register onl
 
 
 class KernelArgs(NamedTuple):
-    """A launch's bound operands on the host: the kernel's argument vector and how its rows
-    are split over the pool. `chunks` None: one call over `rows`; `jobs`: independent calls
-    (lo, hi, argv) (partial sums, attention heads), run on the pool as they are."""
+    """A launch's bound operands: on the host, the kernel's argument vector and how its rows
+    are split over the pool (`chunks` None: one call over `rows`; `jobs`: independent calls
+    (lo, hi, argv): partial sums, attention heads, run on the pool as they are); on triton,
+    `jobs` are the kernel launches (function, grid, argv, meta), queued in order."""
 
     argv: object = None
     chunks: object = None

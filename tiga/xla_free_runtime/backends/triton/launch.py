@@ -29,12 +29,12 @@ from ....lower.backends import (
     selected_backend,
     targets_triton,
 )
-from ....lower.triton import TritonUnsupported, render_launch
-from ...cache import CACHE
+from ....lower.triton import TritonUnsupported
 from ...equation_cache import kept
 from ...paging.run import plan_paged
 from ...relation_cache import memo
 from ...run_report import COUNTERS
+from .. import KernelArgs, backend_for, launch
 from ..cpu.propagate import Fallback, Unbound, unbound, walk_arrays, walked_csr
 from ..cpu.propagate import generic_plan as llvm_plan
 from .attention import attention_plan
@@ -42,7 +42,6 @@ from .compile import (
     TritonArtifact,
     TritonModule,
     ensure_interpreter,
-    interpret,
     launch_result,
     module_key,
     tensors,
@@ -130,6 +129,7 @@ class TritonPlan:
     source: KernelSource
     schedule: object           # the Kernel IR Schedule it was rendered with
     artifact: TritonModule
+    op: object = None          # the Kernel op it renders (launched through the table)
 
     @classmethod
     def build(cls, eqn, graph, backend: str, held=None):
@@ -160,9 +160,10 @@ class TritonPlan:
             return unbound(eqn, bound, target="triton")
         op = held
         mkey = module_key(str(op), backend, (relation, has_perm))
-        artifact = CACHE.get(mkey, TritonArtifact(backend, lambda symbol: render_launch(
-            op, symbol=symbol, has_perm=has_perm, relation=relation)))
-        found = cls(backend, mkey, artifact.source, op.schedule, artifact)
+        call = {"has_perm": has_perm, "relation": relation}
+        artifact = backend_for("triton").compile(
+            mkey, lambda symbol: backend_for("triton").render(op, call, symbol), backend)
+        found = cls(backend, mkey, artifact.source, op.schedule, artifact, op)
         if len(_PLANS) > 256:
             _PLANS.clear()
         _PLANS[(key, repr(gtype))] = found
@@ -192,11 +193,10 @@ class TritonPlan:
                 for s, d in zip(sig.out_shapes, sig.out_dtypes)]
         if rows > 0:
             grid = (-(-rows // sig.block_rows),)
-            kernel = self.kernel()
-            with interpret(self.backend):
-                kernel[grid](*args, *outs, rows, BLOCK_R=sig.block_rows,
-                             BLOCK_N=sig.block_neighbors, num_warps=sig.num_warps,
-                             num_stages=sig.num_stages)
+            meta = dict(BLOCK_R=sig.block_rows, BLOCK_N=sig.block_neighbors,
+                        num_warps=sig.num_warps, num_stages=sig.num_stages)
+            launch(self.artifact, self.op,
+                   KernelArgs(jobs=[(self.kernel(), grid, (*args, *outs, rows), meta)]))
             if sig.split_degree:
                 self._run_split(graph, sig, device, walk["row_ptr"], args + outs)
         if sig.combine:   # reduce_by="all": per-row partial sums, added here
@@ -215,15 +215,14 @@ class TritonPlan:
         COUNTERS["split_launches"] += 1
         buf = tensors()
         parts = [buf.zeros((chunk_row.shape[0], n), d, device) for n, d in sig.split_states]
-        launch = dict(BLOCK_R=sig.block_rows, BLOCK_N=sig.block_neighbors,
-                      num_warps=sig.num_warps, num_stages=sig.num_stages)
-        with interpret(self.backend):
-            n = chunk_row.shape[0]
-            self.kernel("part")[(-(-n // sig.block_rows),)](*args, *parts, chunk_row,
-                                                             chunk_lo, n, **launch)
-            n = heavy.shape[0]
-            self.kernel("comb")[(-(-n // sig.block_rows),)](*args, *parts, heavy, first, n,
-                                                             **launch)
+        meta = dict(BLOCK_R=sig.block_rows, BLOCK_N=sig.block_neighbors,
+                    num_warps=sig.num_warps, num_stages=sig.num_stages)
+        n, m = chunk_row.shape[0], heavy.shape[0]
+        launch(self.artifact, self.op, KernelArgs(jobs=[
+            (self.kernel("part"), (-(-n // sig.block_rows),),
+             (*args, *parts, chunk_row, chunk_lo, n), meta),
+            (self.kernel("comb"), (-(-m // sig.block_rows),),
+             (*args, *parts, heavy, first, m), meta)]))
 
     # ---- explain -------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ route, a relation with rows above the split degree (the split path's launches), 
 (reduce_by="all") launch and bfloat16 operands are not prepared; a field that is not a
 writable, aligned, C-contiguous, non-empty numpy array of the kernel's dtype runs
 `TritonPlan.run`.
-The kernel is looked up per launch (`plan.kernel()`), as `TritonPlan.run` does.
+The kernel is looked up per launch (`plan.kernel()`) and launched through the backend table,
+as `TritonPlan.run` does.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ....core.config import env
 from ....lower.backends import BACKENDS
-from .compile import interpret, tensors
+from .. import KernelArgs, launch
+from .compile import tensors
 from .launch import TritonPlan, _split_plan, _torch_walk
 
 
@@ -53,12 +54,9 @@ class PreparedTritonLaunch:
             args.append(wrap(o))
             outs.append(o)
         if self.rows > 0:
-            kernel = self.plan.kernel()
-            if env("TRITON_INTERPRET") == "1":    # (as interpret() finds it on a warm call)
-                kernel[self.grid](*self.walk, *args, self.rows, **self.meta)
-            else:
-                with interpret(self.plan.backend):
-                    kernel[self.grid](*self.walk, *args, self.rows, **self.meta)
+            plan = self.plan
+            launch(plan.artifact, plan.op, KernelArgs(jobs=(
+                (plan.kernel(), self.grid, (*self.walk, *args, self.rows), self.meta),)))
         return outs
 
 
