@@ -23,7 +23,15 @@ from ...core.config import config
 from ...core.errors import DistributedError, UnsupportedError
 from ...core.eval import eval_program
 from ...core.primitive import impl_rules
-from ...core.prims.control import repeat_p, run_repeat, run_while, while_loop_p
+from ...core.prims.control import (
+    branch_index,
+    cond_p,
+    repeat_p,
+    run_cond,
+    run_repeat,
+    run_while,
+    while_loop_p,
+)
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...core.types import GraphType
@@ -42,7 +50,7 @@ from .plan import exchanged, halo_plan
 _FACTS: dict = {}
 
 # what _Rules runs itself (the other primitives reading a relation are refused)
-_OWN_RULES = frozenset({propagate_p, repeat_p, while_loop_p, degrees_p, edge_ids_p})
+_OWN_RULES = frozenset({propagate_p, repeat_p, while_loop_p, cond_p, degrees_p, edge_ids_p})
 
 
 def distributed_call(program: GraphProgram, args: list) -> bool:
@@ -73,8 +81,8 @@ def _scan(program: GraphProgram, literals: list, readers: set) -> None:
         literals += [a.value for a in e.inputs if isinstance(a, Lit) and is_distributed(a.value)]
         if any(isinstance(a.type, GraphType) for a in e.inputs):
             readers.add(e.primitive)
-        for p in e.params.values():
-            if isinstance(p, ClosedProgram):
+        for p in (q for v in e.params.values() for q in (v if isinstance(v, tuple) else (v,))):
+            if isinstance(p, ClosedProgram):   # (a tuple: a cond's branches)
                 literals += [c for c in p.consts if is_distributed(c)]
                 _scan(p.program, literals, readers)
 
@@ -136,6 +144,8 @@ def _structure(program: GraphProgram) -> tuple:
             bodies = tuple(_structure(c.program) for c in p.values()
                            if isinstance(c, ClosedProgram))
             out.append((e.primitive.name, p.get("length"), p.get("max_iterations"), bodies))
+        elif e.primitive is cond_p:
+            out.append(("cond", tuple(_structure(b.program) for b in p["branches"])))
     return tuple(out)
 
 
@@ -154,7 +164,8 @@ class _Rules:
         self.dg, self.pages, self.paged, self.held = dg, pages, paged, held
         self.rules = {prim: _refuse for prim in _facts(program)[1]}
         self.rules.update({propagate_p: self.propagate, repeat_p: self.repeat,
-                           while_loop_p: self.while_loop, degrees_p: self.degrees,
+                           while_loop_p: self.while_loop, cond_p: self.cond,
+                           degrees_p: self.degrees,
                            edge_ids_p: self.edge_ids})
 
     def run(self, program: GraphProgram, args: list) -> list:
@@ -183,6 +194,14 @@ class _Rules:
                 return [np.asarray(self.dg.comm.any(bool(outs[0]), "a while_loop condition"))]
             return outs
         return run_while(call, vals, **eqn.params)
+
+    def cond(self, eqn, vals: list) -> list:
+        """The branch is agreed as a while condition is: every rank runs the highest branch
+        any rank selects (tg.cond: true where any rank's predicate is), so the halo
+        exchanges inside it match."""
+        k = branch_index(vals[0], len(eqn.params["branches"]))
+        every = self.dg.comm.allgather_array(np.array([k], np.int64), "a cond index")
+        return run_cond(self.call, [np.int64(every.max())] + list(vals[1:]), **eqn.params)
 
     @staticmethod
     def degrees(eqn, vals: list):
