@@ -18,9 +18,10 @@ shared machine does not lower the floor):
      write-allocate counted). The floor uses the best all-thread figure.
    - random-gather rate (native): out_i = sum of 16 rows idx[16 i .. 16 i + 15] of a table
      of W float32 (W = 4, 16, 32: the 16-, 64- and 128-byte rows the workloads gather),
-     int32 indices drawn uniformly, the table resident in L2 (256 KiB), in L3 (8 MiB) or in
-     DRAM (256 MiB). Rate = gathered bytes / s, indices and outputs streamed alongside; the
-     rows 32 gathers ahead are prefetched (prefetcht0) and two accumulators alternate.
+     int32 indices drawn uniformly, the table resident in L1 (16 KiB), L2 (256 KiB), L3
+     (8 MiB) or DRAM (256 MiB). Rate = gathered bytes / s, indices and outputs streamed
+     alongside; from L3 and DRAM the rows 32 gathers ahead are prefetched (prefetcht0); two
+     accumulators alternate.
    - sgemm: numpy float32 (N x N) @ (N x N), N = 2048, 1 and all threads
      (OPENBLAS/OMP/MKL_NUM_THREADS set before numpy is imported): 2 N^3 flop / s.
 2. **The workloads**, exactly as `benchmarks/run.py` runs them: the definitions in
@@ -47,8 +48,9 @@ outputs written once, as streaming stores allow; float32 everywhere):
   a scalar scatter (4 E bytes of w streamed, dx 4 N F written). Stream = forward + 4 E (col) +
   4 E (w) + 4 E (dw) + 4 N F (dx); gather = 2 E rows.
 - `hex_mesh.csr` (L^3 rows, up to 26 neighbours, F = 16, unweighted): stream row_ptr, col
-  4 nnz, x 64 N, y 64 N; the gathered rows are lattice neighbours (a window of 2 L^2 rows):
-  nnz rows of 64 B at the L2 gather rate.
+  4 nnz, x 64 N, y 64 N; the gathered rows are lattice neighbours, 18 of a row's 26 read
+  by the row before it too (the working set of consecutive rows is a few KiB): nnz rows of
+  64 B at the L1 gather rate.
 - `hex_mesh.stencil` (same sum, implicit neighbours): stream x 64 N and y 64 N only (no
   indices, no gathers: the 26-neighbour sum of a box is separable, 3 passes of 3-point sums
   less the centre, 7 adds per value, reading rows already in L1/L2 -- never the bound).
@@ -76,8 +78,8 @@ outputs written once, as streaming stores allow; float32 everywhere):
 - `attention.step`: forward + backward without recomputation: 3 x the forward flops
   (dV = P^T c, dP = c V^T, dQ = dS K, dK = dS^T Q: 4 matmuls after the forward's 2).
 - `paging.fwd` (10M edges, N = E / 16, F = 32, offsets -8..8 mod N): the in-memory floor --
-  stream row_ptr 4 N, col 4 E, x 128 N, y 128 N; the gathers are within +-8 rows (L1/L2): E
-  rows of 128 B at the L2 gather rate. The paged run reads the same bytes from the page cache
+  stream row_ptr 4 N, col 4 E, x 128 N, y 128 N; the gathers are within +-8 rows (L1): E
+  rows of 128 B at the L1 gather rate. The paged run reads the same bytes from the page cache
   (the store is not dropped from it), so its floor is the same.
 
 Sizes: every size the workload defines, and L = 96 for the hex mesh (the issue's target
@@ -133,23 +135,23 @@ void triad(float *restrict a, const float *restrict b, const float *restrict c, 
 void copy(float *restrict a, const float *restrict b, long n) {
     for (long i = 0; i < n; i++) a[i] = b[i]; }
 typedef float v4 __attribute__((vector_size(16)));
-typedef float v8 __attribute__((vector_size(32)));
+typedef float v16 __attribute__((vector_size(64)));
 #define AHEAD 32   /* gathers ahead for the software prefetch (idx is padded by it) */
 #define GATHER(W, V, L) \
 void gather##W(const float *restrict t, const int32_t *restrict idx, long rows, \
-               float *restrict out) { \
+               float *restrict out, int pf) { \
     for (long i = 0; i < rows; i++) { \
         V acc[2][W / L] = {{0}}; const int32_t *ix = idx + 16 * i; \
         for (int j = 0; j < 16; j++) { const float *r = t + (long)ix[j] * W; \
-            const char *ahead = (const char *)(t + (long)ix[j + AHEAD] * W); \
-            for (int c = 0; c < 4 * W; c += 64) __builtin_prefetch(ahead + c, 0, 3); \
+            if (pf) { const char *ahead = (const char *)(t + (long)ix[j + AHEAD] * W); \
+                for (int c = 0; c < 4 * W; c += 64) __builtin_prefetch(ahead + c, 0, 3); } \
             for (int f = 0; f < W / L; f++) { V v; __builtin_memcpy(&v, r + L * f, sizeof v); \
                 acc[j & 1][f] += v; } } \
         for (int f = 0; f < W / L; f++) acc[0][f] += acc[1][f]; \
         __builtin_memcpy(out + i * W, acc[0], sizeof acc[0]); } }
 GATHER(4, v4, 4)
-GATHER(16, v8, 8)
-GATHER(32, v8, 8)
+GATHER(16, v16, 16)
+GATHER(32, v16, 16)
 """
 
 
@@ -222,7 +224,8 @@ def probe_rates(threads: int, quick: bool) -> dict:
             ptr(a, bounds[k][0]), ptr(b, bounds[k][0]), bounds[k][1])) / 1e9
         rng = np.random.default_rng(0)
         gathers = (1 << 20) if quick else (1 << 22)
-        for tier, table_bytes in (("L2", 256 << 10), ("L3", 8 * MIB), ("DRAM", 256 * MIB)):
+        for tier, table_bytes in (("L1", 16 << 10), ("L2", 256 << 10), ("L3", 8 * MIB),
+                                  ("DRAM", 256 * MIB)):
             if quick and tier == "DRAM":
                 continue
             for w in (4, 16, 32):
@@ -236,9 +239,11 @@ def probe_rates(threads: int, quick: bool) -> dict:
                 per = g // 16 // threads
                 ip = ctypes.POINTER(ctypes.c_int32)
 
-                def work(k, fn=fn, table=table, idx=idx, res=res, w=w, per=per, ip=ip):
+                pf = int(tier in ("L3", "DRAM"))     # (cached tables: no prefetch)
+
+                def work(k, fn=fn, table=table, idx=idx, res=res, w=w, per=per, ip=ip, pf=pf):
                     fn(ptr(table), ctypes.cast(idx.ctypes.data + 4 * 16 * per * k, ip),
-                       per, ptr(res, per * w * k))
+                       per, ptr(res, per * w * k), ctypes.c_int(pf))
                 secs = _parallel(threads, work)
                 out[f"gather_{tier}_{4 * w}B_GBs"] = per * threads * 16 * 4 * w / secs / 1e9
     m = 1024 if quick else 2048
@@ -280,6 +285,8 @@ def stream_bw(rates: dict) -> float:
 def gather_bw(rates: dict, tier: str, row_bytes: int) -> float:
     widths = sorted(int(k.split("_")[2][:-1]) for k in rates
                     if k.startswith(f"gather_{tier}_"))
+    if not widths and tier == "L1":     # (a run from before the L1 probe)
+        return gather_bw(rates, "L2", row_bytes)
     if not widths:   # no compiler: numpy copy as a (generous) stand-in
         return stream_bw(rates)
     w = min(widths, key=lambda v: abs(v - row_bytes))
@@ -328,7 +335,7 @@ def model(wl: str, size: int) -> dict:
         if wl.endswith("stencil"):   # no indices; a separable box sum needs 7 adds/value
             return {"stream": 8 * n * f, "gathers": [], "flops": 7 * n * f,
                     "flop_rate": "add"}
-        return {"stream": 8 * n * f + 4 * n + 4 * nnz, "gathers": [(nnz, 4 * f, "L2")],
+        return {"stream": 8 * n * f + 4 * n + 4 * nnz, "gathers": [(nnz, 4 * f, "L1")],
                 "flops": nnz * f, "flop_rate": "add"}
     if wl == "radius.fwd":
         pairs = _radius_pairs(size)
@@ -358,7 +365,7 @@ def model(wl: str, size: int) -> dict:
     if wl == "paging.fwd":
         e, f = size, 32
         n = e // 16
-        return {"stream": 4 * n + 4 * e + 8 * n * f, "gathers": [(e, 4 * f, "L2")],
+        return {"stream": 4 * n + 4 * e + 8 * n * f, "gathers": [(e, 4 * f, "L1")],
                 "flops": e * f, "flop_rate": "add"}
     raise KeyError(wl)
 

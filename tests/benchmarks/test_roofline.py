@@ -18,6 +18,7 @@ RATES = {"native_triad_GBs": 20.0, "numpy_copy_GBs": 10.0, "gather_L2_64B_GBs": 
 def test_stencil_floor_is_its_streamed_bytes():
     m = RL.model("hex_mesh.stencil", 96)
     assert m["gathers"] == [] and m["stream"] == 2 * 96 ** 3 * 64
+    assert RL.model("hex_mesh.csr", 96)["gathers"][0][2] == "L1"
     f = RL.floor_ms(m, RATES)
     assert f["bound"] == "stream"
     assert abs(f["floor_ms"] - 2 * 96 ** 3 * 64 / 20e9 * 1e3) < 1e-9
