@@ -6,10 +6,11 @@ anchors of the built site name no private (`_`) object and nothing under the run
 (tiga.xla_free_runtime) or the code generators (tiga.lower)."""
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
-import pkgutil
+import json
 import re
 import subprocess
 import sys
@@ -32,20 +33,24 @@ PLUMBING = {"pp_param", "with_stats", "with_regions", "row_offsets", "local_offs
 RUNTIME_PATHS = ("tiga.xla_free_runtime", "tiga.lower")
 
 
-def _import_all_of_tiga() -> None:
-    """Every tiga module that imports here (optional dependencies may be missing)."""
-    for info in pkgutil.walk_packages(tg.__path__, "tiga."):
-        if info.name.startswith("tiga.torch_bridge") and not HAS_TORCH:
-            continue
-        try:
+# run in a fresh interpreter: importing every module (backends, the MPI layer) must not
+# change the state of the process the other tests run in
+_WALK = """
+import importlib, importlib.util, json, pkgutil, warnings
+import tiga
+skip_torch = importlib.util.find_spec("torch") is None
+for info in pkgutil.walk_packages(tiga.__path__, "tiga."):
+    if skip_torch and info.name.startswith("tiga.torch_bridge"):
+        continue
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             importlib.import_module(info.name)
-        except Exception:  # noqa: BLE001  (triton, mpi4py, ... not installed)
-            continue
-
-
-def _subclasses(base: type) -> list:
-    _import_all_of_tiga()
-    seen, walked, todo = {}, set(), [base]
+    except Exception:      # triton, mpi4py, ... not installed
+        pass
+out = {}
+for base in (tiga.TigaError, Warning):
+    found, walked, todo = set(), set(), [base]
     while todo:
         for sub in todo.pop().__subclasses__():
             if sub in walked:
@@ -53,8 +58,32 @@ def _subclasses(base: type) -> list:
             walked.add(sub)
             todo.append(sub)      # through builtins too (UserWarning)
             if sub.__module__.split(".")[0] == "tiga":
-                seen[f"{sub.__module__}.{sub.__qualname__}"] = sub
-    return sorted(seen.values(), key=lambda c: c.__name__)
+                found.add((sub.__module__, sub.__qualname__))
+    out[base.__name__] = sorted(found)
+print(json.dumps(out))
+"""
+
+
+@functools.cache
+def _walk() -> dict:
+    proc = subprocess.run([sys.executable, "-c", _WALK], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _subclasses(base: type) -> list:
+    """Every subclass of `base` defined in tiga, found in a fresh interpreter that imported
+    every tiga module that imports here (optional dependencies may be missing)."""
+    classes = []
+    for module, qualname in _walk()[base.__name__]:
+        if "<locals>" in qualname:
+            continue
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        classes.append(obj)
+    return sorted(classes, key=lambda c: c.__name__)
 
 
 def _user_visible(classes: list) -> list:
