@@ -260,3 +260,17 @@ def test_error_tracebacks_end_with_their_entry_in_the_errors_page():
         assert issubclass(cls, getattr(tg, name)), (cls, note)
         if cls.__name__ in GENERATOR_SIGNALS:
             assert name == "UnsupportedError", note
+
+
+def test_tg_math_exports_its_functions_only():
+    """dir(tg.math) and its __all__ are the documented functions: the primitives
+    (`add_p` ...), the tracer's helpers (`Tracer`, `bind`) and imported modules stay
+    reachable but unlisted."""
+    names = set(tg.math.__all__)
+    assert set(dir(tg.math)) == names and len(names) > 60
+    assert not names & {"Tracer", "bind", "np", "builtins", "host_array", "aval_of",
+                        "promote", "as_dtype", "ShapeError"}
+    assert not [n for n in names if n.endswith("_p")]
+    for name in names:
+        assert (getattr(tg.math, name).__doc__ or "").strip(), name
+    assert tg.math.bind is not None          # internals are still reachable by the runtime

@@ -660,3 +660,14 @@ def _apply_index(x, t, index):
             s != 1 for s in strides):
         out = slice_static(x, start, limit, strides)
     return reshape(out, tuple(out_shape))
+
+
+# tg.math's public API: the functions defined here; the primitives, the tracer's helpers
+# and the modules this one imports stay reachable but are neither exported nor listed
+__all__ = sorted(_n for _n, _f in list(globals().items()) if not _n.startswith("_")
+                 and callable(_f) and getattr(_f, "__module__", None) == __name__
+                 and not isinstance(_f, type))
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
