@@ -5,3 +5,7 @@ from __future__ import annotations
 from .xla_free_runtime.distributed import Comm, DistributedGraph, init, partition
 
 __all__ = ["Comm", "DistributedGraph", "init", "partition"]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -274,3 +274,8 @@ def test_tg_math_exports_its_functions_only():
     for name in names:
         assert (getattr(tg.math, name).__doc__ or "").strip(), name
     assert tg.math.bind is not None          # internals are still reachable by the runtime
+
+
+def test_dir_of_the_torch_free_namespaces_is_their_api():
+    assert set(dir(tg.distributed)) == set(tg.distributed.__all__)
+    assert set(dir(tg.nn)) == set(tg.nn.__all__) | {"aggr"}
