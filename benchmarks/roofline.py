@@ -20,8 +20,8 @@ shared machine does not lower the floor):
      of W float32 (W = 4, 16, 32: the 16-, 64- and 128-byte rows the workloads gather),
      int32 indices drawn uniformly, the table resident in L1 (16 KiB), L2 (256 KiB), L3
      (8 MiB) or DRAM (256 MiB). Rate = gathered bytes / s, indices and outputs streamed
-     alongside; from L3 and DRAM the rows 32 gathers ahead are prefetched (prefetcht0); two
-     accumulators alternate.
+     alongside; two accumulators alternate; from L3 and DRAM the best of no software
+     prefetch and a prefetch (prefetcht0) of the rows 16 or 32 gathers ahead.
    - sgemm: numpy float32 (N x N) @ (N x N), N = 2048, 1 and all threads
      (OPENBLAS/OMP/MKL_NUM_THREADS set before numpy is imported): 2 N^3 flop / s.
 2. **The workloads**, exactly as `benchmarks/run.py` runs them: the definitions in
@@ -42,7 +42,8 @@ outputs written once, as streaming stores allow; float32 everywhere):
 
 - `stored_csr.fwd` (N rows, 32 sources each, F = 32, weighted): stream row_ptr 4 N, col 4 E,
   w 4 E, x 4 N F (first touch), y 4 N F; gather E rows of 4 F bytes from x, x resident in
-  L3 if 4 N F <= 16 MiB else DRAM; 2 E F flops (add rate is never the bound here).
+  L2 if 4 N F <= 1 MiB (a core's L2), L3 if <= 16 MiB, else DRAM; 2 E F flops (add rate
+  is never the bound here).
 - `stored_csr.step` (gradients of sum(y) w.r.t. x and w): the forward above, plus backward:
   dw_e = sum_f x[col_e, f] gathers the E rows again; dx[s] = sum of w over edges reading s is
   a scalar scatter (4 E bytes of w streamed, dx 4 N F written). Stream = forward + 4 E (col) +
@@ -136,14 +137,13 @@ void copy(float *restrict a, const float *restrict b, long n) {
     for (long i = 0; i < n; i++) a[i] = b[i]; }
 typedef float v4 __attribute__((vector_size(16)));
 typedef float v16 __attribute__((vector_size(64)));
-#define AHEAD 32   /* gathers ahead for the software prefetch (idx is padded by it) */
 #define GATHER(W, V, L) \
 void gather##W(const float *restrict t, const int32_t *restrict idx, long rows, \
                float *restrict out, int pf) { \
     for (long i = 0; i < rows; i++) { \
         V acc[2][W / L] = {{0}}; const int32_t *ix = idx + 16 * i; \
         for (int j = 0; j < 16; j++) { const float *r = t + (long)ix[j] * W; \
-            if (pf) { const char *ahead = (const char *)(t + (long)ix[j + AHEAD] * W); \
+            if (pf) { const char *ahead = (const char *)(t + (long)ix[j + pf] * W); \
                 for (int c = 0; c < 4 * W; c += 64) __builtin_prefetch(ahead + c, 0, 3); } \
             for (int f = 0; f < W / L; f++) { V v; __builtin_memcpy(&v, r + L * f, sizeof v); \
                 acc[j & 1][f] += v; } } \
@@ -239,12 +239,16 @@ def probe_rates(threads: int, quick: bool) -> dict:
                 per = g // 16 // threads
                 ip = ctypes.POINTER(ctypes.c_int32)
 
-                pf = int(tier in ("L3", "DRAM"))     # (cached tables: no prefetch)
+                secs = math.inf
+                for pf in (0, 16, 32):   # software prefetch distance (0: none); the best
 
-                def work(k, fn=fn, table=table, idx=idx, res=res, w=w, per=per, ip=ip, pf=pf):
-                    fn(ptr(table), ctypes.cast(idx.ctypes.data + 4 * 16 * per * k, ip),
-                       per, ptr(res, per * w * k), ctypes.c_int(pf))
-                secs = _parallel(threads, work)
+                    def work(k, fn=fn, table=table, idx=idx, res=res, w=w, per=per, ip=ip,
+                             pf=pf):
+                        fn(ptr(table), ctypes.cast(idx.ctypes.data + 4 * 16 * per * k, ip),
+                           per, ptr(res, per * w * k), ctypes.c_int(pf))
+                    secs = min(secs, _parallel(threads, work))
+                    if tier in ("L1", "L2"):
+                        break
                 out[f"gather_{tier}_{4 * w}B_GBs"] = per * threads * 16 * 4 * w / secs / 1e9
     m = 1024 if quick else 2048
     x = np.random.default_rng(1).standard_normal((m, m), dtype=np.float32)
@@ -322,7 +326,7 @@ def model(wl: str, size: int) -> dict:
     if wl.startswith("stored_csr"):
         n, deg, f = size, 32, 32
         e = n * deg
-        tier = "L3" if 4 * n * f <= 16 * MIB else "DRAM"
+        tier = "L2" if 4 * n * f <= MIB else "L3" if 4 * n * f <= 16 * MIB else "DRAM"
         stream = 4 * n + 8 * e + 8 * n * f
         gathers, flops = [(e, 4 * f, tier)], 2 * e * f
         if wl.endswith("step"):
@@ -540,7 +544,15 @@ def plot(rows: list, path: str) -> bool:
     return True
 
 
-def section(runs: list, dest: str = BENCH_DIR) -> str:
+READING = (
+    "Reading it: a ratio near 1 is a kernel at this machine's floor. The radius and kNN "
+    "floors are those of an ideal search (only the pairs in range, or the k nearest, are "
+    "ever examined); a cell walk examines about 6x more candidates, so their ratios say "
+    "how far a cell walk is from that ideal, not from a better cell walk. Attention and "
+    "EdgeNN are bounded by the sgemm rate where the flop term is the floor's.")
+
+
+def section(runs: list, dest: str = BENCH_DIR, note: str | None = None) -> str:
     rows = [row for run in runs for row in rows_of(run)]
     seen, uniq = set(), []
     for r in reversed(rows):          # the newest run that measured a (workload, size) wins
@@ -566,18 +578,20 @@ def section(runs: list, dest: str = BENCH_DIR) -> str:
             f"Load average at the start of the runs: {loads} (the machine's 2 cores were "
             "shared with other work during these runs; figures are medians).", "",
             "Machine rates (GB/s; STREAM convention, gathers count gathered bytes):", "",
-            rates_table(runs), "", roofline_table(uniq), ""]
+            rates_table(runs), "", roofline_table(uniq), "", READING, ""]
+    if note:
+        text += [note, ""]
     if drawn:
         text += ["![Roofline](plots/roofline.png)", ""]
     text.append(ROOFLINE_END)
     return "\n".join(text)
 
 
-def write_section(runs: list, dest: str = BENCH_DIR) -> str:
+def write_section(runs: list, dest: str = BENCH_DIR, note: str | None = None) -> str:
     """Replace the marked block of RESULTS.md's "## Roofline" section (or add the section
     before '## Method'); the rest of the file is left as it is on disk right now."""
     path = os.path.join(dest, "RESULTS.md")
-    block = section(runs, dest)          # (the plot is drawn before the file is read)
+    block = section(runs, dest, note)    # (the plot is drawn before the file is read)
     with open(path) as f:
         doc = f.read()
     if ROOFLINE_BEGIN in doc and ROOFLINE_END in doc:
@@ -614,6 +628,9 @@ def parse_args(argv=None):
     p.add_argument("--report", nargs="+", default=None, metavar="JSON",
                    help="only re-render RESULTS.md's Roofline section from these runs")
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
+    p.add_argument("--note", default=None, metavar="FILE",
+                   help="with --report: markdown appended to the section (kernel changes "
+                        "measured alongside, the machine's state)")
     a = p.parse_args(argv)
     if a.quick:
         a.warmup, a.repeat, a.budget = 1, 2, 1.0
@@ -629,7 +646,11 @@ def main(argv=None) -> int:
             with open(path) as f:
                 runs.append({**json.load(f), "_path": path})
         runs.sort(key=lambda r: r["started"])
-        print(write_section(runs))
+        note = None
+        if a.note:
+            with open(a.note) as f:
+                note = f.read().strip()
+        print(write_section(runs, note=note))
         return 0
     run = measure_run(a)
     folder = tempfile.gettempdir() if a.quick else os.path.join(BENCH_DIR, "results")

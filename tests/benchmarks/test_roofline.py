@@ -28,6 +28,7 @@ def test_csr_floor_takes_the_slower_of_stream_and_gather():
     m = RL.model("stored_csr.fwd", 131072)
     e = 131072 * 32
     assert m["gathers"] == [(e, 128, "L3")]        # x is 16 MiB: L3-resident
+    assert RL.model("stored_csr.fwd", 8192)["gathers"][0][2] == "L2"   # 1 MiB
     f = RL.floor_ms(m, RATES)
     assert f["bound"] == "gather"
     assert abs(f["gather_ms"] - e * 128 / 25e9 * 1e3) < 1e-9
