@@ -549,7 +549,9 @@ READING = (
     "floors are those of an ideal search (only the pairs in range, or the k nearest, are "
     "ever examined); a cell walk examines about 6x more candidates, so their ratios say "
     "how far a cell walk is from that ideal, not from a better cell walk. Attention and "
-    "EdgeNN are bounded by the sgemm rate where the flop term is the floor's.")
+    "EdgeNN are bounded by the sgemm rate where the flop term is the floor's. A ratio below "
+    "1 means the model's tier is pessimistic for that size (stored CSR at N = 32768: x is "
+    "4 MiB, half of it fits the two cores' L2, which the L3 rate does not credit).")
 
 
 def section(runs: list, dest: str = BENCH_DIR, note: str | None = None) -> str:
