@@ -29,7 +29,9 @@ Data objects; Tiga: tg.Graph.batch of tg.Graphs and torch.cat of the features).
 Timing: after warm-up steps (the first Tiga step compiles; its time is printed as
 `first_step_s`), the two libraries' steps alternate, `--reps` each, and the medians are
 compared: `speedup` = PyG median / Tiga median. torch runs with THP_MEM_ALLOC_ENABLE=1
-(set here before torch is imported) and `--threads` threads for both libraries.
+(set here before torch is imported, unless the environment sets it: with 0, torch's
+allocator leaves huge pages alone, which the small tensors of the molecule batches can be
+far faster without) and `--threads` threads for both libraries.
 Prints one JSON line per model.
 """
 from __future__ import annotations
@@ -288,7 +290,8 @@ def plot(results: list, path: str) -> None:
     names, ratios = [], []
     for r in results:
         if r["model"] == "molecules":
-            names += ["GIN molecules\n(step)", "GIN molecules\n(epoch, collating)"]
+            thp = "" if r.get("THP_MEM_ALLOC_ENABLE") == "1" else "\nTHP off"
+            names += [f"GIN molecules\n(step){thp}", f"GIN molecules\n(epoch){thp}"]
             ratios += [r["step_speedup"], r["epoch_speedup"]]
         else:
             names.append(r["model"])
