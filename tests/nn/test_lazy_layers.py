@@ -60,7 +60,8 @@ def test_layers_load_from_the_torch_bridge():
 
     for name in tg.nn.LAYERS:
         assert getattr(tg.nn, name) is getattr(layers, name)
-    assert set(tg.nn.__all__) == {"trace", *tg.nn.LAYERS, *tg.nn.AGGREGATIONS, *tg.nn.FUNCTIONS}
+    assert set(tg.nn.__all__) == {"trace", "LayerArgumentError", *tg.nn.LAYERS, *tg.nn.AGGREGATIONS,
+                                  *tg.nn.FUNCTIONS}
     with pytest.raises(AttributeError, match="module 'tiga.nn' has no attribute 'GCN'"):
         tg.nn.GCN    # noqa: B018
 
