@@ -4,6 +4,9 @@ CI_MIN_EXAMPLES examples, whatever its own @settings asks for)."""
 import os
 
 os.environ.setdefault("TIGA_CHECK", "1")
+# Triton reads this once, at its own import; a test that imports every tiga module (the
+# reference walk) may import it first, and the interpreter tests after it need it set.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hypothesis import settings  # noqa: E402
 

@@ -279,3 +279,6 @@ def test_tg_math_exports_its_functions_only():
 def test_dir_of_the_torch_free_namespaces_is_their_api():
     assert set(dir(tg.distributed)) == set(tg.distributed.__all__)
     assert set(dir(tg.nn)) == set(tg.nn.__all__) | {"aggr"}
+    for space in (tg.store, tg.memory):      # runtime modules: their helpers stay unlisted
+        assert set(dir(space)) == set(space.__all__)
+        assert all(getattr(space, n).__doc__ for n in space.__all__ if n != "CHUNK_BYTES")

@@ -174,3 +174,8 @@ def report() -> dict:
 
 
 __all__ = ["report", "charge", "draw", "Charge", "fmt_bytes"]
+
+
+def __dir__() -> list[str]:
+    # (this module is tg.store / tg.memory: its listing is the public API, not its helpers)
+    return sorted(__all__)

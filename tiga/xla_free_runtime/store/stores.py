@@ -392,3 +392,8 @@ def open(path) -> Store:  # noqa: A001  (tg.store.open, API.md section 7)
 
 store_hooks["open"] = Store
 __all__ = ["create", "open", "Store", "StoreWriter", "CHUNK_BYTES", "chunk_rows_for"]
+
+
+def __dir__() -> list[str]:
+    # (this module is tg.store / tg.memory: its listing is the public API, not its helpers)
+    return sorted(__all__)
