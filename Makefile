@@ -43,12 +43,14 @@ BENCH_ARGS ?=
 
 .venv: $(VPY)
 
+# (-qq: warnings about this machine's pip configuration are not the demo's output; errors show)
 $(VPY):
-	$(PY) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	@echo "creating $(VENV) ..."
+	@$(PY) -m venv $(VENV)
+	@$(PIP) install -qq --upgrade pip
 
 $(INSTALL_STAMP): pyproject.toml | $(VPY)
-	$(PIP) install -q -e .
+	@$(PIP) install -qq -e .
 	@touch $@
 
 # The dist extra (mpi4py + the mpich wheel) lets tests/distributed/test_launch.py run the
@@ -83,7 +85,7 @@ $(BENCH_STAMP): pyproject.toml | $(VPY)
 # algorithm examples against scipy and networkx.
 $(DEMO_STAMP): pyproject.toml | $(VPY)
 	@echo "installing Tiga, torch (CPU), scipy and networkx into $(VENV) ..."
-	@$(PIP) install -q -e ".[torch]" scipy networkx
+	@$(PIP) install -qq -e ".[torch]" scipy networkx
 	@touch $@ $(INSTALL_STAMP)
 
 $(DOCS_STAMP): pyproject.toml | $(VPY)
