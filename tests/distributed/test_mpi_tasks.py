@@ -194,7 +194,7 @@ def test_a_distributed_call_lowers_once(monkeypatch):
     args = (dg.local(d["x"]), dg.local(d["h"]), dg.local_edges(d["w"]))
     step = tg.jit(two)
     y = step(*args)
-    assert calls == ["lower_pages"], calls
+    assert calls == ["lower_call"], calls
     calls.clear()
     np.testing.assert_allclose(np.asarray(step(*args)), np.asarray(y), rtol=1e-12)
     assert calls == [], calls

@@ -36,7 +36,8 @@ def problem():
 
 
 def _counting(monkeypatch, name: str) -> list:
-    """Record the calls of run.py's `name` (interpret or eval_program), then run it."""
+    """Record the calls of run.py's `name` (interpret, run_walk or eval_program), then run
+    it."""
     calls, real = [], getattr(dist_run, name)
 
     def counted(*args, **kw):
@@ -63,11 +64,13 @@ def test_halo_plan_steps_run_through_the_interpreter(problem, monkeypatch, reduc
     assert {interpreter.RUN, interpreter.TRANSFER} <= kinds     # launches and their writes
 
 
-def test_loops_run_through_eval_program_with_the_distributed_rules(problem, monkeypatch):
-    """repeat and while_loop bodies run through the same rules: one eval_program per body
-    call, one halo plan per propagate; the result is the one-process result."""
+def test_loops_are_task_walks_with_the_distributed_rules(problem, monkeypatch):
+    """A distributed program and its repeat and while_loop bodies are Task walks like any
+    other (issue 37), run with the same rules: one walk per body call, one halo plan per
+    propagate, never eval_program; the result is the one-process result."""
     g, d, dg = problem
-    programs = _counting(monkeypatch, "eval_program")
+    programs = _counting(monkeypatch, "run_walk")
+    fallbacks = _counting(monkeypatch, "eval_program")
     plans = _counting(monkeypatch, "interpret")
     layer = _layer("mean")
 
@@ -81,9 +84,10 @@ def test_loops_run_through_eval_program_with_the_distributed_rules(problem, monk
     want = tg.jit(f)(d["x"], d["w"], g)
     np.testing.assert_allclose(dg.gather(np.asarray(got)), np.asarray(want), rtol=1e-10,
                                atol=1e-12)
-    calls: dict = {}                      # program -> how many times eval_program ran it
+    assert fallbacks == []
+    calls: dict = {}                      # program -> how many times its walk ran
     for args in programs:
-        calls[id(args[0])] = calls.get(id(args[0]), 0) + 1
+        calls[id(args[1])] = calls.get(id(args[1]), 0) + 1
     top, *loops = calls.values()          # (in first-call order: program, repeat body, ...)
     repeat_body, cond, body = loops
     assert (top, repeat_body) == (1, 3) and body >= 1 and cond in (body, body + 1)

@@ -91,13 +91,15 @@ NUMPY_NOTE = "numpy impl rules (tensor code outside propagate is not compiled ye
 
 # ---- lowering: the runtime asks lower/pipeline here only -----------------------------------
 
-def task_module(program: GraphProgram, name: str, binding: tuple = ()) -> tuple:
+def task_module(program: GraphProgram, name: str, binding: tuple = (),
+                page_name: str = "paged") -> tuple:
     """(the Task module of `program` through every stage, bound by the call's `binding`
-    (binding.call_binding): its launches hold the Kernel ops that run, so every stage is
-    dumped from here; {k: the one-page Task module of the k-th propagate} for those it runs
-    by pages), from one lowering. Raises what the pipeline raises (the interpreter records
-    it as a NoWalk)."""
-    return pipeline.lower_call(program, name=name, binding=binding)
+    (binding.call_binding, or distributed_binding: a rank's halo plans): its launches hold
+    the Kernel ops that run, so every stage is dumped from here; {k: the one-page Task
+    module, named `page_name`, of the k-th propagate} for those it runs by pages or halo
+    plans), from one lowering. Raises what the pipeline raises (the interpreter records it
+    as a NoWalk)."""
+    return pipeline.lower_call(program, name=name, binding=binding, page_name=page_name)
 
 
 def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | None = None):
@@ -137,28 +139,29 @@ def page_module(eqn, name: str = "paged"):
     return found
 
 
-def task_walk(program: GraphProgram, binding: tuple = ()):
+def task_walk(program: GraphProgram, binding: tuple = (), page_name: str = "paged"):
     """The interpreter's walk of `program` under the call's `binding`: built once per program
     and binding from the one lowering of the call (task_module); a NoWalk naming why when
     the IR stages do not express the program (eval_program then runs the same rules)."""
-    found = cached_walk(program, binding)
+    key = binding if page_name == "paged" else (page_name,) + binding
+    found = cached_walk(program, key)
     if found is not None:
         return found
     threads = num_threads()      # (what the schedule pass reads: read before it runs)
     try:
-        module, pages = task_module(lifted(program), module_name(program), binding)
+        module, pages = task_module(lifted(program), module_name(program), binding, page_name)
     except ConfigError:
         raise       # (a setting the user got wrong, TIGA_DUMP say: never a silent fallback)
     except TigaError as exc:
-        return remember_walk(program, binding, NoWalk(
+        return remember_walk(program, key, NoWalk(
             f"the IR stages do not express this program ({exc})"))
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
         if config.check:
             raise
         # a lowering defect must not take the call down: eval_program runs the same rules
-        return remember_walk(program, binding, NoWalk(
+        return remember_walk(program, key, NoWalk(
             f"lowering failed ({type(exc).__name__}: {exc}); this is a Tiga bug, please report"))
-    return remember_walk(program, binding, build_walk(program, module, pages, threads))
+    return remember_walk(program, key, build_walk(program, module, pages, threads))
 
 
 def _page(walk, eqn):
@@ -245,7 +248,8 @@ def execute(program: GraphProgram, args: list, *, keep_device: bool = False) -> 
 
 def _routed(program: GraphProgram, args: list) -> list:
     if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
-        return run_distributed(program, list(args), _halo_pages(program, args),
+        walks = _distributed_walks(program, args)
+        return run_distributed(program, list(args), walks, _halo_pages(program, args, walks),
                                _local_pages(program, args), _local_launches(program, args))
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
@@ -254,22 +258,38 @@ def _routed(program: GraphProgram, args: list) -> list:
         unpin_threads(pinned)
 
 
-def _halo_pages(program: GraphProgram, args: list) -> dict:
+def _distributed_walks(program: GraphProgram, args: list) -> dict:
+    """{id(program): its TaskWalk (or NoWalk)} for a distributed call's program and the
+    bodies and branches of its loops and conds: each lowered once per binding, bound by
+    distributed_binding (a DistributedGraph captured by a body is one of its constants), so
+    the rank runs every program as a Task walk like any other, and the walks hold the halo
+    plans' one-page modules."""
+    walks = {id(program): task_walk(program, distributed_binding(program, args), HALO_MODULE)}
+    for closed in _bodies(program):
+        body = closed.program
+        if id(body) not in walks:
+            vals = list(closed.consts) + [None] * (len(body.in_binders) - len(closed.consts))
+            walks[id(body)] = task_walk(body, distributed_binding(body, vals), HALO_MODULE)
+    return walks
+
+
+def _halo_pages(program: GraphProgram, args: list, walks: dict) -> dict:
     """{id(propagate): the one-page Task module its halo plan unrolls} for a distributed
-    call: the top-level propagates over a DistributedGraph from one lowering of the call
-    signature, loop bodies' propagates one by one (their relations are known only as the
-    body runs: every one of them, in case); kept per equation (page_module)."""
-    eqns = list(_deep_propagates(program))
-    if not all("page_module" in memo(e) for e in eqns):
-        top = [e for e in program.eqns if e.primitive is propagate_p]
-        try:
-            lowered = pipeline.lower_pages(program, distributed_binding(program, args),
-                                           page_name=HALO_MODULE)
-        except (TigaError, ValueError, TypeError, KeyError, IndexError):
-            lowered = {}    # (a lowering defect: page_module lowers each one below)
-        for k, page in lowered.items():
-            memo(top[k])["page_module"] = page
-    return {id(e): page_module(e, HALO_MODULE) for e in eqns}
+    call: what the walks' lowering bound, else (a body's propagate over a relation it is
+    handed, known only as the body runs; a program its stages do not walk) the equation's
+    own, kept per equation (page_module). A top-level propagate over a relation that is not
+    distributed runs no halo plan."""
+    pages: dict = {}
+    for walk in walks.values():
+        if isinstance(walk, TaskWalk):
+            pages.update(walk.pages)
+    local = {id(v) for v, a in zip(program.in_binders, args)
+             if isinstance(v.type, GraphType) and getattr(a, "tiga_distributed", False)
+             is not True}
+    for e in _deep_propagates(program):
+        if id(e) not in pages and id(e.inputs[0]) not in local:
+            pages[id(e)] = page_module(e, HALO_MODULE)
+    return pages
 
 
 def _local_launches(program: GraphProgram, args: list) -> dict:
@@ -290,13 +310,22 @@ def _local_pages(program: GraphProgram, args: list) -> dict:
 
 def _deep_propagates(program: GraphProgram):
     """Every propagate of `program`, its loop bodies' too."""
+    yield from (e for e in program.eqns if e.primitive is propagate_p)
+    for closed in _bodies(program):
+        yield from (e for e in closed.program.eqns if e.primitive is propagate_p)
+
+
+def _bodies(program: GraphProgram):
+    """The ClosedPrograms of `program`'s loops and conds, nested ones too (not a
+    propagate's edge function: it is a kernel's body, not a program the runtime walks)."""
     for e in program.eqns:
-        if e.primitive is propagate_p:
-            yield e
+        if e.primitive not in (repeat_p, while_loop_p, cond_p):
+            continue
         for value in e.params.values():
             for sub in (value if isinstance(value, tuple) else (value,)):  # (cond branches)
                 if isinstance(sub, ClosedProgram):
-                    yield from _deep_propagates(sub.program)
+                    yield sub
+                    yield from _bodies(sub.program)
 
 
 def _run(program: GraphProgram, args: list) -> list:
@@ -528,7 +557,7 @@ def explain_program(program: GraphProgram, args: list) -> Explanation:
             from .distributed.report import explain_distributed
             local = [getattr(a, "full", a) if getattr(a, "tiga_distributed", False) is True
                      else a for a in args]
-            walk = task_walk(program, call_binding(program, local))
+            walk = _distributed_walks(program, args)[id(program)]
             return explain_distributed(program, args, CACHE, walk, _pages(program, local),
                                        _bound_launches(program, local, None))
         walk = task_walk(program, call_binding(program, args))
@@ -576,7 +605,8 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
     beside them). Nothing runs."""
     if distributed_call(program, args):
         from .distributed.report import distributed_task_ir
-        return distributed_task_ir(program, args, _halo_pages(program, args))
+        return distributed_task_ir(program, args, _halo_pages(
+            program, args, _distributed_walks(program, args)))
     text = task_ir(program, args, _call_pages(program, args))
     if text is not None:
         return text

@@ -89,6 +89,11 @@ def _identify(graph) -> tuple:
                   if params.get(k) is not None]
     elif kind == "paged":              # (a committed store version never changes)
         attrs += [("path", str(params["path"])), ("version", to_attr(params["version"]))]
+    elif getattr(graph, "tiga_distributed", False) is True:
+        # (a rank's part of a DistributedGraph has no single CSR: its local relation over
+        # owned + ghost source rows identifies it on this rank)
+        row_ptr, col_idx = graph.full.resolve_csr()
+        attrs.append(("rank_digest", array_digest(row_ptr) + array_digest(col_idx)))
     elif kind not in ("dense", "triangular"):
         row_ptr, col_idx = graph.resolve_csr()
         attrs.append(("digest", array_digest(row_ptr) + array_digest(col_idx)))

@@ -1,16 +1,18 @@
 """runtime/distributed: run a program whose relation is a DistributedGraph.
 
-The program runs through eval_program with this runtime's rules (`_Rules`), loop bodies
-included; this module has no loop over equations or ops of its own. A propagate runs its
-Task-IR plan (lower/passes/plan_halo_tasks, cached on the graph by plan.py, printed by
-explain()) through the interpreter's loop with the halo handlers here. Grouped by
-destination: the halo transfers post each peer's messages (the owned rows it reads packed
-and sent, this rank's ghost rows received), the interior launches run the same compiled
-kernel as one process on the rows that read no ghost, testing the transfers between
-launches, then the boundary launch waits on the halo events and reads owned + ghost rows.
-Grouped by source (VJP source cotangents): exchange, one launch over the local relation,
-then the result's ghost rows go back to their owners, who add them. Other equations are
-local (row-wise tensor code); a reduction over rows is this rank's part.
+The program is a Task walk like any other: the executor lowers it (and each loop body and
+cond branch) once per binding, and the interpreter's loop runs the walk with this runtime's
+rules (`_Rules`) for the equations that read a relation; this module has no loop over
+equations or ops of its own. A propagate runs its Task-IR plan (lower/passes/
+plan_halo_tasks, cached on the graph by plan.py, printed by explain()) through the
+interpreter's loop with the halo handlers here. Grouped by destination: the halo transfers
+post each peer's messages (the owned rows it reads packed and sent, this rank's ghost rows
+received), the interior launches run the same compiled kernel as one process on the rows
+that read no ghost, testing the transfers between launches, then the boundary launch waits
+on the halo events and reads owned + ghost rows. Grouped by source (VJP source
+cotangents): exchange, one launch over the local relation, then the result's ghost rows go
+back to their owners, who add them. Other equations are local (row-wise tensor code); a
+reduction over rows is this rank's part.
 """
 from __future__ import annotations
 
@@ -37,7 +39,16 @@ from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...core.types import GraphType
 from ..backend_table import plan_cpu  # (the cpu-llvm route table)
 from ..backends.cpu.propagate import Fallback, run_propagate
-from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, held_kernel, interpret
+from ..interpreter import (
+    JOIN,
+    RELEASE,
+    RUN,
+    TRANSFER,
+    TaskWalk,
+    held_kernel,
+    interpret,
+    run_walk,
+)
 from ..run_report import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
@@ -87,9 +98,11 @@ def _scan(program: GraphProgram, literals: list, readers: set) -> None:
                 _scan(p.program, literals, readers)
 
 
-def run_distributed(program: GraphProgram, args: list, pages: dict, paged: dict,
+def run_distributed(program: GraphProgram, args: list, walks: dict, pages: dict, paged: dict,
                     held: dict) -> list:
     """Run `program` over its DistributedGraph(s) on this rank. The executor hands down
+    `walks`: {id(program): its TaskWalk} for the program and its loop bodies and branches
+    (a NoWalk: its stages do not express it, and eval_program runs the same rules),
     `pages`: {id(propagate): the one-page Task module its halo plan unrolls} (loop bodies'
     propagates too), `paged`: the same for the page walks of a rank's paged local relation,
     `held`: {id(propagate): its Kernel op} for the propagates over a relation that is not
@@ -101,7 +114,7 @@ def run_distributed(program: GraphProgram, args: list, pages: dict, paged: dict,
                                    f"failed earlier ({dg.broken}); partition again")
         _agree(dg, program, args)
     try:
-        return _Rules(graphs[0], program, pages, paged, held).run(program, list(args))
+        return _Rules(graphs[0], program, walks, pages, paged, held).run(program, list(args))
     except DistributedError as exc:
         for dg in graphs:
             dg.broken = str(exc)
@@ -151,17 +164,16 @@ def _structure(program: GraphProgram) -> tuple:
 
 class _Rules:
     """The runtime's rules for a program over a DistributedGraph, in front of the impl rules
-    of eval_program (the one loop that runs the program; a Task walk would lower the whole
-    program for nothing: its propagates run halo plans, its other equations impl rules):
-    a propagate over a DistributedGraph runs its halo plan, one over a local relation its
+    its Task walk runs the other equations with: a propagate over a DistributedGraph runs
+    its halo plan, one over a local relation its
     kernel; repeat / while_loop bodies run through these same rules, a while condition
     agreed across ranks; degrees and edge ids of a DistributedGraph are this rank's; any
     other equation reading a DistributedGraph is refused. Built per call (it holds the
     call's graph): nothing of a call is kept."""
 
-    def __init__(self, dg: DistributedGraph, program: GraphProgram, pages: dict, paged: dict,
-                 held: dict):
-        self.dg, self.pages, self.paged, self.held = dg, pages, paged, held
+    def __init__(self, dg: DistributedGraph, program: GraphProgram, walks: dict, pages: dict,
+                 paged: dict, held: dict):
+        self.dg, self.walks, self.pages, self.paged, self.held = dg, walks, pages, paged, held
         self.rules = {prim: _refuse for prim in _facts(program)[1]}
         self.rules.update({propagate_p: self.propagate, repeat_p: self.repeat,
                            while_loop_p: self.while_loop, cond_p: self.cond,
@@ -169,6 +181,9 @@ class _Rules:
                            edge_ids_p: self.edge_ids})
 
     def run(self, program: GraphProgram, args: list) -> list:
+        walk = self.walks.get(id(program))
+        if isinstance(walk, TaskWalk):
+            return run_walk(walk, program, args, self.rules)
         return eval_program(program, *args, overrides=self.rules)
 
     def call(self, closed, args: list) -> list:
@@ -228,8 +243,9 @@ def launch(eqn, graph, values: list, outs: list | None = None, held=None,
            page=None) -> list:
     """The equation on one (local, concrete) relation: the compiled kernel (`held`: the
     Kernel op the plan's launch op holds; `page`: the one-page Task module a paged relation's
-    pages unroll), else the reference interpreter (strict mode refuses that). The kernel writes into `outs` (row ranges of the whole result) when given
-    and they fit; the caller copies otherwise."""
+    pages unroll), else the reference interpreter (strict mode refuses that). The kernel
+    writes into `outs` (row ranges of the whole result) when given and they fit; the caller
+    copies otherwise."""
     if (graph.num_dst == 0 and eqn.params["reduce_by"] in ("dst", "edge") or
             graph.num_src == 0 and eqn.params["reduce_by"] == "src"):
         lead = 0
