@@ -1,14 +1,16 @@
 """Triton propagate kernels launch through the runtime's backend table: a recording backend
 registered for target "triton" sees every launch of a cold call (TritonPlan.run), of warm
 calls (the prepared launch list) and of the split path (rows above the split degree: two
-more kernels in one launch), each with the Kernel op the plan rendered. Oracle: the
-reference interpreter."""
+more kernels in one launch), each with the Kernel op the plan rendered. Then the fixed
+kernels (attention forward and backward, kNN selection, tile matmul) launch through the table
+too, as FixedKernels named by their source. Oracle: the reference interpreter (numpy for the
+matmul)."""
 from __future__ import annotations
 
 import numpy as np
 
 import tiga as tg
-from tiga.testing import recording
+from tiga.testing import recording, reference_grad
 from tiga.xla_free_runtime.backends import BACKENDS
 
 
@@ -54,3 +56,63 @@ def test_the_split_path_launches_through_the_table(interpreter):
     with recording("triton") as rec:
         np.testing.assert_allclose(np.asarray(layer(**kw)), want, rtol=1e-4, atol=1e-5)
     assert len(rec.launched) >= 2 and {op.target for op in rec.launched} == {"triton"}
+
+
+# ---- the fixed kernels: attention, kNN selection, tile matmul ------------------------------
+
+class Attention(tg.MessagePassing):
+    reducer = tg.online_softmax()
+
+    def edge(self, src, dst, edge):
+        return self.reducer((dst.query * src.key).sum(dim=-1), src.value)
+
+
+def _fixed(rec) -> list:
+    return sorted({op.name for op in rec.launched if type(op).__name__ == "FixedKernel"})
+
+
+def test_attention_forward_and_gradient_launch_through_the_table(interpreter):
+    rng = np.random.default_rng(2)
+    n, d = 24, 8
+    q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
+    g = tg.Graph.triangular(n)
+
+    def loss(q, k, v):
+        y = Attention()(graph=g, src={"key": k, "value": v}, dst={"query": q})
+        return tg.math.sum(y * y)
+
+    with recording("triton") as rec:
+        got = tg.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    want = reference_grad(loss, argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10)
+    assert {"triton_attention.attn_fwd", "triton_attention.attn_bwd_kv",
+            "triton_attention.attn_bwd_q"} <= set(_fixed(rec)), _fixed(rec)
+
+
+def test_knn_selection_launches_through_the_table(interpreter):
+    rng = np.random.default_rng(3)
+    pos, x = rng.random((40, 2)), rng.standard_normal((40, 3))
+
+    class Near(tg.MessagePassing):
+        reducer = tg.sum()
+
+        def edge(self, src, dst, edge):
+            return src.x
+
+    kw = dict(graph=tg.Graph.knn(pos, 5), src={"x": x}, dst={}, edge={})
+    with recording("triton") as rec:
+        got = np.asarray(Near()(**kw))
+    np.testing.assert_allclose(got, np.asarray(Near().reference(**kw)), rtol=1e-12)
+    assert any(name.startswith("triton_knn") for name in _fixed(rec)), _fixed(rec)
+
+
+def test_tile_matmul_launches_through_the_table():
+    from tiga.xla_free_runtime.backends.triton import linear
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((37, 5)), rng.standard_normal((5, 9))
+    with recording("triton") as rec:
+        got = linear.matmul(x, y, (1, 0), "float64", "triton-interpreter")
+    np.testing.assert_allclose(got, x @ y, rtol=1e-12)
+    assert _fixed(rec) == ["triton_linear.tile_matmul"]

@@ -9,12 +9,13 @@ and is registered with `register(backend)`, which adds or replaces the entry for
 in `BACKENDS` (the runtime package registers the built-in ones, cpu-llvm and triton, on
 import). Compiled kernels are launched by `launch(exe, op, args)` below, which looks the
 backend up by `op.target` at each launch: so a backend registered in place of another (a
-recording wrapper in the tests) sees those launches. (Triton's fixed kernels, attention,
-tile matmul and cell directories, still launch themselves.)
+recording wrapper in the tests) sees those launches, Triton's fixed kernels (attention,
+kNN selection, tile matmul: backends/triton/compile.launch_fixed) included.
 
 `op` is the Kernel op the kernel was rendered from (a `gf_kernel.launch`, whose `name` the
 call's Task module prints), or a `FixedKernel` for the kernels no propagate lowers to (cell
-directories, page gathers), which the Task module lists by name on the task that runs them.
+directories, page gathers, Triton's attention, kNN and tile matmul kernels), which a
+cpu-llvm call's Task module lists by name on the task that runs them.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from ....lower.backends import BACKENDS, selected_backend, targets_triton
 from ....lower.schedule import triton_attention_blocks, triton_dot_precision
 from ....lower.triton.attention import attention_source
 from ....lower.triton.emitter import pow2
-from .compile import fixed_held, import_text, interpret, launch_result, tensors
+from .compile import fixed_held, launch_fixed, launch_result, tensors
 
 CLAIMED = ("dq", "dkdv", "dkdvq")      # canonical VJP propagates run by the attention kernels
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -88,10 +88,6 @@ def row_ranges(graph) -> tuple:
                            f"relations, found kind {graph.kind!r}")
 
 
-def _kernels(backend: str):
-    return import_text(attention_source(), "attention", backend)
-
-
 class _Launch:
     """What every attention launch shares: sizes, constexprs, ranges, kernels, buffers."""
 
@@ -116,7 +112,12 @@ class _Launch:
                           IT=getattr(tl, it), PREC=triton_dot_precision(it, tf32_allowed()))
         self.scale = self.buf.from_array(np.array([scale], self.ct), self.ct, self.device)
         self.ranges = [self.buf.from_array(a, "int64", self.device) for a in row_ranges(graph)]
-        self.mod = _kernels(backend)
+
+    def run(self, kernel: str, rows: int, block: str, argv: tuple, kw: dict) -> None:
+        """One attention kernel over `rows` in blocks of kw[`block`], per head, through the
+        backend table."""
+        launch_fixed(attention_source(), "attention", self.backend, kernel,
+                     self.grid(rows, kw[block]), argv, kw)
 
     def t(self, x, dtype: str | None = None):
         """A field as a contiguous tensor on the launch device (in its own dtype)."""
@@ -139,10 +140,9 @@ class _Launch:
         top, mass = self.zeros(self.nq, None, self.ct), self.zeros(self.nq, None, self.ct)
         lo, hi = self.ranges[:2]
         if self.nq and self.nk:
-            with interpret(self.backend):
-                kw = self.kw("forward")
-                self.mod.attn_fwd[self.grid(self.nq, kw["BLOCK_M"])](
-                    q, k, v, self.scale, lo, hi, o, top, mass, self.nq, self.nk, self.h, **kw)
+            self.run("attn_fwd", self.nq, "BLOCK_M", (q, k, v, self.scale, lo, hi, o, top,
+                                                      mass, self.nq, self.nk, self.h),
+                     self.kw("forward"))
         return o, top, mass
 
     def backward(self, q, k, v, do, lse, delta, want_kv: bool, want_q: bool, dtypes):
@@ -153,13 +153,12 @@ class _Launch:
         if not (self.nq and self.nk):
             return dk, dv, dq
         args, kw = (self.nq, self.nk, self.h), self.kw("backward")
-        with interpret(self.backend):
-            if want_kv:
-                self.mod.attn_bwd_kv[self.grid(self.nk, kw["BLOCK_N"])](
-                    q, k, v, do, lse, delta, self.scale, lo, hi, qlo, qhi, dk, dv, *args, **kw)
-            if want_q:
-                self.mod.attn_bwd_q[self.grid(self.nq, kw["BLOCK_M"])](
-                    q, k, v, do, lse, delta, self.scale, lo, hi, dq, *args, **kw)
+        if want_kv:
+            self.run("attn_bwd_kv", self.nk, "BLOCK_N", (q, k, v, do, lse, delta, self.scale,
+                                                          lo, hi, qlo, qhi, dk, dv, *args), kw)
+        if want_q:
+            self.run("attn_bwd_q", self.nq, "BLOCK_M", (q, k, v, do, lse, delta, self.scale,
+                                                         lo, hi, dq, *args), kw)
         return dk, dv, dq
 
 

@@ -20,6 +20,7 @@ from ....lower.abi import KernelSignature, KernelSource
 from ....lower.backends import BACKENDS
 from ...artifacts import Built, CorruptEntry, artifact_key, entry_path
 from ...cache import CACHE
+from .. import FixedKernel, KernelArgs, launch
 
 
 def triton_version() -> str:
@@ -125,13 +126,24 @@ class _Source:
         return self.text
 
 
-def import_text(text: str, tag: str, backend: str):
-    """The module of a fixed Triton source (attention, kNN selection): an artifact in the
-    one cache under its key, imported once per backend."""
+def _fixed_artifact(text: str, tag: str, backend: str) -> TritonModule:
+    """The module artifact of a fixed Triton source (attention, kNN selection, tile
+    matmul): in the one cache under its key, imported once per backend."""
     if BACKENDS[backend].interpreter:
         ensure_interpreter()
     key, kind = _fixed(text, tag, backend)
-    return CACHE.get(key, kind).module()     # (a memory hit once imported; cleared: again)
+    return CACHE.get(key, kind)     # (a memory hit once imported; cleared: again)
+
+
+def launch_fixed(text: str, tag: str, backend: str, kernel: str, grid: tuple, argv: tuple,
+                 meta: dict) -> None:
+    """Queue `kernel` of a fixed Triton source (attention, kNN selection, tile matmul) on
+    `grid` through the backend table, as every Triton launch is: the module artifact is the
+    executable, a FixedKernel named `triton_<tag>.<kernel>` the op (no propagate lowers to
+    it)."""
+    exe = _fixed_artifact(text, tag, backend)
+    launch(exe, FixedKernel(f"triton_{tag}.{kernel}", "triton"),
+           KernelArgs(jobs=[(getattr(exe.module(), kernel), grid, argv, meta)]))
 
 
 # a launch asks for its fixed module every call, and hashing the source for the key each
@@ -209,6 +221,6 @@ def launch_result(buf, x, dtype: str, device: str):
     return buf.to_numpy(x, dtype) if device == "cpu" else buf.from_array(x, dtype, device)
 
 
-__all__ = ["TritonArtifact", "TritonModule", "module_key", "symbol_for", "import_text",
+__all__ = ["TritonArtifact", "TritonModule", "module_key", "symbol_for", "launch_fixed",
            "ensure_interpreter", "interpret", "tensors", "launch_result", "triton_version",
            "fixed_held", "HOOKS"]

@@ -21,7 +21,7 @@ from ....core import graph_generated as geo
 from ....lower.triton.generated import knn_source
 from ....lower.triton.knn_tiles import knn_tile_source
 from ...run_report import COUNTERS
-from .compile import import_text, interpret, tensors
+from .compile import launch_fixed, tensors
 
 KNN_BLOCK = 64
 KNN_SHELL_DIMS = 3     # cell shells up to here; more coordinates scan every source
@@ -79,9 +79,8 @@ def _knn_walk(graph, device: str) -> dict:
             _knn_shells(tpos, tq, cols, pos, k, backend, device, flags,
                         same=p["query"] is None)
         else:
-            mod = import_text(knn_source(), "knn", backend)
-            with interpret(backend):
-                mod.knn_select[(n,)](tpos, tq, cols, pos.shape[0], k, DIMS=dims, **flags)
+            launch_fixed(knn_source(), "knn", backend, "knn_select", (n,),
+                         (tpos, tq, cols, pos.shape[0], k), dict(DIMS=dims, **flags))
     COUNTERS["knn_selects"] += 1
     row_ptr = buf.from_array(np.arange(n + 1, dtype=np.int64) * k, "int64", device)
     return {"row_ptr": row_ptr, "col_idx": cols, "edge_perm": None}
@@ -104,11 +103,10 @@ def _knn_shells(tpos, tq, cols, pos: np.ndarray, k: int, backend: str, device: s
     start, order = buf.cell_directory(tpos, lo, inv_w, gdims)
     n = tq.shape[0]
     rows = order if same else buf.from_array(np.arange(n, dtype=np.int64), "int64", device)
-    mod = import_text(knn_tile_source(pos.shape[1]), f"knn_tiles{pos.shape[1]}", backend)
-    with interpret(backend):
-        mod.knn_tiles[(-(-n // KNN_TILE_ROWS),)](
-            tpos, tq, cols, start, order, rows, buf.from_array(lo, "float64", device),
-            buf.from_array(gdims, "int64", device),
-            buf.from_array(np.array([inv_w, width], np.float64), "float64", device),
-            n, pos.shape[0], k, BLOCK_R=KNN_TILE_ROWS, **flags)
+    launch_fixed(knn_tile_source(pos.shape[1]), f"knn_tiles{pos.shape[1]}", backend,
+                 "knn_tiles", (-(-n // KNN_TILE_ROWS),),
+                 (tpos, tq, cols, start, order, rows, buf.from_array(lo, "float64", device),
+                  buf.from_array(gdims, "int64", device),
+                  buf.from_array(np.array([inv_w, width], np.float64), "float64", device),
+                  n, pos.shape[0], k), dict(BLOCK_R=KNN_TILE_ROWS, **flags))
     COUNTERS["knn_shell_walks"] += 1

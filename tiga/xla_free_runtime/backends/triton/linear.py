@@ -21,7 +21,7 @@ from ....lower.schedule import triton_dot_precision, triton_matmul_blocks
 from ....lower.triton.linear import linear_source
 from ...run_report import COUNTERS
 from .attention import HALF, operand_types, tf32_allowed
-from .compile import import_text, interpret, launch_result, tensors
+from .compile import launch_fixed, launch_result, tensors
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -73,12 +73,11 @@ def matmul(x, y, form: tuple, out: str, backend: str):
             m, n, k, 2 if it in HALF else np.dtype(it).itemsize, interp)
         import triton.language as tl
 
-        mod = import_text(linear_source(), "linear", backend)
-        with interpret(backend):
-            mod.tile_matmul[(-(-m // bm), -(-n // bn))](
-                a, b, c, m, n, k, sam, sak, sbk, sbn, IT=getattr(tl, it), CT=getattr(tl, ct),
-                PREC=triton_dot_precision(it, tf32_allowed()), BLOCK_M=bm, BLOCK_N=bn,
-                BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        launch_fixed(linear_source(), "linear", backend, "tile_matmul",
+                     (-(-m // bm), -(-n // bn)), (a, b, c, m, n, k, sam, sak, sbk, sbn),
+                     dict(IT=getattr(tl, it), CT=getattr(tl, ct),
+                          PREC=triton_dot_precision(it, tf32_allowed()), BLOCK_M=bm,
+                          BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages))
         COUNTERS["tile_matmuls"] += 1
     return launch_result(buf, c, out, device)
 
