@@ -12,10 +12,11 @@ walks whose tables are call data are refused there with their name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...core.dtypes import as_dtype
 from ...core.errors import UnsupportedError
+from ...core.types import Dim, GraphType
 from ..abi import TEXT_RELATIONS, KernelSignature, KernelSource
 from ..attention_walk import ATTENTION_TILES
 from ..ir import KernelModule, LaunchOp
@@ -30,6 +31,40 @@ ROW_TRAVERSALS = ("csr-row", "transposed-csr-row", "dense-row", "triangular-row"
                   "transposed-triangular-row", "transposed-segment-row",
                   "transposed-stencil-row")
 GENERATED_TRAVERSALS = ("cell-directory-row", "knn-shell-row", "knn-tile-row")
+
+
+# the symbols a relation's counts print as in a size-generic launch (by operand role)
+COUNT_DIMS = {"src": Dim("S"), "dst": Dim("N"), "edge": Dim("E")}
+
+
+def size_generic(op: LaunchOp) -> LaunchOp:
+    """`op` with its relation's counts, and the leading axis of every src/dst/edge field and
+    every grouped output, printed as the symbols S, N and E, for a row walk (ROW_TRAVERSALS);
+    any other launch as it is. The row renderer reads only the row shapes (abi's
+    propagate_operands); the kernel takes the counts at run time (its row range, row_ptr,
+    walk_params), so launches differing only in the counts render the same code, and a key
+    printed from this op compiles once for every batch of graphs. Whole operands (`param`
+    fields, reduce_by="all" outputs) keep their shapes: the code reads them."""
+    comp = op.comp
+    gtype = comp.relation.type
+    if op.traversal not in ROW_TRAVERSALS or not isinstance(gtype, GraphType):
+        return op
+    counts = replace(gtype, num_src=COUNT_DIMS["src"], num_dst=COUNT_DIMS["dst"],
+                     num_edges=COUNT_DIMS["edge"])
+    inputs = tuple(v if role == "param" else _leading(v, COUNT_DIMS[role])
+                   for v, role in zip(comp.inputs, comp.input_roles))
+    sides = (comp.reduce_by if isinstance(comp.reduce_by, tuple) else
+             (comp.reduce_by,) * len(comp.results))
+    results = tuple(v if side == "all" else _leading(v, COUNT_DIMS[side])
+                    for v, side in zip(comp.results, sides))
+    return replace(op, comp=replace(comp, relation=replace(comp.relation, type=counts),
+                                    inputs=inputs, results=results))
+
+
+def _leading(value, dim: Dim):
+    """`value` (an SSA value of a tensor type) with its leading axis printed as `dim`."""
+    t = value.type
+    return replace(value, type=replace(t, shape=(dim,) + tuple(t.shape[1:])))
 
 
 @dataclass(frozen=True)

@@ -35,14 +35,15 @@ class PreparedLaunch:
     threads: int
     stage_max: int       # a misaligned gathered field above this many bytes is copied first
     blob: bytes = b""    # the argv of `template` as bytes (filled in by __post_init__)
-    op: object = None    # the Kernel op launched, its target and row range (__post_init__)
+    op: object = None    # the Kernel op launched (default: exe.kernel), its target, row range
     target: str = ""
     rows: tuple = (0, 0)
 
     def __post_init__(self):
         object.__setattr__(self, "blob", bytes(self.argv_t(*self.template)))
-        object.__setattr__(self, "op", self.exe.kernel)
-        object.__setattr__(self, "target", self.exe.kernel.target)
+        if self.op is None:
+            object.__setattr__(self, "op", self.exe.kernel)
+        object.__setattr__(self, "target", self.op.target)
         if self.single is not None:     # (one call over every row: KernelArgs' chunks None)
             object.__setattr__(self, "rows", (0, self.single))
             object.__setattr__(self, "chunks", None)
@@ -99,11 +100,11 @@ def prepare(exe, eqn, graph) -> PreparedLaunch | None:
     stage_max = -1 if P.num_threads() == 1 else P.STAGE_SHARED_MAX_BYTES
     if sig.parallel == "single":
         return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs,
-                              bound.argv_t, bound.rows, [], 1, stage_max)
+                              bound.argv_t, bound.rows, [], 1, stage_max, op=bound.op)
     launch = P._run_schedule(exe, eqn, sig)
     chunks = P._chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
     return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs, bound.argv_t,
-                          None, chunks, launch.threads, stage_max)
+                          None, chunks, launch.threads, stage_max, op=bound.op)
 
 
 __all__ = ["PreparedLaunch", "prepare"]

@@ -39,7 +39,7 @@ if CPU_LLVM_AVAILABLE:
     from ....lower.abi import relation_descriptor
     from ....lower.backends import BACKENDS
     from ....lower.llvm import CodegenUnsupported
-    from ....lower.llvm.render import CallData
+    from ....lower.llvm.render import CallData, size_generic
 
 
 NOT_LOWERED = ("the IR stages do not express this propagate (lowering it to a "
@@ -113,10 +113,12 @@ def kernel_text(op, eqn) -> str:
     """What a compiled kernel is keyed by: its printed `gf_kernel.launch` op (edge and reducer
     regions, types and schedule), or the printed equation when the IR does not express it.
     The pool size is printed as 0: it decides the runtime's row chunks, never the code, so
-    one kernel serves every thread count."""
+    one kernel serves every thread count; a row walk's relation counts print as symbols
+    (render.size_generic): the kernel reads them at run time, so one kernel serves every
+    batch of graphs, whatever its node and edge counts."""
     if op is None:
         return equation_text(eqn)
-    return print_op(replace(op, schedule=replace(op.schedule, threads=0)))
+    return print_op(size_generic(replace(op, schedule=replace(op.schedule, threads=0))))
 
 
 def _kernel_of(eqn, graph, held=None):
@@ -180,7 +182,7 @@ def generic_plan(eqn, graph, *, compile: bool = True, held=None):
                 build("probe")  # raises when unsupported; compiling waits for the call
             return key
         exe = CACHE.get(key, build)
-        if exe.kernel is None:      # (ops of one key print alike: any of them names it)
+        if exe.kernel is None:      # (ops of one key render alike: any of them names it)
             exe.kernel = op
         return exe
     except CodegenUnsupported as exc:
@@ -384,7 +386,7 @@ def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None,
         addrs[at] = _address(o)
     argv = bound.argv_t(*addrs)
     if sig.parallel == "single":
-        launch(exe, exe.kernel, KernelArgs(argv, rows=(0, bound.rows)))
+        launch(exe, bound.op, KernelArgs(argv, rows=(0, bound.rows)))
         return outs
     schedule = _run_schedule(exe, eqn, sig)
     if cap is not None and cap < schedule.threads:
@@ -395,8 +397,8 @@ def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None,
         arrays = dict(bound.arrays)
         for i, f in enumerate(fields):
             arrays[f"field:{i}"] = f
-        return _partial_sums(exe, sig, arrays, outs, chunks, threads, bound.rows)
-    launch(exe, exe.kernel, KernelArgs(argv, chunks, threads))
+        return _partial_sums(exe, bound.op, sig, arrays, outs, chunks, threads, bound.rows)
+    launch(exe, bound.op, KernelArgs(argv, chunks, threads))
     return outs
 
 
@@ -415,6 +417,7 @@ class _Bound:
     out_at: tuple
     argv_t: type
     gathered: tuple        # fields read at random rows, worth an aligned copy (see below)
+    op: object             # the Kernel op launched (_call_op)
 
 
 # A gathered row that starts mid cache line touches one more line than it needs (a 128-byte
@@ -549,9 +552,21 @@ def _bound(exe: Executable, graph, eqn) -> _Bound:
                    field_at=tuple(sig.slots.index(f"field:{i}") for i in range(len(sig.roles))),
                    out_at=tuple(sig.slots.index(f"out:{k}") for k in range(len(sig.out_shapes))),
                    argv_t=ctypes.c_void_p * len(sig.slots),
-                   gathered=_gathered(sig, eqn, graph) if sig.relation == ("csr",) else ())
+                   gathered=_gathered(sig, eqn, graph) if sig.relation == ("csr",) else (),
+                   op=_call_op(exe, eqn, graph))
     per_graph[exe.key] = found      # (one dict item store: atomic under the GIL)
     return found
+
+
+def _call_op(exe: Executable, eqn, graph):
+    """The Kernel op the calls over this relation launch: the equation's own, with this
+    relation's sizes (what the call's Task module prints), where its plan memoised it for
+    `exe`; else the op `exe` was compiled from (ops differing only in the relation's counts
+    share a kernel: kernel_text)."""
+    found = _kernel_of(eqn, graph)
+    if isinstance(found, tuple) and found[0] == exe.key and found[1] is not None:
+        return found[1]
+    return exe.kernel
 
 
 def _address(a: np.ndarray) -> int:
@@ -568,14 +583,14 @@ def _argv(sig, arrays: dict, outs: list):
         for s in sig.slots])
 
 
-def _partial_sums(exe, sig, arrays, outs, chunks, threads, rows) -> list:
+def _partial_sums(exe, op, sig, arrays, outs, chunks, threads, rows) -> list:
     """reduce_by='all' with sum: every chunk folds into its own output row; add them up."""
     if len(chunks) <= 1:
-        launch(exe, exe.kernel, KernelArgs(_argv(sig, arrays, outs), rows=(0, rows)))
+        launch(exe, op, KernelArgs(_argv(sig, arrays, outs), rows=(0, rows)))
         return outs
     parts = [[np.empty_like(o) for o in outs] for _ in chunks]
     jobs = [(a, b, _argv(sig, arrays, p)) for (a, b), p in zip(chunks, parts)]
-    launch(exe, exe.kernel, KernelArgs(threads=threads, jobs=jobs))
+    launch(exe, op, KernelArgs(threads=threads, jobs=jobs))
     for k, o in enumerate(outs):
         np.sum([p[k] for p in parts], axis=0, out=o)
     return outs
