@@ -16,7 +16,7 @@ from gpu_env import BACKEND, DEVICE, MARKS, ON_CPU, WHY, torch  # noqa: E402,F40
 import tiga as tg  # noqa: E402
 from tiga.core.prims.linalg import dot_general_p  # noqa: E402
 from tiga.testing import reference_grad  # noqa: E402
-from tiga.xla_free_runtime import executor  # noqa: E402
+from tiga.xla_free_runtime import executor, program_cache  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import attention as triton_attention  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import linear  # noqa: E402
 from tiga.xla_free_runtime.run_report import COUNTERS  # noqa: E402
@@ -94,8 +94,7 @@ def test_tile_matmul(dtype, tol, form):
 @pytest.fixture
 def tile_products(monkeypatch):
     monkeypatch.setitem(executor.OVERRIDES, dot_general_p, linear.dot_rule)
-    monkeypatch.setattr(executor, "_RULES", {})
-    monkeypatch.setattr(executor, "_PREPARED", {})
+    program_cache.forget()      # (walks' rules and launch lists made before the override)
     before = COUNTERS["tile_matmuls"]
     return lambda: COUNTERS["tile_matmuls"] - before
 

@@ -9,7 +9,7 @@ import pytest
 
 import tiga as tg
 from tiga.trace import call_cache
-from tiga.xla_free_runtime import interpreter
+from tiga.xla_free_runtime import program_cache
 from tiga.xla_free_runtime.backends.triton import prepared as triton_prepared
 
 N, E = 40, 160
@@ -53,7 +53,7 @@ def test_backend_change_between_warm_calls(monkeypatch):
             check()
         assert len(staged) == planned      # each switch: the full path once, then warm
     assert len(launched) == 2              # the two warm calls on triton's prepared launch
-    backends = {e[1].backend for e in interpreter._PREPARED.values() if e[1] is not None}
+    backends = {p.backend for _, p in program_cache.entries("prepared") if p is not None}
     assert "cpu-llvm" in backends
     monkeypatch.setenv("TIGA_BACKEND", "no-such-backend")
     with pytest.raises(tg.UnsupportedError, match="TIGA_BACKEND"):

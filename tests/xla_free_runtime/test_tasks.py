@@ -235,7 +235,7 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import tiga as tg
-from tiga.xla_free_runtime import interpreter as tasks
+from tiga.xla_free_runtime import interpreter as tasks, program_cache
 rng = np.random.default_rng(0)
 g = tg.Graph.from_coo(rng.integers(0, 30, 90), rng.integers(0, 30, 90), num_src=30, num_dst=30)
 x = rng.standard_normal((30, 4)).astype(np.float32)
@@ -244,7 +244,7 @@ def f(g, x):
     return tg.propagate(g, lambda s, d, e: s.h, tg.max(), src={"h": h * 2.0})
 jf = tg.jit(f)
 jf(g, x)
-walked = [str(w.module) for _, per in tasks._WALKS.values() for w in per.values()
+walked = [str(w.module) for _, per in program_cache.entries("walks") for w in per.values()
           if isinstance(w, tasks.TaskWalk)]
 json.dump(walked, open(sys.argv[1], "w"))
 """

@@ -13,7 +13,7 @@ import pytest
 
 import tiga as tg
 from tiga.trace import call_cache, warm_calls
-from tiga.xla_free_runtime import interpreter
+from tiga.xla_free_runtime import program_cache
 
 N, E = 40, 160
 GAIN = 1.0
@@ -128,7 +128,7 @@ def test_thread_count_change_between_warm_calls(monkeypatch):
     _check(layer, g, s, d, x, w, 2.0)
     assert staging.calls == before + 1        # the prepared list was for one thread
     _check(layer, g, s, d, x, w, 2.0)
-    prepared = [e[1] for e in interpreter._PREPARED.values() if e[1] is not None]
+    prepared = [p for _, p in program_cache.entries("prepared") if p is not None]
     assert any(p.threads == 2 for p in prepared)
     monkeypatch.setenv("TIGA_NUM_THREADS", "0")     # a bad value still raises warm
     with pytest.raises(tg.TigaError, match="TIGA_NUM_THREADS"):

@@ -21,7 +21,6 @@ back before anything runs.
 from __future__ import annotations
 
 import hashlib
-import weakref
 from dataclasses import replace
 from functools import partial
 
@@ -76,6 +75,7 @@ from .paging.degrees import paged_degrees
 from .paging.pages import pageable, walked_eqn
 from .paging.resident import plan_resident
 from .paging.run import PagedPlan, plan_paged, task_ir
+from .program_cache import memo as memo_of
 from .routes import describe_program, paged_propagates, propagates_of
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
@@ -348,7 +348,7 @@ def _run(program: GraphProgram, args: list) -> list:
     if walk.launches and walk.threads == num_threads():
         # its propagates run the Kernel ops the Task module holds (scheduled for this pool)
         if overrides is OVERRIDES:     # (no per-call routes: the same rules every call)
-            outs = run_walk(walk, program, args, _held_rules(walk))
+            outs = run_walk(walk, program, args, _held_rules(program, walk))
             _prepare(program, walk, args)
             return outs
         rule = partial(_propagate, overrides[propagate_p].args[0], walk)
@@ -413,20 +413,16 @@ def _run_plan(route, eqn, values: list) -> list:
     return route.run(eqn, values[0], values[1:])
 
 
-def _held_rules(walk: TaskWalk) -> dict:
-    """OVERRIDES with propagates run from the Kernel ops `walk` holds: built once per walk
-    (a warm call reuses it; the dict is only read)."""
-    entry = _RULES.get(id(walk))
-    if entry is not None and entry[0]() is walk:
-        return entry[1]
+def _held_rules(program: GraphProgram, walk: TaskWalk) -> dict:
+    """OVERRIDES with propagates run from the Kernel ops `walk` (one of `program`'s) holds:
+    built once per walk (a warm call reuses it; the dict is only read)."""
+    per_walk = memo_of(program).setdefault("rules", {})   # id(walk) -> (walk, its rules)
+    found = per_walk.get(id(walk))
+    if found is not None and found[0] is walk:
+        return found[1]
     rules = {**OVERRIDES, propagate_p: partial(_propagate, None, walk)}
-    if len(_RULES) > 1024:
-        _RULES.clear()
-    _RULES[id(walk)] = (weakref.ref(walk), rules)
+    per_walk[id(walk)] = (walk, rules)
     return rules
-
-
-_RULES: dict = {}    # id(TaskWalk) -> (weak walk, its rules); a walk is fixed once built
 
 
 def _propagate(routes, walk, eqn, vals):

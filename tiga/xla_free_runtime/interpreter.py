@@ -40,6 +40,7 @@ from ..core.types import Dim, GraphType
 from ..lower.ir.base import RelationOp, TensorOp
 from ..lower.ir.kernel import LaunchOp
 from ..lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
+from .program_cache import memo
 from .threads import num_threads
 
 TRANSFER, RUN, RELEASE, JOIN = "transfer", "run", "release", "join"
@@ -70,28 +71,14 @@ class NoWalk:
 def cached_walk(program: GraphProgram, binding: tuple = ()) -> TaskWalk | NoWalk | None:
     """The walk built for `program` under `binding` (binding.call_binding), or None: programs
     come from the call cache, so a warm call finds its walk here without lowering."""
-    entry = _WALKS.get(id(program))
-    if entry is not None and entry[0]() is program:
-        return entry[1].get(binding)
-    return None
+    return memo(program).get("walks", {}).get(binding)
 
 
 def remember_walk(program: GraphProgram, binding: tuple, walk):
-    """Keep `walk` (a TaskWalk or NoWalk) for `program` under `binding`; returns it."""
-    entry = _WALKS.get(id(program))
-    if entry is None or entry[0]() is not program:
-        key = id(program)
-        # (keyed by identity: equal programs hold different Vars, and the steps hold this
-        # one's)
-        entry = _WALKS[key] = (weakref.ref(program, lambda _, key=key: _WALKS.pop(key, None)),
-                               {})
-    entry[1][binding] = walk
+    """Keep `walk` (a TaskWalk or NoWalk) for `program` under `binding`; returns it (derived
+    from the program's structure and the call's binding, no value of any call)."""
+    memo(program).setdefault("walks", {})[binding] = walk
     return walk
-
-
-# id(program) -> (weak program, {binding: its TaskWalk or NoWalk}): derived from the
-# program's structure and the call's binding (no value of any call), dropped with the program
-_WALKS: dict = {}
 
 
 def module_name(program: GraphProgram) -> str:
@@ -330,8 +317,8 @@ def prepared_walk(program: GraphProgram, args: list, host_args: bool = False):
     """The PreparedWalk kept for `program` (remember_prepared) when `args` can take it (the
     caller checks its relations: PreparedWalk.matches), else None. `host_args`: the caller
     checked that `args` are the program's arguments, each a numpy array or a tg.Graph."""
-    entry = _PREPARED.get(id(program))
-    if entry is None or entry[1] is None or entry[0]() is not program:
+    prep = memo(program).get("prepared")
+    if prep is None:
         return None
     if not host_args:
         if len(args) != len(program.in_binders):
@@ -339,29 +326,20 @@ def prepared_walk(program: GraphProgram, args: list, host_args: bool = False):
         for a in args:
             if type(a) is not np.ndarray and not isinstance(a, Graph):
                 return None
-    return entry[1]
+    return prep
 
 
 def remember_prepared(program: GraphProgram, args: list, make) -> None:
     """Keep `make()` (a PreparedWalk, or None: not preparable) for `program`; not asked again
     for the relations None was decided for."""
-    entry = _PREPARED.get(id(program))
+    entry = memo(program)
     relations = tuple(id(a) for v, a in zip(program.in_binders, args)
                       if isinstance(v.type, GraphType))
-    if (entry is not None and entry[0]() is program and entry[1] is None
-            and entry[2] == relations):
+    # (the relations' ids None was decided for: not asked again for them)
+    if entry.get("prepared") is None and entry.get("unprepared") == relations:
         return
-    prep = make()
-    if len(_PREPARED) > 1024:
-        _PREPARED.clear()
-    key = id(program)
-    _PREPARED[key] = (weakref.ref(program, lambda _, key=key: _PREPARED.pop(key, None)), prep,
-                      None if prep is not None else relations)
-
-
-# id(program) -> (weak program, its PreparedWalk or None, the relations' ids None was
-# decided for): the launch lists of warm calls, bound to the relations they were prepared for
-_PREPARED: dict = {}
+    prep = entry["prepared"] = make()
+    entry["unprepared"] = None if prep is not None else relations
 
 
 def warm_steps(steps: tuple) -> tuple:

@@ -17,7 +17,6 @@ reduction over rows is this rank's part.
 from __future__ import annotations
 
 import time
-import weakref
 
 import numpy as np
 
@@ -49,16 +48,12 @@ from ..interpreter import (
     interpret,
     run_walk,
 )
+from ..program_cache import memo
 from ..run_report import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
 from .graph import DistributedGraph, is_distributed
 from .plan import exchanged, halo_plan
-
-# id(program) -> (weak program, its facts): the DistributedGraphs it captured (literals, also
-# inside loop bodies) and the other primitives reading a relation (_Rules refuses them on a
-# DistributedGraph); derived from the program alone, dropped with it
-_FACTS: dict = {}
 
 # what _Rules runs itself (the other primitives reading a relation are refused)
 _OWN_RULES = frozenset({propagate_p, repeat_p, while_loop_p, cond_p, degrees_p, edge_ids_p})
@@ -75,15 +70,15 @@ def distributed_call(program: GraphProgram, args: list) -> bool:
 
 def _facts(program: GraphProgram) -> tuple:
     """(literal DistributedGraphs, primitives other than _OWN_RULES with a relation operand)
-    of `program` and the programs in its parameters, memoised per program."""
-    entry = _FACTS.get(id(program))
-    if entry is not None and entry[0]() is program:
-        return entry[1]
-    literals, readers = [], set()
-    _scan(program, literals, readers)
-    found = (tuple(literals), frozenset(readers - _OWN_RULES))
-    key = id(program)
-    _FACTS[key] = (weakref.ref(program, lambda _, key=key: _FACTS.pop(key, None)), found)
+    of `program` and the programs in its parameters (the second: _Rules refuses them on a
+    DistributedGraph), memoised per program."""
+    entry = memo(program)
+    found = entry.get("distributed_facts")
+    if found is None:
+        literals, readers = [], set()
+        _scan(program, literals, readers)
+        found = entry["distributed_facts"] = (tuple(literals),
+                                              frozenset(readers - _OWN_RULES))
     return found
 
 

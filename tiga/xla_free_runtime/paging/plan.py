@@ -2,13 +2,14 @@
 
 The plan is the one-page Task IR of the kernel that runs on every page (the propagate over a
 CSR relation, lowered through the same stages as any program, with the call's signature: the
-executor hands the module down), unrolled over the pages by the lowering pass lower/passes/plan_paged_tasks:
-per page, the relation's rows and each field's rows or gathered distinct rows (transfers on
-the page's loader stream, issued a few launches ahead), the kernel region (task_kind
-"page"), the page's writes into the result; the releases and a join last. On the Triton route
-with a device tier, each page's loaded buffers are also copied host -> device on the device's
-stream (the next page's copies issued before the current page's launch) and its results are
-written from the device; the kernel region carries the Triton schedule that was rendered.
+executor hands the module down), unrolled over the pages by the lowering pass
+lower/passes/plan_paged_tasks: per page, the relation's rows and each field's rows or gathered
+distinct rows (transfers on the page's loader stream, issued a few launches ahead), the kernel
+region (task_kind "page"), the page's writes into the result; the releases and a join last. On
+the Triton route with a device tier, each page's loaded buffers are also copied host -> device
+on the device's stream (the next page's copies issued before the current page's launch) and its
+results are written from the device; the kernel region carries the Triton schedule that was
+rendered.
 
 `handlers.PagedRun` is the handler set the interpreter runs it with (interpreter.interpret).
 """

@@ -1,20 +1,19 @@
 """runtime: paged execution of a propagate over a stored ("paged") relation.
 
-A page is a range of destination rows (of source rows, for a propagate grouped by source:
-it walks the transposed relation, built once into the store by store_transpose). Per page
-the runtime reads the CSR row range from the store, gathers each distinct source row once
-into a compact buffer (the page's column ids remapped onto it, see distinct()), runs the
-same compiled kernel as the in-memory path on the page-local CSR, and writes the output rows
-to a host array (the kernel writes them in place), or to a disk tensor when the result
-would not fit the host budget. The plan is Task IR (lower/passes/plan_paged_tasks: per page
-its transfers on a loader stream, issued a few launches ahead, one gf_task.launch and its
-writes), run by the interpreter's one loop with the handlers of handlers.py: a transfer is a job on
-its loader thread, so the next pages load while one computes (reused page buffers:
-buffers.py). The executor hands down the one-page Task module its pages unroll and the
-Kernel op a CSR read whole runs (nothing here lowers); explain() prints the pages with the last run's
-measurements. Under a Triton backend the pages run its kernel, streamed through the device
-tier where there is one (device.py: TritonPages, the handlers the device ops delegate to).
-"""
+A page is a range of destination rows (of source rows, for a propagate grouped by source: it
+walks the transposed relation, built once into the store by store_transpose). Per page the
+runtime reads the CSR row range from the store, gathers each distinct source row once into a
+compact buffer (the page's column ids remapped onto it, see distinct()), runs the same compiled
+kernel as the in-memory path on the page-local CSR, and writes the output rows to a host array
+(the kernel writes them in place), or to a disk tensor when the result would not fit the host
+budget. The plan is Task IR (lower/passes/plan_paged_tasks: per page its transfers on a loader
+stream, issued a few launches ahead, one gf_task.launch and its writes), run by the
+interpreter's one loop with the handlers of handlers.py: a transfer is a job on its loader
+thread, so the next pages load while one computes (reused page buffers: buffers.py). The
+executor hands down the one-page Task module its pages unroll and the Kernel op a CSR read
+whole runs (nothing here lowers); explain() prints the pages with the last run's measurements.
+Under a Triton backend the pages run its kernel, streamed through the device tier where there
+is one (device.py: TritonPages, the handlers the device ops delegate to)."""
 from __future__ import annotations
 
 import dataclasses
