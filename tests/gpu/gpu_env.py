@@ -1,8 +1,9 @@
 """Where the GPU tests run and why they skip, in one place: on a CUDA device with compiled
-Triton kernels, or with TIGA_GPU_TESTS_ON_CPU=1 through Triton's interpreter on CPU. Triton
-reads TRITON_INTERPRET when it is imported, so a test module imports this before tiga; a
-process that already imported Triton for its interpreter cannot compile kernels (`make test`
-runs tests/gpu in a process of its own)."""
+Triton kernels, or through Triton's interpreter on CPU: TIGA_GPU_TESTS_ON_CPU=1 always,
+"auto" (what `make test` sets) where torch sees no CUDA device, 0 never (they skip, saying
+why). Triton reads TRITON_INTERPRET when it is imported, so a test module imports this
+before tiga; a process that already imported Triton for its interpreter cannot compile
+kernels (`make test` runs tests/gpu in a process of its own)."""
 from __future__ import annotations
 
 import os
@@ -10,11 +11,13 @@ import sys
 
 import pytest
 
-ON_CPU = os.environ.get("TIGA_GPU_TESTS_ON_CPU") == "1"
+torch = pytest.importorskip("torch")     # (before triton: it decides the interpreter)
+
+_MODE = os.environ.get("TIGA_GPU_TESTS_ON_CPU", "0")
+ON_CPU = _MODE == "1" or (_MODE == "auto" and not torch.cuda.is_available())
 if "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1" if ON_CPU else "0"
 
-torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 
