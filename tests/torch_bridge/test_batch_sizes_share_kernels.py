@@ -130,3 +130,36 @@ def test_shuffled_gin_batches_compile_once_and_match_pyg(monkeypatch, tmp_path):
         counts.append((int(batch.num_dst), int(batch.num_edges), _builds()))
     assert len({c[:2] for c in counts}) >= 4, "the batches should differ in their counts"
     assert all(c[2] == counts[0][2] for c in counts), f"later batches built kernels: {counts}"
+
+
+@pytest.mark.parametrize("coo", [False, True])
+def test_bucketed_batches_give_the_unpadded_results_bit_for_bit(coo):
+    """tg.Graph.batch relations run padded to bucketed sizes (layers/buckets.py); the same
+    relation as a plain tg.Graph runs unpadded: outputs and gradients are equal exactly."""
+    from tiga.torch_bridge.layers.buckets import bucketed
+
+    rng = np.random.default_rng(6)
+    sizes = rng.integers(5, 12, 9)
+    edges = [_molecule(rng, int(n)) for n in sizes]
+    if coo:     # graphs with an edge permutation (user order is not destination order)
+        edges = [e[:, torch.from_numpy(rng.permutation(e.size(1)))] for e in edges]
+    batch = tg.Graph.batch([tg.Graph.from_edge_index(e, num_nodes=int(n))
+                            for e, n in zip(edges, sizes)])
+    plain = tg.Graph.from_edge_index(torch.as_tensor(batch.to_edge_index()),
+                                     num_nodes=int(batch.num_dst))
+    assert bucketed(batch) and not bucketed(plain)
+    ids = torch.as_tensor(np.asarray(batch.batch))
+    torch.manual_seed(1)
+    layer = tg.nn.GINConv(torch.nn.Linear(5, 5), train_eps=True)
+    x = torch.randn(int(batch.num_dst), 5)
+    results = []
+    for rel, pool_by in ((batch, batch), (plain, ids)):
+        leaf = x.clone().requires_grad_()
+        h = layer(leaf, rel).relu()
+        out = torch.cat([tg.nn.global_add_pool(h, pool_by), tg.nn.global_max_pool(h, pool_by),
+                         tg.nn.global_mean_pool(h, pool_by)], dim=1)
+        layer.zero_grad()
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        results.append([h, out, leaf.grad] + [p.grad.clone() for p in layer.parameters()])
+    for a, b in zip(*results):
+        assert a.shape == b.shape and torch.equal(a, b)

@@ -18,6 +18,7 @@ import torch
 from ...core.graph import Graph
 from ...core.graph_batch import GraphBatch
 from .aggr import MaxAggregation, MeanAggregation, SoftmaxAggregation, SumAggregation
+from .buckets import run_bucketed
 from .common import LayerArgumentError, snapshot, unchanged
 
 
@@ -80,7 +81,8 @@ def _pool(aggr, x, batch, size, whole):
     flat = x.dim() == 1
     nodes = x.unsqueeze(-1) if flat else x.movedim(-2, 0)
     graph = pool_relation(batch, nodes.size(0), size)
-    out = aggr.over(graph, nodes)
+    # (a tg.Graph.batch's readout runs at bucketed sizes, as its layers do: buckets.py)
+    out = run_bucketed(graph, nodes, aggr.over, pad=isinstance(batch, GraphBatch))
     return out.squeeze(-1) if flat else out.movedim(0, -2)
 
 

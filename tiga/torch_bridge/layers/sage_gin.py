@@ -13,6 +13,7 @@ from ...core.reducers import sum as sum_r
 from ...trace import math as tm
 from ...trace.message_passing import MessagePassing
 from .aggr import fused_names, over, over_names, resolve
+from .buckets import run_bucketed
 from .common import LayerArgumentError, check_positive, relation, reset_children
 from .inputs import (
     adjacency,
@@ -33,7 +34,7 @@ def _names_region(edge_index, settings, x_src, x_dst):
     (opaque.region): rows of x_dst."""
     name, names = settings
     graph = relation(name, edge_index, x_src.size(0), x_dst.size(0))
-    return over_names(names, graph, x_src)
+    return run_bucketed(graph, x_src, lambda g, x: over_names(names, g, x))
 
 
 def aggregate(name: str, aggr, adj, x_src, x_dst, n_dst: int):
