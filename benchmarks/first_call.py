@@ -150,8 +150,8 @@ def main(argv=None) -> int:
     print(f"First call, median of {reps} fresh processes "
           f"(propagate: {ROWS:,} rows x {DEGREE} neighbours x {FEATURES} features; "
           f"loop: {LOOP_STEPS} sweeps over {LOOP_ROWS:,} rows)")
-    print(f"| figure | median ms | min-max ms | target ms | met |")
-    print(f"|---|---:|---:|---:|:-:|")
+    print("| figure | median ms | min-max ms | target ms | met |")
+    print("|---|---:|---:|---:|:-:|")
     failed = 0
     for label, key, target in TARGETS:
         ts = got[key]

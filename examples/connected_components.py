@@ -35,7 +35,7 @@ def connected_components(graph: tg.Graph) -> tuple[np.ndarray, int]:
         return new, (new < label).astype(tg.int64).sum()
 
     label = np.arange(graph.num_dst, dtype=np.float64)
-    for sweeps in range(1, graph.num_dst + 2):
+    for sweeps in range(1, graph.num_dst + 2):  # noqa: B007  (returned: the sweeps run)
         label, changed = sweep(label)
         if int(np.asarray(changed)) == 0:
             break

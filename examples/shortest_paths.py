@@ -46,7 +46,7 @@ def shortest_paths(graph: tg.Graph, weight: np.ndarray, source: int):
     dist = np.full(n, np.inf)
     dist[source] = 0.0
     pred = np.full(n, -1, np.int64)
-    for sweeps in range(1, n + 1):
+    for sweeps in range(1, n + 1):  # noqa: B007  (returned: the sweeps run)
         dist, pred, changed = sweep(dist, pred)
         if int(np.asarray(changed)) == 0:
             break

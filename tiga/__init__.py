@@ -6,25 +6,26 @@ __version__ = "0.1.0"
 from . import autodiff as _autodiff  # noqa: F401  (registers VJP rules)
 from . import core as _core  # noqa: F401  (registers primitives)
 from . import distributed, nn
+from ._transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
 from .api import grad, jit, value_and_grad, vjp
 from .autodiff.fixed_point import fixed_point
 from .core.check import check_program
 from .core.config import ConfigError, config
 from .core.dtypes import bfloat16, bool_, float16, float32, float64, int32, int64
 from .core.errors import (
-                          CompilationError,
-                          DistributedError,
-                          DTypeError,
-                          FieldError,
-                          GraphValidationError,
-                          LayerArgumentError,
-                          ProgramError,
-                          RequiresGradError,
-                          ShapeError,
-                          StorageError,
-                          TigaError,
-                          TraceError,
-                          UnsupportedError,
+    CompilationError,
+    DistributedError,
+    DTypeError,
+    FieldError,
+    GraphValidationError,
+    LayerArgumentError,
+    ProgramError,
+    RequiresGradError,
+    ShapeError,
+    StorageError,
+    TigaError,
+    TraceError,
+    UnsupportedError,
 )
 from .core.eval import eval_program
 from .core.graph import Graph
@@ -38,9 +39,8 @@ from .trace.control import checkpoint, fori_loop, repeat, scan, while_loop
 from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
 from .trace.unroll import TraceWarning
-from ._transforms import custom_jvp, custom_vjp, hessian, jacfwd, jacrev, jvp, linearize, vmap
-from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.artifacts import CacheTrustWarning
+from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
 from .xla_free_runtime.explain import Explanation
 from .xla_free_runtime.memory import budgets as memory
 from .xla_free_runtime.memory.scope import scope

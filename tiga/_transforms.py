@@ -23,7 +23,7 @@ from .core.errors import ShapeError, TigaError
 from .core.types import GraphType, TensorType
 from .trace import math as m
 from .trace.pytree import tree_flatten, tree_unflatten
-from .trace.staging import leaf_aval, leaf_value, trace_flat
+from .trace.staging import leaf_aval, leaf_value
 from .trace.tracer import Tracer, current_builder
 
 _JVP = opt.ProgramFacts("vjp")   # derived programs get the passes a VJP gets

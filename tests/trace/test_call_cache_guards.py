@@ -76,7 +76,7 @@ def test_changed_module_global_and_dict_entry_retrace(traces):
         for scale, k in [(2.0, 1.0), (2.0, 1.0), (-0.5, 1.0), (-0.5, 4.0)]:
             SCALE, CONST["k"] = scale, k
             y = tg.propagate(g, edge_global, tg.sum(), src={"x": X})
-            np.testing.assert_allclose(np.asarray(y), oracle(lambda r: r * scale * k))
+            np.testing.assert_allclose(np.asarray(y), oracle(lambda r, s=scale, k=k: r * s * k))
     finally:
         SCALE, CONST["k"] = old, 1.0
     assert traces["call"] == 3      # the repeated values hit
@@ -89,7 +89,7 @@ def test_helper_function_reading_a_global_is_guarded():
         for factor in (3.0, 7.0):
             FACTOR = factor
             y = tg.propagate(g, edge_helper, tg.sum(), src={"x": X})
-            np.testing.assert_allclose(np.asarray(y), oracle(lambda r: r * factor))
+            np.testing.assert_allclose(np.asarray(y), oracle(lambda r, f=factor: r * f))
     finally:
         FACTOR = 3.0
 
@@ -149,8 +149,8 @@ def test_any_sequence_of_global_values_matches_python(values):
         for v in values:
             SCALE = v
             y = np.asarray(tg.propagate(g, edge_global, tg.sum(), src={"x": X}))
-            np.testing.assert_array_equal(np.signbit(y), np.signbit(oracle(lambda r: r * v)))
-            np.testing.assert_allclose(y, oracle(lambda r: r * v))
+            np.testing.assert_array_equal(np.signbit(y), np.signbit(oracle(lambda r, v=v: r * v)))
+            np.testing.assert_allclose(y, oracle(lambda r, v=v: r * v))
     finally:
         SCALE = 2.0
 

@@ -4,11 +4,11 @@ gradients against oracles independent of the route (_grad_oracle: the gradient p
 by the numpy reference interpreter, and float64 central differences)."""
 import numpy as np
 import pytest
+from _grad_oracle import check_grad, directions_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from _grad_oracle import check_grad, directions_for
 
 REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax"]
 FEATURES = 3            # not a power of two: padded lanes are masked

@@ -7,11 +7,11 @@ the split degree inside a tile; NaN through max/min; int32 and int64 relations. 
 checks that the kernel printed for it (program.ir("triton")) is the row-tiled one."""
 import numpy as np
 import pytest
+from _grad_oracle import check_grad, directions_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from _grad_oracle import check_grad, directions_for
 
 REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax", "argmin", "argmax"]
 F = 20            # padded to 32 lanes (masked); 8 rows per program at this width

@@ -125,7 +125,7 @@ class custom_vjp(_Custom):
                 raise TigaError(f"custom_vjp {self.__name__}: bwd must return a tuple with one "
                                 f"cotangent per argument ({len(args)})")
             flat = []
-            for c, tree, a in zip(cts, per_arg, args):
+            for c, _tree, a in zip(cts, per_arg, args):
                 a_leaves = tree_flatten(a)[0]
                 c_leaves = [None] * len(a_leaves) if c is None else tree_flatten(c)[0]
                 flat += [m.zeros_like(x) if cl is None else cl

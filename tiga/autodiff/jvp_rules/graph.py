@@ -16,17 +16,17 @@ An update function's tangent runs per row through map_rows of its JVP program.
 from __future__ import annotations
 
 from ...core.errors import UnsupportedError
+from ...core.primitive import abstract_eval_rules
 from ...core.prims.generated import knn_p, radius_p
 from ...core.prims.graph import degrees_p, edge_ids_p, map_rows_p, propagate_p
-from ...core.primitive import abstract_eval_rules
 from ...core.program import ClosedProgram
-from ...core.types import TensorType
 from ...core.reducers import argmax as argmax_reducer
 from ...core.reducers import argmin as argmin_reducer
 from ...core.reducers import min as min_reducer
 from ...core.reducers import online_softmax as softmax_reducer
 from ...core.reducers import prod as prod_reducer
 from ...core.reducers import sum as sum_reducer
+from ...core.types import TensorType
 from ...trace import math as m
 from ...trace.math import _typeof
 from ...trace.tracer import aval_of, bind
@@ -207,7 +207,7 @@ def _softmax(ctx, outs, reducer):
     tys = ctx.propagate(value, softmax_reducer(reducer.prune_threshold), ys)
     if not reducer.stats:
         return list(tys)
-    top, mass = outs[pairs], outs[pairs + 1]
+    top = outs[pairs]
     (dtop,) = _first_extremal(ctx, [top], lambda msgs, tmsgs: ([msgs[0]], [tmsgs[0]]), "max")
     dmass = ctx.propagate(lambda msgs, tmsgs, aux, eid: [m.multiply(
         m.exp(m.subtract(msgs[0], aux[0])), m.subtract(tmsgs[0], aux[1]))], sum_reducer(),
