@@ -53,7 +53,7 @@ def test_backend_change_between_warm_calls(monkeypatch):
             check()
         assert len(staged) == planned      # each switch: the full path once, then warm
     assert len(launched) == 2              # the two warm calls on triton's prepared launch
-    backends = {p.backend for _, p in program_cache.entries("prepared") if p is not None}
+    backends = {p.backend for _, preps in program_cache.entries("prepared") for p in preps}
     assert "cpu-llvm" in backends
     monkeypatch.setenv("TIGA_BACKEND", "no-such-backend")
     with pytest.raises(tg.UnsupportedError, match="TIGA_BACKEND"):

@@ -128,7 +128,7 @@ def test_thread_count_change_between_warm_calls(monkeypatch):
     _check(layer, g, s, d, x, w, 2.0)
     assert staging.calls == before + 1        # the prepared list was for one thread
     _check(layer, g, s, d, x, w, 2.0)
-    prepared = [p for _, p in program_cache.entries("prepared") if p is not None]
+    prepared = [p for _, preps in program_cache.entries("prepared") for p in preps]
     assert any(p.threads == 2 for p in prepared)
     monkeypatch.setenv("TIGA_NUM_THREADS", "0")     # a bad value still raises warm
     with pytest.raises(tg.TigaError, match="TIGA_NUM_THREADS"):

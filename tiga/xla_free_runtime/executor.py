@@ -377,10 +377,10 @@ def prepared_for(program: GraphProgram, args: list) -> bool:
 def _prepared(program: GraphProgram, args: list, host_args: bool = False):
     """The prepared launch list of a warm call of `program` on relations it was prepared
     for, or None (first call, other relations, strict mode or a profile: the full path)."""
-    prep = prepared_walk(program, args, host_args)
+    prep = prepared_walk(program, args, selected_backend(), host_args)
     if prep is None or config.strict or profiled():
         return None
-    return prep if prep.matches(args, selected_backend()) else None
+    return prep
 
 
 def _prepare(program: GraphProgram, walk: TaskWalk, args: list) -> None:

@@ -289,6 +289,11 @@ class PreparedWalk:
                 return False
         return True
 
+    def relations(self) -> tuple | None:
+        """The relations it was prepared for, or None once one of them is gone."""
+        out = tuple(ref() for _, ref in self.graphs)
+        return None if any(g is None for g in out) else out
+
 
 def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, backend: str):
     """The prepared form of `walk` for these arguments, or None when some propagate has no
@@ -313,12 +318,19 @@ def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, ba
                         walk.sized, backend)
 
 
-def prepared_walk(program: GraphProgram, args: list, host_args: bool = False):
-    """The PreparedWalk kept for `program` (remember_prepared) when `args` can take it (the
-    caller checks its relations: PreparedWalk.matches), else None. `host_args`: the caller
-    checked that `args` are the program's arguments, each a numpy array or a tg.Graph."""
-    prep = memo(program).get("prepared")
-    if prep is None:
+# Prepared launch lists kept per program, one per set of relations (the latest first): a
+# layer called on a few relations in turn (the batches of an epoch, a train and a test
+# graph) finds each one's list warm instead of preparing it again every call.
+PREPARED_PER_PROGRAM = 8
+
+
+def prepared_walk(program: GraphProgram, args: list, backend: str, host_args: bool = False):
+    """The PreparedWalk kept for `program` (remember_prepared) that `args` can take on
+    `backend` (PreparedWalk.matches: the same relation objects and pool), else None.
+    `host_args`: the caller checked that `args` are the program's arguments, each a numpy
+    array or a tg.Graph."""
+    preps = memo(program).get("prepared")
+    if not preps:
         return None
     if not host_args:
         if len(args) != len(program.in_binders):
@@ -326,20 +338,37 @@ def prepared_walk(program: GraphProgram, args: list, host_args: bool = False):
         for a in args:
             if type(a) is not np.ndarray and not isinstance(a, Graph):
                 return None
-    return prep
+    for prep in preps:
+        if prep.matches(args, backend):
+            return prep
+    return None
 
 
 def remember_prepared(program: GraphProgram, args: list, make) -> None:
-    """Keep `make()` (a PreparedWalk, or None: not preparable) for `program`; not asked again
-    for the relations None was decided for."""
+    """Keep `make()` (a PreparedWalk, or None: not preparable) for `program`, beside the
+    lists kept for other relations (at most PREPARED_PER_PROGRAM, those of relations still
+    alive); not asked again for relations None was decided for."""
     entry = memo(program)
     relations = tuple(id(a) for v, a in zip(program.in_binders, args)
                       if isinstance(v.type, GraphType))
-    # (the relations' ids None was decided for: not asked again for them)
-    if entry.get("prepared") is None and entry.get("unprepared") == relations:
+    refused = entry.setdefault("unprepared", set())   # relations' ids None was decided for
+    if relations in refused:
         return
-    prep = entry["prepared"] = make()
-    entry["unprepared"] = None if prep is not None else relations
+    prep = make()
+    if prep is None:
+        if len(refused) > 64:       # (ids of relations long gone: asked again, once)
+            refused.clear()
+        refused.add(relations)
+        return
+    kept = [p for p in entry.get("prepared", ()) if _other(p, prep)]
+    entry["prepared"] = [prep] + kept[:PREPARED_PER_PROGRAM - 1]
+
+
+def _other(kept: PreparedWalk, new: PreparedWalk) -> bool:
+    """Whether `kept` stays beside `new`: its relations are alive and are not `new`'s (by
+    identity)."""
+    rel = kept.relations()
+    return rel is not None and [id(g) for g in rel] != [id(g) for g in new.relations()]
 
 
 def warm_steps(steps: tuple) -> tuple:
