@@ -29,10 +29,18 @@ def pytest_collection_modifyitems(config, items):
     floor = CI_MIN_EXAMPLES
     for item in items:
         fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-        if not getattr(fn, "is_hypothesis_test", False):
+        if not getattr(fn, "is_hypothesis_test", False) or _interpreted_gpu_test(item):
             continue
         own = fn._hypothesis_internal_use_settings
         if own.max_examples < floor:
             # hypothesis reads the wrapped test's settings when it runs (not when decorated)
             fn._hypothesis_internal_use_settings = settings(own, max_examples=floor)
 
+
+
+def _interpreted_gpu_test(item) -> bool:
+    """A tests/gpu property run through Triton's interpreter (no CUDA device): it keeps its
+    own example count, chosen for the interpreter's cost (about 30 s an example there); the
+    same properties run >= CI_MIN_EXAMPLES examples in tests/triton, and on CUDA the floor
+    applies. (tests/gpu/gpu_env.py sets TRITON_INTERPRET as its modules are collected.)"""
+    return "gpu" in item.path.parts and os.environ.get("TRITON_INTERPRET") == "1"
