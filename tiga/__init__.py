@@ -64,6 +64,12 @@ __all__ = [
     "scan", "fori_loop", "cond", "switch", "checkpoint", "fixed_point",
 ]
 
+# the transformations live in a private module: to help(), tracebacks and the reference
+# they are tg.jvp, tg.vmap, ... (tiga.jvp resolves, so pickling by name still works)
+for _f in (hessian, jacfwd, jacrev, jvp, linearize, vmap):
+    _f.__module__ = __name__
+del _f
+
 
 def __dir__() -> list[str]:
     """dir(tiga): the public API (the subpackages stay importable, but are not listed)."""

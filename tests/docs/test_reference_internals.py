@@ -190,6 +190,11 @@ def test_built_reference_anchors_name_no_internal(tmp_path):
     for html in (tmp_path / "site" / "api").rglob("index.html"):
         ids |= set(re.findall(r'id="(tiga\.[^"]+)"', html.read_text()))
     assert any(i.endswith("GCNConv.forward") for i in ids)    # layer pages show forward
+    # the anchor each error's note names (docs/api/errors.md#tiga.<Name>) is its entry there
+    errors_ids = set(re.findall(r'id="(tiga\.\w+)"',
+                                (tmp_path / "site" / "api" / "errors" / "index.html").read_text()))
+    for cls in _user_visible(_subclasses(tg.TigaError)) + [tg.TigaError]:
+        assert f"tiga.{cls.__name__}" in errors_ids, cls
     bad = sorted(i for i in ids if i.startswith(RUNTIME_PATHS)
                  or any(p.startswith("_") for p in i.split("."))
                  or i.rsplit(".", 1)[-1] in PLUMBING)
@@ -243,7 +248,11 @@ def test_error_tracebacks_end_with_their_entry_in_the_errors_page():
     err = info.value
     link = "docs/api/errors.md#tiga.GraphValidationError"
     assert "errors.md" not in str(err)                    # the message itself is unchanged
-    assert err.__notes__ == [f"See tg.GraphValidationError in the errors reference: {link}"]
+    # what every user can follow: help() on the class (no site URL is configured), then
+    # the page in the docs, whose anchor the built site has (test below)
+    assert err.__notes__ == ["See help(tg.GraphValidationError), or its entry in the errors "
+                             f"reference: {link}"]
+    assert "What to do" in tg.GraphValidationError.__doc__
     shown = "".join(traceback.format_exception(err)).rstrip("\n")
     assert shown.endswith(link)
     again = pickle.loads(pickle.dumps(err))               # (MPI ranks pickle errors)
@@ -256,6 +265,7 @@ def test_error_tracebacks_end_with_their_entry_in_the_errors_page():
         except TypeError:      # a private signal with another constructor
             continue
         name = note.rsplit("#tiga.", 1)[1]
+        assert note.startswith(f"See help(tg.{name}), "), note
         assert f"::: tiga.{name}\n" in ERRORS_PAGE, (cls, note)
         assert issubclass(cls, getattr(tg, name)), (cls, note)
         if cls.__name__ in GENERATOR_SIGNALS:
@@ -281,4 +291,51 @@ def test_dir_of_the_torch_free_namespaces_is_their_api():
     assert set(dir(tg.nn)) == set(tg.nn.__all__) | {"aggr"}
     for space in (tg.store, tg.memory):      # runtime modules: their helpers stay unlisted
         assert set(dir(space)) == set(space.__all__)
-        assert all(getattr(space, n).__doc__ for n in space.__all__ if n != "CHUNK_BYTES")
+        assert all(getattr(space, n).__doc__ for n in space.__all__)
+
+
+SPACES = ("", "math", "nn", "store", "memory", "distributed")
+
+
+def _public(space: str) -> list:
+    module = getattr(tg, space) if space else tg
+    return [(space, n) for n in module.__all__ if n != "__version__"]
+
+
+@pytest.mark.parametrize("space, name", [p for s in SPACES for p in _public(s)],
+                         ids=lambda v: v or "tiga")
+def test_public_name_has_a_docstring_and_no_private_module_path(space, name):
+    """Every name of tiga, tg.math, tg.nn, tg.store, tg.memory and tg.distributed: a
+    function or class has its own docstring and lives under no `_` module (help() and
+    tracebacks show its module); a value (a dtype, tg.config) is documented by its type."""
+    if space == "nn" and not HAS_TORCH and name != "trace":
+        pytest.skip("the tg.nn layers need torch")
+    obj = getattr(getattr(tg, space) if space else tg, name)
+    label = f"tg.{space + '.' if space else ''}{name}"
+    if inspect.ismodule(obj):
+        assert (obj.__doc__ or "").strip(), f"{label} has no docstring"
+        return
+    if not (inspect.isclass(obj) or callable(obj)):
+        obj = type(obj)
+    doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else obj.__doc__
+    assert (doc or "").strip(), f"{label} has no docstring of its own"
+    module = obj.__module__
+    assert not any(p.startswith("_") for p in module.split(".")), \
+        f"{label} lives under the private module {module}"
+
+
+def test_namespace_members_are_in_the_reference():
+    """Each listed name of tg.store, tg.memory, tg.distributed and tg.nn has its entry in
+    docs/api (a `:::` directive or a directive's members list); what the reference leaves
+    out is not listed."""
+    text = "".join(p.read_text() for p in sorted(API.glob("*.md")))
+    listed = set(re.findall(r"^::: ([\w.]+)", text, re.M))
+    members = {m.strip() for group in re.findall(r"members: \[([^\]]*)\]", text)
+               for m in group.split(",")}
+    for space in ("store", "memory", "distributed", "nn"):
+        module = getattr(tg, space)
+        missing = [n for n in module.__all__
+                   if f"tiga.{space}.{n}" not in listed and n not in members
+                   # (tg.nn.LayerArgumentError is tg.LayerArgumentError, on the errors page)
+                   and not (f"tiga.{n}" in listed and getattr(tg, n, None) is getattr(module, n))]
+        assert not missing, f"tg.{space}: {missing} are listed but not in docs/api"

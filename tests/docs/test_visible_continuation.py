@@ -1,7 +1,8 @@
 """A code block that continues an earlier one says so where the reader sees it: the
 `<!-- continue -->` marker is invisible in the rendered site, so the block's first line is
 the comment `# continuing the example above`. And each guide page states what it needs to
-install in a visible admonition (`!!! note "Needs"`)."""
+install in a visible admonition (`!!! note "Needs"`), as do the reference pages of `tg.nn`
+and `tg.distributed`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,3 +38,14 @@ def test_guide_page_states_what_it_needs(page):
         pytest.skip(f"{page.name}: its admonition is not added yet")
     head = page.read_text().split("\n## ")[0]
     assert '!!! note "Needs"' in head, f"{page.name}: state what it needs before its first section"
+
+
+# reference pages whose names need an extra beyond `pip install tiga`
+API_NEEDS = {"nn.md": "tiga[torch]", "distributed.md": "tiga[dist]"}
+
+
+@pytest.mark.parametrize("name, extra", sorted(API_NEEDS.items()))
+def test_reference_page_states_the_extra_it_needs(name, extra):
+    head = (ROOT / "docs" / "api" / name).read_text().split("\n::: ")[0]
+    assert '!!! note "Needs"' in head and f"pip install {extra}" in head, \
+        f"docs/api/{name}: state `pip install {extra}` in a Needs note before the reference"

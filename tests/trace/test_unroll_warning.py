@@ -1,5 +1,5 @@
 """tg.TraceWarning: a Python loop unrolled inside a trace (8 or more propagates of one
-structure) is flagged once, pointing at the user's line and naming tg.repeat; tg.repeat,
+structure) is flagged once, pointing at the user's line and naming tg.repeat and tg.scan; tg.repeat,
 short loops and propagates of different structure stay silent."""
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_unrolled_python_loop_warns_once_naming_repeat():
 
     out, seen = _caught(unrolled, np.full(4, 0.25))
     assert len(seen) == 1
-    assert "tg.repeat" in str(seen[0].message)
+    assert "tg.repeat" in str(seen[0].message) and "tg.scan" in str(seen[0].message)
     assert seen[0].filename == __file__           # the user's line, not Tiga's
     np.testing.assert_allclose(np.asarray(out), 0.25)
     _, again = _caught(unrolled, np.full(4, 0.5))  # cached: no second trace, no warning

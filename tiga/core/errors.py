@@ -1,8 +1,17 @@
 """core: the error hierarchy every layer raises (API.md section 9)."""
 from __future__ import annotations
 
-# where the reference documents each error (docs/api/errors.md, one entry per class)
+# where the reference documents each error (docs/api/errors.md, one entry per class). The
+# docs have no published site URL, so a note names what every user can follow: help() on
+# the class (its docstring is the entry's text, "What to do" included), then the page's path
+# in the source tree, whose #tiga.<Name> anchor is the entry in the site `make docs` builds.
 ERRORS_PAGE = "docs/api/errors.md"
+
+
+def errors_note(name: str) -> str:
+    """The note that ends the traceback of a Tiga error documented as `tg.<name>`."""
+    return (f"See help(tg.{name}), or its entry in the errors reference: "
+            f"{ERRORS_PAGE}#tiga.{name}")
 
 
 class TigaError(Exception):
@@ -10,14 +19,14 @@ class TigaError(Exception):
 
     What to do: catch `tg.TigaError` to handle every one of them; the subclass and its
     message say what was wrong and what to change. A traceback ends with a note naming
-    the error's entry in the errors reference (`err.__notes__`; `str(err)` is the
-    message alone).
+    the error's entry in the errors reference: `help(tg.<Name>)` prints it anywhere,
+    and `docs/api/errors.md#tiga.<Name>` is the same entry in the docs (`err.__notes__`;
+    `str(err)` is the message alone).
     """
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.add_note(f"See tg.{documented_name(type(self))} in the errors reference: "
-                      f"{ERRORS_PAGE}#tiga.{documented_name(type(self))}")
+        self.add_note(errors_note(documented_name(type(self))))
 
 
 def documented_name(cls: type) -> str:

@@ -1,8 +1,9 @@
 """trace: notice a Python loop that a trace unrolled (many identical propagates).
 
 A Python `for` loop around a propagate inside `tg.jit` (or `tg.grad`, `tg.make_program`)
-runs while tracing, so the program gets one propagate equation per iteration: compile time
-grows with the trip count. `tg.repeat` stages the body once. The builder of each trace
+runs while tracing, so the program gets one propagate equation per iteration: tracing and
+staging grow with the trip count. `tg.repeat` (or `tg.scan`, `tg.while_loop`) stages the
+body once. The builder of each trace
 counts its propagates by structure and warns once when one structure reaches
 `UNROLL_THRESHOLD`.
 """
@@ -22,11 +23,12 @@ class TraceWarning(UserWarning):
 
     Emitted when one trace (`tg.jit`, `tg.grad`, `tg.make_program`, ...) records 8 or more
     propagates of the same structure: the signature of a Python `for` loop unrolled while
-    tracing. The program stays correct, but every iteration is compiled separately, so
-    compile time grows with the number of iterations (50 PageRank sweeps: seconds, against
-    a fraction of a second). Write the loop as `tg.repeat(n, body, init)` (a static count)
-    or `tg.while_loop(cond, body, init, max_iterations)` (data-dependent); the loop body is
-    then traced and compiled once.
+    tracing. The program stays correct, but every iteration is traced and staged on its
+    own, so the first call grows with the number of iterations (500 sweeps of a small
+    PageRank: 0.57 s unrolled, 0.12 s as `tg.repeat`). Write the loop as
+    `tg.repeat(n, body, init)` (a static count), `tg.scan(body, init, xs)` (each step also
+    yields an output) or `tg.while_loop(cond, body, init, max_iterations)` (data-dependent);
+    the loop body is then traced and compiled once.
 
     Silence it where the unrolling is deliberate:
 
@@ -83,6 +85,7 @@ def note_propagate(builder, eqn) -> None:
     warnings.warn(
         f"this trace recorded {counts[key]} propagates of the same structure: a Python "
         "loop inside tg.jit (or tg.grad) is unrolled, one propagate per iteration, and "
-        "each is compiled. Write the loop as tg.repeat(n, body, init) (or tg.while_loop "
-        "for a data-dependent count) so the body is traced and compiled once",
+        "each is traced and staged. Write the loop as tg.repeat(n, body, init) (tg.scan "
+        "when each step also yields an output, tg.while_loop for a data-dependent count) so "
+        "the body is traced and compiled once",
         TraceWarning, stacklevel=level)

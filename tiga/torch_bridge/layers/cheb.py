@@ -72,7 +72,7 @@ def _cheb_region(edge_index, settings, edge_weight, batch, lam, x):
 
 
 class ChebConv(torch.nn.Module):
-    """PyG's ChebConv: x' = sum_{k<K} lins[k](T_k) + bias, T_0 = x, T_1 = L_hat x,
+    """PyG's ChebConv: `x' = sum_{k<K} lins[k](T_k) + bias`, T_0 = x, T_1 = L_hat x,
     T_k = 2 L_hat T_{k-1} - T_{k-2}, L_hat = 2 L / lambda_max - I with L the graph
     Laplacian (normalization "sym": I - D^-1/2 A D^-1/2, "rw": I - D^-1 A, None: D - A;
     self loops dropped, D the weighted degree by source, as PyG's get_laplacian).
@@ -108,7 +108,7 @@ class ChebConv(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_weight=None, batch=None, lambda_max=None):
-        """Sum over k < K of lins[k](T_k(L_hat) x), the Chebyshev basis of the scaled Laplacian.
+        """Sum over k < K of `lins[k](T_k(L_hat) x)`, the Chebyshev basis of the scaled Laplacian.
 
         Args:
             x: node features (N, in_channels).

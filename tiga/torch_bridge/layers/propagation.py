@@ -231,7 +231,7 @@ def _tag_region(edge_index, settings, edge_weight, h):
 
 
 class TAGConv(torch.nn.Module):
-    """PyG's TAGConv (topology adaptive): x' = sum_{k=0..K} lins[k](A_hat^k x) + bias,
+    """PyG's TAGConv (topology adaptive): `x' = sum_{k=0..K} lins[k](A_hat^k x) + bias`,
     A_hat = D^-1/2 A D^-1/2 without self loops (normalize=False: the weighted A).
 
     Parameter names (`lins.<k>.weight`, `bias`) are PyG's; in_channels=-1 is lazy.
@@ -260,7 +260,7 @@ class TAGConv(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, x, edge_index, edge_weight=None):
-        """Sum over hops k = 0..K of lins[k](A_hat^k x), plus bias.
+        """Sum over hops k = 0..K of `lins[k](A_hat^k x)`, plus bias.
 
         Args:
             x: node features (N, in_channels) (or a static-graph batch (B, N, in_channels)).

@@ -173,7 +173,8 @@ def report() -> dict:
     return sc.report_of(sc.current())
 
 
-__all__ = ["report", "charge", "draw", "Charge", "fmt_bytes"]
+# charge, draw, Charge and fmt_bytes are the runtime's (reachable, not listed)
+__all__ = ["report"]
 
 
 def __dir__() -> list[str]:

@@ -30,7 +30,7 @@ import numpy as np
 from ...core.dtypes import as_dtype
 from ...core.errors import GraphValidationError, StorageError
 from ...core.graph import store_hooks
-from ..memory.tiers.disk import CHUNK_BYTES, DiskStorage, chunk_rows_for
+from ..memory.tiers.disk import DiskStorage
 from ..memory.tiers.files import fsync_tree, read_small
 from ..progress import progress_bar
 from . import versions as sv
@@ -391,7 +391,7 @@ def open(path) -> Store:  # noqa: A001  (tg.store.open, API.md section 7)
 
 
 store_hooks["open"] = Store
-__all__ = ["create", "open", "Store", "StoreWriter", "CHUNK_BYTES", "chunk_rows_for"]
+__all__ = ["create", "open", "Store", "StoreWriter"]
 
 
 def __dir__() -> list[str]:
