@@ -260,11 +260,12 @@ class WeightedSum(tg.MessagePassing):
         return src.x * edge.w
 
 
-@pytest.mark.skipif(ON_CPU, reason="1.6M edges: too many programs for the interpreter")
 def test_stored_csr_at_scale_matches_torch_sparse():
     """100K rows x 16 neighbours, 32 float32 features: many programs, int64 row pointers;
-    torch.sparse on the same device is the oracle, its gradients too."""
-    n, deg, feat = 100_000, 16, 32
+    torch.sparse on the same device is the oracle, its gradients too. Through Triton's
+    interpreter (no CUDA device) 2K rows: 1.6M edges are too many programs to interpret, and
+    a skip there would leave this route unchecked on a CPU machine (issue 41)."""
+    n, deg, feat = (2_000 if ON_CPU else 100_000), 16, 32
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     cols = torch.randint(0, n, (n * deg,), device=DEVICE, generator=gen)
     row_ptr = torch.arange(n + 1, device=DEVICE) * deg
