@@ -16,11 +16,12 @@ arrays: `torch.func.vmap` of the call over the (B, rows, F) fields (Tiga's batch
 one run) against the call on the (rows, B * F) field, and `torch.func.jvp` of the call
 (Tiga's JVP program) against the call alone.
 
-Two reference rows explain the ratios: `two outputs (x and t) in one walk` is the
-propagate written by hand with the tangent's message next to the primal's (what a fused JVP
-computes: two gathered 128-feature rows per edge), and `transpose of the (B, rows, F)
-fields` is one numpy copy of the layout change a batch-first vmap makes on each side of
-its propagate.
+Reference rows explain the ratios: `two outputs (x and t) in one walk` is the propagate
+written by hand with the tangent's message next to the primal's (what a fused JVP computes:
+two gathered 128-feature rows per edge), and `transpose of the (B, rows, F) fields` is one
+numpy copy of the layout change a batch-first vmap makes before its propagate (the result
+comes back as a view, batch axis moved: no copy after it); `the same, as the batched
+program runs it` is that copy by the transpose impl rule the program runs.
 
 Ratios: vmap / one propagate (target: at most 1.2) and jvp / primal (target: at most 1.5).
 Every result is checked against the unbatched call (vmap) and the linear function itself
@@ -42,12 +43,16 @@ gradient (target: the gradient costs at most the forward's iterations again, a r
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import time
 
 import numpy as np
 
 import tiga as tg
+from tiga.core.prims.shape import transpose_impl_rule
 
 
 def relation(rows: int, neighbors: int, seed: int = 0):
@@ -117,6 +122,8 @@ def run(rows: int, neighbors: int, batch: int, features: int, reps: int) -> dict
         "two outputs (x and t) in one walk": lambda: fw2(wide, tangent, wb),
         "transpose of the (B, rows, F) fields": lambda: np.ascontiguousarray(
             xs.transpose(1, 0, 2)),
+        "the same, as the batched program runs it": lambda: transpose_impl_rule(
+            xs, permutation=(1, 0, 2))[0],
     }, reps)
 
 
@@ -228,13 +235,19 @@ def main(argv=None) -> None:
                         help="only the control-flow rows (scan + checkpoint, fixed_point)")
     parser.add_argument("--steps", type=int, default=1024)
     parser.add_argument("--control-rows", type=int, default=4096)
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the rows (median and min ms), the commit and the "
+                        "load average as JSON")
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.reps, args.steps, args.control_rows = 4096, 3, 64, 256
     if args.control:
         _report_control(args)
         return
+    load = os.getloadavg()
     res = run(args.rows, args.neighbors, args.batch, args.features, args.reps)
+    record = {"args": vars(args), "threads": _threads(), "load_before": load,
+              "commit": _commit(), "tiga": _as_json(res)}
     print(f"stored CSR, {args.rows} rows x {args.neighbors} neighbours, B = {args.batch} "
           f"field sets x {args.features} features ({args.reps} interleaved rounds; "
           f"{_threads()})")
@@ -244,18 +257,45 @@ def main(argv=None) -> None:
           f"{ratios['vmap over B field sets (in/out_axes=1)']}")
     print(f"jvp / primal: {ratios['jvp of the propagate']} (target <= 1.5); the hand-fused "
           f"two-output walk: {ratios['two outputs (x and t) in one walk']}")
-    if args.no_torch:
-        return
     try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("torch.func rows skipped: torch is not installed")
-        return
-    res = run_torch(args.rows, args.neighbors, args.batch, args.features, args.reps)
-    ratios = _print(res, "torch: the call, B*F features")
-    print(f"torch.func.vmap / one call: {ratios['torch.func.vmap over B field sets']} "
-          f"(target <= 1.2); torch.func.jvp / call: {ratios['torch.func.jvp of the call']} "
-          f"(target <= 1.5)")
+        if args.no_torch:
+            return
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch.func rows skipped: torch is not installed")
+            return
+        res = run_torch(args.rows, args.neighbors, args.batch, args.features, args.reps)
+        record["torch"] = _as_json(res)
+        ratios = _print(res, "torch: the call, B*F features")
+        print(f"torch.func.vmap / one call: {ratios['torch.func.vmap over B field sets']} "
+              f"(target <= 1.2); torch.func.jvp / call: "
+              f"{ratios['torch.func.jvp of the call']} (target <= 1.5)")
+    finally:
+        if args.json:
+            record["load_after"] = os.getloadavg()
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=1)
+
+
+def _as_json(res: dict) -> dict:
+    return {k: {"median_ms": ms, "min_ms": lo} for k, (ms, lo) in res.items()}
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with "+dirty" when tiga/ differs from it), for the record; an
+    export of a commit (no git) names it in TIGA_BENCH_COMMIT."""
+    if os.environ.get("TIGA_BENCH_COMMIT"):
+        return os.environ["TIGA_BENCH_COMMIT"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "../tiga"],
+                               cwd=here, capture_output=True).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def _print(res: dict, base_name: str) -> dict:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import api, opt
-from .autodiff.batching import batch_program
+from .autodiff.batching import batch_program, final_batch_moves
 from .autodiff.custom import custom_jvp, custom_vjp
 from .autodiff.inlining import inline_custom_calls
 from .autodiff.jvp import jvp_program
@@ -25,6 +25,7 @@ from .trace import math as m
 from .trace.pytree import tree_flatten, tree_unflatten
 from .trace.staging import leaf_aval, leaf_value
 from .trace.tracer import Tracer, current_builder
+from .xla_free_runtime.memory.tensor import Tensor, _wrap
 
 _JVP = opt.ProgramFacts("vjp")   # derived programs get the passes a VJP gets
 
@@ -291,7 +292,9 @@ def vmap(fn: Callable, in_axes=0, out_axes=0):
             from the end).
 
     Returns:
-        Callable: the batched function.
+        Callable: the batched function. A result that a propagate computed with the batch
+            beside its features is that propagate's result with the batch axis moved to
+            `out_axes` by a view (strided, not C-contiguous), not a copy.
     """
     @functools.wraps(fn)
     def batched(*args):
@@ -304,22 +307,59 @@ def vmap(fn: Callable, in_axes=0, out_axes=0):
         def derive(traced):
             n_caps = len(traced.caps)
             program = traced.program
+            o_axes = _out_axes(out_axes, program)
             bprog = batch_program(program, [False] * n_caps + [a is not None for a in axes],
-                                  size, [None] * n_caps + axes, _out_axes(out_axes, program))
+                                  size, [None] * n_caps + axes, o_axes)
             # run as it is, custom calls hold their function (no reference route); inlined
-            # into an enclosing trace, they keep their rules for its differentiation
-            return (bprog, inline_custom_calls(bprog)), {}
+            # into an enclosing trace, they keep their rules for its differentiation. Run,
+            # a propagate's result is returned as the kernel wrote it (batch beside the
+            # features), its batch axis moved to out_axes by a view: the transpose back
+            # was a full copy of the result, as long again as the batch-first input's
+            # (each program its own memo of rewritten programs: they return different
+            # layouts)
+            run, perms = final_batch_moves(inline_custom_calls(bprog), o_axes)
+            return (bprog, run, perms, {}), {}
 
         # traced once per (fn, per-instance types, axes), as tg.grad's function is
         what = ("vmap", tuple(axes), size, _axes_key(out_axes))
-        traced, (bprog, inlined), memo = api._traced_for(fn, what, (), False, tuple(specs),
-                                                         derive)
-        if current_builder() is None:
-            bprog = inlined
-        outs = api.run_staged(bprog, list(traced.caps) + leaves, memo)
+        traced, (bprog, run, perms, run_memo), memo = api._traced_for(
+            fn, what, (), False, tuple(specs), derive)
+        if current_builder() is not None:
+            outs = api.run_staged(bprog, list(traced.caps) + leaves, memo)
+        else:
+            args = list(traced.caps) + leaves
+            outs = api.run_staged(run, args, run_memo)
+            if any(p is not None for p in perms):
+                outs = _moved(outs, perms, args)
         return traced.split(outs)[0]
 
     return batched
+
+
+def _moved(outs: list, perms: list, args: list) -> list:
+    """Each output `outs[k]` with `perms[k]` applied as a view (np.transpose: strided, no
+    copy), as the batched program's final transpose would have returned it by a copy. A
+    copy still where the buffer is not the output's own: a paged run's result on disk (read
+    to the host, as the transpose read it), or one that may share memory with an argument
+    or another output (the program passes may merge two equal propagates into one)."""
+    arrays = [a.numpy() if isinstance(a, Tensor) else a for a in args
+              if isinstance(a, np.ndarray) or (isinstance(a, Tensor) and a.tier == "host")]
+    arrays += [np.asarray(o) for o, p in zip(outs, perms)
+               if p is None and getattr(o, "tier", "host") == "host"]
+    res = []
+    for o, p in zip(outs, perms):
+        if p is None:
+            res.append(o)
+            continue
+        own = getattr(o, "tier", "host") == "host"
+        arr = np.asarray(o)
+        view = np.transpose(arr, p)
+        if own and not any(np.may_share_memory(arr, a) for a in arrays):
+            res.append(_wrap(view))
+            arrays.append(arr)
+        else:
+            res.append(_wrap(np.ascontiguousarray(view)))
+    return res
 
 
 class _Instance:

