@@ -9,7 +9,7 @@ import numpy as np
 
 import tiga as tg
 from tiga.testing import reference_grad
-from tiga.xla_free_runtime import equation_cache, executor
+from tiga.xla_free_runtime import equation_cache, executor, program_cache
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch
 
 
@@ -51,26 +51,31 @@ def test_two_layer_edge_mlp_forward_and_grad(interpreter):
 def test_a_warm_call_reuses_its_lowering(interpreter, monkeypatch):
     g, x, w1, w2 = operands(3)
     lowered = []
-    lower = executor.pipeline.lower_launch   # (the executor lowers: kernel_op)
+    lower = executor.pipeline.lower_call   # (the executor lowers the call for its target)
 
     def counted(*args, **kwargs):
         if kwargs.get("target") == "triton":
             lowered.append(args[0])
         return lower(*args, **kwargs)
 
-    monkeypatch.setattr(executor.pipeline, "lower_launch", counted)
+    monkeypatch.setattr(executor.pipeline, "lower_call", counted)
     monkeypatch.setattr(equation_cache, "_MEMOS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(program_cache, "_MEMOS", {})     # (walks: lowered afresh)
     monkeypatch.setattr(triton_launch, "_PLANS", {})
-    call(g, x, w1, w2)
+    layer = EdgeConv()
+    # (jit: one program, whose walk is kept; a bare layer call whose trace captures an array
+    # is traced, and lowered, again each call: trace/call_cache stores no captured arrays)
+    f = tg.jit(lambda g, x: layer(graph=g, src={"x": x}, dst={"x": x}, w1=w1, w2=w2))
+    f(g, x)
     n = len(lowered)
-    assert n >= 1
-    again = np.asarray(call(g, x * 2.0, w1, w2))
-    assert len(lowered) == n                                # planned once, reused
+    assert n == 1                                           # the call, lowered whole
+    again = np.asarray(f(g, 2.0 * x))
+    assert len(lowered) == n                                # lowered once, reused
     np.testing.assert_allclose(again, np.asarray(call(g, x * 2.0, w1, w2, reference=True)),
                                rtol=1e-10, atol=1e-12)
     rp, ci = g.resolve_csr()
     other = tg.Graph.from_csr(rp, ci.astype(np.int32), num_src=g.num_src)   # another type
-    np.testing.assert_allclose(np.asarray(call(other, x, w1, w2)),
+    np.testing.assert_allclose(np.asarray(f(other, x)),
                                np.asarray(call(other, x, w1, w2, reference=True)),
                                rtol=1e-10, atol=1e-12)
     assert len(lowered) == n + 1                            # lowered for it anew

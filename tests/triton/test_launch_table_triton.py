@@ -7,9 +7,12 @@ too, as FixedKernels named by their source. Oracle: the reference interpreter (n
 matmul)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 import tiga as tg
+from tiga.lower import pipeline
 from tiga.testing import recording, reference_grad
 from tiga.xla_free_runtime.backends import BACKENDS
 
@@ -56,6 +59,62 @@ def test_the_split_path_launches_through_the_table(interpreter):
     with recording("triton") as rec:
         np.testing.assert_allclose(np.asarray(layer(**kw)), want, rtol=1e-4, atol=1e-5)
     assert len(rec.launched) >= 2 and {op.target for op in rec.launched} == {"triton"}
+
+
+# ---- one lowering per call signature -------------------------------------------------------
+
+def _lowerings(monkeypatch) -> list:
+    """The names of the outermost calls into tiga.lower.pipeline's functions from now on
+    (appended to the list returned; nested calls are the same lowering)."""
+    calls, depth = [], threading.local()
+
+    def wrap(name, fn):
+        def counted(*args, **kwargs):
+            outer = getattr(depth, "n", 0)
+            if outer == 0:
+                calls.append(name)
+            depth.n = outer + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth.n = outer
+        return counted
+
+    for name, fn in list(vars(pipeline).items()):
+        if (callable(fn) and getattr(fn, "__module__", None) == pipeline.__name__
+                and not isinstance(fn, type) and name not in ("quiet_dumps", "module_name")):
+            monkeypatch.setattr(pipeline, name, wrap(name, fn))
+    return calls
+
+
+def test_a_triton_call_lowers_once_for_its_target_and_warm_calls_never(interpreter,
+                                                                         monkeypatch):
+    """The call's binding (the relation's index dtype, a CSR walk) is lowered with the whole
+    program for target triton: the kernels render the Kernel ops of that one lowering, and
+    the gradient's transposed walks come from its own (at most two: forward and backward)."""
+    rng = np.random.default_rng(3)
+    kw, layer = _call(rng, 60, 240), Weighted()
+    want = np.asarray(layer.reference(**kw))
+    calls = _lowerings(monkeypatch)
+    with recording("triton") as rec:
+        np.testing.assert_allclose(np.asarray(layer(**kw)), want, rtol=1e-5, atol=1e-6)
+        layer(**kw)
+    assert calls == ["lower_call"]
+    assert {op.target for op in rec.launched} == {"triton"}
+
+    def loss(x):
+        return tg.math.sum(layer(graph=kw["graph"], src={"x": x}, edge=kw["edge"]) ** 2)
+
+    x = kw["src"]["x"]
+    step = tg.jit(tg.grad(loss))
+    calls.clear()
+    got = np.asarray(step(x))
+    assert 1 <= len(calls) <= 2 and set(calls) == {"lower_call"}, calls
+    calls.clear()
+    step(x)
+    assert calls == []
+    np.testing.assert_allclose(got, np.asarray(reference_grad(loss)(x)), rtol=1e-4,
+                               atol=1e-4)
 
 
 # ---- the fixed kernels: attention, kNN selection, tile matmul ------------------------------

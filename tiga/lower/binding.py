@@ -47,8 +47,10 @@ def bind_program(program: GraphProgram, binding: tuple) -> GraphProgram:
     transferred from the call's arguments). The equations keep their order and outputs, so
     the runtime pairs ops with equations as before."""
     bound = _bound_types(program, binding)
-    if not bound and not any(b is not None and b.swapped for b in binding):
-        return program
+    propagates = [e for e in program.eqns if e.primitive is propagate_p]
+    if not bound and not any(b is not None and (b.swapped or b.relation != e.inputs[0].type)
+                             for e, b in zip(propagates, binding)):
+        return program    # (a relation the program computes is bound through its readers)
     # (a constant relation is a literal of its own class: tracer.GraphLit)
     retyped = {k: (Var(t) if isinstance(a, Var) else type(a)(a.value, t))
                for k, (a, t) in bound.items() if t is not None}

@@ -73,19 +73,20 @@ def lower(program, until: str = "task", *, name: str = "main",
 
 
 def lower_call(program, *, name: str = "main", binding: tuple = (),
-               page_name: str = "paged") -> tuple:
+               page_name: str = "paged", target: str = "cpu-llvm") -> tuple:
     """What a call signature lowers, in one go: (the Task module of `program` bound by
     `binding`, {k: the one-page Task module of the k-th propagate} for every propagate the
     binding runs by pages, the module its page plans unroll)."""
-    module = lower(program, until="task", name=name, binding=binding)
-    return module, lower_pages(program, binding, page_name=page_name)
+    module = lower(program, until="task", name=name, binding=binding, target=target)
+    return module, lower_pages(program, binding, page_name=page_name, target=target)
 
 
-def lower_pages(program, binding: tuple, *, page_name: str = "paged") -> dict:
+def lower_pages(program, binding: tuple, *, page_name: str = "paged",
+                target: str = "cpu-llvm") -> dict:
     """{k: the one-page Task module of the k-th propagate} for every propagate `binding` runs
     by pages or by a rank's halo plan (a distributed call lowers these alone: its program
     runs equation by equation, each propagate over its halo plan)."""
-    return {k: lower(page_program(e, b), until="task", name=page_name)
+    return {k: lower(page_program(e, b), until="task", name=page_name, target=target)
             for k, e, b in paged_propagates(program, binding)}
 
 

@@ -17,18 +17,26 @@ from ..core.types import GraphType
 from ..lower import CPU_LLVM_AVAILABLE
 from ..lower.abi import relation_descriptor
 from ..lower.attention_walk import claim_attention
-from ..lower.backends import selected_backend
+from ..lower.backends import selected_backend, targets_triton
 from ..lower.binding import RelationBinding
 from .backends.cpu.generated import GENERATED_KINDS, generated_binding, generated_relations
+from .backends.triton.launch import triton_walk
 from .paging.gather import kernel_name as gather_kernel
 from .paging.pages import pageable
 
 
+def call_target(backend: str | None = None) -> str:
+    """The Kernel-op target a call on `backend` (default: the selected one) is lowered for."""
+    return "triton" if targets_triton(backend or selected_backend()) else "cpu-llvm"
+
+
 def call_binding(program, args: list) -> tuple:
-    """The binding of a call of `program` on `args` (() when every propagate walks its
-    relation as typed, or a Triton backend is selected: it plans its own kernels)."""
-    if not CPU_LLVM_AVAILABLE or selected_backend() not in ("auto", "cpu-llvm"):
+    """The binding of a call of `program` on `args` for the selected backend's target (()
+    when every propagate walks its relation as typed)."""
+    triton = call_target() == "triton"
+    if not triton and not CPU_LLVM_AVAILABLE:
         return ()
+    bind = triton_binding if triton else relation_binding
     known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
     generated = None
     out = []
@@ -41,7 +49,7 @@ def call_binding(program, args: list) -> tuple:
             if generated is None:     # (a radius/knn generated inside the program)
                 generated = generated_relations(program)
             graph = generated.get(id(rel))
-        out.append(None if graph is None else relation_binding(eqn, graph))
+        out.append(None if graph is None else bind(eqn, graph))
     return tuple(out) if any(b is not None for b in out) else ()
 
 
@@ -69,16 +77,30 @@ def relation_binding(eqn, graph) -> RelationBinding | None:
     if kind == "paged":
         return paged_binding(eqn, graph)
     if kind in GENERATED_KINDS:
-        found = generated_binding(eqn, graph)
-        if found is not None:
-            return found
-    elif claim_attention(gtype.kind, eqn.params,
+        # (a walk its cells do not run: by source over an asymmetric relation, edge fields,
+        # a relation resolved already: the generic kernel over the materialised CSR)
+        return generated_binding(eqn, graph) or RelationBinding(_csr(gtype))
+    if claim_attention(gtype.kind, eqn.params,
                          [a.type for a in eqn.inputs[1:]]) is not None:
         return None            # attention walks its pairing as typed
     walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
     if gtype.kind != "csr" and relation_descriptor(graph, walk, target="cpu-llvm") == ("csr",):
         return RelationBinding(_csr(gtype))
     return None
+
+
+def triton_binding(eqn, graph) -> RelationBinding | None:
+    """How `eqn` walks `graph` on a Triton backend (None: as typed, or attention's fixed
+    kernels): the relation type its kernel renders for, with the relation's index dtype (a
+    stored relation: its pages', whose one-page module holds the page kernel)."""
+    if getattr(graph, "kind", None) == "paged":
+        found = paged_binding(eqn, graph)
+        return replace(found, relation=replace(found.relation, index_dtype=graph.index_dtype))
+    if claim_attention(eqn.inputs[0].type.kind, eqn.params,
+                       [a.type for a in eqn.inputs[1:]]) is not None:
+        return None
+    bound = triton_walk(eqn, graph)[2]
+    return None if bound == eqn.inputs[0].type else RelationBinding(bound)
 
 
 def paged_binding(eqn, graph) -> RelationBinding:
@@ -99,4 +121,5 @@ def _csr(gtype: GraphType) -> GraphType:
     return replace(gtype, kind="csr", coord_dims=None)
 
 
-__all__ = ["call_binding", "distributed_binding", "relation_binding"]
+__all__ = ["call_binding", "call_target", "distributed_binding", "relation_binding",
+           "triton_binding"]

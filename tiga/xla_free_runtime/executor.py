@@ -1,22 +1,16 @@
-"""runtime: choose a route per propagate equation, run the program, and explain the choice.
+"""runtime: run a call: lower its signature once, walk its Task IR, explain the route.
 
-The executor is the one place the runtime asks lower/pipeline for IR. A call signature is
-lowered once, with its binding (binding.call_binding): `pipeline.lower_call` gives the bound
-Task module, whose launches hold the Kernel ops that run, and the one-page modules of the
-propagates it runs by pages (`pipeline.lower_pages` for a distributed call's halo plans), which
-the executor hands down as data (TaskWalk.pages, PagedPlan.bound, run_distributed's pages).
-No function that lowers is handed down: where a planner finds no launch of the bound module
-that fits (a loop body's propagate, a CSR read whole, a degree count over a radius relation),
-it answers an Unbound naming the launch, which the executor lowers (kernel_op) and plans
-again with (planned).
-
-A call runs its program's Task IR (interpreter.py). Each `propagate` (top level or inside a
-repeat/while body) runs as a fused cpu-llvm kernel when its edge function, reducer and update
-compile, otherwise on the reference interpreter with the reason recorded. Every other
-equation runs on the numpy impl rules (tensor code outside propagate is not compiled yet);
-repeat and while_loop run their bodies through this executor, so the propagates in their
-bodies compile too. Strict mode (tg.config.strict) refuses any propagate that would fall
-back before anything runs.
+The executor is the runtime's one caller of lower/pipeline. A call signature (the program and
+its binding for the selected backend's target: binding.call_binding) is lowered once by
+`pipeline.lower_call`, giving the bound Task module, whose launches hold the Kernel ops that
+run, and the one-page modules of the propagates it runs by pages or halo plans, handed down as
+data (TaskWalk.pages, PagedPlan.bound, run_distributed's pages). Where the bound module holds
+no launch that fits (a program its stages do not walk, a relation known only as a loop body
+runs, a degree count over a radius relation) a planner answers an Unbound naming the launch,
+which the executor lowers (kernel_op, once per equation) and plans again with (planned).
+Equations that are not kernels run through the eval rules (OVERRIDES); loops and conds run
+their bodies through this executor. Strict mode refuses a propagate that would fall back to
+the reference interpreter before anything runs.
 """
 from __future__ import annotations
 
@@ -32,11 +26,12 @@ from ..core.graph import Graph
 from ..core.prims.control import cond_p, repeat_p, run_cond, run_repeat, run_while, while_loop_p
 from ..core.prims.graph import degrees_p, propagate_p
 from ..core.prims.linalg import dot_general_p
-from ..core.program import ClosedProgram, GraphProgram, Lit
+from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower import pipeline
 from ..lower.backends import selected_backend
 from ..lower.binding import page_program
+from ..lower.ir.task import TaskLaunchOp
 from ..lower.passes.plan_halo_tasks import NAME as HALO_MODULE
 from .backend_table import plan
 from .backends.cpu.generated import count_eqn, fused_degrees, generated_relations
@@ -53,7 +48,7 @@ from .backends.triton.compile import HOOKS as TRITON_HOOKS
 from .backends.triton.launch import call_backend as triton_call_backend
 from .backends.triton.linear import dot_rule
 from .backends.triton.prepared import prepare as prepare_triton
-from .binding import call_binding, distributed_binding
+from .binding import call_binding, call_target, distributed_binding
 from .cache import CACHE, Executable
 from .distributed.run import distributed_call, run_distributed
 from .equation_cache import kept, memo
@@ -63,6 +58,7 @@ from .interpreter import (
     TaskWalk,
     build_walk,
     cached_walk,
+    held_kernel,
     lifted,
     module_name,
     prepare_walk,
@@ -76,7 +72,7 @@ from .paging.pages import pageable, walked_eqn
 from .paging.resident import plan_resident
 from .paging.run import PagedPlan, plan_paged, task_ir
 from .program_cache import memo as memo_of
-from .routes import describe_program, paged_propagates, propagates_of
+from .routes import bodies_of, describe_program, paged_propagates, propagates_of
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
 
@@ -99,7 +95,8 @@ def task_module(program: GraphProgram, name: str, binding: tuple = (),
     module, named `page_name`, of the k-th propagate} for those it runs by pages or halo
     plans), from one lowering. Raises what the pipeline raises (the interpreter records it
     as a NoWalk)."""
-    return pipeline.lower_call(program, name=name, binding=binding, page_name=page_name)
+    return pipeline.lower_call(program, name=name, binding=binding, page_name=page_name,
+                               target=call_target())
 
 
 def kernel_op(eqn, relation_type=None, *, target: str = "cpu-llvm", name: str | None = None):
@@ -143,7 +140,7 @@ def task_walk(program: GraphProgram, binding: tuple = (), page_name: str = "page
     """The interpreter's walk of `program` under the call's `binding`: built once per program
     and binding from the one lowering of the call (task_module); a NoWalk naming why when
     the IR stages do not express the program (eval_program then runs the same rules)."""
-    key = binding if page_name == "paged" else (page_name,) + binding
+    key = (call_target(), page_name) + binding
     found = cached_walk(program, key)
     if found is not None:
         return found
@@ -265,7 +262,7 @@ def _distributed_walks(program: GraphProgram, args: list) -> dict:
     the rank runs every program as a Task walk like any other, and the walks hold the halo
     plans' one-page modules."""
     walks = {id(program): task_walk(program, distributed_binding(program, args), HALO_MODULE)}
-    for closed in _bodies(program):
+    for closed in bodies_of(program):
         body = closed.program
         if id(body) not in walks:
             vals = list(closed.consts) + [None] * (len(body.in_binders) - len(closed.consts))
@@ -286,7 +283,7 @@ def _halo_pages(program: GraphProgram, args: list, walks: dict) -> dict:
     local = {id(v) for v, a in zip(program.in_binders, args)
              if isinstance(v.type, GraphType) and getattr(a, "tiga_distributed", False)
              is not True}
-    for e in _deep_propagates(program):
+    for e, _, _ in propagates_of(program, args):
         if id(e) not in pages and id(e.inputs[0]) not in local:
             pages[id(e)] = page_module(e, HALO_MODULE)
     return pages
@@ -305,27 +302,8 @@ def _local_pages(program: GraphProgram, args: list) -> dict:
     whose ranks hold their local relation paged (tg.distributed's local stores), else {}."""
     if not any(getattr(a, "local_store", None) is not None for a in args):
         return {}
-    return {id(e): page_module(walked_eqn(e)) for e in _deep_propagates(program)}
-
-
-def _deep_propagates(program: GraphProgram):
-    """Every propagate of `program`, its loop bodies' too."""
-    yield from (e for e in program.eqns if e.primitive is propagate_p)
-    for closed in _bodies(program):
-        yield from (e for e in closed.program.eqns if e.primitive is propagate_p)
-
-
-def _bodies(program: GraphProgram):
-    """The ClosedPrograms of `program`'s loops and conds, nested ones too (not a
-    propagate's edge function: it is a kernel's body, not a program the runtime walks)."""
-    for e in program.eqns:
-        if e.primitive not in (repeat_p, while_loop_p, cond_p):
-            continue
-        for value in e.params.values():
-            for sub in (value if isinstance(value, tuple) else (value,)):  # (cond branches)
-                if isinstance(sub, ClosedProgram):
-                    yield sub
-                    yield from _bodies(sub.program)
+    return {id(e): page_module(walked_eqn(e))
+            for e, _, _ in propagates_of(program, args)}
 
 
 def _run(program: GraphProgram, args: list) -> list:
@@ -449,18 +427,23 @@ def _propagate(routes, walk, eqn, vals):
 
 def _bound(route: PagedPlan, walk, eqn, graph) -> PagedPlan:
     """A paged plan with what the call's lowering gives it: the one-page Task module its
-    pages unroll and, on a Triton backend, the page kernel's Kernel op; for a grouping pages
-    cannot complete, the Kernel op of the CSR it reads whole (on cpu-llvm the call's module
-    holds it: the binding reads it as a CSR)."""
+    pages unroll and, on a Triton backend, the page kernel's Kernel op (the one that module
+    holds); for a grouping pages cannot complete, the Kernel op of the CSR it reads whole
+    (the call's module holds it: the binding reads it as a CSR)."""
     target = "triton" if route.backend is not None else "cpu-llvm"
     if pageable(eqn.params):
-        walked = walked_eqn(eqn)
-        held = (None if target == "cpu-llvm" else
-                _lowered_or_none(walked, _csr(walked, graph, target), target))
-        return route.bound(_page(walk, eqn), held)
-    held = (walk.launches.get(id(eqn)) if isinstance(walk, TaskWalk) and target == "cpu-llvm"
-            else None)
-    if held is None or held.comp.relation.type.kind != "csr":
+        page = _page(walk, eqn)
+        if target == "cpu-llvm":
+            return route.bound(page, None)
+        held = next((held_kernel(op) for op in page.body.ops
+                     if isinstance(op, TaskLaunchOp)), None)
+        if held is None or held.schedule.target != target:     # (a page lowered here)
+            walked = walked_eqn(eqn)
+            held = _lowered_or_none(walked, _csr(walked, graph, target), target)
+        return route.bound(page, held)
+    held = walk.launches.get(id(eqn)) if isinstance(walk, TaskWalk) else None
+    if (held is None or held.comp.relation.type.kind != "csr"
+            or held.schedule.target != target):
         held = _lowered_or_none(eqn, _csr(eqn, graph, target), target)
     return route.bound(None, held)
 
@@ -536,15 +519,6 @@ def set_tensor_hook(fn) -> None:
     TRITON_HOOKS["tensors"] = fn
 
 
-def select_route(program: GraphProgram, args: list | None = None) -> str:
-    """'cpu-llvm' when every top-level propagate compiles, else 'reference'."""
-    routes = plan_routes(program, list(args or []))
-    _strict_check(routes)
-    if routes and not any(isinstance(r, Fallback) for r in routes.values()):
-        return "cpu-llvm"
-    return "reference"
-
-
 def explain_program(program: GraphProgram, args: list) -> Explanation:
     """What a call of `program` on `args` runs, without running it (TIGA_DUMP stays quiet:
     it writes the IR of calls that run)."""
@@ -608,10 +582,10 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
         return text
     # (TIGA_DUMP writes the stages of what is printed, as for any ir() of a program)
     return str(pipeline.lower(lifted(program), until="task", name=name,
-                              binding=call_binding(program, args)))
+                              binding=call_binding(program, args), target=call_target()))
 
 
-__all__ = ["execute", "run_prepared", "prepared_for", "explain_program", "select_route",
+__all__ = ["execute", "run_prepared", "prepared_for", "explain_program",
            "plan_routes", "NUMPY_NOTE",
            "task_walk", "kernel_op", "task_module", "page_module", "paged_task_ir",
            "call_task_ir", "call_backend", "set_tensor_hook",

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.prims.control import cond_p, repeat_p, while_loop_p
 from ..core.prims.graph import propagate_p
-from ..core.program import GraphProgram, Lit
+from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower.backends import selected_backend, targets_triton
 from .backend_table import plan
@@ -147,6 +147,19 @@ def _propagates(program: GraphProgram, graphs: dict, where: str):
                      if isinstance(v.type, GraphType)}
             inner.update(generated_relations(closed.program))
             yield from _propagates(closed.program, inner, f"{where}{label}: ")
+
+
+def bodies_of(program: GraphProgram):
+    """The ClosedPrograms of `program`'s loops and conds, nested ones too (not a
+    propagate's edge function: it is a kernel's body, not a program the runtime walks)."""
+    for e in program.eqns:
+        if e.primitive not in (repeat_p, while_loop_p, cond_p):
+            continue
+        for value in e.params.values():
+            for sub in (value if isinstance(value, tuple) else (value,)):  # (cond branches)
+                if isinstance(sub, ClosedProgram):
+                    yield sub
+                    yield from bodies_of(sub.program)
 
 
 def _summarise(ex, compiled, fallen, others) -> None:

@@ -44,10 +44,8 @@ from ....core.dtypes import int64
 from ....core.errors import CompilationError
 from ....core.reducers import sum as sum_reducer
 from ....lower import CPU_LLVM_AVAILABLE
-from ....lower import schedule as knobs
 from ....lower.binding import RelationBinding, swapped_params
 from ....lower.ir.iter import KNN_TILED, hierarchy_for
-from ....lower.ir.syntax import AttrDict
 from ....trace import math as tm
 from ....trace.message_passing import propagate
 from ...cache import CACHE, full_key, llvm_key
@@ -120,19 +118,6 @@ def _launch(eqn, swap: bool, held=None):
         lowered = per_eqn["swapped"] = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params),
                                            eqn.outputs)
     return unbound(lowered, gtype)
-
-
-def _run_schedule(launch):
-    """The schedule the walk's row chunks run by (the schedule functions' answer when the IR
-    does not express the launch)."""
-    if launch is not None:
-        return launch.schedule
-    from ....lower.ir.kernel import Schedule
-
-    return Schedule(target="cpu-llvm", threads=num_threads(), row_partition="row-balanced",
-                    chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
-                    prefetch_distance=0, parallel="rows",
-                    tiles=AttrDict(knobs.knn_tiles(knobs.host_wide_vectors())))
 
 
 def symmetric(graph) -> bool:
@@ -374,11 +359,11 @@ def _source(source) -> tuple:
 
 
 class GeneratedPlan:
-    def __init__(self, exe, spec: GeoSpec, key: str, swap: bool = False, launch=None):
+    def __init__(self, exe, spec: GeoSpec, key: str, swap: bool, launch):
         self.exe, self.spec, self.key = exe, spec, key
         self.swap = swap    # a reduce_by='src' propagate over a symmetric relation
         self.launch = launch    # the scheduled gf_kernel.launch (None: not in the IR)
-        self.schedule = _run_schedule(launch)
+        self.schedule = launch.schedule     # (the walk's row chunks run by its Kernel op's)
         self.tiles = dict(self.schedule.tiles)
 
     def run(self, eqn, graph, values: list) -> list:

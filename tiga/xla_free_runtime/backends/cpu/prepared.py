@@ -101,7 +101,7 @@ def prepare(exe, eqn, graph) -> PreparedLaunch | None:
     if sig.parallel == "single":
         return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs,
                               bound.argv_t, bound.rows, [], 1, stage_max, op=bound.op)
-    launch = P._run_schedule(exe, eqn, sig)
+    launch = P.run_schedule(bound.op)
     chunks = P._chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
     return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs, bound.argv_t,
                           None, chunks, launch.threads, stage_max, op=bound.op)

@@ -24,8 +24,6 @@ from ....core.dtypes import as_dtype
 from ....core.errors import CompilationError, ShapeError, TigaError, UnsupportedError
 from ....core.types import GraphType
 from ....lower import CPU_LLVM_AVAILABLE
-from ....lower import schedule as knobs
-from ....lower.ir.kernel import Schedule
 from ....lower.ir.text import print_op
 from ...cache import CACHE, Executable, llvm_key
 from ...equation_cache import kept
@@ -164,8 +162,6 @@ def generic_plan(eqn, graph, *, compile: bool = True, held=None):
     reason = unsupported.get(key) or (None if op is not None else NOT_LOWERED)
     if reason is not None:
         return Fallback(reason)
-    if compile:     # (the schedule its calls chunk rows by: resolved here, read by the run)
-        _planned_schedule(eqn, key, op)
     def build(symbol):
         # (the launch's thread count and row partition are the runtime's; the renderer reads
         # the edge loop's attributes, which no thread count changes)
@@ -222,31 +218,16 @@ def launch_op(eqn, graph, held=None):
     return None if isinstance(found, Unbound) else found[1]
 
 
-def _planned_schedule(eqn, key: str, op) -> None:
-    """Record, at plan time, the schedule the calls of kernel `key` for `eqn` chunk their
-    rows by at this pool size: the launch's own (what a run reads: it never lowers)."""
-    at = (key, num_threads())
-    per_eqn = kept(eqn, "runs")     # {(cache key, pool threads): the schedule calls run by}
-    if at not in per_eqn:
-        per_eqn[at] = op.schedule
-
-
-def _run_schedule(exe, eqn, sig):
-    """The schedule a call of `exe` chunks its rows by, for the pool size now: the one its
-    plan recorded (a plan resolves its launch before any run), else the schedule
-    functions' answer for the walk, asked directly."""
+def run_schedule(op):
+    """The schedule a call of the kernel rendered from `op` chunks its rows by: the Kernel
+    op's own (the one the call's Task module holds), at the pool size now (ops differing in
+    their thread count render alike: kernel_text)."""
+    if op is None:
+        raise CompilationError("a compiled propagate has no Kernel op to schedule its calls "
+                               "by; this is a Tiga bug, please report")
     threads = num_threads()
-    per_eqn = kept(eqn, "runs")
-    found = per_eqn.get((exe.key, threads))
-    if found is not None:
-        return found
-    traversal = knobs.traversal_of_walk(tuple(sig.relation), sig.walk)
-    found = Schedule(target="cpu-llvm", threads=threads,
-                     row_partition=knobs.row_partition(traversal),
-                     chunks_per_thread=knobs.CHUNKS_PER_THREAD, edge_unroll=1,
-                     prefetch_distance=0, parallel=sig.parallel)
-    per_eqn[(exe.key, threads)] = found
-    return found
+    return op.schedule if op.schedule.threads == threads else replace(op.schedule,
+                                                                      threads=threads)
 
 
 def walked_csr(graph, walk: str) -> tuple:
@@ -388,7 +369,7 @@ def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None,
     if sig.parallel == "single":
         launch(exe, bound.op, KernelArgs(argv, rows=(0, bound.rows)))
         return outs
-    schedule = _run_schedule(exe, eqn, sig)
+    schedule = run_schedule(bound.op)
     if cap is not None and cap < schedule.threads:
         schedule = replace(schedule, threads=max(1, cap))
     threads = schedule.threads

@@ -110,6 +110,24 @@ def backend_plan(eqn, graph, *, compile: bool = True, held=None):
     return found
 
 
+def triton_walk(eqn, graph) -> tuple:
+    """(the relation descriptor a Triton kernel of `eqn` walks over `graph`, whether it reads
+    an edge permutation, the relation type its Kernel op is lowered for: a relation walked
+    through its resolved CSR as a CSR, with the relation's index dtype, which the kernel is
+    rendered per): what the call's binding lowers (binding.py) and TritonPlan renders."""
+    walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
+    has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
+    relation = relation_descriptor(graph, walk, target="triton")
+    if relation[0] == "radius" and ("edge" in eqn.params["roles"] or
+                                    eqn.params["reduce_by"] == "edge"):
+        relation = ("csr",)    # edge ids in the reference's order: its CSR
+    gtype = eqn.inputs[0].type
+    if gtype.kind != "csr" and relation == ("csr",):   # walked through its resolved CSR
+        gtype = replace(gtype, kind="csr", coord_dims=None)
+    index = graph.index_dtype if graph is not None else gtype.index_dtype
+    return relation, has_perm, replace(gtype, index_dtype=index)
+
+
 def _page_plan(backend: str, eqn, graph, held):
     """The TritonPlan of a paged run's page kernel over the page-local CSR `graph` (`held`:
     its Kernel op, handed down), or a Fallback naming why its pages run the reference
@@ -135,16 +153,10 @@ class TritonPlan:
     def build(cls, eqn, graph, backend: str, held=None):
         """The plan rendering `held` (the Kernel op handed down for the walk bound here),
         or an Unbound naming the launch to lower when it does not fit."""
-        walk = "src" if eqn.params["reduce_by"] == "src" else "dst"
-        has_perm = walk == "dst" and getattr(graph, "edge_perm", None) is not None
-        relation = relation_descriptor(graph, walk, target="triton")
-        if relation[0] == "radius" and ("edge" in eqn.params["roles"] or
-                                        eqn.params["reduce_by"] == "edge"):
-            relation = ("csr",)    # edge ids in the reference's order: its CSR
-        gtype = eqn.inputs[0].type
-        if gtype.kind != "csr" and relation == ("csr",):   # walked through its resolved CSR
-            gtype = replace(gtype, kind="csr", coord_dims=None)
-        index = graph.index_dtype if graph is not None else gtype.index_dtype
+        relation, has_perm, bound = triton_walk(eqn, graph)
+        gtype, index = eqn.inputs[0].type, bound.index_dtype
+        if bound.kind != gtype.kind:
+            gtype = replace(gtype, kind=bound.kind, coord_dims=None)
         structure = ("triton", backend, eqn.params["edge_fn"].structure_key(),
                      repr(eqn.params["reducer"]._key()), eqn.params["roles"],
                      eqn.params["reduce_by"], _update_key(eqn), _field_key(eqn),
@@ -153,7 +165,6 @@ class TritonPlan:
         warm = _PLANS.get((key, repr(gtype)))
         if warm is not None:   # (lowering through the Kernel stage costs ~1.5 ms a call)
             return warm
-        bound = replace(gtype, index_dtype=index)
         if (held is None or held.schedule.target != "triton"
                 or held.comp.relation.type.kind != bound.kind
                 or held.comp.relation.type.index_dtype != index):
