@@ -61,7 +61,7 @@ def test_halo_plan_steps_run_through_the_interpreter(problem, monkeypatch, reduc
     assert len(modules) == len(steps) == 1
     assert steps[0][0] == interpreter.op_steps(modules[0])
     kinds = {kind for kind, _ in steps[0][0]}
-    assert {interpreter.RUN, interpreter.TRANSFER} <= kinds     # launches and their writes
+    assert {interpreter.LAUNCH, interpreter.TRANSFER} <= kinds  # launches and their writes
 
 
 def test_loops_are_task_walks_with_the_distributed_rules(problem, monkeypatch):

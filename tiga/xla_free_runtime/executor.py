@@ -307,12 +307,13 @@ def _local_pages(program: GraphProgram, args: list) -> dict:
 
 
 def _run(program: GraphProgram, args: list) -> list:
-    """The program's Task IR interpreted with this runtime's rules for compiled propagates
-    and loops (eval_program with the same rules when the IR does not express it)."""
-    overrides = OVERRIDES
+    """The program's Task IR interpreted: its launches by the launch handler (_propagate),
+    from the Kernel ops the module holds, other equations and loops by the runtime's eval
+    rules (eval_program with the same rules when the IR does not express the program)."""
     walk = task_walk(program, call_binding(program, args))
     generates = (walk.generates if isinstance(walk, TaskWalk) else
                  bool(generated_relations(program)))
+    routes = None
     if config.strict or generates:
         # planned before anything runs: strict mode refuses a fallback up front, and a
         # relation generated in the program takes the route planned from its parameters
@@ -320,18 +321,16 @@ def _run(program: GraphProgram, args: list) -> list:
         routes = plan_routes(program, args,
                              walk.launches if isinstance(walk, TaskWalk) else None)
         _strict_check(routes)
-        overrides = {**OVERRIDES, propagate_p: partial(_propagate, routes, None)}
     if isinstance(walk, NoWalk):
-        return eval_program(program, *args, overrides=overrides)
-    if walk.launches and walk.threads == num_threads():
-        # its propagates run the Kernel ops the Task module holds (scheduled for this pool)
-        if overrides is OVERRIDES:     # (no per-call routes: the same rules every call)
-            outs = run_walk(walk, program, args, _held_rules(program, walk))
-            _prepare(program, walk, args)
-            return outs
-        rule = partial(_propagate, overrides[propagate_p].args[0], walk)
-        overrides = {**overrides, propagate_p: rule}
-    return run_walk(walk, program, args, overrides)
+        return eval_program(program, *args, overrides={
+            **OVERRIDES, propagate_p: partial(_propagate, routes, None)})
+    # (its launches hold Kernel ops scheduled for this pool size, or are planned afresh)
+    held = walk if walk.launches and walk.threads == num_threads() else None
+    if held is None or routes is not None:
+        return run_walk(walk, program, args, OVERRIDES, launch=partial(_propagate, routes, held))
+    outs = run_walk(walk, program, args, OVERRIDES, launch=_launcher(program, walk))
+    _prepare(program, walk, args)      # (the same handler every call: a warm launch list)
+    return outs
 
 
 def run_prepared(program: GraphProgram, args: list, *, host_args: bool = False) -> list | None:
@@ -344,7 +343,7 @@ def run_prepared(program: GraphProgram, args: list, *, host_args: bool = False) 
         return None
     if config.check:     # (TIGA_CHECK: every executed program is checked first)
         check_program(program)
-    return run_walk(prep, program, args, OVERRIDES, prep.prepared)
+    return run_walk(prep, program, args, OVERRIDES, prep.prepared, _LAUNCH)
 
 
 def prepared_for(program: GraphProgram, args: list) -> bool:
@@ -391,16 +390,16 @@ def _run_plan(route, eqn, values: list) -> list:
     return route.run(eqn, values[0], values[1:])
 
 
-def _held_rules(program: GraphProgram, walk: TaskWalk) -> dict:
-    """OVERRIDES with propagates run from the Kernel ops `walk` (one of `program`'s) holds:
-    built once per walk (a warm call reuses it; the dict is only read)."""
-    per_walk = memo_of(program).setdefault("rules", {})   # id(walk) -> (walk, its rules)
+def _launcher(program: GraphProgram, walk: TaskWalk):
+    """The launch handler running the Kernel ops `walk` (one of `program`'s) holds: made
+    once per walk (a warm call reuses it)."""
+    per_walk = memo_of(program).setdefault("launchers", {})   # id(walk) -> (walk, handler)
     found = per_walk.get(id(walk))
     if found is not None and found[0] is walk:
         return found[1]
-    rules = {**OVERRIDES, propagate_p: partial(_propagate, None, walk)}
-    per_walk[id(walk)] = (walk, rules)
-    return rules
+    handler = partial(_propagate, None, walk)
+    per_walk[id(walk)] = (walk, handler)
+    return handler
 
 
 def _propagate(routes, walk, eqn, vals):
@@ -465,7 +464,7 @@ def _lowered_or_none(eqn, relation, target: str):
 def _call(closed, args: list) -> list:
     args = list(closed.consts) + list(args)
     prep = _prepared(closed.program, args)    # (a loop body's warm iterations)
-    return (run_walk(prep, closed.program, args, OVERRIDES, prep.prepared)
+    return (run_walk(prep, closed.program, args, OVERRIDES, prep.prepared, _LAUNCH)
             if prep is not None else _run(closed.program, args))
 
 
@@ -501,9 +500,11 @@ def count_launch(graph):
 
 # (dot_rule: an entity-level matmul as tile_matmul on a Triton backend; it declines in
 # under a microsecond elsewhere, so the numpy impl rule runs it as before)
-OVERRIDES = {propagate_p: partial(_propagate, None, None), repeat_p: _regions(run_repeat),
-             while_loop_p: _regions(run_while), cond_p: _regions(run_cond),
-             degrees_p: _degrees, dot_general_p: dot_rule}
+# the eval rules of the equations that are not launches (a propagate is a launch: _LAUNCH,
+# the handler of a call whose module holds no Kernel op for it, plans it from its relation)
+OVERRIDES = {repeat_p: _regions(run_repeat), while_loop_p: _regions(run_while),
+             cond_p: _regions(run_cond), degrees_p: _degrees, dot_general_p: dot_rule}
+_LAUNCH = partial(_propagate, None, None)
 
 
 def call_backend(call) -> str | None:

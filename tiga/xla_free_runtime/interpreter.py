@@ -7,11 +7,12 @@ binding (`cached_walk` / `remember_walk`):
 
     gf_storage.transfer  an argument made ready on the host tier: as numpy, or a disk-tier
                          tensor left lazy (a paged route reads it page by page)
-    gf_task.launch       its propagate equation, on the route launch.plan chose: a compiled
-                         kernel, a specialised plan that walks its own page or halo plan, or
-                         the reference rule when the propagate falls back
-    gf_tensor.* ops      their equations, through core.eval.run_eqn with the runtime's
-                         overrides (loops run their bodies through this module again)
+    gf_task.launch       a LAUNCH step: its propagate, run by the launch handler the caller
+                         hands run_walk (the executor's: the Kernel op the launch holds, on
+                         the route its planner binds; a warm call's prepared launch first),
+                         or by the reference rule when the propagate falls back
+    gf_tensor.* ops      RUN steps: their equations, through core.eval.run_eqn with the
+                         runtime's rules (loops run their bodies through this module again)
     gf_storage.release   the value (an argument or an intermediate) dropped from the
                          interpreter's environment after its last reader, so its memory
                          is reused by the next equation rather than held to the end
@@ -43,13 +44,14 @@ from ..lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, Transfe
 from .program_cache import memo
 from .threads import num_threads
 
-TRANSFER, RUN, RELEASE, JOIN = "transfer", "run", "release", "join"
+TRANSFER, RUN, LAUNCH, RELEASE, JOIN = "transfer", "run", "launch", "release", "join"
 
 
 @dataclass(frozen=True)
 class TaskWalk:
     """A program's Task module and its steps: (TRANSFER, binder position), (RELEASE, the
-    program's Var), (RUN, equation) or (JOIN, None), in the module's op order."""
+    program's Var), (LAUNCH, the propagate a gf_task.launch runs), (RUN, another equation)
+    or (JOIN, None), in the module's op order."""
 
     module: TaskModule
     steps: tuple
@@ -160,7 +162,7 @@ def _pair(module: TaskModule, program: GraphProgram) -> tuple:
                 raise CompilationError(f"task walk: op {want} does not match equation "
                                        f"{None if eqn is None else eqn.primitive.name}")
             var.update((v.name, o) for v, o in zip(values, eqn.outputs))
-            steps.append((RUN, eqn))
+            steps.append((LAUNCH if isinstance(op, TaskLaunchOp) else RUN, eqn))
             held = held_kernel(op) if isinstance(op, TaskLaunchOp) else None
             if held is not None:
                 launches[id(eqn)] = held
@@ -176,7 +178,7 @@ def _relations_after_readers(steps: list) -> tuple:
     module releases the relation itself after its other readers only."""
     last = {}
     for i, (code, x) in enumerate(steps):
-        if code is RUN:
+        if code is RUN or code is LAUNCH:
             for a in x.inputs:
                 if isinstance(a.type, GraphType):
                     last[id(a)] = i
@@ -205,8 +207,8 @@ def _has_dim(param) -> bool:
 def interpret(steps, handlers: dict) -> None:
     """The one loop that runs Task IR. `steps`: (kind, what) pairs in the module's op order
     (a program's walk, or `op_steps` of a page or halo plan); `handlers`: kind -> the
-    handler that runs it (TRANSFER, RUN, RELEASE, JOIN). What a kind means on a run is its
-    handler's: a program's transfer readies an argument on the host, a page plan's submits a
+    handler that runs it (TRANSFER, LAUNCH, RUN, RELEASE, JOIN). What a kind means on a run
+    is its handler's: a program's transfer readies an argument on the host, a page plan's submits a
     page read to a loader and a halo plan's posts a peer's messages; a launch waits on its
     deps' events and runs its kernel. Asynchronous handlers record their events; the
     handlers of the ops that wait on them wait."""
@@ -215,18 +217,19 @@ def interpret(steps, handlers: dict) -> None:
 
 
 def op_steps(module: TaskModule) -> tuple:
-    """A Task module's ops as steps: (TRANSFER, TransferOp), (RUN, TaskLaunchOp),
+    """A Task module's ops as steps: (TRANSFER, TransferOp), (LAUNCH, TaskLaunchOp),
     (RELEASE, ReleaseOp), (JOIN, JoinOp); other ops (relations, constants) take no step."""
-    kinds = {TransferOp: TRANSFER, TaskLaunchOp: RUN, ReleaseOp: RELEASE, JoinOp: JOIN}
+    kinds = {TransferOp: TRANSFER, TaskLaunchOp: LAUNCH, ReleaseOp: RELEASE, JoinOp: JOIN}
     return tuple((kinds[type(op)], op) for op in module.body.ops if type(op) in kinds)
 
 
 def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
-             prepared: dict | None = None) -> list:
+             prepared: dict | None = None, launch=None) -> list:
     """Interpret the walk's steps on this call's arguments (`walk`: a TaskWalk or a
-    PreparedWalk). `prepared`: id(propagate equation) -> its prepared launch (a warm call's
-    list: `fn(values) -> outputs`, or None for operands it does not take); every other
-    equation, and those, run through `overrides`."""
+    PreparedWalk). A launch runs its prepared launch (`prepared`: id(propagate equation) ->
+    `fn(values) -> outputs`, or None for operands it does not take: a warm call's list),
+    else `launch(eqn, values)` (the runtime's launch handler: outputs, or None where the
+    reference rule runs it); other equations run through `overrides` (core.eval rules)."""
     binders = program.in_binders
     env: dict = {}
     dims = bind_dims(binders, args, resolve=False) if walk.sized else {}
@@ -240,10 +243,20 @@ def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
         vals = []
         for a in eqn.inputs:
             vals.append(a.value if isinstance(a, Lit) else env[id(a)])
+        outs = run_eqn(eqn, vals, overrides, dims)
+        for v, o in zip(eqn.outputs, outs):
+            env[id(v)] = o
+
+    def launched(eqn):
+        vals = []
+        for a in eqn.inputs:
+            vals.append(a.value if isinstance(a, Lit) else env[id(a)])
         fn = prepared.get(id(eqn)) if prepared else None
         outs = fn(vals) if fn is not None else None
-        if outs is None:
-            outs = run_eqn(eqn, vals, overrides, dims)
+        if outs is None and launch is not None:
+            outs = launch(eqn, vals)
+        if outs is None:    # (the reference rule; without a handler, the overrides' own)
+            outs = run_eqn(eqn, vals, overrides if launch is None else {}, dims)
         for v, o in zip(eqn.outputs, outs):
             env[id(v)] = o
 
@@ -256,7 +269,7 @@ def run_walk(walk, program: GraphProgram, args: list, overrides: dict,
                                    host_value(binders[j], x, True))
 
     # (a launch runs to completion on the pool, so a join has nothing left to wait on)
-    interpret(walk.steps, {RUN: run, TRANSFER: transfer,
+    interpret(walk.steps, {RUN: run, LAUNCH: launched, TRANSFER: transfer,
                            RELEASE: lambda v: env.pop(id(v), None), JOIN: _nothing})
     outs = []
     for a in program.outs:
@@ -308,7 +321,7 @@ def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, ba
         elif type(a) is not np.ndarray:
             return None
     for code, x in walk.steps:
-        if code is RUN and x.primitive is propagate_p:
+        if code is LAUNCH:
             rel = x.inputs[0]
             fn = launcher(x, rel.value if isinstance(rel, Lit) else args[position[id(rel)]])
             if fn is None:
@@ -377,7 +390,8 @@ def warm_steps(steps: tuple) -> tuple:
     step after the last launch or equation (its releases and the join: the call's values
     are dropped when it returns, and a launch has run to completion). Same order, same
     work; a warm call's host time is counted in microseconds."""
-    last = max((k for k, (code, _) in enumerate(steps) if code is RUN), default=-1)
+    last = max((k for k, (code, _) in enumerate(steps) if code is RUN or code is LAUNCH),
+               default=-1)
     out: list = []
     for code, x in steps[:last + 1]:
         if code is TRANSFER and out and out[-1][0] is TRANSFER:
@@ -405,6 +419,7 @@ def describe_walk(walk: TaskWalk | NoWalk) -> str:
     return text + f", {count[RELEASE]} release(s), then a join"
 
 
-__all__ = ["lifted", "held_kernel", "interpret", "op_steps", "cached_walk", "remember_walk",
-           "build_walk", "run_walk", "describe_walk", "TaskWalk", "NoWalk", "PreparedWalk",
-           "prepare_walk", "prepared_walk", "remember_prepared", "warm_steps"]
+__all__ = ["TRANSFER", "RUN", "LAUNCH", "RELEASE", "JOIN", "lifted", "held_kernel", "interpret",
+           "op_steps", "cached_walk", "remember_walk", "build_walk", "run_walk", "describe_walk",
+           "TaskWalk", "NoWalk", "PreparedWalk", "prepare_walk", "prepared_walk",
+           "remember_prepared", "warm_steps"]

@@ -40,8 +40,8 @@ from ..backend_table import plan_cpu  # (the cpu-llvm route table)
 from ..backends.cpu.propagate import Fallback, run_propagate
 from ..interpreter import (
     JOIN,
+    LAUNCH,
     RELEASE,
-    RUN,
     TRANSFER,
     TaskWalk,
     held_kernel,
@@ -178,7 +178,7 @@ class _Rules:
     def run(self, program: GraphProgram, args: list) -> list:
         walk = self.walks.get(id(program))
         if isinstance(walk, TaskWalk):
-            return run_walk(walk, program, args, self.rules)
+            return run_walk(walk, program, args, self.rules, launch=self.propagate)
         return eval_program(program, *args, overrides=self.rules)
 
     def call(self, closed, args: list) -> list:
@@ -323,7 +323,7 @@ class _HaloHandlers:
     def run(self, steps) -> list:
         """The plan's `steps` (op_steps of self.module) through the interpreter."""
         t0 = time.perf_counter()
-        interpret(steps, {TRANSFER: self.transfer, RUN: self.launch, JOIN: self.join,
+        interpret(steps, {TRANSFER: self.transfer, LAUNCH: self.launch, JOIN: self.join,
                           RELEASE: self.release})
         self._record(time.perf_counter() - t0)
         return self.outs

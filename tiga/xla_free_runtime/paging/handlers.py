@@ -26,7 +26,7 @@ from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...core.types import TensorType
 from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
-from ..interpreter import JOIN, RELEASE, RUN, TRANSFER, held_kernel, interpret, op_steps
+from ..interpreter import JOIN, LAUNCH, RELEASE, TRANSFER, held_kernel, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers import DiskStorage, HostStorage, chunk_checks
@@ -188,7 +188,7 @@ class PagedRun:
                                        self.charge_through) as self.checks:
                 if self.mapped is not None:
                     self.mapped.owe_all(self.checks)
-                interpret(op_steps(self.module), {TRANSFER: self.transfer, RUN: self.launch,
+                interpret(op_steps(self.module), {TRANSFER: self.transfer, LAUNCH: self.launch,
                                                   RELEASE: self.release, JOIN: self.join})
                 self.checks.settle()       # (a no-op once the last page loaded)
             done = True
