@@ -42,6 +42,9 @@ class RecordingBackend:
         self.launched.append(op)
         return self.inner.launch(exe, op, args, stream)
 
+    def __getattr__(self, name):     # (plan, artifact, page_plan: the inner backend's)
+        return getattr(self.inner, name)
+
     def names(self) -> set:
         """The names of the Kernel ops launched so far."""
         return {getattr(op, "kernel", op).name for op in self.launched}

@@ -24,7 +24,7 @@ def kwargs():
 def test_table_lists_every_backend_with_renderer():
     assert set(BACKENDS) == {"cpu-llvm", "triton", "triton-interpreter"}
     for b in BACKENDS.values():
-        assert callable(b.render) and b.launcher is not None
+        assert callable(b.render)
 
 
 def test_ir_triton_prints_the_kernel_source_that_runs():

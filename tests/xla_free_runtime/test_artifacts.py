@@ -203,14 +203,13 @@ def test_eight_threads_run_a_new_cpu_kernel_compiled_once(tmp_path, monkeypatch)
 
 
 def test_backend_table_names_each_target_s_artifact_kind():
-    """Every backend's launcher names the artifact kind it keeps in the one cache; the
+    """Every backend names the artifact kind it keeps in the one cache; the
     kinds' entry kinds are disjoint, so one backend's entry is never loaded by another."""
-    import tiga.xla_free_runtime.backend_table  # noqa: F401 - registers the launchers
-    from tiga.lower.backends import BACKENDS
+    from tiga.xla_free_runtime.backends import BACKENDS
 
-    kinds = {name: b.launcher.artifact for name, b in BACKENDS.items()}
+    kinds = {name: b.artifact for name, b in BACKENDS.items()}
     assert kinds["cpu-llvm"] is cache_mod.LLVMArtifact
-    assert kinds["triton"] is kinds["triton-interpreter"] is not kinds["cpu-llvm"]
+    assert kinds["triton"] is not kinds["cpu-llvm"]
     for kind in kinds.values():
         assert callable(kind.build) and callable(kind.load)
     assert not set(kinds["cpu-llvm"].kinds) & set(kinds["triton"].kinds)

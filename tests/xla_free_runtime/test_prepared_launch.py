@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import backend_table, executor
+from tiga.xla_free_runtime import backends, executor, routes
 from tiga.xla_free_runtime.cache import CACHE
 
 
@@ -38,7 +38,9 @@ def _refuse_planning(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a warm call planned its propagate")
     monkeypatch.setattr(executor, "plan", refuse)
-    monkeypatch.setattr(backend_table, "plan", refuse)
+    monkeypatch.setattr(routes, "plan", refuse)
+    for target in ("cpu-llvm", "triton"):
+        monkeypatch.setattr(backends.BACKENDS[target], "plan", refuse)
 
 
 def test_warm_calls_launch_without_planning(monkeypatch):

@@ -1,14 +1,14 @@
-"""lower: the backend table: a backend is a renderer of `gf_kernel.launch` ops plus a launcher.
+"""lower: the renderer table: each backend name's renderer of `gf_kernel.launch` ops.
 
 `BACKENDS[name]` holds the renderer (LaunchOp -> abi.KernelSource), the kernel-ABI target it
-renders for (the Kernel op's schedule target; abi.relation_descriptor's `target`), whether
-the backend is usable in this process (and why not), and the launcher the runtime registers
-for it (`register_launcher`, called by xla_free_runtime; this layer never imports the
-runtime).
+renders for (the Kernel op's schedule target; abi.relation_descriptor's `target`) and whether
+the backend is usable in this process (and why not). The runtime's backend table
+(xla_free_runtime/backends: one object per target that plans, compiles and launches) renders
+through it; this layer never imports the runtime.
 `selected_backend()` reads `tg.config.backend` / TIGA_BACKEND.
 
 - cpu-llvm: lower/llvm/render.py (LLVM text and signature, from the launch op and the
-  call data its text cannot carry), launched by xla_free_runtime/backend_table.py's planners;
+  call data its text cannot carry);
 - triton: lower/triton (Triton source), compiled for the CUDA device by Triton;
 - triton-interpreter: the same source run by Triton's interpreter on CPU (TRITON_INTERPRET=1
   while the generated module is imported), so every Triton kernel is tested without a GPU.
@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core.config import config
 from ..core.errors import UnsupportedError
@@ -101,7 +101,6 @@ class Backend:
     render: Callable[..., object]
     availability: Callable[[], tuple[bool, str]]
     interpreter: bool = False
-    launcher: object = field(default=None, repr=False)   # set by the runtime
 
     def available(self) -> tuple[bool, str]:
         return self.availability()
@@ -122,13 +121,6 @@ def targets_triton(name: str) -> bool:
     CUDA backend and its interpreter alike."""
     found = BACKENDS.get(name)
     return found is not None and found.target == "triton"
-
-
-def register_launcher(name: str, launcher) -> None:
-    if name not in BACKENDS:
-        raise UnsupportedError(f"register_launcher: no backend {name!r}",
-                               hint=f"backends: {', '.join(BACKENDS)}")
-    BACKENDS[name].launcher = launcher
 
 
 def check_backend_name(name: str, where: str = "tg.config.backend") -> str:

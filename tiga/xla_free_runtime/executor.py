@@ -33,7 +33,6 @@ from ..lower.backends import selected_backend
 from ..lower.binding import page_program
 from ..lower.ir.task import TaskLaunchOp
 from ..lower.passes.plan_halo_tasks import NAME as HALO_MODULE
-from .backend_table import plan
 from .backends.cpu.generated import count_eqn, fused_degrees, generated_relations
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
@@ -72,7 +71,7 @@ from .paging.pages import pageable, walked_eqn
 from .paging.resident import plan_resident
 from .paging.run import PagedPlan, plan_paged, task_ir
 from .program_cache import memo as memo_of
-from .routes import bodies_of, describe_program, paged_propagates, propagates_of
+from .routes import bodies_of, describe_program, paged_propagates, plan, propagates_of
 from .run_report import profiled, reporting
 from .threads import num_threads, pin_threads, unpin_threads
 
@@ -175,7 +174,7 @@ def _pages(program: GraphProgram, args: list, walk=None) -> dict:
 
 
 def planned(eqn, graph, *, held=None, compile: bool = True):
-    """The route of one propagate (backend_table.plan) over `graph` with the Kernel op it
+    """The route of one propagate (routes.plan) over `graph` with the Kernel op it
     binds: `held` (the call's Task module's), else, when the planner answers Unbound (the
     call's module holds no op for the walk it binds: a program the Task stages do not walk,
     a relation computed in the program), the launch it names, lowered here, once per

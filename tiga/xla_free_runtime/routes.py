@@ -14,16 +14,17 @@ from ..core.prims.graph import propagate_p
 from ..core.program import ClosedProgram, GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower.backends import selected_backend, targets_triton
-from .backend_table import plan
+from .backends import backend_for
 from .backends.cpu.generated import GeneratedType, generated_relations
 from .backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
 from .backends.cpu.walk_tables import chunks_of
 from .backends.triton.launch import relabel_routes
+from .binding import call_target
 from .explain import Explanation, launch_facts, schedule_line
 from .interpreter import describe_walk
 from .paging.plan import describe_plan
 from .paging.resident import RESIDENT_KINDS
-from .paging.run import call_plan, describe_stats
+from .paging.run import call_plan, describe_stats, plan_paged
 from .run_report import measured
 from .threads import num_threads
 
@@ -42,6 +43,18 @@ VJP_ROUTE = ("the VJP program is lowered the same way: source cotangents are a p
              "sources are sparse; over a symmetric radius relation the fused cell walk with "
              "roles swapped), edge cotangents per edge, parameter cotangents one fold over all "
              "edges")
+
+
+def plan(eqn, graph, *, compile: bool = True, held=None, target: str | None = None):
+    """The route of one propagate over `graph`: by pages where the relation is stored (on
+    every target), else the plan of the backend of the call's target (`target`: default the
+    selected backend's) binding `held`, the Kernel op handed down for it; a Fallback naming
+    why the reference interpreter runs it (`graph` None: decided from the relation's type;
+    compile=False: nothing is compiled, as explain() before a call)."""
+    paged = plan_paged(eqn, graph)
+    if paged is not None:
+        return paged
+    return backend_for(target or call_target()).plan(eqn, graph, compile=compile, held=held)
 
 
 def describe_program(program: GraphProgram, args: list, cache, walk, pages: dict,

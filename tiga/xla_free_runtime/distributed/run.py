@@ -36,7 +36,6 @@ from ...core.prims.control import (
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...core.types import GraphType
-from ..backend_table import plan_cpu  # (the cpu-llvm route table)
 from ..backends.cpu.propagate import Fallback, run_propagate
 from ..interpreter import (
     JOIN,
@@ -49,6 +48,7 @@ from ..interpreter import (
     run_walk,
 )
 from ..program_cache import memo
+from ..routes import plan
 from ..run_report import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
@@ -246,7 +246,7 @@ def launch(eqn, graph, values: list, outs: list | None = None, held=None,
         lead = 0
         return [np.zeros((lead,) + tuple(v.type.shape[1:]), v.type.dtype.np)
                 for v in eqn.outputs]
-    route = plan_cpu(eqn, graph, held=held)
+    route = plan(eqn, graph, held=held, target="cpu-llvm")   # (a rank's kernels: host)
     if isinstance(route, Fallback):
         if config.strict:
             raise UnsupportedError(f"strict mode: a distributed propagate would fall back to "

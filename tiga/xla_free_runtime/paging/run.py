@@ -26,8 +26,9 @@ from ...core.errors import ShapeError, UnsupportedError
 from ...core.graph import Graph
 from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
-from ...lower.backends import BACKENDS, selected_backend
+from ...lower.backends import selected_backend, targets_triton
 from ...lower.ir.task import TaskLaunchOp
+from ..backends import backend_for
 from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
 from ..backends.triton.compile import tensors
 from ..explain import launch_facts, schedule_line
@@ -65,7 +66,7 @@ def _check_lengths(eqn, graph, values) -> None:
 
 
 class PagedPlan:
-    """The route of a propagate over a paged relation (a launch.PLANNERS plan), or over a
+    """The route of a propagate over a paged relation (routes.plan's first question), or over a
     relation held in memory whose fields do not fit the host budget (resident_pages: the
     `reader` serves its row ranges)."""
 
@@ -267,10 +268,10 @@ def backend_pages() -> dict:
     page-kernel planner (`page_plan(backend, eqn, page-local CSR, op)`: a TritonPlan or a
     Fallback), or none (cpu-llvm)."""
     name = selected_backend()
-    page_plan = getattr(getattr(BACKENDS.get(name), "launcher", None), "page_plan", None)
-    if page_plan is None:      # (cpu-llvm: its pages run the one-page module's kernel)
+    if not targets_triton(name):     # (cpu-llvm: its pages run the one-page module's kernel)
         return {}
-    return {"backend": name, "page_plan": functools.partial(page_plan, name)}
+    return {"backend": name, "page_plan": functools.partial(backend_for("triton").page_plan,
+                                                            name)}
 
 
 __all__ = ["PagedPlan", "plan_paged", "Walk", "task_ir", "call_plan", "plan_of", "PageTask",

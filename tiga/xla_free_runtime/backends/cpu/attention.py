@@ -1,6 +1,6 @@
 """runtime: the tiled streaming route of dot-product attention (forward and fused VJP).
 
-A planner in `launch.PLANNERS` claims
+The cpu-llvm backend's planner (CpuLLVM.plan) claims
 
 - the forward: an online_softmax propagate whose edge function is attention
   (`autodiff.rules.attention.match_attention`) over a dense, triangular or cu_seqlens
@@ -70,7 +70,7 @@ def row_ranges(graph) -> tuple:
 
 
 def plan_attention(eqn, graph, compile: bool, held=None):
-    """The tiled attention route (a backend_table.PLANNERS entry), or None: not attention;
+    """The tiled attention route (tried by CpuLLVM.plan), or None: not attention;
     `held`: the attention-tiles launch handed down for it (the call's bound Task module's),
     else an Unbound naming the equation to lower."""
     # the Iter stage's predicate (lower/attention_walk.py): what it claims lowers to an

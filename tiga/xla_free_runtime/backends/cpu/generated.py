@@ -1,6 +1,6 @@
 """runtime: the cpu-llvm route of a propagate over a generated relation (radius, knn).
 
-A planner in launch.PLANNERS claims propagates grouped by destination
+The cpu-llvm backend's planner (CpuLLVM.plan) claims propagates grouped by destination
 over a radius/knn relation without edge fields. Per call it builds the cell directory of the
 source coordinates (O(N): sorted indices, sorted coordinates, cell starts, row visiting
 order) and runs the fused kernel of lower/llvm/generated.py on row chunks: no edge list,

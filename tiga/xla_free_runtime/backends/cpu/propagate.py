@@ -143,9 +143,10 @@ def _kernel_of(eqn, graph, held=None):
 
 def generic_plan(eqn, graph, *, compile: bool = True, held=None):
     """The generic fused kernel: Executable (compile=True) or key (compile=False), else a
-    Fallback (an Unbound: `held` does not fit the walk). Specialised routes (paged,
-    attention, generated) are tried before it by backend_table.plan, the function callers
-    use. `held`: the Kernel op handed down for the equation (the call's Task module's)."""
+    Fallback (an Unbound: `held` does not fit the walk). Specialised routes are tried before
+    it (pages by routes.plan, the function callers use; attention and generated walks by
+    CpuLLVM.plan). `held`: the Kernel op handed down for the equation (the call's Task
+    module's)."""
     if not CPU_LLVM_AVAILABLE:
         return Fallback("llvmlite is not installed, so the cpu-llvm backend is unavailable")
     if graph is None:

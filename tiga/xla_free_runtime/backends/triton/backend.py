@@ -5,7 +5,9 @@ Kernel ops of target "triton"; which one a module runs under is fixed when the m
 imported (TRITON_INTERPRET, read by @triton.jit), so each artifact knows its backend name
 (TritonModule.backend) and `launch` sets the environment from it.
 
-render: a `gf_kernel.launch` to Triton source and its signature (lower/triton); compile: that
+plan: the route of one propagate over a relation held in memory (routes.plan asks the backend
+of the call's target after a stored relation's pages); render: a `gf_kernel.launch` to Triton
+source and its signature (lower/triton); compile: that
 source into a module artifact of the one artifact cache; launch: the kernel functions named
 in `KernelArgs.jobs`, each `(function, grid, argv, meta)`, in order on the current stream
 (a launch returns once they are queued; on CUDA the results are read on the same stream).
@@ -18,6 +20,7 @@ from ....lower.backends import selected_backend
 from ....lower.triton import render_launch
 from ...cache import CACHE
 from .compile import TritonArtifact, interpret
+from .launch import backend_plan, page_kernel_plan
 
 
 class Triton:
@@ -25,6 +28,17 @@ class Triton:
     interpreter)."""
 
     target = "triton"
+    artifact = TritonArtifact   # the artifact kind its compiler keeps in the one cache
+
+    def plan(self, eqn, graph, *, compile: bool = True, held=None):
+        """The route of `eqn` over `graph` (held in memory) on the selected Triton backend:
+        its attention kernels or a TritonPlan rendering `held` (an Unbound naming the
+        launch to lower where `held` does not fit), or a Fallback."""
+        return backend_plan(eqn, graph, compile=compile, held=held)
+
+    def page_plan(self, backend: str, eqn, graph, held):
+        """The TritonPlan of a paged run's page kernel over the page-local CSR `graph`."""
+        return page_kernel_plan(backend, eqn, graph, held)
 
     def render(self, kernel_op, call=None, symbol: str = "kernel"):
         """The Triton source and signature of `kernel_op` (`call`: what the renderer reads

@@ -22,24 +22,15 @@ from ....core.config import config
 from ....core.errors import UnsupportedError
 from ....core.graph_validate import input_device
 from ....lower.abi import KernelSource, relation_descriptor
-from ....lower.backends import (
-    BACKENDS,
-    register_launcher,
-    route_for_devices,
-    selected_backend,
-    targets_triton,
-)
+from ....lower.backends import BACKENDS, route_for_devices, selected_backend, targets_triton
 from ....lower.triton import TritonUnsupported
 from ...equation_cache import kept
-from ...paging.run import plan_paged
 from ...relation_cache import memo
 from ...run_report import COUNTERS
 from .. import KernelArgs, backend_for, launch
 from ..cpu.propagate import Fallback, Unbound, unbound, walk_arrays, walked_csr
-from ..cpu.propagate import generic_plan as llvm_plan
 from .attention import attention_plan
 from .compile import (
-    TritonArtifact,
     TritonModule,
     ensure_interpreter,
     launch_result,
@@ -76,11 +67,9 @@ def call_backend(call) -> str | None:
 
 
 def backend_plan(eqn, graph, *, compile: bool = True, held=None):
-    """The plan of one propagate on the selected backend (the executor's planner; `held`:
-    the Kernel op handed down for it, rendered when its target is triton)."""
+    """The plan of one propagate over a relation held in memory on the selected Triton
+    backend (Triton.plan; `held`: the Kernel op handed down for it, rendered when it fits)."""
     name = selected_backend()
-    if not targets_triton(name):
-        return llvm_plan(eqn, graph, compile=compile, held=held)
     ok, why = BACKENDS[name].available()
     if not ok:
         raise UnsupportedError(f"backend {name!r} is unavailable: {why}",
@@ -94,8 +83,7 @@ def backend_plan(eqn, graph, *, compile: bool = True, held=None):
     hit = per_eqn.get((id(graph), name))
     if hit is not None and hit[0]() is graph:
         return hit[1]
-    # a stored relation pages: each page runs this backend's kernel of the page-local CSR
-    found = plan_paged(eqn, graph) or attention_plan(eqn, graph, name)
+    found = attention_plan(eqn, graph, name)
     if found is None:
         try:
             found = TritonPlan.build(eqn, graph, name, held)
@@ -128,7 +116,7 @@ def triton_walk(eqn, graph) -> tuple:
     return relation, has_perm, replace(gtype, index_dtype=index)
 
 
-def _page_plan(backend: str, eqn, graph, held):
+def page_kernel_plan(backend: str, eqn, graph, held):
     """The TritonPlan of a paged run's page kernel over the page-local CSR `graph` (`held`:
     its Kernel op, handed down), or a Fallback naming why its pages run the reference
     interpreter."""
@@ -353,15 +341,3 @@ def _torch_walk(graph, sig, device: str) -> dict:
                  for k, a in arrays.items()}
         per_graph[(sig.walk, relation, device)] = found
     return found
-
-
-class _Launcher:
-    """The runtime side of the Triton backends in the backend table."""
-
-    plan = staticmethod(backend_plan)
-    artifact = TritonArtifact
-    page_plan = staticmethod(_page_plan)    # a paged run's page kernel (paging.run)
-
-
-register_launcher("triton", _Launcher)
-register_launcher("triton-interpreter", _Launcher)
