@@ -43,7 +43,9 @@ from llvmlite import ir
 
 from ...core.dtypes import as_dtype, int64
 from ..abi import KernelSignature
+from ..schedule import host_wide_vectors as geo_lanes_wide
 from .emitter import Emitter
+from .geo_vector import RANK_MAX, VectorTest, rank_select
 from .kernel import KernelSchedule, _KernelBuilder, _signature, emit_chunk_driver
 from .values import F64, I8, I64, PTR, CodegenUnsupported, i64, storage_type
 from .walk_base import Walk
@@ -168,6 +170,8 @@ class _GeoBuilder(_KernelBuilder):
         self.dims = [self._ld("geo_i", i64(1 + k), I64) for k in range(d)]
         self.reach = self._ld("geo_i", i64(2 + d), I64)
         self.floor = self.ctx.intrinsic("llvm.floor", F64)
+        if self.spec.mode == "cells":
+            self.vtest = VectorTest(self, geo_lanes_wide())
         self.ctx.loop(begin, end, self._geo_row, name="row")
 
     # ---- one destination row ------------------------------------------------------------
@@ -195,22 +199,45 @@ class _GeoBuilder(_KernelBuilder):
         outs = self._finish(states, b.load(count, typ=I64), rows)
         self._store_row(outs, r)
 
-    def _compacted(self, cells, q, fold) -> None:
+    def _compacted(self, cells, q, fold, final=None) -> None:
         """Radius rows without a bound: the test is branch-free (accepted sorted positions
-        are appended to a stack buffer, COMPACT_BLOCK candidates at a time) and the buffer is
-        folded in one tight loop when it may overflow and at the row's end; a branch per
-        candidate would mispredict on about a third of them. (The kNN prefilter uses it
-        too: then `fold` inserts into the top-k state.)"""
+        are appended to a stack buffer) and the buffer is folded in one tight loop when it
+        may overflow and at the row's end; a branch per candidate would mispredict on about
+        a third of them. Cell walks test W candidates per vector (geo_vector.py). (The kNN
+        prefilter uses it too: then `fold` inserts into the top-k state, and `final(buf,
+        nbuf, flushed, flush)` takes the buffer at the row's end.)"""
         b, ctx = self.b, self.ctx
         buf = ctx.alloca(I64, COMPACT_BUFFER)
         nbuf = ctx.alloca(I64, 1)
         b.store(i64(0), nbuf)
-        flags = ctx.alloca(I8, COMPACT_BLOCK)
+        flushed = ctx.alloca(I8, 1)
+        b.store(ir.Constant(I8, 0), flushed)
 
         def flush():
             ctx.loop(i64(0), b.load(nbuf, typ=I64), lambda j: fold(b.load(
                 b.gep(buf, [j], source_etype=I64), typ=I64)), name="acc")
             b.store(i64(0), nbuf)
+
+        def mid_flush():
+            b.store(ir.Constant(I8, 1), flushed)
+            flush()
+
+        if cells is not None:
+            self.vtest.row(q)
+            run = lambda t0, t1: self.vtest.test_range(t0, t1, buf, COMPACT_BUFFER, nbuf,
+                                                       mid_flush)
+        else:
+            run = self._scalar_blocks(q, buf, nbuf, mid_flush)
+        self._visit(cells, self.reach, None, ring=False, run=run)
+        if final is None:
+            flush()
+        else:
+            final(buf, nbuf, b.load(flushed, typ=I8), flush)
+
+    def _scalar_blocks(self, q, buf, nbuf, flush):
+        """run(t0, t1) of the scan mode (any dims): COMPACT_BLOCK candidates at a time."""
+        b, ctx = self.b, self.ctx
+        flags = ctx.alloca(I8, COMPACT_BLOCK)
 
         def run(t0, t1):
             # (t1 >= t0, and COMPACT_BLOCK is a power of two: a shift, not a division)
@@ -243,8 +270,7 @@ class _GeoBuilder(_KernelBuilder):
 
             ctx.loop(i64(0), blocks, block, name="block")
 
-        self._visit(cells, self.reach, None, ring=False, run=run)
-        flush()
+        return run
 
     def _candidate(self, tpos, q):
         """(source index, squared distance in the coordinates' dtype) of sorted point tpos."""
@@ -387,7 +413,18 @@ class _GeoBuilder(_KernelBuilder):
                 self._insert(best_d, best_i, best_t, nbest, self._d2(tpos, q),
                              self._ld("sorted_idx", tpos, I64), tpos)
 
-            self._compacted(cells, q, insert)
+            def final(buf, nbuf, flushed, flush):
+                m = b.load(nbuf, typ=I64)
+                few = b.and_(b.icmp_signed("<=", m, i64(RANK_MAX)),
+                             b.icmp_signed("==", flushed, ir.Constant(I8, 0)))
+                with b.if_else(few) as (by_rank, by_insertion):
+                    with by_rank:
+                        rank_select(self, q, buf, m, best_d, best_i, best_t, nbest,
+                                    self.vtest.W)
+                    with by_insertion:
+                        flush()
+
+            self._compacted(cells, q, insert, final)
             gap, covered = self._gap(cells, self.reach)
             kth = b.load(b.gep(best_d, [i64(k - 1)], source_etype=self.pty), typ=self.pty)
             kth = kth if self.pty == F64 else b.fpext(kth, F64)
