@@ -44,6 +44,29 @@ def test_sage_bipartite(aggr):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("widths", [(5, 3), (3, 5)])
+@pytest.mark.parametrize("config", ["mean", "sum", "no_root", "no_bias"])
+def test_sage_projects_before_or_after_aggregating(name, widths, config):
+    """A narrowing layer (5 -> 3) projects before its sum / mean (lin_l and lin_r as one
+    matmul), a widening one (3 -> 5) after: PyG's outputs and gradients either way."""
+    ei, n = case(name)
+    theirs = randomized(pyg.SAGEConv(*widths, **SAGE[config]))
+    ours = loaded(tg.nn.SAGEConv(*widths, **SAGE[config]), theirs)
+    assert ours._projects_first() == (widths[1] < widths[0])
+    assert_same(ours, theirs, lambda m, v: m(v, ei), _x(n, widths[0]))
+
+
+@pytest.mark.parametrize("aggr", ["mean", "sum"])
+def test_sage_projects_first_on_static_graph_batches(aggr):
+    """A 3-D x (B, N, F) sharing one edge_index, through the projecting-first route."""
+    ei, n = case("isolated")
+    theirs = randomized(pyg.SAGEConv(5, 3, aggr=aggr))
+    ours = loaded(tg.nn.SAGEConv(5, 3, aggr=aggr), theirs)
+    x = torch.randn(2, n, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert_same(ours, theirs, lambda m, v: m(v, ei), x)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("train_eps", [False, True])
 def test_gin_matches_pyg(name, train_eps):
     ei, n = case(name)

@@ -19,7 +19,7 @@ import torch
 from ...core.graph import Graph
 from ...core.reducers import online_softmax
 from ...trace.message_passing import MessagePassing
-from .common import LayerArgumentError, edge_index_like, source_reducer
+from .common import LayerArgumentError, edge_index_like, mean_of_sources, source_reducer
 
 
 class Aggregation(torch.nn.Module):
@@ -59,6 +59,8 @@ class _Basic(Aggregation):
     name = "sum"
 
     def over(self, graph, x):
+        if self.name == "mean":
+            return mean_of_sources(graph, x)
         return source_reducer(self.name)(graph=graph, src={"x": x})
 
 
@@ -103,6 +105,7 @@ class VarAggregation(Aggregation):
     def over(self, graph, x):
         sq = x * x
         both = torch.cat([x, sq.detach() if self.semi_grad else sq], dim=-1)
+        # (sum / degree exactly, as PyG: mean2 - mean^2 cancels, amplifying any rounding)
         mean, mean2 = source_reducer("mean")(graph=graph, src={"x": both}).chunk(2, dim=-1)
         return mean2 - mean * mean
 
@@ -196,7 +199,7 @@ class PowerMeanAggregation(Aggregation):
         plain = not isinstance(p, torch.Tensor) and p == 1
         if not plain:
             x = x.clamp(min=self.min_value, max=self.max_value).pow(p)
-        out = source_reducer("mean")(graph=graph, src={"x": x})
+        out = source_reducer("mean")(graph=graph, src={"x": x})   # (exact: pow amplifies)
         if not plain:
             out = out.clamp(min=self.min_value, max=self.max_value).pow(1.0 / p)
         return out

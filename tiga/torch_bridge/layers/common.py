@@ -25,6 +25,7 @@ from ...core.reducers import min as min_r
 from ...core.reducers import prod as prod_r
 from ...core.reducers import sum as sum_r
 from ...trace.message_passing import MessagePassing
+from ...xla_free_runtime.relation_cache import memo
 from ..transforms import plain
 
 REDUCERS = {"add": sum_r, "sum": sum_r, "mean": mean_r, "max": max_r, "min": min_r,
@@ -327,6 +328,47 @@ def edge_reduce(graph: Graph, values: torch.Tensor, aggr: str) -> torch.Tensor:
 
 def source_reducer(aggr: str) -> SourceReduce:
     return _SOURCE_REDUCE[aggr]
+
+
+class ScaledSum(MessagePassing):
+    """Per destination: sum over edges of x(source) * s(destination)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reducer = sum_r()
+
+    def edge(self, src, dst, edge):
+        return src.x * dst.s
+
+
+_SCALED_SUM = ScaledSum()
+
+
+def mean_of_sources(graph: Graph, x: torch.Tensor) -> torch.Tensor:
+    """mean_j x_j per destination (0 without edges), as sum_j x_j * (1 / max(deg, 1)).
+
+    The mean reducer's VJP divides the cotangent by the degrees outside the kernel (two
+    (N, F) host passes, about 0.4 s of an ogbn-arxiv-size SAGE step); with the inverse
+    degree as a destination field the VJP is one propagate reading it per edge. Results
+    differ from sum / degree by rounding (a few ulp). Stored CSR relations of float32/64
+    host rows only; anything else runs the mean reducer."""
+    if (x.dtype not in (torch.float32, torch.float64) or x.device.type != "cpu"
+            or getattr(graph, "kind", None) not in ("csr", "cat")
+            or getattr(graph, "tiga_distributed", False) is True):
+        return _SOURCE_REDUCE["mean"](graph=graph, src={"x": x})
+    scale = inverse_degrees(graph, x.dtype).view((-1,) + (1,) * (x.dim() - 1))
+    return _SCALED_SUM(graph=graph, src={"x": x}, dst={"s": scale})
+
+
+def inverse_degrees(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
+    """1 / max(in-degree, 1) per destination, memoised per relation and dtype."""
+    kept = memo(graph)
+    key = ("inverse_degrees", dtype)
+    found = kept.get(key)
+    if found is None:
+        deg = np.maximum(graph.degrees(by="dst"), 1)
+        found = kept[key] = torch.from_numpy(1.0 / deg).to(dtype)
+    return found
 
 
 _SOURCE_REDUCE = {name: SourceReduce(make()) for name, make in REDUCERS.items()}

@@ -126,14 +126,47 @@ class SAGEConv(torch.nn.Module):
         check_size("SAGEConv", size, node_count(x_src), n_dst)
         if self.project:
             x_src = self.lin(x_src).relu()
-        agg = aggregate("SAGEConv", self.aggr_module, adj, nodes_first(x_src),
-                        nodes_first(x_dst), n_dst)
-        out = self.lin_l(batch_first(agg, x_src))
-        if self.root_weight and x_dst is not None:
-            out = out + self.lin_r(x_dst)
+        if self._projects_first():
+            out = self._project_then_aggregate(adj, x_src, x_dst, n_dst)
+        else:
+            agg = aggregate("SAGEConv", self.aggr_module, adj, nodes_first(x_src),
+                            nodes_first(x_dst), n_dst)
+            out = self.lin_l(batch_first(agg, x_src))
+            if self.root_weight and x_dst is not None:
+                out = out + self.lin_r(x_dst)
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
+
+    def _projects_first(self) -> bool:
+        """Whether lin_l runs before the aggregation: a sum or mean commutes with it
+        (an empty neighbourhood gives 0 both ways), and projecting first makes the
+        aggregation and its VJP move out_channels features instead of in_channels."""
+        lin = self.lin_l
+        return (not self.project and type(lin) is torch.nn.Linear
+                and lin.out_features < lin.in_features
+                and fused_names(self.aggr_module) in ("mean", "sum"))
+
+    def _project_then_aggregate(self, adj, x_src, x_dst, n_dst: int):
+        """aggr(x_j W_l^T) + b + x_i W_r^T, equal to PyG's lin_l(aggr(x_j)) + lin_r(x_i) up
+        to rounding. Where x_src is x_dst, both projections are one matmul ([W_l; W_r]):
+        the (N, F_in) rows are read once, forward and backward."""
+        width = self.lin_l.out_features
+        root_w = self.root_weight and x_dst is not None
+        fused = root_w and x_dst is x_src
+        weight = (torch.cat([self.lin_l.weight, self.lin_r.weight]) if fused
+                  else self.lin_l.weight)
+        y = F.linear(x_src, weight)
+        # (the aggregation reads C-contiguous rows: the split half is copied once here)
+        messages = y[..., :width].contiguous() if fused else y
+        agg = aggregate("SAGEConv", self.aggr_module, adj, nodes_first(messages),
+                        nodes_first(x_dst), n_dst)
+        out = batch_first(agg, x_src)
+        if self.lin_l.bias is not None:
+            out = out + self.lin_l.bias
+        if fused:
+            return out + y[..., width:]
+        return out + self.lin_r(x_dst) if root_w else out
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
