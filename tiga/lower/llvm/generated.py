@@ -56,6 +56,7 @@ GEO_SLOTS = ("geo_f", "geo_i", "cell_start", "sorted_idx", "sorted_pos", "row_or
              "stats")
 MAX_TOPK = 4096            # bounded state lives on the stack
 GAP_SAFETY = 1.0 - 1e-5    # distances are rounded in the coordinates' dtype (float32 too)
+LEVEL_GROWTH = 2.0         # a kNN row's next block takes sources within sqrt(2) x the last d
 COMPACT_BLOCK = 64          # candidates tested branch-free between two buffer checks
 COMPACT_BUFFER = 512        # accepted sorted positions held before a fold
 
@@ -199,7 +200,7 @@ class _GeoBuilder(_KernelBuilder):
         outs = self._finish(states, b.load(count, typ=I64), rows)
         self._store_row(outs, r)
 
-    def _compacted(self, cells, q, fold, final=None) -> None:
+    def _compacted(self, cells, q, fold, final=None, reach=None, cut=None) -> None:
         """Radius rows without a bound: the test is branch-free (accepted sorted positions
         are appended to a stack buffer) and the buffer is folded in one tight loop when it
         may overflow and at the row's end; a branch per candidate would mispredict on about
@@ -223,12 +224,12 @@ class _GeoBuilder(_KernelBuilder):
             flush()
 
         if cells is not None:
-            self.vtest.row(q)
+            self.vtest.row(q, self.sq_cutoff if cut is None else cut)
             run = lambda t0, t1: self.vtest.test_range(t0, t1, buf, COMPACT_BUFFER, nbuf,
                                                        mid_flush)
         else:
             run = self._scalar_blocks(q, buf, nbuf, mid_flush)
-        self._visit(cells, self.reach, None, ring=False, run=run)
+        self._visit(cells, self.reach if reach is None else reach, None, ring=False, run=run)
         if final is None:
             flush()
         else:
@@ -381,9 +382,9 @@ class _GeoBuilder(_KernelBuilder):
     def _top_k(self, cells, q, r, fold) -> None:
         b, ctx, spec = self.b, self.ctx, self.spec
         k = spec.k
-        best_d = ctx.alloca(self.pty, k)
-        best_i = ctx.alloca(I64, k)
-        best_t = ctx.alloca(I64, k)
+        best_d = ctx.alloca(self.pty, k + 1)     # (slot k: rank_select's spare)
+        best_i = ctx.alloca(I64, k + 1)
+        best_t = ctx.alloca(I64, k + 1)
         nbest = ctx.alloca(I64, 1)
         accepted = ctx.alloca(I64, 1)
         b.store(i64(0), nbest)
@@ -406,36 +407,7 @@ class _GeoBuilder(_KernelBuilder):
         if spec.kind == "radius" or cells is None:
             self._visit(cells, self.reach, offer, ring=False)
         else:
-            # prefilter: sources within the estimated k-th distance (geo_f cutoff slot) of
-            # the cells around the row, tested branch-free; exact when k were found and the
-            # k-th is closer than every unvisited cell, else the row redoes it by shells
-            def insert(tpos):
-                self._insert(best_d, best_i, best_t, nbest, self._d2(tpos, q),
-                             self._ld("sorted_idx", tpos, I64), tpos)
-
-            def final(buf, nbuf, flushed, flush):
-                m = b.load(nbuf, typ=I64)
-                few = b.and_(b.icmp_signed("<=", m, i64(RANK_MAX)),
-                             b.icmp_signed("==", flushed, ir.Constant(I8, 0)))
-                with b.if_else(few) as (by_rank, by_insertion):
-                    with by_rank:
-                        rank_select(self, q, buf, m, best_d, best_i, best_t, nbest,
-                                    self.vtest.W)
-                    with by_insertion:
-                        flush()
-
-            self._compacted(cells, q, insert, final)
-            gap, covered = self._gap(cells, self.reach)
-            kth = b.load(b.gep(best_d, [i64(k - 1)], source_etype=self.pty), typ=self.pty)
-            kth = kth if self.pty == F64 else b.fpext(kth, F64)
-            safe = ir.IRBuilder.fmul(b, gap, ir.Constant(F64, GAP_SAFETY))
-            bound = b.or_(covered, b.and_(b.fcmp_ordered(">", safe, ir.Constant(F64, 0.0)),
-                                          b.fcmp_ordered("<", kth,
-                                                         ir.IRBuilder.fmul(b, safe, safe))))
-            done = b.and_(b.icmp_signed("==", b.load(nbest, typ=I64), i64(k)), bound)
-            with b.if_then(b.not_(done), likely=False):
-                b.store(i64(0), nbest)
-                self._shells(cells, offer, best_d, nbest)
+            self._knn_levels(cells, q, best_d, best_i, best_t, nbest)
         if spec.kind == "radius":
             over = b.icmp_signed(">", b.load(accepted, typ=I64), i64(k))
             with b.if_then(over):
@@ -487,26 +459,64 @@ class _GeoBuilder(_KernelBuilder):
             self._st(best_i, p, I64, idx)
             self._st(best_t, p, I64, tpos)
 
-    def _shells(self, cells, offer, best_d, nbest) -> None:
-        """Rings s = 0, 1, ... until the k-th distance is below the gap to unvisited cells."""
-        b, fn, k = self.b, self.ctx.fn, self.spec.k
-        s_ptr = self.ctx.alloca(I64, 1)
-        b.store(i64(0), s_ptr)
-        head = fn.append_basic_block("shell")
-        done = fn.append_basic_block("shell.done")
+    def _knn_levels(self, cells, q, best_d, best_i, best_t, nbest) -> None:
+        """kNN rows by growing blocks s = reach, reach + 1, ...: the sources of the cells at
+        Chebyshev distance <= s with d2 <= T_s are tested W at a time and the k nearest of
+        them selected (by rank, or by insertion past RANK_MAX); the row stops when k were
+        found and the k-th is closer than every cell outside the block (or the block is the
+        whole grid). Every source left out is then farther than the k-th: outside the block
+        it is at least the block's gap away, inside it has d2 > T_s >= the k-th. T_reach is
+        the squared estimated k-th distance (geo_f cutoff slot), then T_s = min(the block's
+        squared gap, max(LEVEL_GROWTH x T_(s-1), the last block's squared gap)): a row short
+        of k in a sparse region takes a few more candidates, not the whole next block (+inf
+        once the block is the grid)."""
+        b, fn, k, pty = self.b, self.ctx.fn, self.spec.k, self.pty
+        s_ptr, t_ptr = self.ctx.alloca(I64, 1), self.ctx.alloca(pty, 1)
+        inf = ir.Constant(pty, float("inf"))
+        b.store(self.reach, s_ptr)
+        b.store(b.select(self._gap(cells, self.reach)[1], inf, self.sq_cutoff), t_ptr)
+
+        def insert(tpos):
+            self._insert(best_d, best_i, best_t, nbest, self._d2(tpos, q),
+                         self._ld("sorted_idx", tpos, I64), tpos)
+
+        def final(buf, nbuf, flushed, flush):
+            m = b.load(nbuf, typ=I64)
+            few = b.and_(b.icmp_signed("<=", m, i64(RANK_MAX)),
+                         b.icmp_signed("==", flushed, ir.Constant(I8, 0)))
+            with b.if_else(few) as (by_rank, by_insertion):
+                with by_rank:
+                    rank_select(self, q, buf, m, best_d, best_i, best_t, nbest, self.vtest.W)
+                with by_insertion:
+                    flush()
+
+        head = fn.append_basic_block("level")
+        done = fn.append_basic_block("level.done")
         b.branch(head)
         b.position_at_end(head)
         s = b.load(s_ptr, typ=I64)
-        self._visit(cells, s, offer, ring=True)
+        b.store(i64(0), nbest)
+        self._compacted(cells, q, insert, final, reach=s, cut=b.load(t_ptr, typ=pty))
         gap, covered = self._gap(cells, s)
-        kth = b.load(b.gep(best_d, [i64(k - 1)], source_etype=self.pty), typ=self.pty)
-        kth = kth if self.pty == F64 else b.fpext(kth, F64)
+        kth = b.load(b.gep(best_d, [i64(k - 1)], source_etype=pty), typ=pty)
+        kth = kth if pty == F64 else b.fpext(kth, F64)
         safe = ir.IRBuilder.fmul(b, gap, ir.Constant(F64, GAP_SAFETY))
         bound = b.and_(b.fcmp_ordered(">", safe, ir.Constant(F64, 0.0)),
                        b.fcmp_ordered("<", kth, ir.IRBuilder.fmul(b, safe, safe)))
         full = b.icmp_signed("==", b.load(nbest, typ=I64), i64(k))
         stop = b.or_(covered, b.and_(full, bound))
-        b.store(b.add(s, i64(1)), s_ptr)
+        nxt = b.add(s, i64(1))
+        gap1, covered1 = self._gap(cells, nxt)
+        safe1 = ir.IRBuilder.fmul(b, gap1, ir.Constant(F64, GAP_SAFETY))
+        t1 = ir.IRBuilder.fmul(b, safe1, safe1)
+        grown = b.load(t_ptr, typ=pty)
+        grown = ir.IRBuilder.fmul(b, grown if pty == F64 else b.fpext(grown, F64),
+                                  ir.Constant(F64, LEVEL_GROWTH))
+        floor = ir.IRBuilder.fmul(b, safe, safe)   # (never stuck below this block's reach)
+        t1 = self._fmin(t1, b.select(b.fcmp_ordered(">", grown, floor), grown, floor))
+        t1 = t1 if pty == F64 else b.fptrunc(t1, pty)
+        b.store(nxt, s_ptr)
+        b.store(b.select(covered1, inf, t1), t_ptr)
         b.cbranch(stop, done, head)
         b.position_at_end(done)
 

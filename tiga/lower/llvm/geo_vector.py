@@ -65,11 +65,11 @@ class VectorTest:
                                  [v8, v8, ir.VectorType(I1, 8)]) if wide else None
         self.popcount = g.ctx.intrinsic("llvm.ctpop", I8)
 
-    def row(self, q) -> None:
-        """Per row: the query's coordinates splatted, and the cutoff."""
+    def row(self, q, cut) -> None:
+        """Per row: the query's coordinates splatted, and the squared cutoff."""
         b, W = self.g.b, self.W
         self.qv = [splat(b, x, W) for x in q]
-        self.cut = splat(b, self.g.sq_cutoff, W)
+        self.cut = splat(b, cut, W)
 
     def test_range(self, t0, t1, buf, cap: int, nbuf, flush) -> None:
         """Append to buf (nbuf entries) every sorted position in [t0, t1) that passes
@@ -131,7 +131,8 @@ class VectorTest:
 
 
 def rank_select(g, q, buf, m, best_d, best_i, best_t, nbest, W: int) -> None:
-    """best_* <- the min(m, k) nearest of the m buffered sorted positions, in order."""
+    """best_* <- the min(m, k) nearest of the m buffered sorted positions, in order (the
+    states have k + 1 slots: the last one takes every rank past k)."""
     b, ctx, k, pty = g.b, g.ctx, g.spec.k, g.pty
     dbuf = ctx.alloca(pty, RANK_MAX + W)
     ibuf = ctx.alloca(I64, RANK_MAX + W)
@@ -147,34 +148,39 @@ def rank_select(g, q, buf, m, best_d, best_i, best_t, nbest, W: int) -> None:
         b.store(inf, b.gep(dbuf, [b.add(m, i64(e))], source_etype=pty))
         b.store(i64(2 ** 63 - 1), b.gep(ibuf, [b.add(m, i64(e))], source_etype=I64))
     nch = b.ashr(b.add(m, i64(W - 1)), i64(W.bit_length() - 1))
-    cnt = ctx.alloca(ir.VectorType(I32, W), 1)
-    reduce = _declare(ctx.module, f"llvm.vector.reduce.add.{_vty(I32, W)}", I32,
-                      [ir.VectorType(I32, W)])
-    VT, IT = ir.VectorType(pty, W), ir.VectorType(I64, W)
+    ct, VT, IT = ir.VectorType(I32, W), ir.VectorType(pty, W), ir.VectorType(I64, W)
+    cnt = ctx.alloca(ct, 1)
+    rbuf = ctx.alloca(I32, RANK_MAX + W)
     size = 8 if pty == F64 else 4
 
-    def rank(i):
-        di = b.load(b.gep(dbuf, [i], source_etype=pty), typ=pty)
-        ii = b.load(b.gep(ibuf, [i], source_etype=I64), typ=I64)
-        dv, iv = splat(b, di, W), splat(b, ii, W)
-        b.store(ir.Constant(ir.VectorType(I32, W), None), cnt)
+    def ranks(c):
+        # W candidates' ranks at once: no horizontal sum per candidate
+        off = b.shl(c, i64(W.bit_length() - 1))
+        di = b.load(b.gep(dbuf, [off], source_etype=pty), typ=VT, align=size)
+        ii = b.load(b.gep(ibuf, [off], source_etype=I64), typ=IT, align=8)
+        b.store(ir.Constant(ct, None), cnt)
 
-        def chunk(c):
-            off = b.shl(c, i64(W.bit_length() - 1))
-            dj = b.load(b.gep(dbuf, [off], source_etype=pty), typ=VT, align=size)
-            ij = b.load(b.gep(ibuf, [off], source_etype=I64), typ=IT, align=8)
-            before = b.or_(b.fcmp_ordered("<", dj, dv),
-                           b.and_(b.fcmp_ordered("==", dj, dv), b.icmp_signed("<", ij, iv)))
-            ct = ir.VectorType(I32, W)
+        def other(j):
+            dj = splat(b, b.load(b.gep(dbuf, [j], source_etype=pty), typ=pty), W)
+            ij = splat(b, b.load(b.gep(ibuf, [j], source_etype=I64), typ=I64), W)
+            before = b.or_(b.fcmp_ordered("<", dj, di),
+                           b.and_(b.fcmp_ordered("==", dj, di), b.icmp_signed("<", ij, ii)))
             b.store(b.add(b.load(cnt, typ=ct), b.zext(before, ct)), cnt)
 
-        ctx.loop(i64(0), nch, chunk, name="rank")
-        r = b.zext(b.call(reduce, [b.load(cnt, typ=ir.VectorType(I32, W))]), I64)
-        with b.if_then(b.icmp_signed("<", r, i64(k))):
-            b.store(di, b.gep(best_d, [r], source_etype=pty))
-            b.store(ii, b.gep(best_i, [r], source_etype=I64))
-            b.store(b.load(b.gep(buf, [i], source_etype=I64), typ=I64),
-                    b.gep(best_t, [r], source_etype=I64))
+        ctx.loop(i64(0), m, other, name="rank")
+        slot = b.bitcast(b.gep(rbuf, [off], source_etype=I32), ct.as_pointer())
+        b.store(b.load(cnt, typ=ct), slot, align=4)
 
-    ctx.loop(i64(0), m, rank, name="select")
+    def place(i):
+        # ranks >= k land in the states' spare slot k: no branch
+        r = g._imin(b.zext(b.load(b.gep(rbuf, [i], source_etype=I32), typ=I32), I64), i64(k))
+        b.store(b.load(b.gep(dbuf, [i], source_etype=pty), typ=pty),
+                b.gep(best_d, [r], source_etype=pty))
+        b.store(b.load(b.gep(ibuf, [i], source_etype=I64), typ=I64),
+                b.gep(best_i, [r], source_etype=I64))
+        b.store(b.load(b.gep(buf, [i], source_etype=I64), typ=I64),
+                b.gep(best_t, [r], source_etype=I64))
+
+    ctx.loop(i64(0), nch, ranks, name="ranks")
+    ctx.loop(i64(0), m, place, name="place")
     b.store(g._imin(m, i64(k)), nbest)
