@@ -181,7 +181,16 @@ class _GeoBuilder(_KernelBuilder):
         b, d, spec = self.b, self.spec.dims, self.spec
         r = self._ld("row_order", t, I64)
         rows = self._row_vals(r)
-        q = [self._ld("qpos", b.add(b.mul(r, i64(d)), i64(k)), self.pty) for k in range(d)]
+        # query=None: the runtime passes the directory's own order as the row order, and
+        # row t's coordinates are then sorted_pos[t] (near the last row's, not a random
+        # read of qpos[r])
+        same = b.icmp_unsigned("==", b.ptrtoint(self.ptr["row_order"], I64),
+                               b.ptrtoint(self.ptr["sorted_idx"], I64))
+        qrow = b.select(same, b.gep(self.ptr["sorted_pos"], [b.mul(t, i64(d))],
+                                    source_etype=self.pty),
+                        b.gep(self.ptr["qpos"], [b.mul(r, i64(d))], source_etype=self.pty))
+        q = [b.load(b.gep(qrow, [i64(k)], source_etype=self.pty), typ=self.pty)
+             for k in range(d)]
         states = [red.init(self.ctx) for red in self.reds]
         count = self.ctx.alloca(I64, 1)
         b.store(i64(0), count)

@@ -271,8 +271,8 @@ def directory_arrays(graph, spec: GeoSpec, tiles: dict) -> dict:
                  "sorted_idx": np.arange(n, dtype=np.int64), "sorted_pos": pos}
         row_order = np.arange(len(q), dtype=np.int64)
     else:
-        lo = pos.min(axis=0).astype(np.float64)
-        extents = pos.max(axis=0).astype(np.float64) - lo
+        lo, hi = geo.bounds(pos)
+        extents = hi - lo
         if spec.kind == "radius":
             width = _width(extents, n, cutoff / RADIUS_REACH, 0.5)
             reach = int(np.ceil(cutoff * geo.WIDTH_MARGIN / width))
