@@ -172,7 +172,11 @@ def test_generated_walk_dumps_the_schedule_it_runs(tmp_path, kind, dims, travers
     # the walk computes each row's neighbours: every row costs alike before the walk runs,
     # no edge-id range to unroll over, no stored column to prefetch from
     assert (s.row_partition, s.edge_unroll, s.prefetch_distance) == ("row-balanced", 1, 0)
-    assert "edge4" not in text and "llvm.prefetch" not in text
+    assert "edge4" not in text
+    # the cell walks prefetch the destination rows and outputs of the row ROW_AHEAD visits
+    # ahead (rows go in cell order, their fields in the caller's order); the tiled scan's
+    # rows are consecutive
+    assert ("llvm.prefetch" in text) == (traversal != "knn-tile-row")
     mode, block = relation[2], tuple(relation[7])
     if traversal != "knn-tile-row":
         assert mode == "cells" and block == () and not s.tiles

@@ -56,6 +56,7 @@ GEO_SLOTS = ("geo_f", "geo_i", "cell_start", "sorted_idx", "sorted_pos", "row_or
              "stats")
 MAX_TOPK = 4096            # bounded state lives on the stack
 GAP_SAFETY = 1.0 - 1e-5    # distances are rounded in the coordinates' dtype (float32 too)
+ROW_AHEAD = 4              # rows whose random destination reads are prefetched ahead
 LEVEL_GROWTH = 2.0         # a kNN row's next block takes sources within sqrt(2) x the last d
 COMPACT_BLOCK = 64          # candidates tested branch-free between two buffer checks
 COMPACT_BUFFER = 512        # accepted sorted positions held before a fold
@@ -171,6 +172,7 @@ class _GeoBuilder(_KernelBuilder):
         self.dims = [self._ld("geo_i", i64(1 + k), I64) for k in range(d)]
         self.reach = self._ld("geo_i", i64(2 + d), I64)
         self.floor = self.ctx.intrinsic("llvm.floor", F64)
+        self.last_row = b.sub(end, i64(1))
         if self.spec.mode == "cells":
             self.vtest = VectorTest(self, geo_lanes_wide())
         self.ctx.loop(begin, end, self._geo_row, name="row")
@@ -180,6 +182,7 @@ class _GeoBuilder(_KernelBuilder):
     def _geo_row(self, t) -> None:
         b, d, spec = self.b, self.spec.dims, self.spec
         r = self._ld("row_order", t, I64)
+        self._prefetch_rows(t)
         rows = self._row_vals(r)
         # query=None: the runtime passes the directory's own order as the row order, and
         # row t's coordinates are then sorted_pos[t] (near the last row's, not a random
@@ -208,6 +211,21 @@ class _GeoBuilder(_KernelBuilder):
             self._top_k(cells, q, r, fold)
         outs = self._finish(states, b.load(count, typ=I64), rows)
         self._store_row(outs, r)
+
+    def _prefetch_rows(self, t) -> None:
+        """Rows are visited in cell order, so their destination fields and outputs (in the
+        callers' order) are random reads and writes: fetch those of the row ROW_AHEAD
+        visits ahead (a row's walk is long enough to hide one miss behind it)."""
+        b, i32 = self.b, ir.IntType(32)
+        ahead = self._ld("row_order", self._imin(b.add(t, i64(ROW_AHEAD)), self.last_row), I64)
+        slots = [(f"field:{i}", self.sig.field_shapes[i], self.sig.field_dtypes[i], 0)
+                 for i, role in enumerate(self.sig.roles) if role == "dst"]
+        slots += [(f"out:{k}", s, dt, 1) for k, (s, dt) in
+                  enumerate(zip(self.sig.out_shapes, self.sig.out_dtypes))]
+        for slot, shape, dtype, write in slots:
+            ptr = self._row_of(slot, shape, as_dtype(dtype), ahead).ptr
+            b.call(self.ctx.prefetch_fn(), [ptr, ir.Constant(i32, write), ir.Constant(i32, 3),
+                                            ir.Constant(i32, 1)])
 
     def _compacted(self, cells, q, fold, final=None, reach=None, cut=None) -> None:
         """Radius rows without a bound: the test is branch-free (accepted sorted positions
