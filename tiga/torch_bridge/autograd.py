@@ -19,6 +19,7 @@ import torch
 
 from .. import opt
 from ..autodiff import vjp_program
+from ..core.dtypes import bfloat16
 from ..core.errors import TigaError
 from ..core.eval import eval_program, on_device
 from ..core.passes import dce
@@ -31,7 +32,7 @@ from ..trace.staging import leaf_value
 from ..trace.tracer import resolving
 from ..xla_free_runtime.backends.triton.launch import call_backend
 from ..xla_free_runtime.executor import execute, explain_program
-from .dlpack import is_torch, to_numpy, to_torch
+from .dlpack import host_view, is_torch, to_numpy, to_torch
 from .nn import TracedModule
 from .program_node import (
     Node,
@@ -62,7 +63,7 @@ def run_call_torch(call, route: str = "auto"):
     if route not in ROUTES:
         raise TigaError(f"route: expected one of {ROUTES}, found {route!r}")
     # CUDA inputs: the triton backend, or an error before _prepare copies them to the host
-    backend = call_backend(call) if route == "auto" else None
+    backend = _backend(call) if route == "auto" else None
     keep = backend == "triton"
     program, np_args, originals, vjps = _prepare(call, keep_device=keep, convert=False)
     if needs_program_node(originals):
@@ -73,8 +74,7 @@ def run_call_torch(call, route: str = "auto"):
                     _runner, plain_tangents(originals, slots))
         outs = ProgramFunction.apply(node, *[originals[k] for k in slots])
         return outs[0] if len(outs) == 1 else tuple(outs)
-    names = _names(len(originals) - len(call.values()), call)
-    np_args = _host_args(np_args, originals, names, keep)
+    np_args = _host_args(np_args, originals, (len(originals) - len(call.values()), call), keep)
     run = _Run(program, np_args, originals, route, vjps, backend)
     if not any(run.wrt):
         outs = run.forward()
@@ -133,15 +133,41 @@ def _prepare(call, keep_device: bool = False, convert: bool = True) -> tuple:
     originals = list(caps) + values
     np_args = [None if is_torch(a) else leaf_value(a) for a in originals]
     if convert:
-        np_args = _host_args(np_args, originals, _names(len(caps), call), keep_device)
+        np_args = _host_args(np_args, originals, (len(caps), call), keep_device)
     return program, np_args, originals, vjps
 
 
-def _host_args(np_args, originals, names, keep_device: bool) -> list:
+def _host_args(np_args, originals, naming: tuple, keep_device: bool) -> list:
     """The operands with the torch tensors as host views (keep_device: the triton route's
-    kernels read CUDA tensors where they are)."""
-    return [(a.detach() if keep_device and on_device(a) else to_numpy(a, n)) if is_torch(a)
-            else v for v, a, n in zip(np_args, originals, names)]
+    kernels read CUDA tensors where they are). naming: (captured count, call), the operand
+    names for errors (built only where a tensor is not a plain host one)."""
+    out = list(np_args)
+    names = None
+    for k, a in enumerate(originals):
+        if not is_torch(a):
+            continue
+        view = None if keep_device else host_view(a)
+        if view is None:
+            if keep_device and on_device(a):
+                view = a.detach()
+            else:
+                names = names or _names(*naming)
+                view = to_numpy(a, names[k])
+        out[k] = view
+    return out
+
+
+_HOST_LEAVES = (np.ndarray, float, int, bool)
+
+
+def _backend(call) -> str | None:
+    """call_backend's answer, decided without asking each operand's DLPack device where the
+    relation and every operand are on the host (CPU torch tensors, numpy, numbers)."""
+    if str(getattr(call.graph, "device", "cpu") or "cpu") == "cpu" and all(
+            (v.is_cpu if isinstance(v, torch.Tensor) else isinstance(v, _HOST_LEAVES))
+            for v in call.values()[1:]):
+        return None
+    return call_backend(call)
 
 
 def _device_of(originals):
@@ -385,7 +411,7 @@ class _Run:
                              for r, a in zip(self._derived()[3], self.args)]
         # (on the device of the torch inputs, as for host results: a relation on the GPU
         # with fields on the host gives host results)
-        return [(o if on_device(o) else to_torch(o)).to(self.device) for o in outs]
+        return [_as_torch(o, self.device) for o in outs]
 
     def _derived(self) -> tuple:
         """(forward program returning its outputs then the residuals, VJP program taking
@@ -436,9 +462,17 @@ class _Run:
         vjp = self._derived()[1]
         grads = _runner(self.route, self.backend)(vjp, list(self.args) + cts + list(self.outs) +
                                     list(self.residuals))
-        return [(g if on_device(g) else to_torch(np.asarray(g))).to(dtype=x.dtype,
-                                                                   device=x.device)
+        return [_as_torch(g if on_device(g) else np.asarray(g), x.device).to(dtype=x.dtype)
                 for g, x in zip(grads, self.inputs)]
+
+
+def _as_torch(o, device) -> torch.Tensor:
+    """An output as a torch tensor on `device`: a fresh writeable host array is shared with
+    torch as it is (the common case); anything else through to_torch."""
+    if (type(o) is np.ndarray and device.type == "cpu" and o.flags.writeable
+            and o.dtype.isnative and o.dtype != bfloat16.np and all(k >= 0 for k in o.strides)):
+        return torch.from_numpy(o)
+    return (o if on_device(o) else to_torch(o)).to(device)
 
 
 def _shares(a, b) -> bool:
