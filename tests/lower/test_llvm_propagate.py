@@ -22,7 +22,7 @@ from tiga.lower.llvm import CodegenUnsupported, codegen_propagate
 from tiga.trace.message_passing import PropagateCall
 from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
-from tiga.xla_free_runtime.executor import execute, explain_program, planned
+from tiga.xla_free_runtime.executor import execute, explain_program, plan_routes
 from tiga.xla_free_runtime.threads import row_chunks
 
 m = tg.math
@@ -435,7 +435,7 @@ def test_cache_key_changes_with_structure_and_types_not_values(monkeypatch):
     def key(fn, x, reducer=None):
         program, args = PropagateCall(g, fn, reducer or tg.sum(), {"x": x}, {}, {}, None,
                                       {}).staged_program()
-        return planned(program.eqns[0], g, compile=False)
+        return plan_routes(program, args, compile=False)[id(program.eqns[0])]
 
     base = key(lambda s, d, e: s.x * 2.0, np.ones((1, 3)))
     assert base == key(lambda s, d, e: s.x * 2.0, np.full((1, 3), 7.0))
@@ -712,7 +712,7 @@ def test_implicit_relations_walk_natively_and_match_reference(rel, family, red, 
         np.testing.assert_allclose(got[0].astype(np.float64), want,
                                    rtol=5e-4 if dtype == np.float32 else 1e-9,
                                    atol=5e-4 if dtype == np.float32 else 1e-9)
-    plan = planned(program.eqns[0], rel.graph)
+    plan = plan_routes(program, args)[id(program.eqns[0])]
     sig = getattr(plan, "signature", None)
     if sig is None:
         return  # a specialised planner claimed it (its own tests cover it)

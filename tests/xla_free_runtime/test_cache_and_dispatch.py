@@ -25,7 +25,7 @@ from tiga.xla_free_runtime import artifacts
 from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
 from tiga.xla_free_runtime.backends.cpu.propagate import _argv
-from tiga.xla_free_runtime.executor import execute, kernel_op, planned
+from tiga.xla_free_runtime.executor import call_walk, execute, plan_routes
 from tiga.xla_free_runtime.relation_cache import memo
 from tiga.xla_free_runtime.threads import row_chunks, run_chunks
 
@@ -274,8 +274,8 @@ def test_native_chunk_loop_equals_one_call_and_serves_concurrent_callers(monkeyp
     g = tg.Graph.from_csr(row_ptr, col, num_src=n)
     m = WeightedSum()
     want = np.asarray(m(graph=g, src={"x": x}, edge={"w": w}))
-    program, _ = m._call(g, {"x": x}, {}, {"w": w}, {}).staged_program()
-    exe = planned(program.eqns[0], g)
+    program, args = m._call(g, {"x": x}, {}, {"w": w}, {}).staged_program()
+    exe = plan_routes(program, args)[id(program.eqns[0])]
     assert exe.native.drive is not None           # the kernel carries its chunk loop
     out = np.empty_like(want)
     argv = _argv(exe.signature, {"row_ptr": row_ptr, "col_idx": col, "edge_perm": None,
@@ -341,14 +341,16 @@ def test_runtime_chunks_rows_as_the_launch_schedule_says(monkeypatch, kind):
     m = WeightedSum() if kind == "csr" else None
     if m is not None:
         m(graph=g, src={"x": x}, edge={"w": np.ones(g.num_edges)})
-        program, _ = m._call(g, {"x": x}, {}, {"w": np.ones(g.num_edges)}, {}).staged_program()
+        program, args = m._call(g, {"x": x}, {}, {"w": np.ones(g.num_edges)},
+                                {}).staged_program()
     else:
         def f(g, x):
             return tg.propagate(g, lambda s, d, e: s.x, tg.sum(), src={"x": x})
-        program = tg.make_program(f)(g, x)
-        execute(program, [g, x])
+        program, args = tg.make_program(f)(g, x), [g, x]
+        execute(program, args)
     eqn = program.eqns[0]
-    s = lp.launch_op(eqn, g, kernel_op(eqn)).schedule   # (the op the executor lowers for it)
+    held = call_walk(program, args).launches[id(eqn)]    # (the op the call's lowering bound)
+    s = lp.launch_op(eqn, g, held).schedule
     assert s.target == "cpu-llvm" and s.threads == 2 and s.chunks_per_thread == 16
     assert s.row_partition == ("edge-balanced" if kind == "csr" else "row-balanced")
     chunks = memo(g)["chunks"]

@@ -19,6 +19,7 @@ from tiga.core.errors import UnsupportedError
 from tiga.lower import CPU_LLVM_AVAILABLE, pipeline
 from tiga.testing import printed_kernels, recording
 from tiga.xla_free_runtime import backends
+from tiga.xla_free_runtime import equation_cache
 
 pytestmark = pytest.mark.skipif(not CPU_LLVM_AVAILABLE, reason="needs llvmlite")
 
@@ -297,3 +298,110 @@ def test_attention_and_its_gradient_lower_once(monkeypatch):
     assert count.take() == 1
     step(q, k, v)
     assert count.take() == 0
+
+
+# ---- what the runtime used to lower one equation at a time ----------------------------------
+
+class _MeanNear(tg.MessagePassing):
+    reducer = tg.mean()
+
+    def edge(self, src, dst, edge):
+        return src.x * tg.math.exp(-edge.distance)
+
+
+def test_a_radius_degree_count_is_lowered_with_its_call(monkeypatch):
+    """The backward of a mean over a radius relation generated in the program counts its
+    degrees by a fused walk: that kernel is lowered with the call (one more launch of the
+    same lowering), the relation is never materialised, and the gradient equals the one over
+    the relation's own CSR."""
+    n = 240
+    x, _, pos = _fields(n, seed=4)
+    layer = _MeanNear()
+    step = tg.jit(tg.grad(lambda x, pos: tg.math.sum(
+        layer(graph=tg.Graph.radius(pos, 0.25), src={"x": x}) ** 2)))
+    count = _Count(monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(tg.Graph, "resolve_csr", _never)
+        got = np.asarray(step(x, pos))
+        assert count.take() == 1     # (forward and backward are one program under tg.jit)
+        np.testing.assert_array_equal(np.asarray(step(x, pos)), got)
+        assert count.take() == 0
+    assert any(ops for _, ops in equation_cache.entries("count_launch"))
+    g = tg.Graph.radius(pos, 0.25)
+    rp, ci = g.resolve_csr()
+    dist = np.linalg.norm(pos[ci] - np.repeat(pos, np.diff(rp), axis=0), axis=1)
+
+    class Explicit(tg.MessagePassing):
+        reducer = tg.mean()
+
+        def edge(self, src, dst, edge):
+            return src.x * tg.math.exp(-edge.d)
+    csr = tg.Graph.from_csr(rp, ci, num_src=n)
+    want = tg.grad(lambda x: tg.math.sum(Explicit()(graph=csr, src={"x": x},
+                                                    edge={"d": dist}) ** 2))(x)
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+def _never(*_):
+    raise AssertionError("the radius relation was materialised")
+
+
+def test_fields_over_the_budget_page_from_the_calls_lowering(monkeypatch, tmp_path):
+    """A relation held in memory whose disk-tier fields exceed the host budget runs by pages:
+    its one-page module comes from the call's one lowering (no lowering per equation), and
+    the result equals the in-memory call's."""
+    n = 600
+    rp, ci = _csr(n, 3, seed=2)
+    x, b, _ = _fields(n, f=16, seed=3)
+    g = tg.Graph.from_csr(rp, ci)
+    want = np.asarray(Weighted()(graph=g, src={"x": x}, dst={"b": b}))
+    with tg.scope(spill_dir=tmp_path):
+        xd = tg.asarray(x).to("disk")
+    count = _Count(monkeypatch)
+    with tg.scope(budgets={"host": "120KB"}, page_rows=64, spill_dir=tmp_path), \
+            tg.profile() as prof:
+        got = np.asarray(Weighted()(graph=g, src={"x": xd}, dst={"b": b}))
+        assert prof.measured("paged")[-1].pages == -(-n // 64)
+    assert count.take() == 1
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_cond_inside_a_loop_compiles_and_lowers_once_per_program(monkeypatch):
+    """tg.cond's branches are regions of the Task IR: a loop whose body branches lowers (the
+    program, the body and each branch once: strict mode finds no fallback), and a warm call
+    lowers nothing."""
+    n = 150
+    rp, ci = _csr(n, 3, seed=8)
+    x, b, _ = _fields(n, seed=6)
+    g = tg.Graph.from_csr(rp, ci)
+    layer = Weighted()
+
+    def f(x):
+        def body(c):
+            c = 0.3 * layer(graph=g, src={"x": c}, dst={"b": b})
+            return tg.cond(tg.math.max(c) > 1.0, lambda a: 0.5 * a, lambda a: a + 1.0, c)
+        return tg.repeat(3, body, x)
+
+    count = _Count(monkeypatch)
+    step = tg.jit(f)
+    with _strict():
+        got = np.asarray(step(x))
+        assert 1 <= count.take() <= 4
+        np.testing.assert_array_equal(np.asarray(step(x)), got)
+        assert count.take() == 0
+    c = x
+    for _ in range(3):
+        c = 0.3 * np.asarray(layer.reference(graph=g, src={"x": c}, dst={"b": b}))
+        c = 0.5 * c if c.max() > 1.0 else c + 1.0
+    np.testing.assert_allclose(got, c, rtol=1e-12)
+
+
+class _strict:
+    """tg.config.strict for the block (strict mode refuses any reference fallback)."""
+
+    def __enter__(self):
+        self.was = tg.config.strict
+        tg.config.strict = True
+
+    def __exit__(self, *exc):
+        tg.config.strict = self.was

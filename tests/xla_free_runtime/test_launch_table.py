@@ -10,7 +10,7 @@ import numpy as np
 import tiga as tg
 from tiga.xla_free_runtime import backends, routes
 from tiga.xla_free_runtime.cache import Executable
-from tiga.xla_free_runtime.executor import planned
+from tiga.xla_free_runtime.executor import plan_routes
 from tiga.xla_free_runtime.paging.run import PagedPlan
 
 ROOT = Path(tg.__file__).resolve().parent
@@ -66,8 +66,7 @@ def test_plan_routes_a_stored_relation_to_the_generic_kernel():
     program = tg.make_program(
         lambda x: tg.propagate(g, lambda s, d, ed: s.x * 2.0, tg.sum(), src={"x": x}))(x)
     eqn = next(q for q in program.eqns if q.primitive.name == "propagate")
-    graph = eqn.inputs[0].value if hasattr(eqn.inputs[0], "value") else g
-    found = planned(eqn, graph)
+    found = plan_routes(program, [x])[id(eqn)]
     assert isinstance(found, Executable)
     # the memory cache: the same kernel
-    assert planned(eqn, graph) is found
+    assert plan_routes(program, [x])[id(eqn)] is found

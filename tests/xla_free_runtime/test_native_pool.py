@@ -17,7 +17,7 @@ from tiga.lower.llvm import pool as protocol
 from tiga.xla_free_runtime import threads as T
 from tiga.xla_free_runtime.backends.cpu.native import pool as native_pool
 from tiga.xla_free_runtime.backends.cpu.propagate import _argv, walked_csr
-from tiga.xla_free_runtime.executor import planned
+from tiga.xla_free_runtime.executor import plan_routes
 
 pytestmark = pytest.mark.skipif(not protocol.supported(),
                                 reason="the native pool is built for x86-64 Linux only")
@@ -42,8 +42,8 @@ def _problem(n=6000, deg=7, width=8, seed=0, dtype=np.float64):
 def _kernel(row_ptr, col, x, w):
     g = tg.Graph.from_csr(row_ptr, col, num_src=len(row_ptr) - 1)
     m = WeightedSum()
-    program, _ = m._call(g, {"x": x}, {}, {"w": w}, {}).staged_program()
-    return g, m, planned(program.eqns[0], g)
+    program, args = m._call(g, {"x": x}, {}, {"w": w}, {}).staged_program()
+    return g, m, plan_routes(program, args)[id(program.eqns[0])]
 
 
 def _run(exe, row_ptr, col, x, w, threads):

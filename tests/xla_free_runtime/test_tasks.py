@@ -151,7 +151,7 @@ def test_a_released_intermediate_is_gone_for_later_steps():
     early = dataclasses.replace(walk, steps=tuple(steps))
     with pytest.raises(KeyError):
         tasks.run_walk(early, program, [g, x, np.float32(2.0)], executor.OVERRIDES,
-                       launch=executor._LAUNCH)
+                       launch=executor._launcher(program, walk))
 
 
 def test_a_released_argument_is_gone_for_later_steps():
@@ -169,7 +169,7 @@ def test_a_released_argument_is_gone_for_later_steps():
     early = dataclasses.replace(walk, steps=tuple(steps))
     with pytest.raises(KeyError):
         tasks.run_walk(early, program, [g, x, np.float32(2.0)], executor.OVERRIDES,
-                       launch=executor._LAUNCH)
+                       launch=executor._launcher(program, walk))
 
 
 def test_equal_programs_keep_their_own_walks():

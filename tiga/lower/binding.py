@@ -29,6 +29,11 @@ class RelationBinding:
     swapped: bool = False        # roles exchanged: by source over a symmetric relation
     kernels: tuple = ()          # the fixed kernels its task runs, by name
     pages: bool = False          # it runs by pages: its one-page Task module is lowered too
+    page: RelationBinding | None = None   # how its pages walk, where that differs from how
+    #                                the call's module walks it (a relation held in memory
+    #                                that pages only when its fields exceed the budget)
+    local: RelationBinding | None = None  # how a rank's paged local relation's pages walk
+    #                                (a halo plan over a partition kept in a store)
 
 
 def swapped_params(params: dict) -> dict:

@@ -73,21 +73,21 @@ def lower(program, until: str = "task", *, name: str = "main",
 
 
 def lower_call(program, *, name: str = "main", binding: tuple = (),
-               page_name: str = "paged", target: str = "cpu-llvm") -> tuple:
+               page_name: str = "paged", target: str = "cpu-llvm", counts: tuple = ()) -> tuple:
     """What a call signature lowers, in one go: (the Task module of `program` bound by
-    `binding`, {k: the one-page Task module of the k-th propagate} for every propagate the
-    binding runs by pages, the module its page plans unroll)."""
+    `binding`; {k: the one-page Task module, named `page_name`, of the k-th propagate} for
+    every propagate the binding runs by pages or halo plans; the same, named "paged", for
+    the page walks of a rank's paged local relation; the scheduled launch of each equation
+    of `counts`: the degree counts its degrees equations run as fused walks over the
+    generated relations they read, on the host)."""
     module = lower(program, until="task", name=name, binding=binding, target=target)
-    return module, lower_pages(program, binding, page_name=page_name, target=target)
-
-
-def lower_pages(program, binding: tuple, *, page_name: str = "paged",
-                target: str = "cpu-llvm") -> dict:
-    """{k: the one-page Task module of the k-th propagate} for every propagate `binding` runs
-    by pages or by a rank's halo plan (a distributed call lowers these alone: its program
-    runs equation by equation, each propagate over its halo plan)."""
-    return {k: lower(page_program(e, b), until="task", name=page_name, target=target)
-            for k, e, b in paged_propagates(program, binding)}
+    found = paged_propagates(program, binding)
+    return (module,
+            {k: lower(page_program(e, b.page or b), until="task", name=page_name,
+                      target=target) for k, e, b in found},
+            {k: lower(page_program(e, b.local), until="task", name="paged", target=target)
+             for k, e, b in found if b.local is not None},
+            tuple(lower_launch(e, name="degree_count") for e in counts))
 
 
 def lower_launch(eqn, relation_type=None, *, name: str = "propagate",

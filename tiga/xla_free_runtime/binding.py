@@ -21,8 +21,10 @@ from ..lower.backends import selected_backend, targets_triton
 from ..lower.binding import RelationBinding
 from .backends.cpu.generated import GENERATED_KINDS, generated_binding, generated_relations
 from .backends.triton.launch import triton_walk
+from .memory.scope import budget_scope
 from .paging.gather import kernel_name as gather_kernel
 from .paging.pages import pageable
+from .paging.resident import RESIDENT_KINDS
 
 
 def call_target(backend: str | None = None) -> str:
@@ -63,19 +65,31 @@ def distributed_binding(program, args: list) -> tuple:
         if eqn.primitive is propagate_p:
             rel = eqn.inputs[0]
             graph = rel.value if isinstance(rel, Lit) else known.get(id(rel))
-            dist = getattr(graph, "tiga_distributed", False) is True
-            # (the rank's relation as page_module types it: a CSR of the same sizes)
-            out.append(RelationBinding(replace(rel.type, kind="csr"), pages=True)
-                       if dist else None)
+            if getattr(graph, "tiga_distributed", False) is not True:
+                out.append(None)
+                continue
+            # (the rank's relation as its halo plan types it: a CSR of the same sizes; a
+            # partition kept in a store is walked by pages, as a stored relation is)
+            csr = replace(rel.type, kind="csr")
+            local = (None if getattr(graph, "local_store", None) is None else
+                     replace(paged_binding(eqn, graph), kernels=(), pages=False))
+            out.append(RelationBinding(csr, pages=True, local=local))
     return tuple(out) if any(b is not None for b in out) else ()
 
 
 def relation_binding(eqn, graph) -> RelationBinding | None:
     """How `eqn` walks `graph` on cpu-llvm (None: as its type says)."""
-    gtype = eqn.inputs[0].type
     kind = getattr(graph, "kind", None)
     if kind == "paged":
         return paged_binding(eqn, graph)
+    if resident_pages(eqn, graph):
+        return _resident(eqn, graph, _cpu_walk(eqn, graph))
+    return _cpu_walk(eqn, graph)
+
+
+def _cpu_walk(eqn, graph) -> RelationBinding | None:
+    gtype = eqn.inputs[0].type
+    kind = getattr(graph, "kind", None)
     if kind in GENERATED_KINDS:
         # (a walk its cells do not run: by source over an asymmetric relation, edge fields,
         # a relation resolved already: the generic kernel over the materialised CSR)
@@ -94,13 +108,39 @@ def triton_binding(eqn, graph) -> RelationBinding | None:
     kernels): the relation type its kernel renders for, with the relation's index dtype (a
     stored relation: its pages', whose one-page module holds the page kernel)."""
     if getattr(graph, "kind", None) == "paged":
-        found = paged_binding(eqn, graph)
-        return replace(found, relation=replace(found.relation, index_dtype=graph.index_dtype))
+        return _indexed(paged_binding(eqn, graph), graph)
     if claim_attention(eqn.inputs[0].type.kind, eqn.params,
                        [a.type for a in eqn.inputs[1:]]) is not None:
         return None
     bound = triton_walk(eqn, graph)[2]
-    return None if bound == eqn.inputs[0].type else RelationBinding(bound)
+    found = None if bound == eqn.inputs[0].type else RelationBinding(bound)
+    if resident_pages(eqn, graph):
+        found = _resident(eqn, graph, found)
+        return replace(found, page=_indexed(found.page, graph))
+    return found
+
+
+def _indexed(found: RelationBinding, graph) -> RelationBinding:
+    """`found` walking a relation of `graph`'s index dtype (a Triton kernel renders per
+    index width)."""
+    return replace(found, relation=replace(found.relation, index_dtype=graph.index_dtype))
+
+
+def _resident(eqn, graph, walk: RelationBinding | None) -> RelationBinding:
+    """A relation held in memory that may page (resident_pages): the call's module walks it
+    as `walk` says (None: as typed), its one-page module as a stored relation's pages do."""
+    if walk is None:
+        walk = RelationBinding(eqn.inputs[0].type)
+    return replace(walk, pages=True, page=paged_binding(eqn, graph))
+
+
+def resident_pages(eqn, graph) -> bool:
+    """Whether `eqn` over `graph`, a relation held in memory, may run by pages at this call:
+    under a host budget its disk-tier fields and result may not fit (paging.resident decides
+    as the call runs, from what is left of the budget then), so its one-page module is lowered
+    with the call's and the in-memory kernel beside it."""
+    return (getattr(graph, "kind", None) in RESIDENT_KINDS and pageable(eqn.params)
+            and budget_scope("host") is not None)
 
 
 def paged_binding(eqn, graph) -> RelationBinding:

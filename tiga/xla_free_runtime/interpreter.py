@@ -61,6 +61,8 @@ class TaskWalk:
     generates: bool   # the program generates a radius/knn relation (planned before it runs)
     pages: dict = field(default_factory=dict)   # id(propagate equation) -> the one-page
     #                   Task module its paged run unrolls (the call's lowering bound it so)
+    local_pages: dict = field(default_factory=dict)   # the same, for the page walks of a
+    #                   rank's paged local relation under a halo plan
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def module_name(program: GraphProgram) -> str:
 
 
 def build_walk(program: GraphProgram, module: TaskModule, pages: dict,
-               threads: int) -> TaskWalk | NoWalk:
+               threads: int, local_pages: dict | None = None) -> TaskWalk | NoWalk:
     """The walk of `program` over `module`, its bound Task module as the executor lowered it
     (with `pages`, {k: the one-page Task module of its k-th propagate, where the binding pages
     it}; `threads`: the pool size its schedules were made for). This module never lowers."""
@@ -103,7 +105,8 @@ def build_walk(program: GraphProgram, module: TaskModule, pages: dict,
                     any(_has_dim(p) for e in program.eqns for p in e.params.values()),
                     launches, threads, any(e.primitive.name in ("radius", "knn")
                                            for e in program.eqns),
-                    {id(propagates[k]): page for k, page in pages.items()})
+                    {id(propagates[k]): page for k, page in pages.items()},
+                    {id(propagates[k]): page for k, page in (local_pages or {}).items()})
 
 
 # Array literals above this many elements enter the Task IR as arguments (transferred like
@@ -293,6 +296,8 @@ class PreparedWalk:
     threads: int
     sized: bool
     backend: str      # the backend selected when it was prepared
+    handler: object   # the launch handler of the walk it was prepared from: what runs a
+    #                   launch whose prepared form declines this call's operands
 
     def matches(self, args: list, backend: str) -> bool:
         if self.threads != num_threads() or self.backend != backend:
@@ -308,10 +313,12 @@ class PreparedWalk:
         return None if any(g is None for g in out) else out
 
 
-def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, backend: str):
+def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, backend: str,
+                 handler):
     """The prepared form of `walk` for these arguments, or None when some propagate has no
     prepared launch (`launcher(eqn, relation)` returns None) or an operand is not a plain
-    host array (those calls keep taking the interpreter's per-step rules)."""
+    host array (those calls keep taking the interpreter's per-step rules). `handler`: the
+    walk's launch handler, kept for a launch whose prepared form declines its operands."""
     binders = program.in_binders
     position = {id(v): i for i, v in enumerate(binders)}
     graphs, prepared = [], {}
@@ -328,7 +335,7 @@ def prepare_walk(walk: TaskWalk, program: GraphProgram, args: list, launcher, ba
                 return None
             prepared[id(x)] = fn
     return PreparedWalk(warm_steps(walk.steps), prepared, tuple(graphs), walk.threads,
-                        walk.sized, backend)
+                        walk.sized, backend, handler)
 
 
 # Prepared launch lists kept per program, one per set of relations (the latest first): a

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.prims.control import cond_p, repeat_p, while_loop_p
 from ..core.prims.graph import propagate_p
-from ..core.program import ClosedProgram, GraphProgram, Lit
+from ..core.program import GraphProgram, Lit
 from ..core.types import GraphType
 from ..lower.backends import selected_backend, targets_triton
 from .backends import backend_for
@@ -134,45 +134,58 @@ def paged_propagates(program: GraphProgram, args: list) -> list:
 
 def _propagates(program: GraphProgram, graphs: dict, where: str):
     """(eqn, concrete relation or None, location) for every propagate, loop bodies too."""
-    def graph_of(a):
-        return a.value if isinstance(a, Lit) else graphs.get(id(a))
-
     for eqn in program.eqns:
         if eqn.primitive is propagate_p:
-            yield eqn, graph_of(eqn.inputs[0]), where
+            yield eqn, _graph_of(eqn.inputs[0], graphs), where
             continue
-        p = eqn.params
-        if eqn.primitive is repeat_p:
-            bodies = [("repeat body", p["body"], list(eqn.inputs))]
-        elif eqn.primitive is while_loop_p:
-            nc, nb = p["cond_nconsts"], p["body_nconsts"]
-            carry = list(eqn.inputs[nc + nb:])
-            bodies = [("while cond", p["cond"], list(eqn.inputs[:nc]) + carry),
-                      ("while body", p["body"], list(eqn.inputs[nc:nc + nb]) + carry)]
-        elif eqn.primitive is cond_p:
-            bodies = [(f"cond branch {k}", b, list(eqn.inputs[1:]))
-                      for k, b in enumerate(p["branches"])]
-        else:
-            continue
-        for label, closed, operands in bodies:
-            binders = closed.program.in_binders[len(closed.consts):]
-            inner = {id(v): graph_of(a) for v, a in zip(binders, operands)
-                     if isinstance(v.type, GraphType)}
-            inner.update(generated_relations(closed.program))
+        for label, closed, inner in _bodies(eqn, graphs):
             yield from _propagates(closed.program, inner, f"{where}{label}: ")
 
 
-def bodies_of(program: GraphProgram):
-    """The ClosedPrograms of `program`'s loops and conds, nested ones too (not a
-    propagate's edge function: it is a kernel's body, not a program the runtime walks)."""
-    for e in program.eqns:
-        if e.primitive not in (repeat_p, while_loop_p, cond_p):
-            continue
-        for value in e.params.values():
-            for sub in (value if isinstance(value, tuple) else (value,)):  # (cond branches)
-                if isinstance(sub, ClosedProgram):
-                    yield sub
-                    yield from bodies_of(sub.program)
+def bodies_with_relations(program: GraphProgram, args: list):
+    """(ClosedProgram, its arguments with the relation values the call hands it, None for
+    the others) for every loop body and cond branch of a call of `program` on `args`,
+    nested ones too: what a body's binding is decided from before it runs."""
+    known = {id(v): a for v, a in zip(program.in_binders, args) if isinstance(v.type, GraphType)}
+    yield from _bodies_of(program, known)
+
+
+def _bodies_of(program: GraphProgram, graphs: dict):
+    for eqn in program.eqns:
+        for _, closed, inner in _bodies(eqn, graphs):
+            binders = closed.program.in_binders[len(closed.consts):]
+            yield closed, list(closed.consts) + [inner.get(id(v)) for v in binders]
+            yield from _bodies_of(closed.program, inner)
+
+
+def _graph_of(a, graphs: dict):
+    return a.value if isinstance(a, Lit) else graphs.get(id(a))
+
+
+def _bodies(eqn, graphs: dict):
+    """(label, ClosedProgram, {id(binder): relation value} of its relation binders) for the
+    bodies and branches of a loop or cond equation (none for other equations)."""
+    p = eqn.params
+    if eqn.primitive is repeat_p:
+        bodies = [("repeat body", p["body"], list(eqn.inputs))]
+    elif eqn.primitive is while_loop_p:
+        nc, nb = p["cond_nconsts"], p["body_nconsts"]
+        carry = list(eqn.inputs[nc + nb:])
+        bodies = [("while cond", p["cond"], list(eqn.inputs[:nc]) + carry),
+                  ("while body", p["body"], list(eqn.inputs[nc:nc + nb]) + carry)]
+    elif eqn.primitive is cond_p:
+        bodies = [(f"cond branch {k}", b, list(eqn.inputs[1:]))
+                  for k, b in enumerate(p["branches"])]
+    else:
+        return
+    for label, closed, operands in bodies:
+        binders = closed.program.in_binders[len(closed.consts):]
+        inner = {id(v): _graph_of(a, graphs) for v, a in zip(binders, operands)
+                 if isinstance(v.type, GraphType)}
+        inner.update((id(v), c) for v, c in zip(closed.program.in_binders, closed.consts)
+                     if isinstance(v.type, GraphType))
+        inner.update(generated_relations(closed.program))
+        yield label, closed, inner
 
 
 def _summarise(ex, compiled, fallen, others) -> None:

@@ -149,7 +149,7 @@ class TensorOp:
 
     @property
     def regions(self) -> tuple:
-        return tuple(v for _, v in self.params if isinstance(v, Region))
+        return tuple(r for _, v in self.params if is_regions(v) for r in regions_of(v))
 
     def verify(self, where: str, level: str) -> None:
         if self.prim == "constant":
@@ -163,9 +163,10 @@ class TensorOp:
             raise CompilationError(f"{where}: unknown primitive {self.prim!r}") from None
         params = {}
         for k, v in self.params:
-            if isinstance(v, Region):
-                verify_region(v, f"{where} {k} region", level, LEVEL_OPS[level][1])
-                v = closed_from_region(v)
+            if is_regions(v):
+                for r in regions_of(v):
+                    verify_region(r, f"{where} {k} region", level, LEVEL_OPS[level][1])
+                v = map_regions(v, closed_from_region)
             params[k] = v
         check_rule(prim, self.operands, self.results, params, where)
 
@@ -252,7 +253,24 @@ def op_label(op) -> str:
 
 
 def tensor_params(params: dict) -> tuple:
-    return tuple((k, v if isinstance(v, Region) else to_attr(v)) for k, v in params.items())
+    return tuple((k, v if is_regions(v) else to_attr(v)) for k, v in params.items())
+
+
+def is_regions(v) -> bool:
+    """Whether a gf_tensor parameter is a sub-program: a Region, or a tuple of them (cond's
+    branches)."""
+    return isinstance(v, Region) or (isinstance(v, tuple) and v != ()
+                                     and all(isinstance(r, Region) for r in v))
+
+
+def regions_of(v) -> tuple:
+    """The regions of a sub-program parameter (is_regions), in order."""
+    return (v,) if isinstance(v, Region) else v
+
+
+def map_regions(v, fn):
+    """`fn` applied to each region of a sub-program parameter, keeping its shape."""
+    return fn(v) if isinstance(v, Region) else tuple(fn(r) for r in v)
 
 
 def walk_ops(region):
@@ -387,9 +405,12 @@ def _to_generic(op) -> GenericOp:
         return op.to_generic()
     regions, attrs = [], []
     for k, v in op.params:
-        if isinstance(v, Region):
-            attrs.append((k, RegionRef(len(regions))))
-            regions.append(v)
+        if is_regions(v):
+            refs = []
+            for r in regions_of(v):
+                refs.append(RegionRef(len(regions)))
+                regions.append(r)
+            attrs.append((k, refs[0] if isinstance(v, Region) else tuple(refs)))
         else:
             attrs.append((k, v))
     return GenericOp(f"gf_tensor.{op.prim}", op.results, op.operands, tuple(regions),
@@ -490,7 +511,8 @@ def _convert_op(op, env: dict, eqns: list) -> None:
                                "defined") from None
     outs = tuple(Var(v.type) for v in op.results)
     if isinstance(op, TensorOp):
-        params = {k: closed_from_region(v) if isinstance(v, Region) else v for k, v in op.params}
+        params = {k: map_regions(v, closed_from_region) if is_regions(v) else v
+                  for k, v in op.params}
         eqns.append(Eqn(get_primitive(op.prim), inputs, params, outs))
     elif hasattr(op, "comp"):
         eqns.append(Eqn(propagate_p, inputs, propagate_params(op.comp), outs))

@@ -171,13 +171,18 @@ def _parse_generic(cur: Cursor, result_names: list, start: int):
 
 def _tensor_from_generic(g: GenericOp) -> TensorOp:
     params, used = [], []
+    def region(ref):
+        if not 0 <= ref.index < len(g.regions) or ref.index in used:
+            raise CompilationError(f"{g.name}: #region<{ref.index}> does not name an unused "
+                                   "region of this op")
+        used.append(ref.index)
+        return g.regions[ref.index]
+
     for k, v in g.attrs:
         if isinstance(v, RegionRef):
-            if not 0 <= v.index < len(g.regions) or v.index in used:
-                raise CompilationError(f"{g.name}: #region<{v.index}> does not name an unused "
-                                       "region of this op")
-            used.append(v.index)
-            v = g.regions[v.index]
+            v = region(v)
+        elif isinstance(v, tuple) and v and all(isinstance(r, RegionRef) for r in v):
+            v = tuple(region(r) for r in v)       # (cond's branches)
         params.append((k, v))
     if sorted(used) != list(range(len(g.regions))):
         raise CompilationError(f"{g.name}: every region must be named by a #region<i> "

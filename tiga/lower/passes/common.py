@@ -5,7 +5,7 @@ import re
 from dataclasses import replace
 
 from ...core.errors import CompilationError
-from ..ir.base import Module, Region, TensorOp
+from ..ir.base import Module, Region, TensorOp, is_regions, map_regions
 
 
 def expect_level(module, cls: type, pass_name: str) -> None:
@@ -25,8 +25,9 @@ def map_ops(region: Region, fn) -> Region:
     ops = []
     for op in region.ops:
         if isinstance(op, TensorOp) and op.regions:
-            op = replace(op, params=tuple((k, map_ops(v, fn) if isinstance(v, Region) else v)
-                                          for k, v in op.params))
+            op = replace(op, params=tuple(
+                (k, map_regions(v, lambda r: map_ops(r, fn)) if is_regions(v) else v)
+                for k, v in op.params))
         ops.append(fn(op))
     return replace(region, ops=tuple(ops))
 

@@ -137,7 +137,8 @@ def _lower_eqn(block: _Block, eqn, out_hints: dict) -> None:
     if eqn.primitive is propagate_p:
         block.ops.append(ApplyOp(_computation(block, eqn, inputs)))
         return
-    params = {k: lower_closed(v) if isinstance(v, (ClosedProgram, GraphProgram)) else v
+    params = {k: lower_closed(v) if isinstance(v, (ClosedProgram, GraphProgram)) else
+              tuple(lower_closed(b) for b in v) if _branches(v) else v
               for k, v in eqn.params.items()}
     try:
         attrs = tensor_params(params)
@@ -145,6 +146,12 @@ def _lower_eqn(block: _Block, eqn, out_hints: dict) -> None:
         raise CompilationError(f"gf_tensor.{eqn.primitive.name}: {exc}") from None
     results = tuple(block.define(v, out_hints.get(id(v))) for v in eqn.outputs)
     block.ops.append(TensorOp(eqn.primitive.name, inputs, results, attrs))
+
+
+def _branches(v) -> bool:
+    """A tuple of sub-programs (cond's branches): a tuple of regions in the IR."""
+    return (isinstance(v, tuple) and v != ()
+            and all(isinstance(b, (ClosedProgram, GraphProgram)) for b in v))
 
 
 def _runnable(closed):

@@ -72,7 +72,7 @@ def row_ranges(graph) -> tuple:
 def plan_attention(eqn, graph, compile: bool, held=None):
     """The tiled attention route (tried by CpuLLVM.plan), or None: not attention;
     `held`: the attention-tiles launch handed down for it (the call's bound Task module's),
-    else an Unbound naming the equation to lower."""
+    else an Unbound."""
     # the Iter stage's predicate (lower/attention_walk.py): what it claims lowers to an
     # attention-tiles launch, and that is what runs here
     found = claim_attention(getattr(graph, "kind", None), eqn.params,
@@ -81,7 +81,7 @@ def plan_attention(eqn, graph, compile: bool, held=None):
         return None
     if held is not None and held.coordinate_hierarchy == "attention-tiles":
         return AttentionPlan(*found, held)
-    return unbound(eqn)
+    return unbound("attention-tiles")
 
 
 def _heads(x: np.ndarray, heads: bool = True) -> np.ndarray:

@@ -3,7 +3,7 @@
 plan: the route of one propagate over a relation held in memory (routes.plan asks the
 backend of the call's target after a stored relation's pages): tiled attention, a generated
 relation's fused walk, else the generic fused kernel, each binding the Kernel op it is
-handed (an Unbound naming the launch where that op does not fit the walk it binds);
+handed (an Unbound, a Fallback, where that op does not fit the walk it binds);
 
 render: a `gf_kernel.launch` to LLVM IR text and its signature (lower/llvm/render, through
 lower's renderer table); compile: that text to an Executable through the one artifact cache
@@ -33,7 +33,7 @@ class CpuLLVM:
     def plan(self, eqn, graph, *, compile: bool = True, held=None):
         """The route of `eqn` over `graph` (held in memory): an attention or generated walk's
         plan, the generic kernel's Executable (its key when compile=False), or a Fallback
-        (an Unbound naming the launch to lower when `held` does not fit the walk)."""
+        (an Unbound when `held` does not fit the walk)."""
         if not compile or graph is None:
             return _route(eqn, graph, compile, held)
         # {id(graph): (weak graph, pool threads, Executable)}: the generic kernel a warm call

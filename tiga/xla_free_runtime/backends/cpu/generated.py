@@ -65,7 +65,6 @@ from .propagate import (
 )
 
 if CPU_LLVM_AVAILABLE:
-    from ....core.program import Eqn
     from ....lower.backends import BACKENDS
     from ....lower.llvm import CodegenUnsupported
     from ....lower.llvm.generated import DIRECTORY_SLOTS, GeoSpec
@@ -107,17 +106,12 @@ def _launch(eqn, swap: bool, held=None):
     """The scheduled `gf_kernel.launch` of the walk this planner runs (a source-grouped
     propagate over a symmetric relation is lowered as the destination-grouped one with the
     roles swapped, which is what runs): `held`, the op handed down for it (the call's bound
-    Task module's), else an Unbound naming the equation to lower."""
-    gtype = eqn.inputs[0].type      # (its sizes are the ones the field types use)
+    Task module's), else an Unbound."""
+    gtype = eqn.inputs[0].type
     if (held is not None and held.comp.relation.type.kind == gtype.kind
             and held.ordering != "source-major"):
         return held
-    per_eqn = kept(eqn, "generated")   # {"swapped": eqn, (spec, swap, pool): cache key}
-    lowered = per_eqn.get("swapped") if swap else eqn
-    if lowered is None:
-        lowered = per_eqn["swapped"] = Eqn(eqn.primitive, eqn.inputs, swapped(eqn.params),
-                                           eqn.outputs)
-    return unbound(lowered, gtype)
+    return unbound(f"{gtype.kind} cell" + (" (roles swapped)" if swap else ""))
 
 
 def symmetric(graph) -> bool:
@@ -495,16 +489,18 @@ def _count_edge(src, dst, edge):
     return tm.ones_like(edge.distance)
 
 
-def count_eqn(graph):
-    """The degree-count equation of a radius relation (its coordinates' dims and dtype)."""
+def count_signature(graph) -> tuple | None:
+    """(coordinate dims, dtype) of a radius relation (a concrete one or a GeneratedType):
+    what its degree count's kernel depends on; None for any other relation."""
+    if getattr(graph, "kind", None) != "radius":
+        return None
     pos = graph.params["positions"]
-    return _count_eqn(pos.shape[1], np.dtype(pos.dtype))
+    return int(pos.shape[1]), np.dtype(pos.dtype).str
 
 
-def _count_eqn(dims: int, dtype: np.dtype):
-    """A propagate equation summing ones over a radius relation (staged once per coordinate
-    dims and dtype; the relation itself is supplied at the call)."""
-    return _staged_count(dims, np.dtype(dtype).str)
+def count_eqn_of(dims: int, dtype: str):
+    """The degree-count equation of radius relations of `dims` coordinates of `dtype`."""
+    return _staged_count(int(dims), np.dtype(dtype).str)
 
 
 # (dims, dtype) -> the degree-count equation: a memo of structure, so the equation's own
@@ -524,8 +520,8 @@ def fused_degrees(graph, by: str, launch) -> np.ndarray | None:
     """Degrees of a radius/knn relation without materialising it: every knn row has
     exactly k sources; a radius row's count is a fused sum of ones (out-degrees of a
     symmetric relation are the in-degrees). None where only the CSR knows them (out-degrees
-    of an asymmetric relation; a count kernel that does not compile). `launch`: the Kernel op
-    of the count (count_eqn), lowered by the executor; None: not expressed."""
+    of an asymmetric relation; no count kernel was lowered). `launch`: the Kernel op of the
+    count (count_eqn_of), lowered with the call; None: the CSR counts them."""
     if getattr(graph, "kind", None) not in GENERATED_KINDS or not CPU_LLVM_AVAILABLE:
         return None
     if by == "src" and not symmetric(graph):
@@ -540,8 +536,10 @@ def fused_degrees(graph, by: str, launch) -> np.ndarray | None:
         return cached.copy()
     if resolved(graph):   # symmetric when by='src': out-degrees are the in-degrees
         return np.diff(graph.resolve_csr()[0]).astype(np.int64)
+    if launch is None:
+        return None
     pos = graph.params["positions"]
-    eqn = _count_eqn(pos.shape[1], pos.dtype)
+    eqn = count_eqn_of(*count_signature(graph))
     plan = plan_generated(eqn, graph, True, launch)
     if not isinstance(plan, GeneratedPlan):
         return None
@@ -552,4 +550,5 @@ def fused_degrees(graph, by: str, launch) -> np.ndarray | None:
 
 
 __all__ = ["plan_generated", "GeneratedPlan", "GeneratedType", "directory_arrays",
-           "generated_relations", "symmetric", "fused_degrees", "count_eqn", "resolved"]
+           "generated_relations", "symmetric", "fused_degrees", "count_eqn_of", "count_signature",
+           "resolved"]

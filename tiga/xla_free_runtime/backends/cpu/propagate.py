@@ -3,8 +3,7 @@
 `generic_plan` decides the route of an equation for a concrete relation: a compiled
 Executable, or a Fallback carrying the reason the reference interpreter runs it instead. The
 kernel is the Kernel op handed down (the call's Task module's); where none fits the walk
-bound here, the plan is an Unbound naming the launch, which the executor lowers and plans
-again with: this module never lowers.
+bound here, the plan is an Unbound, a Fallback: nothing in the runtime lowers.
 `run_propagate` binds the relation's CSR (or its cached transpose for reduce_by='src'), the
 field arrays and fresh outputs to the kernel's pointer slots and runs row chunks on the
 thread pool.
@@ -53,19 +52,14 @@ class Fallback:
 
 @dataclass(frozen=True)
 class Unbound(Fallback):
-    """A planner's answer when it was handed no Kernel op for the walk it binds: `eqn` over
-    a relation of type `relation` (None: the equation's own) is what to lower. The executor
-    lowers it and plans again with it held; for anyone else it is a Fallback (the planners
-    never lower)."""
-
-    eqn: object = None
-    relation: object = None
-    target: str = "cpu-llvm"
+    """A planner's answer when the call's bound Task module holds no Kernel op for the walk
+    it binds (a program its stages do not walk): the reference interpreter runs it, since
+    nothing in the runtime lowers."""
 
 
-def unbound(eqn, relation=None, target: str = "cpu-llvm") -> Unbound:
-    return Unbound("no Kernel op was bound for this walk (the call's Task module holds "
-                   "another): the executor lowers it", eqn, relation, target)
+def unbound(walk: str) -> Unbound:
+    return Unbound(f"the call's Task module holds no Kernel op for this propagate's {walk} "
+                   "walk (the IR stages did not lower the program with it)")
 
 
 _CHUNK_LOCK = threading.Lock()
@@ -121,8 +115,8 @@ def kernel_text(op, eqn) -> str:
 
 def _kernel_of(eqn, graph, held=None):
     """(cache key, launch op) of the generic kernel over this relation's walk, memoised per
-    equation (hashing costs far more than a warm call), or an Unbound naming the launch to
-    lower; `held`: the Kernel op handed down for the equation (see _launch_op)."""
+    equation (hashing costs far more than a warm call), or an Unbound; `held`: the Kernel op
+    handed down for the equation (see _launch_op)."""
     walk = _walk(eqn.params)
     relation = relation_descriptor(graph, walk, target="cpu-llvm")
     has_perm = graph.edge_perm is not None if walk == "dst" else True
@@ -200,14 +194,12 @@ def _launch_op(eqn, relation: tuple, held=None):
     """The launch for the walk the runtime binds (a relation resolved to its CSR walks as a
     CSR): `held`, the Kernel op handed down for this equation (the call's Task module's,
     lowered with the whole program at this pool size), when the relation is bound as it was
-    lowered; else an Unbound naming the launch to lower."""
+    lowered; else an Unbound."""
     gtype = eqn.inputs[0].type
     bound = "csr" if relation == ("csr",) and gtype.kind != "csr" else gtype.kind
     if held is not None and held.comp.relation.type.kind == bound:
         return held
-    if bound != gtype.kind:
-        return unbound(eqn, replace(gtype, kind="csr", coord_dims=None))
-    return unbound(eqn)
+    return unbound(bound)
 
 
 def launch_op(eqn, graph, held=None):

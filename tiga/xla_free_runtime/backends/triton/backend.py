@@ -32,8 +32,8 @@ class Triton:
 
     def plan(self, eqn, graph, *, compile: bool = True, held=None):
         """The route of `eqn` over `graph` (held in memory) on the selected Triton backend:
-        its attention kernels or a TritonPlan rendering `held` (an Unbound naming the
-        launch to lower where `held` does not fit), or a Fallback."""
+        its attention kernels or a TritonPlan rendering `held`, or a Fallback (an Unbound
+        where `held` does not fit)."""
         return backend_plan(eqn, graph, compile=compile, held=held)
 
     def page_plan(self, backend: str, eqn, graph, held):

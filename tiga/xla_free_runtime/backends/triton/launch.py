@@ -3,8 +3,8 @@
 `backend_plan` is the executor's planner: it reads the selected backend (lower/backends.py)
 and returns the cpu-llvm plan, a `TritonPlan`, or a Fallback naming why the reference runs.
 A TritonPlan renders the equation's Kernel op for target triton, handed down by the executor
-(where none fits, the plan is an Unbound naming it, which the executor lowers and plans again
-with: this module never lowers, so the schedule printed there is the one rendered) into a
+(where none fits, the plan is an Unbound, a Fallback: this module never lowers, so the
+schedule printed there is the one rendered) into a
 Triton module artifact of the one artifact cache
 (artifacts.py: keyed by the printed op, the backend, triton's version and Tiga's source hash;
 stored on disk like every backend's artifacts) and imports it on first launch (compile.py;
@@ -140,7 +140,7 @@ class TritonPlan:
     @classmethod
     def build(cls, eqn, graph, backend: str, held=None):
         """The plan rendering `held` (the Kernel op handed down for the walk bound here),
-        or an Unbound naming the launch to lower when it does not fit."""
+        or an Unbound when it does not fit."""
         relation, has_perm, bound = triton_walk(eqn, graph)
         gtype, index = eqn.inputs[0].type, bound.index_dtype
         if bound.kind != gtype.kind:
@@ -156,7 +156,7 @@ class TritonPlan:
         if (held is None or held.schedule.target != "triton"
                 or held.comp.relation.type.kind != bound.kind
                 or held.comp.relation.type.index_dtype != index):
-            return unbound(eqn, bound, target="triton")
+            return unbound(f"triton {bound.kind}")
         op = held
         mkey = module_key(str(op), backend, (relation, has_perm))
         call = {"has_perm": has_perm, "relation": relation}
