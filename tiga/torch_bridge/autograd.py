@@ -32,7 +32,7 @@ from ..trace.staging import leaf_value
 from ..trace.tracer import resolving
 from ..xla_free_runtime.backends.triton.launch import call_backend
 from ..xla_free_runtime.executor import execute, explain_program
-from .dlpack import host_view, is_torch, to_numpy, to_torch
+from .dlpack import PLAIN_TYPES, host_view, is_torch, to_numpy, to_torch
 from .nn import TracedModule
 from .program_node import (
     Node,
@@ -162,9 +162,10 @@ _HOST_LEAVES = (np.ndarray, float, int, bool)
 
 def _backend(call) -> str | None:
     """call_backend's answer, decided without asking each operand's DLPack device where the
-    relation and every operand are on the host (CPU torch tensors, numpy, numbers)."""
+    relation and every operand are on the host (plain CPU torch tensors, numpy, numbers; a
+    tensor subclass may say otherwise through its DLPack device, so it is asked)."""
     if str(getattr(call.graph, "device", "cpu") or "cpu") == "cpu" and all(
-            (v.is_cpu if isinstance(v, torch.Tensor) else isinstance(v, _HOST_LEAVES))
+            (v.is_cpu if type(v) in PLAIN_TYPES else isinstance(v, _HOST_LEAVES))
             for v in call.values()[1:]):
         return None
     return call_backend(call)

@@ -43,14 +43,14 @@ def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
 # operands, viewed without the general route's checks (about 15 us less per tensor)
 _PLAIN_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.int64,
                            torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def host_view(t) -> np.ndarray | None:
     """to_numpy's view of a plain CPU tensor (the tensor or a Parameter, strided, not
     nested, no conjugate/negative bit, a dtype numpy has, no torch.func transform live),
     read-only; None for anything else (to_numpy's general route)."""
-    if (type(t) not in _PLAIN_TYPES or not t.is_cpu or t.dtype not in _PLAIN_DTYPES
+    if (type(t) not in PLAIN_TYPES or not t.is_cpu or t.dtype not in _PLAIN_DTYPES
             or t.layout is not torch.strided or t.is_nested or t.is_conj() or t.is_neg()
             or _F.peek_interpreter_stack() is not None):
         return None
