@@ -311,7 +311,7 @@ def _print(res: dict, base_name: str) -> dict:
 
 
 def _threads() -> str:
-    from tiga.xla_free_runtime.threads import num_threads
+    from tiga.xla_free_runtime.calls.threads import num_threads
     return f"{num_threads()} Tiga threads"
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.xla_free_runtime.backends.cpu import attention as attention_route
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 torch = pytest.importorskip("torch")
 

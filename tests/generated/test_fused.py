@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiga as tg
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 
 from .oracle import dense_weights, knn_rows, pair_distances, point_sets, radius_rows
 

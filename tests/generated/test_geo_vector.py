@@ -10,7 +10,7 @@ import tiga as tg
 from tiga.lower import schedule
 from tiga.lower.llvm import generated
 from tiga.lower.llvm.geo_vector import RANK_MAX
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 
 from .oracle import dense_weights, knn_rows, pair_distances, point_sets, radius_rows
 

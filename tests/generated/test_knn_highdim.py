@@ -184,7 +184,7 @@ def test_many_tiles_and_chunks(monkeypatch, strict):
     """Row tiles and source chunks are run-time sizes: shrink them so one call crosses
     many of each (same executable), with tails in every dimension."""
     from tiga.lower import schedule
-    from tiga.xla_free_runtime import equation_cache
+    from tiga.xla_free_runtime.caches import equations as equation_cache
 
     monkeypatch.setattr(schedule, "KNN_ROWS_PER_TILE", 7)     # the launch's schedule tiles
     monkeypatch.setattr(schedule, "KNN_CHUNK_BYTES", 1)

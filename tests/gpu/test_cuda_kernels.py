@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import tiga as tg  # noqa: E402
 from tiga.testing import reference_grad  # noqa: E402
-from tiga.xla_free_runtime.run_report import COUNTERS  # noqa: E402
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 pytestmark = MARKS
 REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax"]

@@ -16,10 +16,11 @@ from gpu_env import BACKEND, DEVICE, MARKS, ON_CPU, WHY, torch  # noqa: E402,F40
 import tiga as tg  # noqa: E402
 from tiga.core.prims.linalg import dot_general_p  # noqa: E402
 from tiga.testing import reference_grad  # noqa: E402
-from tiga.xla_free_runtime import executor, program_cache  # noqa: E402
+from tiga.xla_free_runtime import executor
 from tiga.xla_free_runtime.backends.triton import attention as triton_attention  # noqa: E402
 from tiga.xla_free_runtime.backends.triton import linear  # noqa: E402
-from tiga.xla_free_runtime.run_report import COUNTERS  # noqa: E402
+from tiga.xla_free_runtime.caches import programs as program_cache
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 pytestmark = MARKS
 

@@ -27,7 +27,7 @@ for name in ("sum", "max", "min", "mean", "prod"):
     now = {str(p) for p in root.rglob("*.tga")}
     report[name] = {"y": np.asarray(y).tolist(), "entries": sorted(now - seen)}
     seen |= now
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 report["stats"] = CACHE.stats.as_dict()
 print("REPORT " + json.dumps(report), flush=True)
 '''

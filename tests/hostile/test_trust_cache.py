@@ -18,9 +18,9 @@ import warnings
 
 import pytest
 
-from tiga.xla_free_runtime import artifacts
-from tiga.xla_free_runtime.artifacts import ArtifactCache, Built, CacheTrustWarning
 from tiga.xla_free_runtime.backends.cpu.native import jit
+from tiga.xla_free_runtime.caches import artifacts
+from tiga.xla_free_runtime.caches.artifacts import ArtifactCache, Built, CacheTrustWarning
 
 from ._run import run_snippet
 
@@ -373,7 +373,7 @@ x = np.array([2.0, -3.0])
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
     y = np.asarray(tg.propagate(g, lambda s, d, e: s.x * 1.5, tg.sum(), src={"x": x}))
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 
 @case
 def the_result_is_right_and_nothing_planted_ran():

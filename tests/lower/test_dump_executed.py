@@ -26,7 +26,7 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import tiga as tg
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 rng = np.random.default_rng(0)
 n, e = 50, 300
 src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
@@ -91,7 +91,7 @@ RENDER_CHILD = r"""
 import json, sys
 import numpy as np
 import tiga as tg
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 rng = np.random.default_rng(1)
 n, d = 40, 5
 g = tg.Graph.from_csr(np.arange(n + 1) * d, rng.integers(0, n, n * d))
@@ -133,7 +133,7 @@ GENERATED_CHILD = r"""
 import json, sys
 import numpy as np
 import tiga as tg
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 rng = np.random.default_rng(2)
 kind, dims = sys.argv[1], int(sys.argv[2])
 pos = rng.random((400, dims)).astype(np.float32)
@@ -250,7 +250,7 @@ ATTENTION_CHILD = r"""
 import json, sys
 import numpy as np
 import tiga as tg
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 n, H, D = 90, 2, int(sys.argv[1])
 rng = np.random.default_rng(4)
 q, k, v = (rng.standard_normal((n, H, D)).astype(np.float32) for _ in range(3))

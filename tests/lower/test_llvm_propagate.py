@@ -20,10 +20,10 @@ from tiga.autodiff import vjp_program
 from tiga.core.eval import eval_program
 from tiga.lower.llvm import CodegenUnsupported, codegen_propagate
 from tiga.trace.message_passing import PropagateCall
-from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
+from tiga.xla_free_runtime.caches import executables as cache_mod
+from tiga.xla_free_runtime.calls.threads import row_chunks
 from tiga.xla_free_runtime.executor import execute, explain_program, plan_routes
-from tiga.xla_free_runtime.threads import row_chunks
 
 m = tg.math
 PROPS = settings(max_examples=100, deadline=None,

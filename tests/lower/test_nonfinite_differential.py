@@ -29,7 +29,7 @@ import tiga as tg
 from tiga.autodiff.vjp import vjp_program
 from tiga.core.eval import eval_program
 from tiga.xla_free_runtime.backends.cpu import attention as attention_route
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 REDUCERS = {"sum": tg.sum, "mean": tg.mean, "max": tg.max, "min": tg.min, "prod": tg.prod,
             "online_softmax": tg.online_softmax}

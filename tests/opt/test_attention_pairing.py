@@ -17,7 +17,7 @@ from tiga.core.eval import eval_program
 from tiga.testing import reference_grad
 from tiga.xla_free_runtime.backends.cpu import attention as attention_route
 from tiga.xla_free_runtime.executor import execute
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 
 class Attention(tg.MessagePassing):

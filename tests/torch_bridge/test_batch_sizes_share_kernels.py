@@ -12,7 +12,7 @@ import pytest
 
 import tiga as tg
 from tiga.lower import CPU_LLVM_AVAILABLE
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 
 pytestmark = pytest.mark.skipif(not CPU_LLVM_AVAILABLE, reason="needs llvmlite")
 

@@ -14,7 +14,7 @@ from torch import nn  # noqa: E402
 
 import tiga as tg  # noqa: E402
 from tiga.torch_bridge import autograd as bridge  # noqa: E402
-from tiga.xla_free_runtime.cache import CACHE  # noqa: E402
+from tiga.xla_free_runtime.caches.executables import CACHE  # noqa: E402
 
 N, F, HIDDEN = 20, 4, 16
 

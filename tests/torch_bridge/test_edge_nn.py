@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import tiga as tg  # noqa: E402
-from tiga.xla_free_runtime.cache import CACHE  # noqa: E402
+from tiga.xla_free_runtime.caches.executables import CACHE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 N, F = 24, 5

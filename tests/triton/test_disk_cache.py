@@ -10,10 +10,11 @@ import pytest
 
 import tiga as tg
 from tiga.lower.abi import KernelSource
-from tiga.xla_free_runtime import artifacts, equation_cache
-from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.triton import compile as triton_compile
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch
+from tiga.xla_free_runtime.caches import artifacts
+from tiga.xla_free_runtime.caches import equations as equation_cache
+from tiga.xla_free_runtime.caches import executables as cache_mod
 
 CACHE = cache_mod.CACHE
 G = tg.Graph.from_csr([0, 2, 3, 3], [0, 1, 1], num_src=2)

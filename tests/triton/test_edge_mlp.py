@@ -9,8 +9,10 @@ import numpy as np
 
 import tiga as tg
 from tiga.testing import reference_grad
-from tiga.xla_free_runtime import equation_cache, executor, program_cache
+from tiga.xla_free_runtime import executor
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch
+from tiga.xla_free_runtime.caches import equations as equation_cache
+from tiga.xla_free_runtime.caches import programs as program_cache
 
 
 class EdgeConv(tg.MessagePassing):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 
 class Geo(tg.MessagePassing):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import tiga as tg
 from tiga.core import graph_generated as geo
 from tiga.xla_free_runtime.backends.triton import generated as triton_generated
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 
 @st.composite

@@ -18,7 +18,7 @@ import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, TransferOp, parse_task
 from tiga.xla_free_runtime.backends.triton import launch
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stand_in_cuda import StandInRuntime  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 import tiga as tg
 from tiga.xla_free_runtime.backends.triton.compile import TritonModule
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 
 
 class Geo(tg.MessagePassing):

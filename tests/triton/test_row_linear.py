@@ -18,7 +18,7 @@ from tiga.trace import math as m
 from tiga.trace.staging import trace_flat
 from tiga.xla_free_runtime import executor
 from tiga.xla_free_runtime.backends.triton import linear
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 FORMS = {(1, 0): lambda x, y: x @ y, (1, 1): lambda x, y: x @ y.T,
          (0, 0): lambda x, y: x.T @ y, (0, 1): lambda x, y: x.T @ y.T}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.xla_free_runtime.backends.triton import launch as triton_launch
-from tiga.xla_free_runtime.run_report import COUNTERS
+from tiga.xla_free_runtime.reports.runs import COUNTERS
 
 REDUCERS = ["sum", "mean", "max", "min", "prod", "online_softmax"]
 

@@ -9,8 +9,8 @@ import pytest
 
 import tiga as tg
 from tiga.trace import call_cache
-from tiga.xla_free_runtime import program_cache
 from tiga.xla_free_runtime.backends.triton import prepared as triton_prepared
+from tiga.xla_free_runtime.caches import programs as program_cache
 
 N, E = 40, 160
 

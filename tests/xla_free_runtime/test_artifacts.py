@@ -13,9 +13,9 @@ import scipy.sparse as sp
 
 import tiga as tg
 from tiga.trace.message_passing import PropagateCall
-from tiga.xla_free_runtime import artifacts
-from tiga.xla_free_runtime import cache as cache_mod
-from tiga.xla_free_runtime.artifacts import ArtifactCache, Built, CorruptEntry
+from tiga.xla_free_runtime.caches import artifacts
+from tiga.xla_free_runtime.caches import executables as cache_mod
+from tiga.xla_free_runtime.caches.artifacts import ArtifactCache, Built, CorruptEntry
 from tiga.xla_free_runtime.executor import execute
 
 OP = "gf_kernel.launch @k {tiles = {block_rows = 4}} ..."

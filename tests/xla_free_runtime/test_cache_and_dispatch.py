@@ -21,13 +21,13 @@ import tiga as tg
 from tiga.lower.abi import KernelSignature
 from tiga.trace import call_cache
 from tiga.trace.message_passing import PropagateCall
-from tiga.xla_free_runtime import artifacts
-from tiga.xla_free_runtime import cache as cache_mod
 from tiga.xla_free_runtime.backends.cpu.native import jit as native_jit
 from tiga.xla_free_runtime.backends.cpu.propagate import _argv
+from tiga.xla_free_runtime.caches import artifacts
+from tiga.xla_free_runtime.caches import executables as cache_mod
+from tiga.xla_free_runtime.caches.relations import memo
+from tiga.xla_free_runtime.calls.threads import row_chunks, run_chunks
 from tiga.xla_free_runtime.executor import call_walk, execute, plan_routes
-from tiga.xla_free_runtime.relation_cache import memo
-from tiga.xla_free_runtime.threads import row_chunks, run_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -130,7 +130,7 @@ WARM_START = textwrap.dedent("""
     g = tg.Graph.from_csr(np.array([0, 2, 3, 3]), np.array([0, 1, 1]), num_src=2)
     y = WeightedSum()(graph=g, src={"x": np.array([[2.0], [3.0]])}, dst={},
                       edge={"w": np.array([4.0, 5.0, 2.0])})
-    from tiga.xla_free_runtime.cache import CACHE
+    from tiga.xla_free_runtime.caches.executables import CACHE
     print(json.dumps({"y": np.asarray(y).ravel().tolist(), "stats": CACHE.stats.as_dict(),
                       "llvm_loaded": "llvmlite.binding" in sys.modules}))
 """)

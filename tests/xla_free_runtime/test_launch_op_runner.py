@@ -19,7 +19,7 @@ from tiga.core.errors import UnsupportedError
 from tiga.lower import CPU_LLVM_AVAILABLE, pipeline
 from tiga.testing import printed_kernels, recording
 from tiga.xla_free_runtime import backends
-from tiga.xla_free_runtime import equation_cache
+from tiga.xla_free_runtime.caches import equations as equation_cache
 
 pytestmark = pytest.mark.skipif(not CPU_LLVM_AVAILABLE, reason="needs llvmlite")
 

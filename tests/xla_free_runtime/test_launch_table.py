@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 
 import tiga as tg
-from tiga.xla_free_runtime import backends, routes
-from tiga.xla_free_runtime.cache import Executable
+from tiga.xla_free_runtime import backends
+from tiga.xla_free_runtime.caches.executables import Executable
+from tiga.xla_free_runtime.calls import routes
 from tiga.xla_free_runtime.executor import plan_routes
 from tiga.xla_free_runtime.paging.run import PagedPlan
 

@@ -12,7 +12,7 @@ import pytest
 import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, TransferOp, parse_task
-from tiga.xla_free_runtime.explain import schedule_line
+from tiga.xla_free_runtime.reports.explain import schedule_line
 
 pytest.importorskip("zarr", minversion="3.1")
 

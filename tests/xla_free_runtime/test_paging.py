@@ -14,7 +14,7 @@ from tiga.xla_free_runtime.paging import handlers
 from tiga.xla_free_runtime.paging import pages as paging
 from tiga.xla_free_runtime.paging import run as paging_run
 from tiga.xla_free_runtime.paging.distinct import distinct
-from tiga.xla_free_runtime.progress import progress_bar
+from tiga.xla_free_runtime.reports.progress import progress_bar
 
 pytest.importorskip("zarr", minversion="3.1")
 

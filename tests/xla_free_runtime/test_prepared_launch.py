@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import backends, executor, routes
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime import backends, executor
+from tiga.xla_free_runtime.caches.executables import CACHE
+from tiga.xla_free_runtime.calls import routes
 
 
 class Weighted(tg.MessagePassing):

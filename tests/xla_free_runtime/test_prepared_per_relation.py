@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 import tiga as tg
-from tiga.xla_free_runtime import executor, interpreter, program_cache
+from tiga.xla_free_runtime import executor, interpreter
+from tiga.xla_free_runtime.caches import programs as program_cache
 
 
 class Weighted(tg.MessagePassing):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tiga as tg
-from tiga.xla_free_runtime import progress
 from tiga.xla_free_runtime.paging import handlers
+from tiga.xla_free_runtime.reports import progress
 
 pytest.importorskip("zarr", minversion="3.1")
 pytest.importorskip("tqdm")

@@ -27,7 +27,7 @@ from tiga.lower.ir.task import TaskLaunchOp, parse_task
 from tiga.xla_free_runtime import executor as E
 from tiga.xla_free_runtime import equation_cache
 from tiga.xla_free_runtime.backends.cpu import propagate as P
-from tiga.xla_free_runtime.cache import CACHE
+from tiga.xla_free_runtime.caches.executables import CACHE
 
 def refuse(*a, **k):
     raise AssertionError("the runtime lowered a kernel the Task module did not hold")

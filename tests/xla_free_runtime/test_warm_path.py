@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import tiga as tg
 from tiga.lower.backends import BACKENDS
-from tiga.xla_free_runtime import cache as cache_mod
+from tiga.xla_free_runtime.caches import executables as cache_mod
 
 N = 7
 

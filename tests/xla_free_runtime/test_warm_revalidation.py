@@ -13,7 +13,7 @@ import pytest
 
 import tiga as tg
 from tiga.trace import call_cache, warm_calls
-from tiga.xla_free_runtime import program_cache
+from tiga.xla_free_runtime.caches import programs as program_cache
 
 N, E = 40, 160
 GAIN = 1.0

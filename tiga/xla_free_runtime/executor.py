@@ -47,11 +47,19 @@ from .backends.triton.compile import HOOKS as TRITON_HOOKS
 from .backends.triton.launch import call_backend as triton_call_backend
 from .backends.triton.linear import dot_rule
 from .backends.triton.prepared import prepare as prepare_triton
-from .binding import call_binding, call_target, distributed_binding
-from .cache import CACHE, Executable
+from .caches.equations import kept
+from .caches.executables import CACHE, Executable
+from .caches.programs import memo as memo_of
+from .calls.binding import call_binding, call_target, distributed_binding
+from .calls.routes import (
+    bodies_with_relations,
+    describe_program,
+    paged_propagates,
+    plan,
+    propagates_of,
+)
+from .calls.threads import num_threads, pin_threads, unpin_threads
 from .distributed.run import distributed_call, run_distributed
-from .equation_cache import kept
-from .explain import Explanation
 from .interpreter import (
     NoWalk,
     TaskWalk,
@@ -70,10 +78,8 @@ from .paging.degrees import paged_degrees
 from .paging.pages import pageable
 from .paging.resident import plan_resident
 from .paging.run import PagedPlan, plan_paged, task_ir
-from .program_cache import memo as memo_of
-from .routes import bodies_with_relations, describe_program, paged_propagates, plan, propagates_of
-from .run_report import profiled, reporting
-from .threads import num_threads, pin_threads, unpin_threads
+from .reports.explain import Explanation
+from .reports.runs import profiled, reporting
 
 # what the runtime asks of lower/pipeline, from here only (api.py prints IR through ir_text
 # and ir_module_name); lowering itself is asked as `pipeline.<function>` at the call, so a

@@ -15,7 +15,7 @@ import weakref
 from ...core.config import config
 from ...lower.ir.task import TaskModule
 from ...lower.passes.plan_halo_tasks import plan_halo_tasks
-from ..equation_cache import kept
+from ..caches.equations import kept
 from ..interpreter import op_steps
 
 

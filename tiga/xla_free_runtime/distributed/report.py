@@ -7,8 +7,8 @@ import numpy as np
 
 from ...core.prims.graph import propagate_p
 from ...lower.ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TransferOp
-from ..explain import Explanation
-from ..run_report import measured
+from ..reports.explain import Explanation
+from ..reports.runs import measured
 from .graph import is_distributed
 from .run import _graphs
 
@@ -48,7 +48,7 @@ def op_lines(module) -> list:
 
 def explain_distributed(program, args: list, cache, walk, pages: dict,
                         held: dict) -> Explanation:
-    from ..routes import describe_program
+    from ..calls.routes import describe_program
 
     local = [a.full if is_distributed(a) else a for a in args]
     ex = describe_program(program, local, cache, walk, pages, held)

@@ -37,6 +37,8 @@ from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...core.types import GraphType
 from ..backends.cpu.propagate import Fallback, run_propagate
+from ..caches.programs import memo
+from ..calls.routes import plan
 from ..interpreter import (
     JOIN,
     LAUNCH,
@@ -47,9 +49,7 @@ from ..interpreter import (
     interpret,
     run_walk,
 )
-from ..program_cache import memo
-from ..routes import plan
-from ..run_report import record
+from ..reports.runs import record
 from .comm import mpi
 from .exchange import ALIGN, HaloExchange, ReverseAdd, aligned_empty
 from .graph import DistributedGraph, is_distributed

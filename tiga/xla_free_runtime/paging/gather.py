@@ -21,8 +21,8 @@ import numpy as np
 from ...core.errors import CompilationError
 from ...lower.abi import KernelSignature
 from ..backends import FixedKernel, KernelArgs, launch
-from ..cache import CACHE, full_key
-from ..threads import work_arrays
+from ..caches.executables import CACHE, full_key
+from ..calls.threads import work_arrays
 
 KEY = ("paging.page_distinct", 1)     # the kernel's own part of the cache key
 KEEP_ENTRIES = 1 << 24                # larger scratch is made per call, not kept by a thread

@@ -26,12 +26,12 @@ from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...core.types import TensorType
 from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
+from ..caches.relations import memo
 from ..interpreter import JOIN, LAUNCH, RELEASE, TRANSFER, held_kernel, interpret, op_steps
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers import DiskStorage, HostStorage, chunk_checks
-from ..progress import progress_bar
-from ..relation_cache import memo
+from ..reports.progress import progress_bar
 from . import mapped as paging_mapped
 from . import plan as paging_plan
 from .buffers import PageBuffers, with_slack

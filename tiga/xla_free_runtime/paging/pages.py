@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.program import Var
-from ..equation_cache import memo
+from ..caches.equations import memo
+from ..calls.threads import num_threads
 from ..memory import scope as sc
 from ..memory.tiers import HostStorage
 from ..memory.tiers.files import page_cache_room
 from ..store import transpose as store_transpose
-from ..threads import num_threads
 
 PAGED_BY = ("dst", "edge")    # groupings a page of destination rows completes on its own
 

@@ -31,10 +31,10 @@ from ...lower.ir.task import TaskLaunchOp
 from ..backends import backend_for
 from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
 from ..backends.triton.compile import tensors
-from ..explain import launch_facts, schedule_line
+from ..caches.relations import memo
 from ..memory import scope as sc
-from ..relation_cache import memo
-from ..run_report import NOT_RUN, measured, record
+from ..reports.explain import launch_facts, schedule_line
+from ..reports.runs import NOT_RUN, measured, record
 from . import plan as paging_plan
 from .describe import describe_stats, page_kernel
 from .device import TritonPages, device_route, empty_page

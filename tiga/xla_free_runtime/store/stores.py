@@ -32,7 +32,7 @@ from ...core.errors import GraphValidationError, StorageError
 from ...core.graph import store_hooks
 from ..memory.tiers.disk import DiskStorage
 from ..memory.tiers.files import fsync_tree, read_small
-from ..progress import progress_bar
+from ..reports.progress import progress_bar
 from . import versions as sv
 from .ingest import Appender, check_csr_chunk, check_field_rows
 from .versions import MANIFEST, POINTER

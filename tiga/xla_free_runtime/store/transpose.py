@@ -31,7 +31,7 @@ from ...core.errors import StorageError
 from ..memory import budgets as memory
 from ..memory import scope as sc
 from ..memory.tiers.files import fsync_tree
-from ..progress import progress_bar
+from ..reports.progress import progress_bar
 from . import versions as sv
 from .ingest import Appender
 

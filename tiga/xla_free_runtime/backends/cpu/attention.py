@@ -29,10 +29,10 @@ from ....autodiff.rules.attention import STREAMING_KINDS
 from ....core.blas_threads import thread_local_setter
 from ....lower.attention_walk import claim_attention
 from ....lower.llvm import attention as kernel
-from ...explain import launch_facts, schedule_line
-from ...relation_cache import memo
-from ...run_report import COUNTERS, NOT_RUN, measured, record
-from ...threads import num_threads, run_jobs
+from ...caches.relations import memo
+from ...calls.threads import num_threads, run_jobs
+from ...reports.explain import launch_facts, schedule_line
+from ...reports.runs import COUNTERS, NOT_RUN, measured, record
 from . import attention_tiles as tiles
 from .attention_native import (
     _FALLBACK,
@@ -286,7 +286,7 @@ class AttentionPlan:
 
 def _cache_line(width: int, native: bool, bnative: bool, tiles: dict) -> str:
     """explain()'s cache status of the kernel an attention propagate compiles."""
-    from ...cache import CACHE
+    from ...caches.executables import CACHE
     if bnative:
         return (f"LLVM backward kernel (width {width}) " +
             CACHE.status(_bwd_native_key(width, tiles)))

@@ -8,8 +8,8 @@ import numpy as np
 from ....core.errors import TigaError
 from ....lower.llvm import attention as kernel
 from ....lower.schedule import CHUNKS_PER_THREAD, attention_tiles
-from ...run_report import COUNTERS
-from ...threads import num_threads, run_jobs, work_arrays
+from ...calls.threads import num_threads, run_jobs, work_arrays
+from ...reports.runs import COUNTERS
 from .. import KernelArgs
 from .. import launch as launch_kernel
 
@@ -77,7 +77,7 @@ def _bwd_fast_math_exact(scale: float, q, k, v, do, lse, delta) -> bool:
 
 
 def _native_key(width: int, tiles: dict | None = None) -> str:
-    from ...cache import full_key
+    from ...caches.executables import full_key
     tiles = _tiles_or_default(tiles, "forward")
     return full_key(("attention-forward-f32", width) + tuple(tiles[t] for t in kernel.TILES))
 
@@ -87,7 +87,7 @@ def _rendered(launch, width: int, key: str):
     by the cpu-llvm backend from the launch's tiles)."""
     from ....lower.backends import BACKENDS
     from ....lower.llvm.render import CallData
-    from ...cache import CACHE
+    from ...caches.executables import CACHE
 
     def build(symbol):
         source = BACKENDS["cpu-llvm"].render(launch, symbol, CallData(head_width=width))
@@ -245,7 +245,7 @@ def _head_jobs(nh: int) -> list:
 # ---- the backward kernel's driver (lower.llvm.attention_backward) -------------------------
 def _bwd_native_key(width: int, tiles: dict | None = None) -> str:
     from ....lower.llvm import attention_backward as bwd
-    from ...cache import full_key
+    from ...caches.executables import full_key
     tiles = _tiles_or_default(tiles, "backward")
     return full_key(("attention-backward-f32", width) + tuple(tiles[t] for t in bwd.TILES))
 

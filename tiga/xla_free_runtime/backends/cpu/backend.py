@@ -17,9 +17,9 @@ import weakref
 
 from ....lower import CPU_LLVM_AVAILABLE
 from ....lower.backends import BACKENDS as RENDERERS
-from ...cache import CACHE, Executable, LLVMArtifact
-from ...equation_cache import kept
-from ...threads import num_threads, run_chunks, run_jobs
+from ...caches.equations import kept
+from ...caches.executables import CACHE, Executable, LLVMArtifact
+from ...calls.threads import num_threads, run_chunks, run_jobs
 from . import attention, generated
 from .propagate import generic_plan
 

@@ -48,11 +48,11 @@ from ....lower.binding import RelationBinding, swapped_params
 from ....lower.ir.iter import KNN_TILED, hierarchy_for
 from ....trace import math as tm
 from ....trace.message_passing import propagate
-from ...cache import CACHE, full_key, llvm_key
-from ...equation_cache import kept
-from ...explain import launch_facts, schedule_line
-from ...relation_cache import memo
-from ...threads import num_threads, row_chunks
+from ...caches.equations import kept
+from ...caches.executables import CACHE, full_key, llvm_key
+from ...caches.relations import memo
+from ...calls.threads import num_threads, row_chunks
+from ...reports.explain import launch_facts, schedule_line
 from .. import FixedKernel, KernelArgs, launch
 from .propagate import (
     Fallback,

@@ -16,7 +16,7 @@ import numpy as np
 
 from ....core import graph_build as gb
 from ....lower.llvm.knn_tiled import filter_constants
-from ...relation_cache import memo
+from ...caches.relations import memo
 
 # (rows per query tile and source chunk bytes are the launch's schedule tiles:
 # lower/schedule.knn_tiles)

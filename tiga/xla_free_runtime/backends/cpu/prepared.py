@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...cache import CACHE, Executable
+from ...caches.executables import CACHE, Executable
 from .. import BACKENDS, KernelArgs
 from . import propagate as P
 

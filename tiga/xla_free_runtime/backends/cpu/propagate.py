@@ -24,10 +24,10 @@ from ....core.errors import CompilationError, ShapeError, TigaError, Unsupported
 from ....core.types import GraphType
 from ....lower import CPU_LLVM_AVAILABLE
 from ....lower.ir.text import print_op
-from ...cache import CACHE, Executable, llvm_key
-from ...equation_cache import kept
-from ...relation_cache import memo
-from ...threads import num_threads
+from ...caches.equations import kept
+from ...caches.executables import CACHE, Executable, llvm_key
+from ...caches.relations import memo
+from ...calls.threads import num_threads
 from .. import KernelArgs, launch
 from .native.pool import parallel_copy
 from .walk_tables import chunks_of, implicit_tables

@@ -18,7 +18,7 @@ from ....core.config import env
 from ....lower.backends import BACKENDS as RENDERERS
 from ....lower.backends import selected_backend
 from ....lower.triton import render_launch
-from ...cache import CACHE
+from ...caches.executables import CACHE
 from .compile import TritonArtifact, interpret
 from .launch import backend_plan, page_kernel_plan
 

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from ....core.errors import UnsupportedError
 from ....lower.abi import KernelSignature, KernelSource
 from ....lower.backends import BACKENDS
-from ...artifacts import Built, CorruptEntry, artifact_key, entry_path
-from ...cache import CACHE
+from ...caches.artifacts import Built, CorruptEntry, artifact_key, entry_path
+from ...caches.executables import CACHE
 from .. import FixedKernel, KernelArgs, launch
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from ....core import graph_generated as geo
 from ....lower.triton.generated import knn_source
 from ....lower.triton.knn_tiles import knn_tile_source
-from ...run_report import COUNTERS
+from ...reports.runs import COUNTERS
 from .compile import launch_fixed, tensors
 
 KNN_BLOCK = 64

@@ -24,9 +24,9 @@ from ....core.graph_validate import input_device
 from ....lower.abi import KernelSource, relation_descriptor
 from ....lower.backends import BACKENDS, route_for_devices, selected_backend, targets_triton
 from ....lower.triton import TritonUnsupported
-from ...equation_cache import kept
-from ...relation_cache import memo
-from ...run_report import COUNTERS
+from ...caches.equations import kept
+from ...caches.relations import memo
+from ...reports.runs import COUNTERS
 from .. import KernelArgs, backend_for, launch
 from ..cpu.propagate import Fallback, Unbound, unbound, walk_arrays, walked_csr
 from .attention import attention_plan

@@ -19,7 +19,7 @@ from ....core.eval import on_device
 from ....lower.backends import BACKENDS, selected_backend, targets_triton
 from ....lower.schedule import triton_dot_precision, triton_matmul_blocks
 from ....lower.triton.linear import linear_source
-from ...run_report import COUNTERS
+from ...reports.runs import COUNTERS
 from .attention import HALF, operand_types, tf32_allowed
 from .compile import launch_fixed, launch_result, tensors
 

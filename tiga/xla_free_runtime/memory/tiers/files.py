@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ....core.errors import StorageError
-from ...threads import work_arrays
+from ...calls.threads import work_arrays
 
 BLOCK = 4096                   # O_DIRECT transfers: address, offset and length in blocks
 DIRECT_ALIGN = 512             # O_DIRECT reads: the buffer's address, in sectors

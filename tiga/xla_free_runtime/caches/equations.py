@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from .relation_cache import entry_of
+from .relations import entry_of
 
 _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {name: value}
 _LOCK = threading.Lock()

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.errors import CompilationError
-from ..lower.abi import KernelSignature
+from ...core.errors import CompilationError
+from ...lower.abi import KernelSignature
+from ..backends.cpu.native import jit
 from .artifacts import (
     ArtifactCache,
     Built,
@@ -31,7 +32,6 @@ from .artifacts import (
     entry_path,
     tiga_key,
 )
-from .backends.cpu.native import jit
 
 BACKEND = "cpu-llvm"
 KINDS = ("so", "obj")

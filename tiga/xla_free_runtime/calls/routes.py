@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.prims.control import cond_p, repeat_p, while_loop_p
-from ..core.prims.graph import propagate_p
-from ..core.program import GraphProgram, Lit
-from ..core.types import GraphType
-from ..lower.backends import selected_backend, targets_triton
-from .backends import backend_for
-from .backends.cpu.generated import GeneratedType, generated_relations
-from .backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
-from .backends.cpu.walk_tables import chunks_of
-from .backends.triton.launch import relabel_routes
+from ...core.prims.control import cond_p, repeat_p, while_loop_p
+from ...core.prims.graph import propagate_p
+from ...core.program import GraphProgram, Lit
+from ...core.types import GraphType
+from ...lower.backends import selected_backend, targets_triton
+from ..backends import backend_for
+from ..backends.cpu.generated import GeneratedType, generated_relations
+from ..backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
+from ..backends.cpu.walk_tables import chunks_of
+from ..backends.triton.launch import relabel_routes
+from ..interpreter import describe_walk
+from ..paging.plan import describe_plan
+from ..paging.resident import RESIDENT_KINDS
+from ..paging.run import call_plan, describe_stats, plan_paged
+from ..reports.explain import Explanation, launch_facts, schedule_line
+from ..reports.runs import measured
 from .binding import call_target
-from .explain import Explanation, launch_facts, schedule_line
-from .interpreter import describe_walk
-from .paging.plan import describe_plan
-from .paging.resident import RESIDENT_KINDS
-from .paging.run import call_plan, describe_stats, plan_paged
-from .run_report import measured
 from .threads import num_threads
 
 WALK = {"dst": "destination rows walk their CSR edges",
@@ -266,7 +266,7 @@ def _explain_transpose(ex, graph, native) -> None:
 
 def _explain_row_buffers(ex, edge_fn) -> None:
     """Row buffers past the kernel's stack budget live in a heap block (lower/llvm/emitter)."""
-    from ..lower.llvm.emitter import STACK_BUDGET, row_value_bytes
+    from ...lower.llvm.emitter import STACK_BUDGET, row_value_bytes
 
     nbytes = row_value_bytes(edge_fn)
     if nbytes > STACK_BUDGET:
@@ -309,7 +309,7 @@ def _native_walk(graph, reduce_by: str):
     transposed CSR over the sources with edges), or None (compressed rows)."""
     if graph is None:
         return None
-    from ..lower.abi import relation_descriptor
+    from ...lower.abi import relation_descriptor
 
     kind = relation_descriptor(graph, "src" if reduce_by == "src" else "dst",
                                target="cpu-llvm")[0]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..lower.ir.syntax import format_attr
+from ...lower.ir.syntax import format_attr
 
 
 def launch_facts(op) -> str:

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.prims.graph import propagate_p
-from ..core.program import Lit
-from ..core.types import GraphType
-from ..lower import CPU_LLVM_AVAILABLE
-from ..lower.abi import relation_descriptor
-from ..lower.attention_walk import claim_attention
-from ..lower.backends import selected_backend, targets_triton
-from ..lower.binding import RelationBinding
-from .backends.cpu.generated import GENERATED_KINDS, generated_binding, generated_relations
-from .backends.triton.launch import triton_walk
-from .memory.scope import budget_scope
-from .paging.gather import kernel_name as gather_kernel
-from .paging.pages import pageable
-from .paging.resident import RESIDENT_KINDS
+from ...core.prims.graph import propagate_p
+from ...core.program import Lit
+from ...core.types import GraphType
+from ...lower import CPU_LLVM_AVAILABLE
+from ...lower.abi import relation_descriptor
+from ...lower.attention_walk import claim_attention
+from ...lower.backends import selected_backend, targets_triton
+from ...lower.binding import RelationBinding
+from ..backends.cpu.generated import GENERATED_KINDS, generated_binding, generated_relations
+from ..backends.triton.launch import triton_walk
+from ..memory.scope import budget_scope
+from ..paging.gather import kernel_name as gather_kernel
+from ..paging.pages import pageable
+from ..paging.resident import RESIDENT_KINDS
 
 
 def call_target(backend: str | None = None) -> str:

@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..core.config import env, env_num_threads
-from ..core.errors import TigaError
-from ..lower.schedule import CHUNKS_PER_THREAD, PARALLEL_MIN_WORK
-from .backends.cpu.native.pool import run_on_pool
+from ...core.config import env, env_num_threads
+from ...core.errors import TigaError
+from ...lower.schedule import CHUNKS_PER_THREAD, PARALLEL_MIN_WORK
+from ..backends.cpu.native.pool import run_on_pool
 
 # (the chunking decisions are the launch schedule's: lower/schedule.py explains them)
 SMALL_WORK = PARALLEL_MIN_WORK

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from ..core.config import config
+from ...core.config import config
 
 DELAY_S = 2.0       # a bar shows only once its work has taken this long
 

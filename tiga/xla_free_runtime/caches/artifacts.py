@@ -48,7 +48,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .memory.tiers.files import mode_problem, private_problem, replace_file
+from ..memory.tiers.files import mode_problem, private_problem, replace_file
 
 FORMAT = b"# tiga-artifact 3 "
 KEY_BYTES = 32              # the per-user HMAC key
