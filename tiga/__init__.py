@@ -39,14 +39,14 @@ from .trace.control import checkpoint, fori_loop, repeat, scan, while_loop
 from .trace.message_passing import MessagePassing, edge_map, propagate
 from .trace.staging import make_program
 from .trace.unroll import TraceWarning
-from .xla_free_runtime.artifacts import CacheTrustWarning
 from .xla_free_runtime.backends.cpu import generated as _generated  # noqa: F401  (radius/knn route)
-from .xla_free_runtime.explain import Explanation
+from .xla_free_runtime.caches.artifacts import CacheTrustWarning
 from .xla_free_runtime.memory import budgets as memory
 from .xla_free_runtime.memory.scope import scope
 from .xla_free_runtime.memory.tensor import Tensor, asarray, from_dlpack, load, save
 from .xla_free_runtime.paging import run as _paging  # noqa: F401  (registers the paged route)
-from .xla_free_runtime.run_report import Profile, RunReport, profile
+from .xla_free_runtime.reports.explain import Explanation
+from .xla_free_runtime.reports.runs import Profile, RunReport, profile
 from .xla_free_runtime.store import stores as store
 
 __all__ = [

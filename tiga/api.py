@@ -34,7 +34,7 @@ from .xla_free_runtime.executor import (
     set_tensor_hook,
 )
 from .xla_free_runtime.memory.tensor import Tensor, _wrap
-from .xla_free_runtime.run_report import explaining, profile
+from .xla_free_runtime.reports.runs import explaining, profile
 
 
 def _is_torch(x) -> bool:

@@ -19,7 +19,7 @@ import torch
 
 from ...core.graph import Graph
 from ...core.graph_batch import GraphBatch
-from ...xla_free_runtime.relation_cache import memo
+from ...xla_free_runtime.caches.relations import memo
 
 STEPS_PER_OCTAVE_BITS = 4    # 16 bucket sizes per power of two
 

@@ -25,7 +25,7 @@ from ...core.reducers import min as min_r
 from ...core.reducers import prod as prod_r
 from ...core.reducers import sum as sum_r
 from ...trace.message_passing import MessagePassing
-from ...xla_free_runtime.relation_cache import memo
+from ...xla_free_runtime.caches.relations import memo
 from ..transforms import plain
 
 REDUCERS = {"add": sum_r, "sum": sum_r, "mean": mean_r, "max": max_r, "min": min_r,
