@@ -292,7 +292,7 @@ def test_two_processes_agree_on_one_key(home):
     snippet = f'''
 import os
 os.environ["XDG_CONFIG_HOME"] = {str(home / "config")!r}
-from tiga.xla_free_runtime import artifacts
+from tiga.xla_free_runtime.caches import artifacts
 print("KEY", artifacts.cache_secret(create=True).hex(), flush=True)
 '''
     procs = [subprocess.Popen([sys.executable, "-c", snippet], stdout=subprocess.PIPE,
@@ -332,7 +332,7 @@ def test_library_is_written_only_where_nobody_else_can_swap_it(tmp_path):
 PLANT = '''
 import os, json, hashlib
 from pathlib import Path
-from tiga.xla_free_runtime import artifacts
+from tiga.xla_free_runtime.caches import artifacts
 root = Path(os.environ["TIGA_CACHE_DIR"])
 g = tg.Graph.from_csr(np.array([0, 2, 3, 3]), np.array([0, 1, 1]), num_src=2)
 x = np.array([2.0, -3.0])

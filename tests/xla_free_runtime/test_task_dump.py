@@ -25,7 +25,7 @@ import tiga as tg
 from tiga.lower.ir.kernel import LaunchOp
 from tiga.lower.ir.task import TaskLaunchOp, parse_task
 from tiga.xla_free_runtime import executor as E
-from tiga.xla_free_runtime import equation_cache
+from tiga.xla_free_runtime.caches import equations as equation_cache
 from tiga.xla_free_runtime.backends.cpu import propagate as P
 from tiga.xla_free_runtime.caches.executables import CACHE
 

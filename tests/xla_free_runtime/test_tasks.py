@@ -240,7 +240,8 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import tiga as tg
-from tiga.xla_free_runtime import interpreter as tasks, program_cache
+from tiga.xla_free_runtime import interpreter as tasks
+from tiga.xla_free_runtime.caches import programs as program_cache
 rng = np.random.default_rng(0)
 g = tg.Graph.from_coo(rng.integers(0, 30, 90), rng.integers(0, 30, 90), num_src=30, num_dst=30)
 x = rng.standard_normal((30, 4)).astype(np.float32)

@@ -369,7 +369,12 @@ def _propagate(routes, walk, eqn, vals):
         return None
     if isinstance(route, PagedPlan):
         route = _bound(route, walk, eqn)
-        if route is None:       # (read whole by the reference rule: strict mode refuses it)
+        if route is None:       # (no page walk was lowered: the reference rule reads it whole)
+            if config.strict:
+                raise UnsupportedError(
+                    "strict mode: a propagate over a stored relation would fall back to the "
+                    "reference interpreter: its program's Task stages bound no page walk",
+                    hint="unset TIGA_STRICT / tg.config.strict")
             return None
     return run_propagate(route, eqn, vals[0], vals[1:])
 
