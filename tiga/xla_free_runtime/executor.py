@@ -206,9 +206,7 @@ def _routed(program: GraphProgram, args: list) -> list:
     if distributed_call(program, args):   # a DistributedGraph: the MPI halo route
         walks = _distributed_walks(program, args)
         return run_distributed(program, list(args), walks, _halo_pages(walks),
-                               _local_pages(walks),
-                               _bound_launches(program, args, list(walks.values()),
-                                               lambda g: isinstance(g, Graph)))
+                               _local_pages(walks), _local_launches(program, args, walks))
     pinned = pin_threads()    # TIGA_NUM_THREADS read once for the whole call
     try:
         return _run(program, list(args))
@@ -239,6 +237,14 @@ def _halo_pages(walks: dict) -> dict:
         if isinstance(walk, TaskWalk):
             pages.update(walk.pages)
     return pages
+
+
+def _local_launches(program: GraphProgram, args: list, walks: dict) -> dict:
+    """{id(propagate): the Kernel op it binds} for the propagates of a distributed call over
+    a relation that is not distributed (a rank's own graph beside the DistributedGraph)."""
+    if not any(isinstance(a, Graph) for a in args):
+        return {}
+    return _bound_launches(program, args, list(walks.values()), lambda g: isinstance(g, Graph))
 
 
 def _local_pages(walks: dict) -> dict:

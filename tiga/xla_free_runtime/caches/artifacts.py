@@ -48,7 +48,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..memory.tiers.files import mode_problem, private_problem, replace_file
+from ..memory.tiers.files import mode_problem, private_problem, read_fd, replace_file
 
 FORMAT = b"# tiga-artifact 3 "
 KEY_BYTES = 32              # the per-user HMAC key
@@ -476,14 +476,7 @@ def read_regular(path: Path, private: bool = False) -> bytes | None:
             _warn(path, f"{problem} (the entry is discarded)",
                   f"Fix: check who else can write {path.parent}")
             return None
-        chunks, left = [], st.st_size
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        return read_fd(fd, st.st_size)
     finally:
         os.close(fd)
 

@@ -75,16 +75,22 @@ def read_small(path, limit: int, what: str = "file") -> bytes:
         if size > limit:
             raise StorageError(f"{path}: {what} check failed: {size} bytes, more than the "
                                f"{limit} such a file can hold")
-        chunks, left = [], size
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        return read_fd(fd, size)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, size: int) -> bytes:
+    """Up to `size` bytes of the open file `fd` from its offset (os.read returns short reads
+    on large files: read until `size` or the end)."""
+    chunks, left = [], size
+    while left > 0:
+        chunk = os.read(fd, left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _kind(mode: int) -> str:
