@@ -77,6 +77,12 @@ def run_staged(program, args, memo: dict | None = None) -> list:
     if current_builder() is not None and any(isinstance(a, Tracer) for a in args):
         return inline_program(program, *args)
     values = [leaf_value(a) for a in args]
+    return [_wrap(o) for o in execute(_executed(program, values, memo), values)]
+
+
+def _executed(program, values: list, memo: dict | None):
+    """`program` as a call on `values` executes it (`_executed_passes`), kept in `memo` per
+    relation kinds: the same object for every call, so its lowering is found again."""
     kinds = opt.relation_kinds(program, values)
     key = tuple(sorted(kinds.items()))
     rewritten = None if memo is None else memo.get(key)
@@ -84,7 +90,7 @@ def run_staged(program, args, memo: dict | None = None) -> list:
         rewritten = _executed_passes(program, kinds)
         if memo is not None:
             memo[key] = rewritten
-    return [_wrap(o) for o in execute(rewritten, values)]
+    return rewritten
 
 
 class Jitted:
@@ -128,9 +134,9 @@ class Jitted:
         return tree_unflatten(out_tree, run_staged(program, [*caps, *leaves], memo))
 
     def lower(self, *args) -> Lowered:
-        program, out_tree, _, caps, leaves = self._program(args)
+        program, out_tree, memo, caps, leaves = self._program(args)
         return Lowered(program, out_tree, ir_module_name(getattr(self.fn, "__name__", "main")),
-                       caps, leaves)
+                       caps, leaves, memo)
 
     def cache_info(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "entries": len(self._cache)}
@@ -142,12 +148,14 @@ class Lowered:
     runs it after the program passes of stage "execute" (`run_staged`), which `Compiled.explain()`
     describes: there, independent propagates over one radius/knn relation are one walk."""
 
-    def __init__(self, program, out_tree, name: str = "main", caps=(), leaves=None):
+    def __init__(self, program, out_tree, name: str = "main", caps=(), leaves=None,
+                 memo: dict | None = None):
         self.program = program
         self._out_tree = out_tree
         self.name = name
         self.caps = tuple(caps)     # lifted disk tensors: the program's first inputs
         self._leaves = leaves       # the arguments it was lowered for (None: types only)
+        self._memo = {} if memo is None else memo    # the jit entry's executed programs
 
     def ir(self, stage: str = "program") -> str:
         """"program" (the GraphProgram) or an IR level: "domain", "iter", "kernel", "task".
@@ -157,8 +165,9 @@ class Lowered:
             return str(self.program)
         if stage == "task" and self._leaves is not None:
             values = [leaf_value(a) for a in [*self.caps, *self._leaves]]
-            program = _executed_passes(self.program, opt.relation_kinds(self.program, values))
-            return call_task_ir(program, values, name=self.name)
+            # (the program a call runs: its lowering is the call's, printed, not redone)
+            return call_task_ir(_executed(self.program, values, self._memo), values,
+                                name=self.name)
         return ir_text(self.program, stage, name=self.name)
 
     def compile(self) -> Compiled:

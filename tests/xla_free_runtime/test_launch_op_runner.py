@@ -190,8 +190,11 @@ class _Count:
         self.calls = 0
         self._depth = threading.local()
         for name, fn in list(vars(pipeline).items()):
+            # (its private functions are reached through the public ones; the others named
+            # here read settings or names and lower nothing)
             if callable(fn) and getattr(fn, "__module__", None) == pipeline.__name__ and \
-                    not isinstance(fn, type) and name not in ("quiet_dumps", "module_name"):
+                    not isinstance(fn, type) and not name.startswith("_") and \
+                    name not in ("quiet_dumps", "module_name", "dumps_requested"):
                 monkeypatch.setattr(pipeline, name, self._wrap(fn))
 
     def _wrap(self, fn):
@@ -405,3 +408,26 @@ class _strict:
 
     def __exit__(self, *exc):
         tg.config.strict = self.was
+
+
+def test_printing_a_calls_task_module_reuses_its_lowering(monkeypatch):
+    """ir("task") prints the module the call's one lowering gave: printed after the call it
+    lowers nothing, and a call after a print finds the print's lowering."""
+    count = _Count(monkeypatch)
+    n = 150
+    rp, ci = _csr(n, 3, seed=11)
+    x, b, pos = _fields(n, f=4)
+    g = tg.Graph.from_csr(rp, ci)
+    f = tg.jit(_three(g, tg.Graph.triangular(n), pos))
+    f(x, b)
+    assert count.take() == 1
+    text = f.lower(x, b).ir("task")
+    assert count.take() == 0
+    assert "gf_task.launch" in text
+    h = tg.jit(_three(g, tg.Graph.triangular(n), pos))
+    printed = h.lower(x, b).ir("task")
+    assert count.take() == 1
+    h(x, b)
+    assert count.take() == 0
+    assert printed == text.replace(text.split("@", 1)[1].split(" ", 1)[0],
+                                   printed.split("@", 1)[1].split(" ", 1)[0], 1)

@@ -142,6 +142,12 @@ def _dump_stages() -> set:
     return stages
 
 
+def dumps_requested() -> bool:
+    """Whether TIGA_DUMP asks for some stage here (ir("task") then lowers afresh under the
+    name it prints, so the dump files carry that name)."""
+    return not _QUIET.get() and bool(_dump_stages())
+
+
 # explain() lowers what it describes without running it: TIGA_DUMP writes only the IR of
 # what runs (a context variable, so another thread's call still dumps)
 _QUIET: ContextVar[bool] = ContextVar("tiga_dump_quiet", default=False)

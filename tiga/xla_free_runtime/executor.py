@@ -15,6 +15,7 @@ the reference interpreter before anything runs.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from ..core.check import check_program
@@ -540,9 +541,16 @@ def call_task_ir(program: GraphProgram, args: list, name: str = "main") -> str:
     text = task_ir(program, args, _call_pages(program, args))
     if text is not None:
         return text
-    # (TIGA_DUMP writes the stages of what is printed, as for any ir() of a program)
-    return str(pipeline.lower(lifted(program), until="task", name=name,
-                              binding=call_binding(program, args), target=call_target()))
+    # (the call's one lowering, which a later call reuses; lowered under the printed name
+    # where TIGA_DUMP writes its stages, or again to raise what its stages raise)
+    walk = None if pipeline.dumps_requested() else call_walk(program, args)
+    if not isinstance(walk, TaskWalk):
+        module = pipeline.lower(lifted(program), until="task", name=name,
+                                binding=call_binding(program, args), target=call_target())
+        if walk is not None:
+            raise UnsupportedError(f"no Task module: {walk.reason}")
+        return str(module)
+    return str(replace(walk.module, name=name))
 
 
 __all__ = ["execute", "run_prepared", "prepared_for", "explain_program",
