@@ -22,6 +22,26 @@ from .ir.task import TaskLaunchOp, TaskModule
 
 
 @dataclass(frozen=True)
+class HaloLayout:
+    """A rank's share of a partitioned relation, as its halo plan reads it (plain ints and
+    tuples): the sizes of its owned and interior rows and edges, (peer, first, end) of the
+    ghost rows each peer sends, its peers, its interior row chunks (one launch each), the
+    source fields exchanged (positions among the field operands) and whether interior
+    launches overlap the exchange (destination-grouped only)."""
+
+    rank: int
+    num_ranks: int
+    n_owned: int
+    n_interior: int
+    num_edges: int
+    recv: tuple
+    peers: tuple
+    chunks: tuple
+    fields: tuple
+    overlap: bool
+
+
+@dataclass(frozen=True)
 class RelationBinding:
     """How one propagate walks its relation at a call."""
 
@@ -34,6 +54,8 @@ class RelationBinding:
     #                                that pages only when its fields exceed the budget)
     local: RelationBinding | None = None  # how a rank's paged local relation's pages walk
     #                                (a halo plan over a partition kept in a store)
+    halo: HaloLayout | None = None   # the rank's share its one-page module is unrolled over
+    #                                (lower/passes/plan_halo_tasks), where it is partitioned
 
 
 def swapped_params(params: dict) -> dict:

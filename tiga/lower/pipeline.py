@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -12,7 +13,7 @@ from contextvars import ContextVar
 from ..core.config import ConfigError
 from ..core.errors import TigaError, UnsupportedError
 from . import ir
-from .binding import bind_program, bind_tasks, page_program, paged_propagates
+from .binding import HaloLayout, bind_program, bind_tasks, page_program, paged_propagates
 from .passes import (
     lower_domain_to_iter,
     lower_iter_to_kernel,
@@ -20,6 +21,7 @@ from .passes import (
     plan_distributed_tasks,
     select_kernel_schedule,
 )
+from .passes.plan_halo_tasks import plan_halo_tasks
 
 STAGES = {
     "domain": (lower_program_to_domain,),
@@ -76,18 +78,27 @@ def lower_call(program, *, name: str = "main", binding: tuple = (),
                page_name: str = "paged", target: str = "cpu-llvm", counts: tuple = ()) -> tuple:
     """What a call signature lowers, in one go: (the Task module of `program` bound by
     `binding`; {k: the one-page Task module, named `page_name`, of the k-th propagate} for
-    every propagate the binding runs by pages or halo plans; the same, named "paged", for
+    every propagate the binding runs by pages, or that module unrolled over the rank's
+    share of a partition where the binding gives one (its halo plan); the same, named "paged", for
     the page walks of a rank's paged local relation; the scheduled launch of each equation
     of `counts`: the degree counts its degrees equations run as fused walks over the
     generated relations they read, on the host)."""
     module = lower(program, until="task", name=name, binding=binding, target=target)
     found = paged_propagates(program, binding)
     return (module,
-            {k: lower(page_program(e, b.page or b), until="task", name=page_name,
-                      target=target) for k, e, b in found},
+            {k: _halo(lower(page_program(e, b.page or b), until="task", name=page_name,
+                            target=target), e, b.halo) for k, e, b in found},
             {k: lower(page_program(e, b.local), until="task", name="paged", target=target)
              for k, e, b in found if b.local is not None},
             tuple(lower_launch(e, name="degree_count") for e in counts))
+
+
+def _halo(page: ir.TaskModule, eqn, layout: HaloLayout | None) -> ir.TaskModule:
+    """`page` unrolled over a rank's halo layout, where the binding gives one."""
+    if layout is None:
+        return page
+    share = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}
+    return plan_halo_tasks(page, reduce_by=eqn.params["reduce_by"], **share)
 
 
 def lower_launch(eqn, relation_type=None, *, name: str = "propagate",

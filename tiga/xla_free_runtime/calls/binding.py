@@ -18,9 +18,10 @@ from ...lower import CPU_LLVM_AVAILABLE
 from ...lower.abi import relation_descriptor
 from ...lower.attention_walk import claim_attention
 from ...lower.backends import selected_backend, targets_triton
-from ...lower.binding import RelationBinding
+from ...lower.binding import HaloLayout, RelationBinding
 from ..backends.cpu.generated import GENERATED_KINDS, generated_binding, generated_relations
 from ..backends.triton.launch import triton_walk
+from ..distributed.plan import exchanged
 from ..memory.scope import budget_scope
 from ..paging.gather import kernel_name as gather_kernel
 from ..paging.pages import pageable
@@ -73,8 +74,22 @@ def distributed_binding(program, args: list) -> tuple:
             csr = replace(rel.type, kind="csr")
             local = (None if getattr(graph, "local_store", None) is None else
                      replace(paged_binding(eqn, graph), kernels=(), pages=False))
-            out.append(RelationBinding(csr, pages=True, local=local))
+            out.append(RelationBinding(csr, pages=True, local=local,
+                                       halo=halo_layout(eqn, graph)))
     return tuple(out) if any(b is not None for b in out) else ()
+
+
+def halo_layout(eqn, dg) -> HaloLayout:
+    """The rank's share of the partition `dg` that `eqn`'s halo plan is lowered over (one
+    plan per share, exchanged fields and overlap: part of the call's binding)."""
+    p = dg.plan
+    by_dst = eqn.params["reduce_by"] == "dst"
+    return HaloLayout(
+        int(dg.comm.rank), int(dg.comm.size), int(p.n_owned), int(p.n_interior),
+        int(p.num_edges), tuple((int(q), int(a), int(b)) for q, a, b in p.recv),
+        tuple(int(q) for q in p.peers()),
+        tuple((int(a), int(b)) for (a, b), _ in dg.interior_chunks),
+        tuple(sorted(set(exchanged(eqn).values()))), bool(dg.overlap) and by_dst)
 
 
 def relation_binding(eqn, graph) -> RelationBinding | None:

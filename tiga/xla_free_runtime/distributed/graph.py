@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import weakref
 
 import numpy as np
 
@@ -49,7 +48,6 @@ class DistributedGraph:
         self.index_dtype = global_type.index_dtype
         self.edge_perm = None
         self.overlap = True          # False: communicate, then compute (benchmarks compare)
-        self.task_plans = weakref.WeakKeyDictionary()   # eqn -> {schedule: Task IR plan}
         self.broken: str | None = None
         self._agreed: set = set()
         self._all_owned = None

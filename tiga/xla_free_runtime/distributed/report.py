@@ -79,9 +79,7 @@ def explain_distributed(program, args: list, cache, walk, pages: dict,
 def distributed_task_ir(program, args: list, pages: dict) -> str:
     """What ir("task") prints for a call over DistributedGraph(s): the halo plan of each
     propagate over one, on this rank (the modules its halo handlers walk), in program
-    order (`pages`: their one-page Task modules, from the call's lowering)."""
-    from .plan import halo_plan
-
+    order (`pages`: those halo plans, from the call's lowering)."""
     known = {id(v): a for v, a in zip(program.in_binders, args)}
     texts = []
     for e in program.eqns:
@@ -90,7 +88,7 @@ def distributed_task_ir(program, args: list, pages: dict) -> str:
         rel = e.inputs[0]
         dg = known.get(id(rel), getattr(rel, "value", None))
         if is_distributed(dg):
-            texts.append(str(halo_plan(e, dg, pages[id(e)])[0]))
+            texts.append(str(pages[id(e)]))
     return "".join(texts)
 
 

@@ -1,17 +1,17 @@
 """runtime/distributed: run a program whose relation is a DistributedGraph.
 
-The program is a Task walk like any other: the executor lowers it (and each loop body and
-cond branch) once per binding, and the interpreter's loop runs the walk with this runtime's
-rules (`_Rules`) for the equations that read a relation; this module has no loop over
-equations or ops of its own. A propagate runs its Task-IR plan (lower/passes/
-plan_halo_tasks, cached on the graph by plan.py, printed by explain()) through the
-interpreter's loop with the halo handlers here. Grouped by destination: the halo transfers
-post each peer's messages (the owned rows it reads packed and sent, this rank's ghost rows
-received), the interior launches run the same compiled kernel as one process on the rows
-that read no ghost, testing the transfers between launches, then the boundary launch waits
-on the halo events and reads owned + ghost rows. Grouped by source (VJP source
-cotangents): exchange, one launch over the local relation, then the result's ghost rows go
-back to their owners, who add them. Other equations are local (row-wise tensor code); a
+The program is a Task walk like any other: the executor lowers it (and each loop body and cond
+branch) once per binding, and the interpreter's loop runs the walk with this runtime's rules
+(`_Rules`) for the equations that read a relation; this module has no loop over equations or
+ops of its own. A propagate runs its halo plan (lower/passes/plan_halo_tasks over the rank's
+share, which the call's binding holds: the executor's lowering gives it, ir("task") and
+explain() print it) through the interpreter's loop with the halo handlers here. Grouped by
+destination: the halo transfers post each peer's messages (the owned rows it reads packed and
+sent, this rank's ghost rows received), the interior launches run the same compiled kernel as
+one process on the rows that read no ghost, testing the transfers between launches, then the
+boundary launch waits on the halo events and reads owned + ghost rows. Grouped by source (VJP
+source cotangents): exchange, one launch over the local relation, then the result's ghost rows
+go back to their owners, who add them. Other equations are local (row-wise tensor code); a
 reduction over rows is this rank's part.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def run_distributed(program: GraphProgram, args: list, walks: dict, pages: dict,
     """Run `program` over its DistributedGraph(s) on this rank. The executor hands down
     `walks`: {id(program): its TaskWalk} for the program and its loop bodies and branches
     (a NoWalk: its stages do not express it, and eval_program runs the same rules),
-    `pages`: {id(propagate): the one-page Task module its halo plan unrolls} (loop bodies'
+    `pages`: {id(propagate): its halo plan, from the call's lowering} (loop bodies'
     propagates too), `paged`: the same for the page walks of a rank's paged local relation,
     `held`: {id(propagate): its Kernel op} for the propagates over a relation that is not
     distributed (the halo plans' launches hold their own)."""
@@ -273,14 +273,15 @@ def _rows(eqn, fields: list, rows: tuple, edges: tuple) -> list:
     return out
 
 
-def propagate(eqn, dg: DistributedGraph, fields: list, page, paged=None) -> list:
-    """Walk the equation's Task-IR plan (plan.py) on this call's fields."""
+def propagate(eqn, dg: DistributedGraph, fields: list, plan, paged=None) -> list:
+    """Walk the equation's halo plan (`plan`: its Task module, from the call's lowering) on
+    this call's fields."""
     r = eqn.params["reducer"]
     if eqn.params["reduce_by"] == "src" and not (r.builtin and r.name == "sum"):
         raise UnsupportedError(f"a source-grouped {r.name} propagate over a "
                                "DistributedGraph: ghost rows can only be added back",
                                hint="use tg.sum() (VJP source cotangents are sums)")
-    module, steps = halo_plan(eqn, dg, page)
+    module, steps = halo_plan(eqn, plan)
     return _HaloHandlers(eqn, dg, fields, module, paged).run(steps)
 
 
