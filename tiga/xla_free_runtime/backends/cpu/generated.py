@@ -392,7 +392,7 @@ class GeneratedPlan:
                                 s.row_partition, s.chunks_per_thread)
             launch(self.exe, self.launch, KernelArgs(argv, chunks, s.threads))
         if self.spec.kind == "radius" and self.spec.k:
-            graph.params["_truncated"] = int(stats[0])
+            memo(graph)["truncated"] = int(stats[0])     # (explain's "last call")
         if self.spec.mode == "tiled" and not isinstance(graph, GeneratedType):
             knn_tiled.keep_csr(graph, arrays, self.spec)
         return outs
@@ -434,7 +434,7 @@ class GeneratedPlan:
             ex.traversal.append(vjp)
         typed = isinstance(graph, GeneratedType)
         if spec.kind == "radius" and spec.k:
-            t = None if typed else graph.params.get("_truncated")
+            t = None if typed else memo(graph).get("truncated", graph.params.get("_truncated"))
             ex.traversal.append(f"max_neighbors={spec.k}: " + (
                 "not run yet" if t is None else f"{t} row(s) truncated in the last call"))
         order = ("rows in tiles of queries (each tile scans every source chunk, then folds "
