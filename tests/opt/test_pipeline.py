@@ -33,7 +33,7 @@ from tiga.trace.staging import make_program
 
 N, F, H, OUT = 24, 3, 8, 2
 PASS_FILES = ("dce", "cse", "hoist_linear", "negations", "fuse_walks", "residuals",
-              "edge_products", "attention_pairing", "unused_operands")
+              "edge_products", "attention_pairing", "unused_operands", "uniform_fields")
 
 
 def _edge(s, d, e, w1, b1, w2):
@@ -71,7 +71,8 @@ def test_every_pass_is_registered_once_in_one_order():
     assert opt.passes_for(ProgramFacts("staged", bridge=True)) == ["hoist_linear",
                                                                    "attention_pairing",
                                                                    "negations"]
-    assert opt.passes_for(ProgramFacts("execute")) == ["cse", "attention_pairing", "dce",
+    assert opt.passes_for(ProgramFacts("execute")) == ["uniform_fields", "cse",
+                                                       "attention_pairing", "dce",
                                                        "unused_operands", "negations",
                                                        "fuse_walks"]
 

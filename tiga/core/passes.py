@@ -111,10 +111,26 @@ def bind_constants(program: GraphProgram, values: dict) -> GraphProgram:
 
 def _foldable(eqn, inputs) -> bool:
     from .types import TensorType
+    if _spreads_one_value(eqn, inputs):
+        return False
     return (all(isinstance(a, Lit) and isinstance(a.type, TensorType) for a in inputs)
             and not any(hasattr(p, "program") for p in eqn.params.values())
             and all(isinstance(v.type, TensorType) and _small(v.type.shape)
                     for v in eqn.outputs))
+
+
+def _spreads_one_value(eqn, inputs) -> bool:
+    """A one-element literal broadcast to many: kept as an equation (tg.grad's seed of ones
+    over a field's shape). Folded, it is an array that every cache key hashes and every
+    walk reads; as an equation, opt's uniform_fields makes it a literal of the edge
+    functions that read it, and elsewhere numpy broadcasts it per call."""
+    return (eqn.primitive.name == "broadcast_in_dim" and len(inputs) == 1
+            and isinstance(inputs[0], Lit) and inputs[0].value.size == 1
+            and all(type(d) is int for d in eqn.outputs[0].type.shape)
+            and int(np.prod(eqn.outputs[0].type.shape)) > _SPREAD_ELEMENTS)
+
+
+_SPREAD_ELEMENTS = 1 << 12
 
 
 def _small(shape) -> bool:

@@ -12,6 +12,8 @@ PROGRAM_PASSES. Each pass is pure, `(program, facts) -> (program, notes)`, and e
   used in (no per-edge transpose).
 - residuals (vjp, given the forward): the VJP reads the forward's intermediate values
   instead of recomputing them.
+- uniform_fields (execute): a propagate field that is one literal broadcast to every row
+  (tg.grad's seed of ones) becomes a literal of the edge function.
 - cse, dce (execute): common subexpressions once, unused equations dropped.
 - unused_operands (execute; after attention_pairing, which matches operands): propagate
   operands the edge function never reads are dropped.
@@ -36,6 +38,7 @@ from .fuse_walks import fuse_relation_walks, fuse_walks_pass, relation_kind, rel
 from .hoist_linear import hoist_linear_pass, hoist_linear_projections
 from .negations import fold_negations, negations_pass
 from .residuals import forward_with_residuals, residuals_pass, save_residuals
+from .uniform_fields import uniform_fields_pass
 from .unused_operands import unused_operands_pass
 
 Pass = Callable[[GraphProgram, ProgramFacts], tuple]
@@ -45,6 +48,7 @@ PROGRAM_PASSES: dict[str, Pass] = {
     "hoist_linear": hoist_linear_pass,
     "edge_products": edge_products_pass,
     "residuals": residuals_pass,
+    "uniform_fields": uniform_fields_pass,
     "cse": cse_pass,
     "attention_pairing": attention_pairing_pass,
     "dce": dce_pass,
@@ -58,6 +62,7 @@ _RUNS_WHEN: dict[str, Callable[[ProgramFacts], bool]] = {
     "hoist_linear": lambda f: f.stage == "staged",
     "edge_products": lambda f: f.stage == "vjp",
     "residuals": lambda f: f.stage == "vjp" and f.forward is not None,
+    "uniform_fields": lambda f: f.stage == "execute",
     "cse": lambda f: f.stage == "execute",
     # the torch bridge's forward runs on its own: its attention returns the statistics then
     "attention_pairing": lambda f: f.stage == "execute" or (f.stage == "staged" and f.bridge),
