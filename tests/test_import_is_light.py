@@ -43,3 +43,12 @@ def test_bfloat16_arrays_map_to_tg_bfloat16():
     assert as_dtype(ml_dtypes.bfloat16) is tg.bfloat16
     assert tg.bfloat16.np == np.dtype(ml_dtypes.bfloat16)
     assert tg.asarray(np.ones(3, dtype=ml_dtypes.bfloat16)).dtype is tg.bfloat16
+
+
+def test_import_tiga_leaves_llvm_unloaded():
+    """llvmlite's LLVM (llvmlite.binding: its shared library and set-up, ~50 ms) is loaded
+    by the first compile, never by `import tiga` (a warm process may never compile)."""
+    code = "import sys, tiga; print('llvmlite.binding' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "False"
