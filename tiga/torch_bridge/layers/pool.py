@@ -20,6 +20,7 @@ from ...core.graph_batch import GraphBatch
 from .aggr import MaxAggregation, MeanAggregation, SoftmaxAggregation, SumAggregation
 from .buckets import run_bucketed
 from .common import LayerArgumentError, snapshot, unchanged
+from .summed import summed
 
 
 def _vector(batch):
@@ -81,8 +82,12 @@ def _pool(aggr, x, batch, size, whole):
     flat = x.dim() == 1
     nodes = x.unsqueeze(-1) if flat else x.movedim(-2, 0)
     graph = pool_relation(batch, nodes.size(0), size)
+    pad = isinstance(batch, GraphBatch)
+    out = summed(graph, nodes, pad=pad) if aggr is _SUM and not flat else None
+    if out is not None:     # (padding, sum and slice as one node: summed.py)
+        return out.movedim(0, -2)
     # (a tg.Graph.batch's readout runs at bucketed sizes, as its layers do: buckets.py)
-    out = run_bucketed(graph, nodes, aggr.over, pad=isinstance(batch, GraphBatch))
+    out = run_bucketed(graph, nodes, aggr.over, pad=pad)
     return out.squeeze(-1) if flat else out.movedim(0, -2)
 
 

@@ -27,6 +27,7 @@ from .inputs import (
     nodes_first,
 )
 from .opaque import region
+from .summed import summed
 
 
 def _names_region(edge_index, settings, x_src, x_dst):
@@ -223,6 +224,12 @@ class GINConv(torch.nn.Module):
         adj = adjacency(name, edge_index, self.flow)
         n_dst = adj.num_dst(name, size, x_dst)
         check_size(name, size, node_count(x_src), n_dst)
+        if x_dst is x_src and x_src.dim() == 2 and not torch.compiler.is_compiling():
+            # (padding, sum, slice and root term as one node where they can be: summed.py)
+            graph = relation(name, adj.relation, x_src.size(0), n_dst)
+            out = summed(graph, x_src, self.eps)
+            if out is not None:
+                return self.nn(out)
         out = aggregate(name, _SUM, adj, nodes_first(x_src), nodes_first(x_dst), n_dst)
         out = batch_first(out, x_src)
         if x_dst is not None:
