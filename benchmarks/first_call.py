@@ -118,8 +118,10 @@ def _env(cache: str, pycache: str) -> dict:
 
 def _run(code: str, cache: str, pycache: str) -> dict:
     env = _env(cache, pycache)
+    # (run outside the source tree: `python -c` puts the working directory first on
+    # sys.path, which would shadow a PYTHONPATH export of another commit)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, cwd=os.path.dirname(cache))
     if out.returncode != 0:
         raise RuntimeError(f"probe failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -163,6 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the raw times (ms) here")
     args = ap.parse_args(argv)
     reps = 3 if args.quick else 5
+    load = os.getloadavg()[0]
     got = measure(reps)
     print(f"First call, median of {reps} fresh processes "
           f"(propagate: {ROWS:,} rows x {DEGREE} neighbours x {FEATURES} features; "
@@ -177,7 +180,7 @@ def main(argv=None) -> int:
         failed += ok == "no"
         print(f"| {label} | {med:.1f} | {min(ts):.1f}-{max(ts):.1f} | "
               f"{'' if target is None else f'{target:.0f}'} | {ok} |")
-    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
+    print(f"load average (1 min): {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(got, f, indent=1)
