@@ -150,9 +150,9 @@ def coo_to_csr(src: np.ndarray, dst: np.ndarray, num_dst: int, index_dtype: np.d
     return row_ptr, col_idx, edge_perm
 
 
-def dst_of_edges(row_ptr: np.ndarray) -> np.ndarray:
+def dst_of_edges(row_ptr: np.ndarray, dtype=_I64) -> np.ndarray:
     """Destination id of every CSR position."""
-    return np.repeat(np.arange(len(row_ptr) - 1, dtype=_I64), np.diff(row_ptr))
+    return np.repeat(np.arange(len(row_ptr) - 1, dtype=dtype), np.diff(row_ptr))
 
 
 def transpose_rows(row_ptr: np.ndarray, col_idx: np.ndarray, edge_perm,
@@ -162,7 +162,9 @@ def transpose_rows(row_ptr: np.ndarray, col_idx: np.ndarray, edge_perm,
 
     Every array is sized by the edges (a relation over 2**31 sources with 3 edges gets
     3-entry arrays); perm maps user edge order into it (field_t = field[perm])."""
-    dst = dst_of_edges(row_ptr)
+    # (int32 destination ids where they fit: half the bytes to write, permute and gather; a
+    # first tg.grad transposes its relation here, on memory it touches for the first time)
+    dst = dst_of_edges(row_ptr, np.int32 if len(row_ptr) <= 1 << 31 else _I64)
     src = np.asarray(col_idx)
     if edge_perm is not None:
         # bring both endpoint arrays into user edge order so the stable sort keeps it
