@@ -10,7 +10,7 @@ import tiga as tg
 from tiga.core.primitive import impl_rules
 from tiga.core.prims.control import repeat_p, while_loop_p
 from tiga.xla_free_runtime import executor
-from tiga.xla_free_runtime.backends.cpu.propagate import Fallback
+from tiga.xla_free_runtime.backends import Fallback
 
 
 class Mean(tg.MessagePassing):

@@ -9,7 +9,7 @@ import pytest
 import tiga as tg
 from tiga.testing import reference_grad
 from tiga.xla_free_runtime import executor
-from tiga.xla_free_runtime.backends.cpu.propagate import Fallback
+from tiga.xla_free_runtime.backends import Fallback
 
 REDUCERS = ("sum", "mean", "max", "min", "prod")
 

@@ -15,7 +15,8 @@ import scipy.sparse as sp
 import tiga as tg
 from tiga.lower.llvm import pool as protocol
 from tiga.xla_free_runtime.backends.cpu.native import pool as native_pool
-from tiga.xla_free_runtime.backends.cpu.propagate import _argv, walked_csr
+from tiga.xla_free_runtime.backends.cpu.propagate import _argv
+from tiga.xla_free_runtime.backends.relation_arrays import walked_csr
 from tiga.xla_free_runtime.calls import threads as T
 from tiga.xla_free_runtime.executor import plan_routes
 

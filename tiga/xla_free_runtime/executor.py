@@ -32,6 +32,7 @@ from ..lower import pipeline
 from ..lower.backends import selected_backend
 from ..lower.ir.task import TaskLaunchOp
 from ..lower.passes.plan_halo_tasks import NAME as HALO_MODULE
+from .backends import Fallback
 from .backends.cpu.generated import (
     count_eqn_of,
     count_signature,
@@ -40,10 +41,7 @@ from .backends.cpu.generated import (
 )
 from .backends.cpu.native.heap import pin_once
 from .backends.cpu.prepared import prepare
-from .backends.cpu.propagate import (
-    Fallback,
-    run_propagate,
-)
+from .backends.cpu.propagate import run_propagate
 from .backends.triton.compile import HOOKS as TRITON_HOOKS
 from .backends.triton.launch import call_backend as triton_call_backend
 from .backends.triton.linear import dot_rule

@@ -49,6 +49,25 @@ class FixedKernel:
     target: str = "cpu-llvm"
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """The reference interpreter runs this propagate; `reason` is what explain() says."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unbound(Fallback):
+    """A planner's answer when the call's bound Task module holds no Kernel op for the walk
+    it binds (a program its stages do not walk): the reference interpreter runs it, since
+    nothing in the runtime lowers."""
+
+
+def unbound(walk: str) -> Unbound:
+    return Unbound(f"the call's Task module holds no Kernel op for this propagate's {walk} "
+                   "walk (the IR stages did not lower the program with it)")
+
+
 def register(backend) -> object:
     """Add `backend` to the table (replacing the entry for its target); returns it."""
     missing = [a for a in ("target", "render", "compile", "launch") if not hasattr(backend, a)]
@@ -74,4 +93,5 @@ def launch(exe, op, args: KernelArgs, stream=None):
     return BACKENDS[op.target].launch(exe, op, args, stream)
 
 
-__all__ = ["BACKENDS", "KernelArgs", "FixedKernel", "register", "backend_for", "launch"]
+__all__ = ["BACKENDS", "KernelArgs", "FixedKernel", "Fallback", "Unbound", "unbound", "register",
+           "backend_for", "launch"]

@@ -14,11 +14,11 @@ from ...core.prims.graph import propagate_p
 from ...core.program import GraphProgram, Lit
 from ...core.types import GraphType
 from ...lower.backends import selected_backend, targets_triton
-from ..backends import backend_for
+from ..backends import Fallback, backend_for
 from ..backends.cpu.generated import GeneratedType, generated_relations
-from ..backends.cpu.propagate import Fallback, chunk_row_ptr, launch_op, staging_candidates
-from ..backends.cpu.walk_tables import chunks_of
+from ..backends.cpu.propagate import chunk_row_ptr, launch_op, staging_candidates
 from ..backends.triton.launch import relabel_routes
+from ..backends.walk_tables import chunks_of
 from ..interpreter import describe_walk
 from ..paging.plan import describe_plan
 from ..paging.resident import RESIDENT_KINDS

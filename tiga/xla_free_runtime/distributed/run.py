@@ -36,7 +36,8 @@ from ...core.prims.control import (
 from ...core.prims.graph import degrees_p, edge_ids_p, propagate_p
 from ...core.program import ClosedProgram, GraphProgram, Lit
 from ...core.types import GraphType
-from ..backends.cpu.propagate import Fallback, run_propagate
+from ..backends import Fallback
+from ..backends.cpu.propagate import run_propagate
 from ..caches.programs import memo
 from ..calls.routes import plan
 from ..interpreter import (

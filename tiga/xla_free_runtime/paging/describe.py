@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from ...core.program import Var
-from ..backends.cpu.propagate import Fallback, generic_plan
+from ..backends import Fallback
+from ..backends.cpu.propagate import generic_plan
 from .device import TritonPages, device_route
 from .plan import kernel_launch
 

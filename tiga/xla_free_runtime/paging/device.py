@@ -31,7 +31,7 @@ from ...core.errors import StorageError
 from ...core.graph import Graph
 from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
-from ..backends.cpu.propagate import Fallback
+from ..backends import Fallback
 from ..backends.triton.compile import interpret, tensors
 from ..memory import budgets as memory
 from ..memory.tiers import device as device_tier

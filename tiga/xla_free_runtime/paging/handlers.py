@@ -25,7 +25,8 @@ from ...core.graph import Graph
 from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...core.types import TensorType
-from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
+from ..backends import Fallback
+from ..backends.cpu.propagate import generic_plan, run_propagate
 from ..caches.relations import memo
 from ..interpreter import JOIN, LAUNCH, RELEASE, TRANSFER, held_kernel, interpret, op_steps
 from ..memory import budgets as memory

@@ -28,8 +28,8 @@ from ...core.primitive import impl_rules
 from ...core.prims.graph import propagate_p
 from ...lower.backends import selected_backend, targets_triton
 from ...lower.ir.task import TaskLaunchOp
-from ..backends import backend_for
-from ..backends.cpu.propagate import Fallback, generic_plan, run_propagate
+from ..backends import Fallback, backend_for
+from ..backends.cpu.propagate import generic_plan, run_propagate
 from ..backends.triton.compile import tensors
 from ..caches.relations import memo
 from ..memory import scope as sc

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...caches.executables import CACHE, Executable
 from .. import BACKENDS, KernelArgs
+from ..relation_arrays import launch_chunks
 from . import propagate as P
 
 
@@ -102,7 +103,7 @@ def prepare(exe, eqn, graph) -> PreparedLaunch | None:
         return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs,
                               bound.argv_t, bound.rows, [], 1, stage_max, op=bound.op)
     launch = P.run_schedule(bound.op)
-    chunks = P._chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
+    chunks = launch_chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, launch)
     return PreparedLaunch(exe, eqn, bound.template, fields, bound.out_at, bound.outs, bound.argv_t,
                           None, chunks, launch.threads, stage_max, op=bound.op)
 

@@ -26,11 +26,10 @@ from ....lower import CPU_LLVM_AVAILABLE
 from ....lower.ir.text import print_op
 from ...caches.equations import kept
 from ...caches.executables import CACHE, Executable, llvm_key
-from ...caches.relations import memo
 from ...calls.threads import num_threads
-from .. import KernelArgs, launch
+from .. import Fallback, KernelArgs, Unbound, launch, unbound
+from ..relation_arrays import launch_chunks, relation_cache, walk_arrays, walked_csr
 from .native.pool import parallel_copy
-from .walk_tables import chunks_of, implicit_tables
 
 if CPU_LLVM_AVAILABLE:
     from ....lower.abi import relation_descriptor
@@ -41,39 +40,6 @@ if CPU_LLVM_AVAILABLE:
 
 NOT_LOWERED = ("the IR stages do not express this propagate (lowering it to a "
                 "gf_kernel.launch failed), so there is no launch to render")
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """The reference interpreter runs this propagate; `reason` is what explain() says."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Unbound(Fallback):
-    """A planner's answer when the call's bound Task module holds no Kernel op for the walk
-    it binds (a program its stages do not walk): the reference interpreter runs it, since
-    nothing in the runtime lowers."""
-
-
-def unbound(walk: str) -> Unbound:
-    return Unbound(f"the call's Task module holds no Kernel op for this propagate's {walk} "
-                   "walk (the IR stages did not lower the program with it)")
-
-
-_CHUNK_LOCK = threading.Lock()
-
-
-def _kept(graph, kind: str) -> dict:
-    """The relation's dict of `kind` ("walks": its walk arrays and tables, "chunks": row
-    chunks per partition, "bound": kernels bound to it) in the per-relation cache."""
-    kept = memo(graph)
-    found = kept.get(kind)
-    if found is None:
-        with _CHUNK_LOCK:
-            found = kept.setdefault(kind, {})
-    return found
 
 
 def _walk(params) -> str:
@@ -223,51 +189,6 @@ def run_schedule(op):
                                                                       threads=threads)
 
 
-def walked_csr(graph, walk: str) -> tuple:
-    """(row_ptr, col_idx, edge_perm or None) of the CSR the kernel walks (the relation's
-    arrays are frozen, so the contiguous views are kept per relation)."""
-    per_graph = _kept(graph, "walks")
-    found = per_graph.get(("csr-arrays", walk))
-    if found is None:
-        found = per_graph[("csr-arrays", walk)] = _walked_csr(graph, walk)
-    return found
-
-
-def _walked_csr(graph, walk: str) -> tuple:
-    graph.ensure_valid()
-    if walk == "src":
-        graph_t, perm = graph.transpose()   # built once per relation and cached on it
-        rp, ci = graph_t.resolve_csr()
-    else:
-        (rp, ci), perm = graph.resolve_csr(), graph.edge_perm
-    perm = None if perm is None else np.ascontiguousarray(perm, dtype=np.int64)
-    return (np.ascontiguousarray(rp, dtype=np.int64),
-            np.ascontiguousarray(ci, dtype=graph.index_dtype.np), perm)
-
-
-def walk_arrays(graph, sig) -> tuple:
-    """({slot: array} of the kernel's walk, row_ptr used to balance row chunks).
-
-    Compressed rows bind the CSR (or the cached transpose). Implicit relations walked
-    natively, by destination or by source, bind only O(#sequences) tables, and a CSR with
-    sparse sources its transpose over the sources with edges (walk_tables.py); their row
-    offsets for chunking are computed from the kind's formula and cached.
-    """
-    if tuple(sig.relation) == ("csr",):
-        rp, ci, perm = walked_csr(graph, sig.walk)
-        return {"row_ptr": rp, "col_idx": ci, "edge_perm": perm}, rp
-    graph.ensure_valid()
-    per_graph = _kept(graph, "walks")
-    found = per_graph.get(tuple(sig.relation))
-    if found is None:
-        found = implicit_tables(graph, tuple(sig.relation))
-        if int(found[1][-1]) != graph.num_edges:
-            raise UnsupportedError(f"the {graph.kind} walk counts {int(found[1][-1])} edges, "
-                                   f"the relation has {graph.num_edges}; this is a Tiga bug")
-        per_graph[tuple(sig.relation)] = found
-    return found
-
-
 def chunk_row_ptr(graph, reduce_by: str) -> np.ndarray:
     """The row_ptr a compiled propagate balances its chunks with (explain() reports them)."""
     walk = _walk({"reduce_by": reduce_by})
@@ -281,20 +202,6 @@ def chunk_row_ptr(graph, reduce_by: str) -> np.ndarray:
 class _RelationOnly:
     relation: tuple
     walk: str
-
-
-def _chunks(graph, walk, row_ptr, launch) -> list:
-    """The row chunks of a launch over this relation (cached per relation and partition)."""
-    key = (walk, launch.threads, launch.row_partition, launch.chunks_per_thread, len(row_ptr))
-    per_graph = _kept(graph, "chunks")
-    found = per_graph.get(key)
-    if found is not None:
-        return found
-    with _CHUNK_LOCK:
-        if key not in per_graph:
-            per_graph[key] = chunks_of(row_ptr, launch.threads, launch.row_partition,
-                                       launch.chunks_per_thread)
-        return per_graph[key]
 
 
 @functools.cache           # dtype name -> numpy dtype (a memo of a pure function)
@@ -366,7 +273,7 @@ def _launch(exe, bound, graph, fields: list, eqn, outs: list | None = None,
     if cap is not None and cap < schedule.threads:
         schedule = replace(schedule, threads=max(1, cap))
     threads = schedule.threads
-    chunks = _chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, schedule)
+    chunks = launch_chunks(graph, (sig.walk, tuple(sig.relation)), bound.row_ptr, schedule)
     if sig.parallel == "partial_sums":
         arrays = dict(bound.arrays)
         for i, f in enumerate(fields):
@@ -502,7 +409,7 @@ def _aligned_copy(arr: np.ndarray, slot: int, native=None) -> np.ndarray:
 
 
 def _bound(exe: Executable, graph, eqn) -> _Bound:
-    per_graph = _kept(graph, "bound")
+    per_graph = relation_cache(graph, "bound")
     found = per_graph.get(exe.key)
     if found is not None:
         return found

@@ -27,8 +27,8 @@ from ....lower.triton import TritonUnsupported
 from ...caches.equations import kept
 from ...caches.relations import memo
 from ...reports.runs import COUNTERS
-from .. import KernelArgs, backend_for, launch
-from ..cpu.propagate import Fallback, Unbound, unbound, walk_arrays, walked_csr
+from .. import Fallback, KernelArgs, Unbound, backend_for, launch, unbound
+from ..relation_arrays import walk_arrays, walked_csr
 from .attention import attention_plan
 from .compile import (
     TritonModule,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...calls.threads import row_chunks
+from ..calls.threads import row_chunks
 
 _I64 = np.int64
 
