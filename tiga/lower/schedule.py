@@ -11,6 +11,10 @@ no Schedule (the generated-relation walks), so each decision has one owner.
   walks (a row's edges are one id range) unroll, and walks of a static pattern (a
   stencil's offsets, LANE_FOLD_TRAVERSALS: offset k folds into accumulator k % lanes), and
   only row reductions (dst/src).
+- stencil_window: a stencil sum whose messages depend on their source only slides a window
+  of column sums along the last axis (lower/llvm/stencil_window.py) where that evaluates
+  fewer messages a point than the pattern has offsets (the 26-point box: 9 source rows a
+  point, not 26).
 - prefetch_distance: edges ahead for the software prefetch of gathered neighbour rows; only
   compressed-row walks gather at random (implicit walks read regular sources). 16 edges cover
   the memory latency at a few ns per edge.
@@ -44,6 +48,9 @@ NON_CONTIGUOUS_TRAVERSALS = ("stencil-row", "cell-directory-row", "knn-shell-row
                              "transposed-stencil-row")
 # (a stencil's offsets are static: edge k of the pattern folds into accumulator k % lanes)
 LANE_FOLD_TRAVERSALS = ("stencil-row",)
+# (a stencil sum of source-only messages slides a window of column sums along the last
+# axis where that evaluates fewer messages per row than the pattern has offsets)
+WINDOW_TRAVERSALS = ("stencil-row",)
 CHUNKS_PER_THREAD = 16
 PARALLEL_MIN_WORK = 1 << 15     # rows + edges below which one call on the caller's thread wins
 # every row costs the same (dense, stencil), or its edges are found by the walk itself
@@ -79,6 +86,14 @@ def edge_unroll(reducer_name: str, builtin: bool, state_types: list, reduce_by: 
     while lanes > 1 and lanes * state_bytes > UNROLL_STATE_BYTES:
         lanes //= 2
     return lanes
+
+
+def stencil_window(traversal: str, reduce_by: str, window_evals: int, edges: int) -> bool:
+    """Whether a stencil sum whose messages depend on their source only runs the
+    sliding-window loop (lower/llvm/stencil_window.py): `window_evals` messages a row
+    there against `edges` in the row walk."""
+    return (traversal in WINDOW_TRAVERSALS and reduce_by == "dst" and
+        0 < window_evals < edges)
 
 
 def prefetch_distance(traversal: str) -> int:

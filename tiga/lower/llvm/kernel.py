@@ -40,7 +40,8 @@ from ..abi import (
 from ..ir.kernel import Schedule
 from . import pool
 from .emitter import Emitter, check_row
-from .reducers import reducer_codegen
+from .reducers import SimpleState, reducer_codegen
+from .stencil_window import WindowEmitter, window_plan
 from .values import I8, I64, PTR, CodegenUnsupported, Val, cast, i64, numel, storage_type
 from .walks import walk_for
 
@@ -252,8 +253,29 @@ class _KernelBuilder:
             self.last_edge = self.b.sub(self.walk.edge_start(self, end), i64(1))
         if self.reduce_by == "all":
             self._emit_all(begin, end)
-        else:
+            return
+        plan = self._window_plan()
+        if plan is None:
             self.ctx.loop(begin, end, self._row, name="row")
+        else:
+            self.walk.row_runs(self, begin, end, self._row, WindowEmitter(self, plan).run)
+
+    def _window_plan(self):
+        """The sliding-window plan of a stencil sum whose messages are functions of their
+        source (stencil_window.py), where the schedule takes it; else None."""
+        if not getattr(self.walk, "lane_folds", False) or "edge_perm" in self.ptr:
+            return None
+        used = self.edge_fn.read_inputs()
+        if any(r not in ("param", self.nbr_role) for i, r in enumerate(self.sig.roles)
+               if i in used) or not self.reds or not all(
+                isinstance(red, SimpleState) and red.reassociable for red in self.reds):
+            return None
+        plan = window_plan(self.walk.shape, self.walk.offsets)
+        traversal = knobs.traversal_of_walk(self.sig.relation, self.sig.walk)
+        if plan is None or not knobs.stencil_window(traversal, self.reduce_by, plan.evals,
+                                                    plan.edges):
+            return None
+        return plan
 
     def _row_vals(self, r) -> dict:
         return {i: self._field_row(i, r) for i, role in enumerate(self.sig.roles)
@@ -410,6 +432,13 @@ class _KernelBuilder:
             else:
                 args.append(self._field_row(i, c))
         return args, eid
+
+    def _source_args(self, c) -> list:
+        """The edge function's arguments for source c where it reads only source rows and
+        parameters (the window loop: no edge id, no destination row)."""
+        return [self.params[i] if role == "param" else
+                self._field_row(i, c) if role == self.nbr_role else None
+                for i, role in enumerate(self.sig.roles)]
 
     def _fold(self, p, rows: dict, states: list, c) -> None:
         args, _ = self._edge_args(p, rows, c)

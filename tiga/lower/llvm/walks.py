@@ -130,6 +130,42 @@ class StencilWalk(Walk):
             inside = b.and_(inside, b.icmp_signed("<", x, i64(hi)))
         return inside
 
+    def _point(self, b, r) -> list:
+        """Coordinates of point r (every axis reduced)."""
+        coords, rest = [], r
+        for n, s in zip(self.shape, self.strides):
+            q = b.sdiv(rest, i64(s)) if s != 1 else rest
+            coords.append(b.srem(q, i64(n)) if n != 0 else q)
+        return coords
+
+    def row_runs(self, kb, begin, end, single, run) -> None:
+        """Rows [begin, end) in order: each run of interior points along the last axis as
+        run(r0, r1) (one line's, at most to `end`), every other point as single(r)."""
+        b, ctx = kb.b, kb.ctx
+        last = max(0, self.shape[-1] - max(0, max(off[-1] for off in self.offsets)))
+        cursor = ctx.alloca(I64, 1)
+        b.store(begin, cursor)
+        head, body, runs, one, done = (ctx.fn.append_basic_block(f"stencil.{x}") for x in
+                                       ("rows", "point", "run", "single", "rows.done"))
+        b.branch(head)
+        b.position_at_end(head)
+        r = b.load(cursor, typ=I64)
+        b.cbranch(b.icmp_signed("<", r, end), body, done)
+        b.position_at_end(body)
+        coords = self._point(b, r)
+        b.cbranch(self._interior(b, coords), runs, one)
+        b.position_at_end(runs)
+        stop = b.add(r, b.sub(i64(last), coords[-1]), flags=["nsw"])
+        stop = b.select(b.icmp_signed("<", stop, end), stop, end)
+        run(r, stop)
+        b.store(stop, cursor)
+        b.branch(head)
+        b.position_at_end(one)
+        single(r)
+        b.store(b.add(r, i64(1), flags=["nsw"]), cursor)
+        b.branch(head)
+        b.position_at_end(done)
+
     def edges(self, kb, r, row, body, lanes: bool = False) -> None:
         """The row's offsets in order, body(p, col) (body(p, col, k) with `lanes`, k the
         offset's index, so a reassociable fold may spread them over accumulators). A point
@@ -137,10 +173,7 @@ class StencilWalk(Walk):
         the loop: edge ids e0 + k and sources r + (the offset's constant stride sum)."""
         b, ctx = kb.b, kb.ctx
         e0 = row[0]
-        coords, rest = [], r
-        for n, s in zip(self.shape, self.strides):
-            q = b.sdiv(rest, i64(s)) if s != 1 else rest
-            coords.append(b.srem(q, i64(n)) if n != 0 else q)
+        coords = self._point(b, r)
         call = body if lanes else (lambda p, col, k: body(p, col))
         fast = ctx.fn.append_basic_block("stencil.interior")
         slow = ctx.fn.append_basic_block("stencil.boundary")
