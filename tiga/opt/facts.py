@@ -10,15 +10,14 @@ A pass never guesses where it runs: the entry point says so. `stage` names the p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..core.errors import TigaError
 from ..core.program import GraphProgram
+from ..core.records import record
 
 STAGES = ("staged", "vjp", "execute")
 
 
-@dataclass(frozen=True)
+@record
 class ProgramFacts:
     """stage: one of STAGES. relation_kinds: ((id(graph variable), kind), ...) with kind
     None, "directed" or "symmetric" (opt.fuse_walks.relation_kinds), read at "execute".

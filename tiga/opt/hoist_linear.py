@@ -26,8 +26,6 @@ Anything else is left as it is.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..core.errors import TigaError
@@ -43,20 +41,28 @@ from .facts import ProgramFacts
 MIN_CONTRACTION = 4   # below this, a per-edge product is as cheap as gathering hidden rows
 
 
-@dataclass(frozen=True)
+# (the records below are plain slotted classes, not dataclasses: each frozen dataclass
+# compiles six methods when the module is imported, ~0.5-1.5 ms apiece, on every
+# `import tiga`; these are private, built once per match and only read)
+
 class _Term:
-    binder: int    # which edge-function operand (a source or destination field row)
-    sign: int
-    offset: int    # where its row sits in the concatenated feature vector
+    __slots__ = ("binder", "sign", "offset")
+
+    def __init__(self, binder: int, sign: int, offset: int):
+        self.binder = binder    # which edge-function operand (a source or destination row)
+        self.sign = sign
+        self.offset = offset    # where its row sits in the concatenated feature vector
 
 
-@dataclass(frozen=True)
 class _Form:
     """A value that is a signed sum of field rows placed at offsets: `sum sign * row`."""
 
-    terms: tuple
-    width: int
-    lead: int = 0   # leading unit axes added by reshape
+    __slots__ = ("terms", "width", "lead")
+
+    def __init__(self, terms: tuple, width: int, lead: int = 0):
+        self.terms = terms
+        self.width = width
+        self.lead = lead    # leading unit axes added by reshape
 
 
 def _negate(f: _Form) -> _Form:
@@ -79,14 +85,17 @@ def _param_index(prog, roles, v):
 
 # ---- rewrite 1: the first layer -------------------------------------------------------
 
-@dataclass(frozen=True)
 class _FirstLayer:
-    dot: object      # the dot_general eqn replaced by gathered entity rows
-    form: _Form
-    weight: int      # operand index of W
-    axis: int        # W's contracted (input) axis
-    bias_add: object = None   # `add(product, b)` folded into the entity rows
-    bias: int | None = None
+    __slots__ = ("dot", "form", "weight", "axis", "bias_add", "bias")
+
+    def __init__(self, dot, form: _Form, weight: int, axis: int, bias_add=None,
+                 bias: int | None = None):
+        self.dot = dot            # the dot_general eqn replaced by gathered entity rows
+        self.form = form
+        self.weight = weight      # operand index of W
+        self.axis = axis          # W's contracted (input) axis
+        self.bias_add = bias_add  # `add(product, b)` folded into the entity rows
+        self.bias = bias
 
 
 def _find_first(edge: GraphProgram, roles):
@@ -234,12 +243,14 @@ def _first_rewrite(eqn, plan: _FirstLayer, ins, notes):
 
 # ---- rewrite 2: the last layer ---------------------------------------------------------
 
-@dataclass(frozen=True)
 class _LastLayer:
-    dot: object
-    weight: int
-    axis: int
-    bias: int | None
+    __slots__ = ("dot", "weight", "axis", "bias")
+
+    def __init__(self, dot, weight: int, axis: int, bias: int | None):
+        self.dot = dot
+        self.weight = weight
+        self.axis = axis
+        self.bias = bias
 
 
 def _find_last(edge: GraphProgram, roles):
@@ -306,10 +317,12 @@ def _last_rewrite(eqn, plan: _LastLayer, ins, notes):
 
 # ---- rewrite 0: parameter-only work leaves the edge loop -------------------------------
 
-@dataclass(frozen=True)
 class _Invariant:
-    moved: tuple      # edge equations that read only parameters (and literals)
-    exported: tuple   # their outputs still read per edge: new parameter operands
+    __slots__ = ("moved", "exported")
+
+    def __init__(self, moved: tuple, exported: tuple):
+        self.moved = moved        # edge equations that read only parameters (and literals)
+        self.exported = exported  # their outputs still read per edge: new parameter operands
 
 
 def _find_invariant(edge: GraphProgram, roles):

@@ -8,7 +8,7 @@ value name is unique within its region and a nested region starts a fresh scope.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,11 +18,12 @@ from ...core.errors import CompilationError, UnsupportedError
 from ...core.primitive import abstract_eval_rules, get_primitive
 from ...core.prims.graph import propagate_p
 from ...core.program import ClosedProgram, Eqn, GraphProgram, Lit, Var
+from ...core.records import record
 from ...core.types import GraphType, TensorType
 from .syntax import VALUE_NAME_RE, AttrDict, RegionRef, format_attr, format_type, to_attr
 
 
-@dataclass(frozen=True)
+@record
 class Value:
     """An SSA value `%name` of a type."""
 
@@ -30,7 +31,7 @@ class Value:
     type: Any
 
 
-@dataclass(frozen=True)
+@record
 class Region:
     """One block: `^bb0(args): ops; yield results`."""
 
@@ -39,7 +40,7 @@ class Region:
     results: tuple
 
 
-@dataclass(frozen=True)
+@record
 class GenericOp:
     """The generic form every structured op prints through: `"name"(...) ({...}) {...} : sig`."""
 
@@ -128,7 +129,7 @@ def spelling(prim: str, in_types: list, out_types: list) -> str:
     return f"gf_tensor.{prim}"
 
 
-@dataclass(frozen=True)
+@record
 class TensorOp:
     """One GraphProgram equation: `gf_tensor.<prim>` (arith/math spelling for scalars).
 
@@ -214,7 +215,7 @@ def _verify_constant(op: TensorOp, where: str) -> None:
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class RelationOp:
     """`gf.relation`: a relation fixed when the program was traced (a jit constant)."""
 
@@ -284,7 +285,7 @@ def walk_ops(region):
 
 # ---- modules and verification ------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record
 class Module:
     """`module @name { func.func @main(args) -> results { ops } }` at one IR level."""
 

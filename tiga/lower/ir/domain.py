@@ -6,12 +6,12 @@ unchanged and add their own decisions, so every level keeps what the messages me
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...core.dtypes import DType, int64
 from ...core.errors import CompilationError
 from ...core.prims.graph import REDUCE_BY, ROLES, propagate_p
+from ...core.records import record
 from ...core.reducers import ARG, ARG_OF, BUILTIN, EMPTY_SETTABLE
 from ...core.types import GraphType, TensorType
 from .base import (
@@ -36,7 +36,7 @@ BUILTIN_IDENTITY = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, 
 REGION_KINDS = ("edge", "update", "reducer.lift", "reducer.combine", "reducer.finalize")
 
 
-@dataclass(frozen=True)
+@record
 class ReducerSpec:
     """A reducer's algebra: identity, state types per output, and regions for user reducers."""
 
@@ -73,7 +73,7 @@ def builtin_state(name: str, parts: list) -> tuple:
     return (parts[0],)
 
 
-@dataclass(frozen=True)
+@record
 class Computation:
     """What one propagate computes, independent of how it is traversed or scheduled."""
 
@@ -276,7 +276,7 @@ class ComputationOp:
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class ApplyOp(ComputationOp):
     """`gf.apply`: messages over a relation, reduced by a reducer; no traversal chosen yet."""
 
@@ -295,8 +295,7 @@ class ApplyOp(ComputationOp):
         self.comp.verify(where, level)
 
 
-@dataclass(frozen=True)
-class DomainModule(Module):
+class DomainModule(Module):   # (Module's dataclass methods: no fields of its own)
     level: ClassVar[str] = "domain"
 
 

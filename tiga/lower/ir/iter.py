@@ -6,11 +6,11 @@ adds `coordinate_hierarchy` (how coordinates are produced from the relation kind
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from ...core.errors import CompilationError
 from ...core.graph_generated import FAST_DIMS
+from ...core.records import record
 from ..attention_walk import ATTENTION_TILES, claim_computation
 from .base import (
     AttrReader,
@@ -94,7 +94,7 @@ def check_traversal(comp: Computation, hierarchy, ordering, where: str) -> None:
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class TraverseOp(ComputationOp):
     """`gf_iter.traverse`: the computation plus its coordinate walk."""
 
@@ -121,8 +121,7 @@ class TraverseOp(ComputationOp):
         check_traversal(self.comp, self.coordinate_hierarchy, self.ordering, where)
 
 
-@dataclass(frozen=True)
-class IterModule(Module):
+class IterModule(Module):   # (Module's dataclass methods: no fields of its own)
     level: ClassVar[str] = "iter"
 
 

@@ -9,11 +9,12 @@ when the kernel loops over neighbour tiles of any length).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from functools import cached_property
 from typing import ClassVar
 
 from ...core.errors import CompilationError
+from ...core.records import record
 from ...core.types import Dim
 from .base import (
     AttrReader,
@@ -83,7 +84,7 @@ TARGET_KEYS = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Schedule:
     """The schedule attributes of a launch for one target (TARGET_KEYS: the others are
     None). `tiles` holds a walk's own tile sizes (knn-tiled-scan, attention) by name."""
@@ -185,7 +186,7 @@ SCHEDULE_KEYS = tuple(f.name for f in fields(Schedule))
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class LaunchOp(ComputationOp):
     """`gf_kernel.launch`: one fused kernel for a propagate (messages never materialised)."""
 
@@ -275,8 +276,7 @@ class LaunchOp(ComputationOp):
                                    f"a symbolic size or \"dynamic\", found {bound!r}")
 
 
-@dataclass(frozen=True)
-class KernelModule(Module):
+class KernelModule(Module):   # (Module's dataclass methods: no fields of its own)
     level: ClassVar[str] = "kernel"
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
 from ...core import dtypes as dt
 from ...core.errors import CompilationError
+from ...core.records import record
 from ...core.types import Dim, GraphType, TensorType
 
 DTYPE_NAMES = {dt.bool_: "i1", dt.int8: "i8", dt.int16: "i16", dt.int32: "i32",
@@ -29,7 +29,7 @@ VALUE_NAME_RE = r"[A-Za-z0-9_.$]+"
 IDENT_RE = r"[A-Za-z_][A-Za-z0-9_.]*"
 
 
-@dataclass(frozen=True)
+@record
 class OpaqueType:
     """A type with no payload, e.g. `!gf_storage.event` (a readiness event)."""
 
@@ -43,14 +43,14 @@ EVENT = OpaqueType("gf_storage.event")
 OPAQUE_TYPES = {t.name: t for t in (EVENT,)}
 
 
-@dataclass(frozen=True)
+@record
 class SymbolRef:
     """`@name`: a reference to a symbol (a reducer, a function)."""
 
     name: str
 
 
-@dataclass(frozen=True)
+@record
 class RegionRef:
     """`#region<i>`: a parameter of a `gf_tensor` op that is its i-th region."""
 

@@ -9,10 +9,10 @@ synchronize. Values are never used after their release.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from ...core.errors import CompilationError
+from ...core.records import record
 from ...core.types import Dim
 from .base import (
     AttrReader,
@@ -70,7 +70,7 @@ def _split_events(operands: tuple) -> tuple:
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class TransferOp:
     """`%e = gf_storage.transfer(%value, deps...)`: rows of a value made ready on a tier (or,
     kinds write / accumulate, a task's output rows stored into the result)."""
@@ -145,7 +145,7 @@ class TransferOp:
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class ReleaseOp:
     """`gf_storage.release(%value, events...)`: the copy is recycled after the events fire."""
 
@@ -184,7 +184,7 @@ class ReleaseOp:
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class JoinOp:
     """`%e = gf_storage.join(events...)`: fires once every operand event fired."""
 
@@ -222,7 +222,7 @@ TASK_ATTRS = ("task_kind", "page", "num_pages", "page_rows", "rank", "num_ranks"
 
 
 @register_op
-@dataclass(frozen=True)
+@record
 class TaskLaunchOp:
     """`gf_task.launch(events..., values...)`: a task over one page on one rank; its region
     (isolated, one argument per value) holds the kernel launches."""
@@ -317,8 +317,7 @@ class TaskLaunchOp:
                                    "halo_ranks and an event to wait on")
 
 
-@dataclass(frozen=True)
-class TaskModule(Module):
+class TaskModule(Module):   # (Module's dataclass methods: no fields of its own)
     level: ClassVar[str] = "task"
 
     def verify(self) -> None:
