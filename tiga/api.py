@@ -539,11 +539,15 @@ def _execute_call(call):
         if _torch_compiling():   # torch.compile's trace: the call becomes one opaque torch op
             from .torch_bridge.compiled import compiled_call
             return compiled_call(call)
-        # CUDA inputs run on the triton backend or raise here, before any copy to the host
-        if call_backend(call) is not None and not _has_torch(call):
-            _triton_tensors().adopt_cuda(call)   # CUDA DLPack producers as torch tensors
+        # a torch call: the bridge routes it (its own device check, decided from the
+        # operands' types where everything is on the host: no DLPack query per operand)
         if _has_torch(call):
             return _torch_call(call, "auto")
+        # CUDA inputs run on the triton backend or raise here, before any copy to the host
+        if call_backend(call) is not None:
+            _triton_tensors().adopt_cuda(call)   # CUDA DLPack producers as torch tensors
+            if _has_torch(call):
+                return _torch_call(call, "auto")
     try:
         # no retrace for a known signature
         program, args = call_cache.staged_program(call, _staged_passes)

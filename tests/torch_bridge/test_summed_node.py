@@ -104,3 +104,23 @@ def test_an_output_changed_in_place_before_backward(monkeypatch):
         y.sum().backward()
         grads.append(x.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def test_the_kept_program_outlives_other_stores_and_not_a_clear():
+    """A plan is kept across the call cache's other stores and restaged after clear()."""
+    from tiga.torch_bridge.autograd import STATS as BRIDGE
+    from tiga.trace import call_cache
+
+    batch = tg.Graph.batch(_graphs(5))
+    conv = tg.nn.GINConv(torch.nn.Identity())
+    x = torch.randn(int(batch.ptr[-1]), 7)
+    conv(x, batch)
+    staged = BRIDGE["stagings"]
+    tg.nn.GINConv(torch.nn.Identity())(torch.randn(int(batch.ptr[-1]), 9), batch)  # a store
+    assert BRIDGE["stagings"] == staged + 1
+    conv(x, batch)
+    assert BRIDGE["stagings"] == staged + 1
+    call_cache.clear()
+    again = conv(x, batch)
+    assert BRIDGE["stagings"] == staged + 2
+    assert torch.equal(again, conv(x, batch))

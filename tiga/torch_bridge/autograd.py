@@ -417,7 +417,13 @@ class _Run:
     def _derived(self) -> tuple:
         """(forward program returning its outputs then the residuals, VJP program taking
         (*ins, *cts, *outs, *residuals)); derived once per signature, requires-grad pattern
-        and relation kinds."""
+        and relation kinds (and looked up once per run: a call asks it three or four times)."""
+        hit = self.__dict__.get("_hit")
+        if hit is None:
+            hit = self._hit = self._derive()
+        return hit
+
+    def _derive(self) -> tuple:
         # a DistributedGraph's walks never merge: a source-grouped one sends ghost rows back
         kinds = {id(v): None if getattr(a, "tiga_distributed", False) is True
                  else opt.relation_kind(a)

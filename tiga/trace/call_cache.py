@@ -41,6 +41,9 @@ STATS = {"hits": 0, "misses": 0, "uncacheable": 0, "guard_failures": 0}
 # [n]: bumped by every store (an entry added, replaced or evicted) and by clear(); a layer's
 # warm-call memo (warm_calls.py) made at generation n is valid while it stays n
 GENERATION = [0]
+# [n]: bumped by clear() only; what the bridge keeps of a guard-free built-in call (the sum
+# of summed.py) stays valid while it stays n, however many other entries come and go
+CLEARS = [0]
 
 
 def _value_print(v):
@@ -298,6 +301,7 @@ def reuse(call, extra_key, build) -> tuple:
 def clear() -> None:
     with _LOCK:
         GENERATION[0] += 1
+        CLEARS[0] += 1
         _ENTRIES.clear()
 
 

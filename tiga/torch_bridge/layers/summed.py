@@ -84,13 +84,13 @@ class _Plan:
 
 def _plan(rel, rows: int, tail: tuple, dtype, grad: bool) -> _Plan | None:
     """The plan of sum calls over `rel` (rows source rows of shape `tail`), staged by the
-    bridge's general route once and kept on the relation while the call cache holds it."""
+    bridge's general route once and kept on the relation until the call cache is cleared."""
     kept = memo(rel)
     key = ("summed", tail, dtype, grad)
     plan = kept.get(key)
-    if plan is not None and plan.generation == call_cache.GENERATION[0]:
+    if plan is not None and plan.generation == call_cache.CLEARS[0]:
         return plan
-    generation = call_cache.GENERATION[0]
+    generation = call_cache.CLEARS[0]
     x = torch.zeros((rows,) + tail, dtype=dtype).requires_grad_(grad)
     call = source_reducer("sum")._call(rel, {"x": x}, None, None, {})
     with torch.enable_grad():
@@ -107,8 +107,8 @@ def _plan(rel, rows: int, tail: tuple, dtype, grad: bool) -> _Plan | None:
         if reads[0] or len(forward.outs) != 1:    # (the VJP reads the output, or residuals)
             return None
         plan.forward, plan.vjp = forward, vjp
-    # (kept at the generation read before staging: a store made by this staging itself
-    # bumps it, and the next call re-reads the entry once)
+    # (a guard-free built-in call: valid until the call cache is cleared, whatever else
+    # it stores or evicts)
     plan.generation = generation
     kept[key] = plan
     return plan
