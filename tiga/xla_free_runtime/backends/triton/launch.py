@@ -36,11 +36,12 @@ from .compile import (
     launch_result,
     module_key,
     tensors,
-    triton_version,
 )
 from .generated import generated_walk
 
-_PLANS: dict = {}            # (structure key, relation type) -> TritonPlan (a warm call's)
+# (id(Kernel op), backend, relation walk, edge permutation) -> (weak op, TritonPlan): what
+# a call's held op renders to, found again without printing the op
+_PLANS: dict = {}
 
 
 def call_devices(call) -> dict:
@@ -140,32 +141,24 @@ class TritonPlan:
     @classmethod
     def build(cls, eqn, graph, backend: str, held=None):
         """The plan rendering `held` (the Kernel op handed down for the walk bound here),
-        or an Unbound when it does not fit."""
+        or an Unbound when it does not fit. Kept per held op (the call's walk holds it)."""
         relation, has_perm, bound = triton_walk(eqn, graph)
-        gtype, index = eqn.inputs[0].type, bound.index_dtype
-        if bound.kind != gtype.kind:
-            gtype = replace(gtype, kind=bound.kind, coord_dims=None)
-        structure = ("triton", backend, eqn.params["edge_fn"].structure_key(),
-                     repr(eqn.params["reducer"]._key()), eqn.params["roles"],
-                     eqn.params["reduce_by"], _update_key(eqn), _field_key(eqn),
-                     index.name, has_perm, relation, triton_version())
-        key = module_key("propagate-plan", backend, structure)
-        warm = _PLANS.get((key, repr(gtype)))
-        if warm is not None:   # (lowering through the Kernel stage costs ~1.5 ms a call)
-            return warm
         if (held is None or held.schedule.target != "triton"
                 or held.comp.relation.type.kind != bound.kind
-                or held.comp.relation.type.index_dtype != index):
+                or held.comp.relation.type.index_dtype != bound.index_dtype):
             return unbound(f"triton {bound.kind}")
-        op = held
-        mkey = module_key(str(op), backend, (relation, has_perm))
+        key = (id(held), backend, relation, has_perm)
+        warm = _PLANS.get(key)
+        if warm is not None and warm[0]() is held:
+            return warm[1]
+        mkey = module_key(str(held), backend, (relation, has_perm))
         call = {"has_perm": has_perm, "relation": relation}
         artifact = backend_for("triton").compile(
-            mkey, lambda symbol: backend_for("triton").render(op, call, symbol), backend)
-        found = cls(backend, mkey, artifact.source, op.schedule, artifact, op)
+            mkey, lambda symbol: backend_for("triton").render(held, call, symbol), backend)
+        found = cls(backend, mkey, artifact.source, held.schedule, artifact, held)
         if len(_PLANS) > 256:
             _PLANS.clear()
-        _PLANS[(key, repr(gtype))] = found
+        _PLANS[key] = (weakref.ref(held), found)
         return found
 
     # ---- compile -------------------------------------------------------------------------
@@ -268,16 +261,6 @@ def relabel_routes(ex) -> None:
         ex.backend = ("fused Triton kernels" + (" in Triton's interpreter (CPU)"
                                                 if BACKENDS[name].interpreter else " (CUDA)")
                       + (" + numpy reference interpreter" if fallen else ""))
-
-
-def _update_key(eqn):
-    u = eqn.params["update"]
-    return u.structure_key() if u is not None else None
-
-
-def _field_key(eqn) -> tuple:
-    return tuple((tuple(a.type.shape) if r == "param" else tuple(a.type.shape[1:]),
-                  a.type.dtype.name) for a, r in zip(eqn.inputs[1:], eqn.params["roles"]))
 
 
 def split_rows(row_ptr: np.ndarray, split: int):
