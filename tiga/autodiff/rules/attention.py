@@ -17,10 +17,10 @@ them with the same semantics.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 from ...core.prims.graph import propagate_p
 from ...core.program import ClosedProgram, Lit
+from ...core.records import record
 from ...core.reducers import max as max_reducer
 from ...core.reducers import sum as sum_reducer
 from ...trace import math as m
@@ -33,7 +33,7 @@ STREAMING_KINDS = ("dense", "triangular", "cu_seqlens")
 TAG = "attn."   # prefix of the operand names of the canonical VJP propagates
 
 
-@dataclass(frozen=True)
+@record
 class AttentionPattern:
     """Operand indices of q (dst), k (src), v (src); scale: ('param', i) | ('lit', x) | None."""
 
