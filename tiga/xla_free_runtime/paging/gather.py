@@ -1,14 +1,14 @@
 """runtime/paging: a page's distinct-row remap in native code (issue 28 item 1).
 
-A page reads each distinct source row once: paging.distinct.distinct() turns its column ids into
-the sorted distinct ids and each id's position among them. `marked` does it with one native
-kernel (lower/llvm/page_distinct: clear, mark, rank, remap) over a scratch array each
-thread keeps from page to page, writing the positions where the caller says (the page's
-own id buffer: in place); numpy's way makes about ten passes and as many fresh temporaries
-(measured per page of 1M edges in benchmarks/PAGING_NOTES.md). The kernel is compiled once
-per index width through an executable cache of its own (the propagate kernels' statistics
-stay theirs) and kept on disk like them; where it cannot be built, `marked` returns None and
-the caller keeps numpy's way.
+A page reads each distinct source row once: paging.distinct.distinct() turns its column ids
+into the sorted distinct ids and each id's position among them. `marked` does it with one
+native kernel (lower/llvm/page_distinct: clear, mark, rank, remap; the cpu-llvm backend renders
+it) over a scratch array each thread keeps from page to page, writing the positions where the
+caller says (the page's own id buffer: in place); numpy's way makes about ten passes and as
+many fresh temporaries (measured per page of 1M edges in benchmarks/PAGING_NOTES.md). The
+kernel is compiled once per index width through an executable cache of its own (the propagate
+kernels' statistics stay theirs) and kept on disk like them; where it cannot be built, `marked`
+returns None and the caller keeps numpy's way.
 """
 from __future__ import annotations
 
@@ -19,21 +19,13 @@ import threading
 import numpy as np
 
 from ...core.errors import CompilationError
-from ...lower.abi import KernelSignature
-from ..backends import FixedKernel, KernelArgs, launch
-from ..caches.executables import CACHE, full_key
+from ..backends import FixedKernel, KernelArgs, backend_for, launch
+from ..caches.executables import full_key
 from ..calls.threads import work_arrays
 
 KEY = ("paging.page_distinct", 1)     # the kernel's own part of the cache key
 KEEP_ENTRIES = 1 << 24                # larger scratch is made per call, not kept by a thread
 _LOCK = threading.Lock()
-
-
-def _signature(symbol: str, bits: int) -> KernelSignature:
-    return KernelSignature(target="cpu-llvm", symbol=symbol, walk="dst", reduce_by="dst",
-                           slots=(), roles=(), field_shapes=(), field_dtypes=(),
-                           out_shapes=(), out_dtypes=(), index_dtype=f"int{bits}",
-                           parallel="single")
 
 
 def kernel_name(bits: int) -> str:
@@ -46,13 +38,14 @@ def kernel_name(bits: int) -> str:
 def kernel(bits: int):
     """The compiled page_distinct for ids of `bits` bits, built (or read from disk) once;
     None where it cannot be (no LLVM, a failed build): numpy's way then."""
+    op = FixedKernel(kernel_name(bits))
     with _LOCK:     # (threads racing on a first page build it once: CACHE holds it after)
         try:
-            from ...lower.llvm import page_distinct
-            exe = CACHE.get(full_key(KEY + (bits,)), lambda symbol: (
-                page_distinct.emit(symbol, bits), _signature(symbol, bits)))
+            backend = backend_for(op.target)       # (it renders its fixed kernels by name)
+            exe = backend.compile(full_key(KEY + (bits,)),
+                                  lambda symbol: backend.render_fixed(op, symbol))
             if exe.kernel is None:
-                exe.kernel = FixedKernel(kernel_name(bits))
+                exe.kernel = op
             return exe
         except (ImportError, CompilationError, OSError):
             return None

@@ -6,16 +6,19 @@ relation's fused walk, else the generic fused kernel, each binding the Kernel op
 handed (an Unbound, a Fallback, where that op does not fit the walk it binds);
 
 render: a `gf_kernel.launch` to LLVM IR text and its signature (lower/llvm/render, through
-lower's renderer table); compile: that text to an Executable through the one artifact cache
-(a linked shared library or MCJIT object code, keyed by the printed op); launch: the
-Executable's native entry over the row chunks of `KernelArgs` on the worker pool (ctypes calls
-release the GIL, so chunks run in parallel).
+lower's renderer table), render_fixed: a fixed kernel by its name (the page gather's remap);
+compile: that text to an Executable through the one artifact cache (a linked shared library or
+MCJIT object code, keyed by the printed op); launch: the Executable's native entry over the row
+chunks of `KernelArgs` on the worker pool (ctypes calls release the GIL, so chunks run in
+parallel).
 """
 from __future__ import annotations
 
 import weakref
 
+from ....core.errors import UnsupportedError
 from ....lower import CPU_LLVM_AVAILABLE
+from ....lower.abi import KernelSignature
 from ....lower.backends import BACKENDS as RENDERERS
 from ...caches.equations import kept
 from ...caches.executables import CACHE, Executable, LLVMArtifact
@@ -58,6 +61,20 @@ class CpuLLVM:
         """The LLVM IR text and signature of `kernel_op` (`call`: the relation layout and
         other call data its printed text does not carry)."""
         return RENDERERS["cpu-llvm"].render(kernel_op, symbol, call)
+
+    def render_fixed(self, op, symbol: str = "kernel") -> tuple:
+        """(LLVM IR text, signature) of a fixed kernel by its name: the page gather's
+        distinct-row remap, `page_distinct_i<bits>` (lower/llvm/page_distinct)."""
+        from ....lower.llvm import page_distinct
+
+        prefix, _, bits = op.name.rpartition("_i")
+        if prefix != "page_distinct" or bits not in ("32", "64"):
+            raise UnsupportedError(f"cpu-llvm renders no fixed kernel named {op.name!r}")
+        signature = KernelSignature(
+            target="cpu-llvm", symbol=symbol, walk="dst", reduce_by="dst", slots=(),
+            roles=(), field_shapes=(), field_dtypes=(), out_shapes=(), out_dtypes=(),
+            index_dtype=f"int{bits}", parallel="single")
+        return page_distinct.emit(symbol, int(bits)), signature
 
     def compile(self, key: str, render):
         """The Executable of artifact `key`: from the cache, else `render(symbol) -> (text,
