@@ -210,7 +210,9 @@ def _stable_order(keys: np.ndarray) -> np.ndarray:
         if lo >= 0:
             perm = None
             for shift in range(0, max(hi.bit_length(), 1), 16):
-                digit = (keys if perm is None else keys[perm]) >> shift
+                digit = keys if perm is None else keys[perm]
+                # (the uint16 cast keeps the low 16 bits: no shifted copy for the first digit)
+                digit = digit >> shift if shift else digit
                 order = np.argsort(digit.astype(np.uint16), kind="stable")
                 perm = order if perm is None else perm[order]
             return perm.astype(_I64, copy=False)
