@@ -413,15 +413,34 @@ def configs(a, reg: dict) -> list:
     return out
 
 
-def run_configs(cfgs: list, a) -> list:
+def jobs_of(cfgs: list, a) -> list:
+    """(config, environment) per worker run: every config once a round (`--rounds`), and with
+    `--compare REV` Tiga's configs also as of REV (role "compare", right after the tree's)."""
     import run as R
 
     cache = tempfile.mkdtemp(prefix="tiga-roofline-cache-")
     env = M.child_env(a.threads, ROOT, cache)
+    old = None
+    if a.compare:
+        path, sha = R.add_worktree(a.compare)
+        old = (f"tiga@{sha}", M.child_env(a.threads, path, os.path.join(cache, sha)))
+    jobs = []
+    for k in range(a.rounds):
+        for cfg in cfgs:
+            jobs.append(({**cfg, "round": k}, env))
+            if old is not None and cfg["role"] == "tiga":
+                jobs.append(({**cfg, "round": k, "role": "compare", "label": old[0]}, old[1]))
+    return jobs
+
+
+def run_configs(cfgs: list, a) -> list:
+    import run as R
+
+    jobs = jobs_of(cfgs, a)
     results = []
-    for i, cfg in enumerate(cfgs):
+    for i, (cfg, env) in enumerate(jobs):
         if a.deadline and time.time() > a.deadline:
-            print(f"--max-minutes reached: {len(cfgs) - i} configurations not run",
+            print(f"--max-minutes reached: {len(jobs) - i} configurations not run",
                   file=sys.stderr, flush=True)
             break
         spec = {"workload": cfg["workload"], "size": cfg["size"], "peer": cfg["peer"],
@@ -432,10 +451,33 @@ def run_configs(cfgs: list, a) -> list:
         keep = {k: res[k] for k in ("status", "reason", "median_ms", "min_ms", "max_ms",
                                     "reps", "rel_err", "loadavg_1min") if k in res}
         results.append({**cfg, **keep})
-        print(f"[{i + 1}/{len(cfgs)}] {cfg['workload']}/{cfg['size']}/{cfg['peer']}: "
+        print(f"[{i + 1}/{len(jobs)}] {cfg['workload']}/{cfg['size']}/"
+              f"{cfg.get('label', cfg['peer'])}: "
               f"{keep.get('median_ms', keep.get('status'))} ({time.perf_counter() - t:.0f} s)",
               file=sys.stderr, flush=True)
     return results
+
+
+def rounds_table(run: dict) -> str:
+    """Each (workload, size, implementation) over the rounds: the min and median of the
+    per-process medians and minima (ms), with the floor ratio of the median."""
+    rates = best_rates(run["rates"])
+    groups: dict = {}
+    for r in run["results"]:
+        if r.get("status") == "ok":
+            key = (r["workload"], r["size"], r.get("label", r["peer"]))
+            groups.setdefault(key, []).append(r)
+    lines = ["| workload | size | implementation | rounds | median of medians | min of medians "
+             "| min of minima | median ÷ floor |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for (wl, size, label), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        meds = sorted(r["median_ms"] for r in rs)
+        mid = meds[len(meds) // 2] if len(meds) % 2 else 0.5 * sum(meds[len(meds) // 2 - 1:
+                                                                       len(meds) // 2 + 1])
+        fl = floor_ms(run["models"][f"{wl}/{size}"], rates)["floor_ms"]
+        lines.append(f"| {wl} | {size} | {label} | {len(rs)} | {_g(mid)} | {_g(meds[0])} | "
+                     f"{_g(min(r.get('min_ms', r['median_ms']) for r in rs))} | "
+                     f"{mid / fl:.2f} |")
+    return "\n".join(lines)
 
 
 def measure_run(a) -> dict:
@@ -469,7 +511,8 @@ def rows_of(run: dict) -> list:
     keys = sorted({(r["workload"], r["size"]) for r in run["results"]},
                   key=lambda k: (list(FAST_PEERS).index(k[0]), k[1]))
     for wl, size in keys:
-        rs = [r for r in run["results"] if r["workload"] == wl and r["size"] == size]
+        rs = [r for r in run["results"] if r["workload"] == wl and r["size"] == size and
+              r.get("round", 0) == 0]
         fl = floor_ms(run["models"][f"{wl}/{size}"], rates)
         tiga = next((r for r in rs if r["role"] == "tiga"), None)
         peers = [r for r in rs if r["role"] == "peer" and r.get("status") == "ok"]
@@ -626,6 +669,12 @@ def parse_args(argv=None):
     p.add_argument("--max-minutes", type=float, default=None,
                    help="start no configuration after this many minutes (the run stays "
                         "under a shared lock's time slot; the rest is reported not run)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of every configuration (the table reports the first; the "
+                        "rounds table all)")
+    p.add_argument("--compare", default=None, metavar="REV",
+                   help="also run Tiga as of git REV (a temporary worktree), right after "
+                        "each of the tree's Tiga runs")
     p.add_argument("--out", default=None, help="JSON path (default results/roofline-*.json)")
     p.add_argument("--report", nargs="+", default=None, metavar="JSON",
                    help="only re-render RESULTS.md's Roofline section from these runs")
@@ -663,6 +712,8 @@ def main(argv=None) -> int:
     run["_path"] = path
     print(json.dumps(run["rates"], indent=1))
     print(roofline_table(rows_of(run)))
+    if a.rounds > 1 or a.compare:
+        print("\n" + rounds_table(run))
     print(f"\nroofline: {path}")
     if not a.no_write and not a.quick:
         print(write_section([run]))
