@@ -51,10 +51,6 @@ LANE_FOLD_TRAVERSALS = ("stencil-row",)
 # (a stencil sum of source-only messages slides a window of column sums along the last
 # axis where that evaluates fewer messages per row than the pattern has offsets)
 WINDOW_TRAVERSALS = ("stencil-row",)
-# the window loop's blocked row order (stencil_block_lines): past 512 KiB of three source
-# planes, blocks of lines whose three planes' lines stay within 256 KiB
-STENCIL_BLOCK_MIN_BYTES = 512 << 10
-STENCIL_BLOCK_BYTES = 256 << 10
 CHUNKS_PER_THREAD = 16
 PARALLEL_MIN_WORK = 1 << 15     # rows + edges below which one call on the caller's thread wins
 # every row costs the same (dense, stencil), or its edges are found by the walk itself
@@ -98,23 +94,6 @@ def stencil_window(traversal: str, reduce_by: str, window_evals: int, edges: int
     there against `edges` in the row walk."""
     return (traversal in WINDOW_TRAVERSALS and reduce_by == "dst" and
         0 < window_evals < edges)
-
-
-def stencil_block_lines(shape: tuple, row_bytes: int) -> int:
-    """Lines (of the second-to-last axis) per block of the window loop's blocked row order
-    (0: rows in order). A point reads three planes of lines; in row order a plane's lines
-    come back one plane later, from L3 once three planes pass STENCIL_BLOCK_MIN_BYTES. A
-    block of B lines through every plane of a call's rows reads 3 (B + 2) lines a plane
-    step, kept within STENCIL_BLOCK_BYTES (a quarter of a core's 1 MiB L2)."""
-    if len(shape) < 3 or row_bytes <= 0:
-        return 0
-    line = int(shape[-1]) * row_bytes
-    if 3 * line * int(shape[-2]) <= STENCIL_BLOCK_MIN_BYTES:
-        return 0
-    lines = STENCIL_BLOCK_BYTES // (3 * line) - 2
-    if lines < 2 or lines >= int(shape[-2]):
-        return 0
-    return 1 << (lines.bit_length() - 1)
 
 
 def prefetch_distance(traversal: str) -> int:

@@ -258,9 +258,7 @@ class _KernelBuilder:
         if plan is None:
             self.ctx.loop(begin, end, self._row, name="row")
         else:
-            block = knobs.stencil_block_lines(self.walk.shape, self._source_row_bytes())
-            self.walk.row_runs(self, begin, end, self._row, WindowEmitter(self, plan).run,
-                               block)
+            self.walk.row_runs(self, begin, end, self._row, WindowEmitter(self, plan).run)
 
     def _window_plan(self):
         """The sliding-window plan of a stencil sum whose messages are functions of their
@@ -434,12 +432,6 @@ class _KernelBuilder:
             else:
                 args.append(self._field_row(i, c))
         return args, eid
-
-    def _source_row_bytes(self) -> int:
-        """Bytes of one source point over the fields the edge function reads."""
-        used = self.edge_fn.read_inputs()
-        return sum(numel(self.sig.field_shapes[i]) * as_dtype(self.sig.field_dtypes[i]).itemsize
-                   for i, r in enumerate(self.sig.roles) if r == self.nbr_role and i in used)
 
     def _source_args(self, c) -> list:
         """The edge function's arguments for source c where it reads only source rows and

@@ -138,65 +138,9 @@ class StencilWalk(Walk):
             coords.append(b.srem(q, i64(n)) if n != 0 else q)
         return coords
 
-    def row_runs(self, kb, begin, end, single, run, block: int = 0) -> None:
-        """Rows [begin, end): each run of interior points along the last axis as run(r0, r1)
-        (one line's, at most to `end`), every other point as single(r). With `block` (a
-        lattice of 3 or more axes) the whole lines in between go in blocks of `block` lines
-        of the second-to-last axis, each block through every plane of the range before the
-        next, so the planes' shared source lines are read again while still in L2; else
-        rows go in order."""
-        if block <= 0 or len(self.shape) < 3:
-            self._runs_in_order(kb, begin, end, single, run)
-            return
-        ctx = kb.ctx
-        segments, bounds = self._line_blocks(kb, begin, end, block)
-
-        def segment(s):
-            lo, hi = bounds(s)
-            with kb.b.if_then(kb.b.icmp_signed("<", lo, hi)):
-                self._runs_in_order(kb, lo, hi, single, run)
-
-        ctx.loop(i64(0), segments, segment, name="stencil.block")
-
-    def _line_blocks(self, kb, begin, end, block: int) -> tuple:
-        """(count, bounds(s)) of the row segments of [begin, end) in blocked order: the
-        partial line at the start, then per block of `block` lines and per plane the block's
-        whole lines in that plane, then the partial line at the end (some may be empty)."""
-        b = kb.b
-        nx, ny = self.shape[-1], self.shape[-2]
-        first = b.sdiv(b.add(begin, i64(nx - 1)), i64(nx))       # first whole line
-        stop = b.sdiv(end, i64(nx))                              # past the last whole line
-        head = b.select(b.icmp_signed("<", end, b.mul(first, i64(nx))), end,
-                        b.mul(first, i64(nx)))
-        tail = b.select(b.icmp_signed(">", head, b.mul(stop, i64(nx))), head,
-                        b.mul(stop, i64(nx)))
-        whole = b.icmp_signed(">", stop, first)
-        p0 = b.sdiv(first, i64(ny))
-        planes = b.select(whole, b.add(b.sub(b.sdiv(b.sub(stop, i64(1)), i64(ny)), p0),
-                                       i64(1)), i64(0))
-        count = b.add(b.mul(planes, i64(-(-ny // block))), i64(2))
-        divisor = b.select(whole, planes, i64(1))
-
-        def bounds(s):
-            m = b.sub(s, i64(1))
-            yb = b.mul(b.sdiv(m, divisor), i64(block))
-            line = b.mul(b.add(p0, b.srem(m, divisor)), i64(ny))
-            y1 = b.add(yb, i64(block))
-            y1 = b.select(b.icmp_signed("<", y1, i64(ny)), y1, i64(ny))
-            lo = b.add(line, yb)
-            lo = b.select(b.icmp_signed("<", lo, first), first, lo)
-            hi = b.add(line, y1)
-            hi = b.select(b.icmp_signed(">", hi, stop), stop, hi)
-            lo, hi = b.mul(lo, i64(nx)), b.mul(hi, i64(nx))
-            last = b.icmp_signed("==", s, b.sub(count, i64(1)))
-            is0 = b.icmp_signed("==", s, i64(0))
-            lo = b.select(is0, begin, b.select(last, tail, lo))
-            hi = b.select(is0, head, b.select(last, end, hi))
-            return lo, hi
-
-        return count, bounds
-
-    def _runs_in_order(self, kb, begin, end, single, run) -> None:
+    def row_runs(self, kb, begin, end, single, run) -> None:
+        """Rows [begin, end) in order: each run of interior points along the last axis as
+        run(r0, r1) (one line's, at most to `end`), every other point as single(r)."""
         b, ctx = kb.b, kb.ctx
         last = max(0, self.shape[-1] - max(0, max(off[-1] for off in self.offsets)))
         cursor = ctx.alloca(I64, 1)
