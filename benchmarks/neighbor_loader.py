@@ -13,7 +13,8 @@ entries it samples) and "paged+features" (also x, a store field on disk, read by
 each batch's nodes: scattered rows touch most of its chunks). Sampled edges per
 second = edges of the sampled subgraphs / wall time of iterating the loader. "sage" times a
 GraphSAGE step (2 x tg.nn.SAGEConv, hidden 256, forward, backward, Adam) on each batch of
-the memory+features loader, after one warm-up batch. PyG's NeighborLoader
+the memory+features loader, after one warm-up batch; "pyg sage" the same steps with PyG's
+SAGEConv (same weights, same batches: the loader's seed). PyG's NeighborLoader
 runs in the same process where its sampler can (it needs pyg-lib or torch-sparse; without
 them the line says why it was skipped). The degree distribution is skewed (in-degree ~ a
 power law), ids shuffled. Prints one JSON line per mode.
@@ -70,12 +71,21 @@ def run_loader(loader, limit: int | None) -> dict:
             "batches_per_s": round(batches / dt, 2)}
 
 
-def run_sage(loader, limit: int | None) -> dict:
+def run_sage(loader, limit: int | None, lib: str = "tiga") -> dict:
+    """GraphSAGE steps on the loader's batches: tg.nn.SAGEConv, or (lib="pyg") PyG's
+    SAGEConv on the same batches (the same seed, so the same subgraphs), both layers
+    starting from the same PyG-initialised weights."""
     import torch
 
     import tiga as tg
     torch.manual_seed(0)
-    conv1, conv2 = tg.nn.SAGEConv(FEATURES, 256), tg.nn.SAGEConv(256, CLASSES)
+    layers = _pyg_sage()
+    if lib == "tiga":
+        made = (tg.nn.SAGEConv(FEATURES, 256), tg.nn.SAGEConv(256, CLASSES))
+        for mine, theirs in zip(made, layers):
+            mine.load_state_dict(theirs.state_dict())
+        layers = made
+    conv1, conv2 = layers
     opt = torch.optim.Adam([*conv1.parameters(), *conv2.parameters()], lr=0.01)
 
     def step(sub):
@@ -97,6 +107,25 @@ def run_sage(loader, limit: int | None) -> dict:
     dt = time.perf_counter() - t0
     return {"batches": batches, "seconds": round(dt, 4),
             "seconds_per_batch": round(dt / max(batches, 1), 4), "last_loss": round(loss, 4)}
+
+
+def _pyg_sage() -> tuple:
+    """PyG's two SAGEConv layers (the reference init for both libraries), or tg.nn's own
+    init where PyG is not installed."""
+    try:
+        from torch_geometric.nn import SAGEConv
+    except ImportError:
+        import tiga as tg
+        SAGEConv = tg.nn.SAGEConv
+    return SAGEConv(FEATURES, 256), SAGEConv(256, CLASSES)
+
+
+def _has_pyg() -> bool:
+    try:
+        import torch_geometric.nn  # noqa: F401
+        return True
+    except ImportError:
+        return False
 
 
 def run_pyg(src, dst, x, y, train, limit) -> dict:
@@ -160,6 +189,9 @@ def main() -> None:
     if not args.no_sage:
         report("sage", run_sage(tg.nn.NeighborLoader(graph, x=xt, y=yt, **common),
                                 sage_limit))
+        if _has_pyg():    # PyG's layers on the same sampled batches (its sampler may not run)
+            report("pyg sage", run_sage(tg.nn.NeighborLoader(graph, x=xt, y=yt, **common),
+                                        sage_limit, lib="pyg"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report("pyg", run_pyg(src, dst, x, y, train, limit))
