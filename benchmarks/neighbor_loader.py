@@ -142,13 +142,36 @@ def run_pyg(src, dst, x, y, train, limit) -> dict:
         return {"skipped": f"PyG's sampler is unavailable ({exc})"}
 
 
+def plot(results: list, path: str) -> None:
+    """Sampled edges per second of each loader mode, and the GraphSAGE step of each library."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    loaders = [r for r in results if "edges_per_s" in r]
+    steps = [r for r in results if "seconds_per_batch" in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.barh([r["mode"] for r in loaders], [r["edges_per_s"] / 1e6 for r in loaders])
+    a.set_xlabel("sampled edges per second (millions)")
+    a.set_title("tg.nn.NeighborLoader, [15, 10], batches of 1024")
+    b.barh([r["mode"] for r in steps], [1e3 * r["seconds_per_batch"] for r in steps])
+    b.set_xlabel("ms per GraphSAGE step (forward, backward, Adam)")
+    b.set_title("the same sampled batches")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="20 batches per mode, 5 SAGE steps")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--no-sage", action="store_true", help="skip the GraphSAGE steps")
     p.add_argument("--out", help="also write the results as a JSON list here")
+    p.add_argument("--plot", help="write a plot of the results here (PNG)")
+    p.add_argument("--plot-from", help="plot this JSON list (--out of an earlier run) and exit")
     args = p.parse_args()
+    if args.plot_from:
+        plot(json.loads(Path(args.plot_from).read_text()), args.plot or "neighbor_loader.png")
+        return
 
     import warnings
 
@@ -197,6 +220,8 @@ def main() -> None:
         report("pyg", run_pyg(src, dst, x, y, train, limit))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
+    if args.plot:
+        plot(results, args.plot)
 
 
 if __name__ == "__main__":
