@@ -183,7 +183,7 @@ def _flat(staged):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=st.sampled_from([(5, 6, 7), (4, 9), (13,), (3, 3, 3)]),
+@given(shape=st.sampled_from([(5, 6, 7), (4, 9), (13,), (3, 3, 3), (4, 9, 5), (3, 2, 7, 4)]),
        cuts=st.lists(st.integers(0, 300), max_size=6), seed=st.integers(0, 99))
 def test_a_row_range_anywhere_gives_the_same_bits(shape, cuts, seed):
     """Chunks of any rows (mid-line starts and ends included) compute every point as the
