@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import sys
@@ -97,8 +96,7 @@ def _halo(page: ir.TaskModule, eqn, layout: HaloLayout | None) -> ir.TaskModule:
     """`page` unrolled over a rank's halo layout, where the binding gives one."""
     if layout is None:
         return page
-    share = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}
-    return plan_halo_tasks(page, reduce_by=eqn.params["reduce_by"], **share)
+    return plan_halo_tasks(page, layout, reduce_by=eqn.params["reduce_by"])
 
 
 def lower_launch(eqn, relation_type=None, *, name: str = "propagate",

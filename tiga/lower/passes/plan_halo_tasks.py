@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..binding import HaloLayout
 from ..ir.base import Region, Value
 from ..ir.syntax import EVENT
 from ..ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
@@ -37,40 +38,20 @@ from ..ir.task import JoinOp, ReleaseOp, TaskLaunchOp, TaskModule, TransferOp
 NAME = "distributed"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Share:
-    """This rank's share of the partition (plain ints and tuples)."""
-
-    rank: int
-    num_ranks: int
-    n_owned: int
-    n_interior: int
-    num_edges: int
-    recv: tuple
-    peers: tuple
-    chunks: tuple
-
-
-def plan_halo_tasks(base: TaskModule, *, reduce_by: str, fields: tuple, overlap: bool,
-                    rank: int, num_ranks: int, n_owned: int, n_interior: int, num_edges: int,
-                    recv: tuple, peers: tuple, chunks: tuple) -> TaskModule:
-    """The halo plan of the propagate `base` runs (its one-launch Task module) on one rank.
-    `fields`: positions, among the field operands, of the source fields exchanged (one
-    exchange per distinct operand read); `overlap`: interior launches run while the halo is
-    in flight (else: communicate, then compute; destination-grouped only); `chunks`: the
-    interior row ranges, one launch each."""
-    share = _Share(int(rank), int(num_ranks), int(n_owned), int(n_interior), int(num_edges),
-                   tuple((int(q), int(a), int(b)) for q, a, b in recv),
-                   tuple(int(q) for q in peers),
-                   tuple((int(a), int(b)) for a, b in chunks))
-    b = _Builder(base, share, fields)
+def plan_halo_tasks(base: TaskModule, layout: HaloLayout, *, reduce_by: str) -> TaskModule:
+    """The halo plan of the propagate `base` runs (its one-launch Task module) on one rank,
+    whose share of the partition is `layout` (binding.HaloLayout: its sizes, each peer's
+    ghost rows, the interior row ranges, one launch each; the source fields exchanged, one
+    exchange per distinct operand read; whether interior launches run while the halo is in
+    flight, else communicate, then compute: destination-grouped only)."""
+    b = _Builder(base, layout, layout.fields)
     if reduce_by == "dst":
-        return _halo(b, overlap)
+        return _halo(b, layout.overlap)
     return _exchange(b, reduce_by)
 
 
 class _Builder:
-    def __init__(self, base: TaskModule, share: _Share, fields: tuple):
+    def __init__(self, base: TaskModule, share: HaloLayout, fields: tuple):
         self.task = next(op for op in base.body.ops if isinstance(op, TaskLaunchOp))
         self.args = base.body.args
         self.share = share
