@@ -13,21 +13,10 @@ import threading
 import numpy as np
 
 from ...core.errors import UnsupportedError
-from ..caches.relations import memo
+from ..caches.relations import kept as relation_cache
 from .walk_tables import chunks_of, implicit_tables
 
-_LOCK = threading.Lock()
-
-
-def relation_cache(graph, kind: str) -> dict:
-    """The relation's dict of `kind` ("walks": its walk arrays and tables, "chunks": row
-    chunks per partition, "bound": kernels bound to it) in the per-relation cache."""
-    kept = memo(graph)
-    found = kept.get(kind)
-    if found is None:
-        with _LOCK:
-            found = kept.setdefault(kind, {})
-    return found
+_LOCK = threading.Lock()     # (a relation's row chunks are cut once)
 
 
 def walked_csr(graph, walk: str) -> tuple:
@@ -89,4 +78,4 @@ def launch_chunks(graph, walk, row_ptr, launch) -> list:
         return per_graph[key]
 
 
-__all__ = ["relation_cache", "walked_csr", "walk_arrays", "launch_chunks"]
+__all__ = ["walked_csr", "walk_arrays", "launch_chunks"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from .relations import entry_of
+from .relations import entry_of, kept_in
 
 _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # eqn -> {name: value}
 _LOCK = threading.Lock()
@@ -25,12 +25,7 @@ def memo(eqn) -> dict:
 
 def kept(eqn, name: str) -> dict:
     """The dict `name` in `eqn`'s entry (made on first use)."""
-    entry = memo(eqn)
-    found = entry.get(name)
-    if found is None:
-        with _LOCK:
-            found = entry.setdefault(name, {})
-    return found
+    return kept_in(memo(eqn), name)
 
 
 def entries(name: str) -> list:

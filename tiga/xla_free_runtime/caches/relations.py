@@ -33,4 +33,19 @@ def memo(graph) -> dict:
     return entry_of(_MEMOS, graph)
 
 
-__all__ = ["memo", "entry_of"]
+def kept_in(entry: dict, name: str) -> dict:
+    """The dict `name` in a weak cache's `entry` (made on first use, under the same lock)."""
+    found = entry.get(name)
+    if found is None:
+        with _LOCK:
+            found = entry.setdefault(name, {})
+    return found
+
+
+def kept(graph, name: str) -> dict:
+    """The dict `name` in `graph`'s entry ("walks": its walk arrays and tables, "chunks": row
+    chunks per partition, "bound": kernels bound to it, ...)."""
+    return kept_in(memo(graph), name)
+
+
+__all__ = ["memo", "entry_of", "kept_in", "kept"]

@@ -26,9 +26,10 @@ from ....lower import CPU_LLVM_AVAILABLE
 from ....lower.ir.text import print_op
 from ...caches.equations import kept
 from ...caches.executables import CACHE, Executable, llvm_key
+from ...caches.relations import kept as relation_cache
 from ...calls.threads import num_threads
 from .. import Fallback, KernelArgs, Unbound, launch, unbound
-from ..relation_arrays import launch_chunks, relation_cache, walk_arrays, walked_csr
+from ..relation_arrays import launch_chunks, walk_arrays, walked_csr
 from .native.pool import parallel_copy
 
 if CPU_LLVM_AVAILABLE:
