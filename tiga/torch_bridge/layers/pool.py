@@ -83,7 +83,8 @@ def _pool(aggr, x, batch, size, whole):
     nodes = x.unsqueeze(-1) if flat else x.movedim(-2, 0)
     graph = pool_relation(batch, nodes.size(0), size)
     pad = isinstance(batch, GraphBatch)
-    out = summed(graph, nodes, pad=pad) if aggr is _SUM and not flat else None
+    fused = aggr is _SUM and not flat and not torch.compiler.is_compiling()
+    out = summed(graph, nodes, pad=pad) if fused else None
     if out is not None:     # (padding, sum and slice as one node: summed.py)
         return out.movedim(0, -2)
     # (a tg.Graph.batch's readout runs at bucketed sizes, as its layers do: buckets.py)
