@@ -4,7 +4,6 @@ computes matches the reference interpreter (float64-checked; NaN and inf where t
 reference has them) whatever the row range a call starts and ends at."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import itertools
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_llvm_propagate import strict  # (beside this file: every propagate must compile)
 
 import tiga as tg
 from tiga.core.eval import eval_program
@@ -25,16 +25,6 @@ m = tg.math
 BOX = tuple(o for o in itertools.product((-1, 0, 1), repeat=3) if o != (0, 0, 0))
 PROPS = settings(max_examples=60, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-@contextlib.contextmanager
-def strict():
-    saved = tg.config.strict
-    tg.config.strict = True
-    try:
-        yield
-    finally:
-        tg.config.strict = saved
 
 
 def _kernel(graph, fn, reducer, x, **params):
